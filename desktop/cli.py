@@ -1,0 +1,77 @@
+"""`switchyard`: no arguments opens the GUI; subcommands are the headless CLI over the same core.
+
+Every subcommand lives in a module of `desktop.commands` that exposes `register(subparsers)`; each parser sets
+`func(args) -> int`. A SwitchyardError becomes one clear line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from desktop import __version__
+from desktop.core.errors import SwitchyardError
+
+COMMAND_MODULES = (
+    "desktop.commands.engines",
+    "desktop.commands.serve",
+    "desktop.commands.machine",
+    "desktop.commands.hub",
+    "desktop.commands.bench",
+    "desktop.commands.export",
+    "desktop.commands.gui",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="switchyard",
+        description="Pick, launch, watch and A/B llama.cpp and vLLM on this machine. No arguments opens the app.",
+    )
+    parser.add_argument("--version", action="version", version=f"switchyard {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug output to stderr")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # a command module not written yet
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s: %(message)s",
+    )
+    if args.command is None:
+        args = parser.parse_args(["gui"]) if "desktop.commands.gui" in sys.modules else args
+        if args.command is None:
+            parser.print_help()
+            return 0
+    try:
+        return int(args.func(args) or 0)
+    except SwitchyardError as exc:
+        print(f"switchyard: error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"switchyard: hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("switchyard: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

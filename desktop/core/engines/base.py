@@ -1,0 +1,217 @@
+"""The one interface every engine adapter implements.
+
+An adapter is data plus a few functions: how to provision the engine, how to build its command line from a
+launch plan, how to tell that it really serves, which log lines mark its cold-start phases, how its Prometheus
+metrics map onto Switchyard's common series, and which failures it can explain. Nothing outside an adapter
+branches on an engine's name.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+ModelFormat = Literal["gguf", "hf"]
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One step of a long operation (install, download): a line of text and an optional fraction."""
+
+    message: str
+    fraction: float | None = None
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+def no_progress(_event: ProgressEvent) -> None:
+    """Default progress sink."""
+
+
+@dataclass(frozen=True)
+class EngineInstall:
+    """A ready-to-run engine: what to execute and which version it is."""
+
+    engine: str
+    version: str
+    source: str  # "cache", "path", "configured"
+    executable: Path  # llama-server binary, or the venv's python for vLLM
+    root: Path | None = None
+    details: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["executable"] = str(self.executable)
+        data["root"] = str(self.root) if self.root else None
+        data["details"] = dict(self.details)
+        return data
+
+
+@dataclass(frozen=True)
+class DoctorFinding:
+    """One check of `engines doctor`: ok or not, what was found, and the exact fix when not ok."""
+
+    engine: str
+    check: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to start one engine on one model. Produced by recommend, consumed by the supervisor."""
+
+    engine: str
+    model_path: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    ctx: int = 2048
+    parallel: int = 4  # llama.cpp slots, vLLM max_num_seqs: matched for a fair A/B
+    served_model_name: str = "switchyard"
+    dtype: str = "float32"
+    gpu_layers: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_gib: float | None = None  # vLLM CPU KV space; llama.cpp sizes KV from ctx
+    prefix_cache: bool = False
+    threads: int | None = None
+    api_key: str | None = None
+    tokenizer_path: Path | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["model_path"] = str(self.model_path)
+        data["tokenizer_path"] = str(self.tokenizer_path) if self.tokenizer_path else None
+        data["extra_args"] = list(self.extra_args)
+        return data
+
+
+@dataclass(frozen=True)
+class LogMarker:
+    """A log line that marks a cold-start phase or carries a fact (e.g. KV cache size)."""
+
+    name: str
+    pattern: re.Pattern[str]
+
+    def match(self, line: str) -> re.Match[str] | None:
+        return self.pattern.search(line)
+
+
+@dataclass(frozen=True)
+class FailureReason:
+    """A plain-language explanation of why an engine died, with what to try next."""
+
+    reason: str
+    suggestion: str
+    pattern: str = ""
+
+
+@dataclass(frozen=True)
+class FailureRule:
+    pattern: re.Pattern[str]
+    reason: str
+    suggestion: str
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    argv: list[str]
+    env: dict[str, str]
+
+
+# Common telemetry series every adapter maps its /metrics onto.
+COMMON_SERIES = (
+    "requests_running",
+    "requests_waiting",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "kv_cache_usage",
+    "preemptions_total",
+    "ttft_seconds_sum",
+    "ttft_seconds_count",
+    "itl_seconds_sum",
+    "itl_seconds_count",
+)
+
+
+class EngineAdapter(ABC):
+    """Base class of the engine adapters. Subclasses are registered in `desktop.core.engines`."""
+
+    name: str
+    display_name: str
+    model_format: ModelFormat
+    health_path: str = "/health"
+    metrics_path: str = "/metrics"
+    log_markers: Sequence[LogMarker] = ()
+    failure_rules: Sequence[FailureRule] = ()
+
+    # --- provisioning -------------------------------------------------------------------------------
+    @abstractmethod
+    def find_install(self) -> EngineInstall | None:
+        """A usable install (configured, on PATH, or cached), or None. Must be cheap: no builds, no network."""
+
+    @abstractmethod
+    def install(self, progress: ProgressCallback = no_progress, force: bool = False) -> EngineInstall:
+        """Provision the engine into the per-user engines dir. Idempotent; never leaves a half install ready."""
+
+    @abstractmethod
+    def doctor(self) -> list[DoctorFinding]:
+        """What is present, what is missing, and the exact command that fixes it."""
+
+    # --- launching ----------------------------------------------------------------------------------
+    @abstractmethod
+    def build_command(self, plan: LaunchPlan, install: EngineInstall) -> CommandLine:
+        """The argument list (never a shell string) and environment that start the server for `plan`."""
+
+    @abstractmethod
+    def health_state(self, status_code: int | None, body: str) -> Literal["ready", "loading", "down"]:
+        """Interpret one GET of the health path; None status means the connection failed."""
+
+    # --- observing ----------------------------------------------------------------------------------
+    @abstractmethod
+    def map_metrics(self, families: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+        """Map parsed Prometheus samples ({metric name: {label string: value}}) to COMMON_SERIES keys."""
+
+    def explain_failure(self, exit_code: int | None, log_tail: Sequence[str]) -> FailureReason:
+        """Turn an exit code and the last log lines into a reason a person can act on."""
+        text = "\n".join(log_tail)
+        for rule in list(self.failure_rules) + list(COMMON_FAILURE_RULES):
+            match = rule.pattern.search(text)
+            if match:
+                return FailureReason(rule.reason, rule.suggestion, match.group(0)[:200])
+        if exit_code is not None and exit_code < 0:
+            return FailureReason(
+                f"{self.display_name} was killed by signal {-exit_code}",
+                "if this was not you, check the system log for the out-of-memory killer (dmesg)",
+            )
+        last = next((line for line in reversed(log_tail) if line.strip()), "no output")
+        return FailureReason(
+            f"{self.display_name} exited with code {exit_code}: {last.strip()[:300]}",
+            "see the engine log for details",
+        )
+
+
+COMMON_FAILURE_RULES: tuple[FailureRule, ...] = (
+    FailureRule(
+        re.compile(r"address already in use|bind.*failed|couldn't bind|Errno 98", re.I),
+        "the engine could not bind its port: another process is using it",
+        "pick another port or stop the process holding it",
+    ),
+    FailureRule(
+        re.compile(r"CUDA out of memory|out of memory|OutOfMemoryError|failed to allocate|cudaMalloc failed", re.I),
+        "the engine ran out of memory while loading",
+        "lower the context length, pick a smaller quantization, offload fewer GPU layers "
+        "or lower gpu_memory_utilization",
+    ),
+    FailureRule(
+        re.compile(r"error while loading shared libraries: (\S+)|ImportError: (lib\S+)", re.I),
+        "a shared library the engine needs is missing",
+        "reinstall the engine with `switchyard engines install --force`",
+    ),
+)

