@@ -1,0 +1,100 @@
+"""Incremental Server-Sent-Events decoding for OpenAI-compatible streams.
+
+Bytes arrive split at arbitrary boundaries (mid-line, mid-UTF-8 character); the decoder buffers until a full
+event is available, so callers see whole `data:` payloads only.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+DONE = "[DONE]"
+
+
+class SSEDecoder:
+    """Feed raw bytes, get complete `data:` payloads (strings) back."""
+
+    def __init__(self) -> None:
+        self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._buffer = ""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[str]:
+        self._buffer += self._text.decode(chunk)
+        events: list[str] = []
+        while True:
+            newline = self._buffer.find("\n")
+            if newline < 0:
+                break
+            line = self._buffer[:newline].rstrip("\r")
+            self._buffer = self._buffer[newline + 1:]
+            if line == "":
+                if self._data:
+                    events.append("\n".join(self._data))
+                    self._data = []
+            elif line.startswith("data:"):
+                self._data.append(line[5:].lstrip(" "))
+            # comments (":") and other fields (event:, id:, retry:) carry nothing we use
+        return events
+
+    def flush(self) -> list[str]:
+        """End of stream: return a last event not followed by a blank line."""
+        events = self.feed(b"\n\n") if self._buffer or self._data else []
+        return events
+
+
+@dataclass
+class StreamDelta:
+    """What one OpenAI stream chunk carries that a client measures."""
+
+    text: str = ""
+    has_token: bool = False
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    error: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_chunk(payload: str) -> StreamDelta | None:
+    """Interpret one `data:` payload of /v1/completions or /v1/chat/completions; None for [DONE]."""
+    if payload.strip() == DONE:
+        return None
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return StreamDelta(error=f"malformed stream chunk: {payload[:120]}")
+    if not isinstance(data, dict):
+        return StreamDelta(error=f"unexpected stream chunk: {payload[:120]}")
+    if "error" in data:
+        err = data["error"]
+        message = err.get("message") if isinstance(err, dict) else str(err)
+        return StreamDelta(error=str(message), raw=data)
+    delta = StreamDelta(raw=data, usage=data.get("usage") or None)
+    for choice in data.get("choices") or []:
+        text = choice.get("text")
+        if text is None:
+            message = choice.get("delta") or {}
+            text = (message.get("content") or "") + (message.get("reasoning_content") or "")
+        if text:
+            delta.text += text
+            delta.has_token = True
+        if choice.get("finish_reason"):
+            delta.finish_reason = choice["finish_reason"]
+    return delta
+
+
+def iter_deltas(chunks: Iterator[bytes]) -> Iterator[StreamDelta]:
+    decoder = SSEDecoder()
+    for chunk in chunks:
+        for payload in decoder.feed(chunk):
+            delta = parse_chunk(payload)
+            if delta is not None:
+                yield delta
+    for payload in decoder.flush():
+        delta = parse_chunk(payload)
+        if delta is not None:
+            yield delta

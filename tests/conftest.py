@@ -1,0 +1,69 @@
+"""Shared fixtures: isolated app state per session, provisioned real engines, the demo model, and one running
+server per engine shared by the tests that only need "a real server" (vLLM on 2 CPU cores starts in minutes)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from desktop.core.engines import get_adapter
+from desktop.core.engines.base import EngineInstall, LaunchPlan
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Settings, history, logs and pidfiles go to a temp dir; engines and the demo model stay shared (cached)."""
+    home = tmp_path_factory.mktemp("switchyard-home")
+    previous = os.environ.get("SWITCHYARD_HOME")
+    os.environ["SWITCHYARD_HOME"] = str(home)
+    yield home
+    if previous is None:
+        os.environ.pop("SWITCHYARD_HOME", None)
+    else:
+        os.environ["SWITCHYARD_HOME"] = previous
+
+
+@pytest.fixture(scope="session")
+def llama_install() -> EngineInstall:
+    return get_adapter("llama.cpp").install()
+
+
+@pytest.fixture(scope="session")
+def vllm_install() -> EngineInstall:
+    return get_adapter("vllm").install()
+
+
+@pytest.fixture(scope="session")
+def demo_model():  # type: ignore[no-untyped-def]
+    from desktop.core.demo import ensure_demo_model
+
+    return ensure_demo_model()
+
+
+def _running(engine: str, model_path: Path, install: EngineInstall, **plan_args: object) -> Iterator[object]:
+    from desktop.core.supervisor import EngineProcess
+
+    adapter = get_adapter(engine)
+    plan = LaunchPlan(engine=adapter.name, model_path=model_path, **plan_args)  # type: ignore[arg-type]
+    process = EngineProcess(adapter, plan, install)
+    try:
+        process.start()
+        process.wait_ready(timeout=900)
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="session")
+def llama_server(llama_install: EngineInstall, demo_model) -> Iterator[object]:  # type: ignore[no-untyped-def]
+    """A real llama-server on the demo GGUF, shared by the session."""
+    yield from _running("llama.cpp", demo_model.gguf_path, llama_install, ctx=2048, parallel=8)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_install: EngineInstall, demo_model) -> Iterator[object]:  # type: ignore[no-untyped-def]
+    """A real vLLM CPU server on the demo HF folder, shared by the session (started once: it is slow)."""
+    yield from _running("vllm", demo_model.hf_dir, vllm_install, ctx=2048, parallel=8)
