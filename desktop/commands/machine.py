@@ -1,0 +1,146 @@
+"""`switchyard detect | fit | recommend`: what this machine has, whether a model fits, and how to run it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from desktop.commands._common import emit_json
+from desktop.core.errors import SwitchyardError
+from desktop.core.fit import FitResult, FitSettings, estimate, normalise_engine
+from desktop.core.hardware import GIB, HardwareSnapshot, detect, hypothetical
+from desktop.core.modelinfo import facts_for
+from desktop.core.recommend import Workload, recommend
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p_detect = subparsers.add_parser("detect", help="GPUs, CPU, RAM and disk of this machine")
+    p_detect.add_argument("--models-dir", help="where models are stored (for free disk space)")
+    p_detect.add_argument("--json", action="store_true")
+    p_detect.set_defaults(func=cmd_detect)
+
+    p_fit = subparsers.add_parser("fit", help="will MODEL fit on this (or another) machine with an engine")
+    p_fit.add_argument("model", help="a .gguf file, a config.json, a Hugging Face folder, a Hub repo id, or demo")
+    p_fit.add_argument("--engine", default="llama.cpp", help="llama.cpp or vllm (default llama.cpp)")
+    p_fit.add_argument("--quant", help="answer for another quantization (Q4_K_M, Q8_0 ... or bf16, fp8, awq)")
+    p_fit.add_argument("--ctx", type=int, help="context tokens (llama.cpp total over slots; vLLM max_model_len)")
+    p_fit.add_argument("--parallel", type=int, default=1, help="llama.cpp slots sharing the context")
+    p_fit.add_argument("--kv-type", default="f16", help="llama.cpp KV cache type: f16, q8_0, q4_0 ...")
+    p_fit.add_argument("--gpu-layers", type=int, help="llama.cpp -ngl (default: as many as fit)")
+    p_fit.add_argument("--util", type=float, default=0.9, help="vLLM gpu_memory_utilization (default 0.9)")
+    p_fit.add_argument("--max-num-seqs", type=int, default=256, help="vLLM max_num_seqs")
+    p_fit.add_argument("--max-num-batched-tokens", type=int, help="vLLM max_num_batched_tokens")
+    p_fit.add_argument("--kv-cache-dtype", default="auto", help="vLLM kv_cache_dtype: auto or fp8")
+    p_fit.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs")
+    p_fit.add_argument("--tp", type=int, default=1, help="vLLM tensor parallel size")
+    _hardware_options(p_fit)
+    p_fit.add_argument("--json", action="store_true")
+    p_fit.set_defaults(func=cmd_fit)
+
+    p_rec = subparsers.add_parser("recommend", help="engine, quantization and settings for MODEL and a workload")
+    p_rec.add_argument("model", help="a .gguf file, a config.json, a Hugging Face folder, a Hub repo id, or demo")
+    p_rec.add_argument("--concurrency", type=int, default=1, help="requests in flight at busy times")
+    p_rec.add_argument("--prompt-len", type=int, default=512, help="typical prompt tokens")
+    p_rec.add_argument("--output-len", type=int, default=256, help="typical output tokens")
+    p_rec.add_argument("--lifetime-hours", type=float, default=8.0, help="how long one server run lives")
+    p_rec.add_argument("--restarts-per-day", type=float, default=0.0, help="restarts (model/setting switches) a day")
+    _hardware_options(p_rec)
+    p_rec.add_argument("--json", action="store_true")
+    p_rec.set_defaults(func=cmd_recommend)
+
+
+def _hardware_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpu-mem-gib", type=float, help="answer for a GPU with this much memory (all free)")
+    parser.add_argument("--gpu", help="answer for a GPU from the table (H100, A100 40GB, 4090 ...)")
+    parser.add_argument("--gpus", type=int, default=1, help="how many of --gpu / --gpu-mem-gib")
+    parser.add_argument("--hardware", help="a snapshot from `switchyard detect --json` instead of this machine")
+
+
+def _hardware(args: argparse.Namespace) -> HardwareSnapshot:
+    base = HardwareSnapshot.load(args.hardware) if getattr(args, "hardware", None) else detect()
+    if args.gpu_mem_gib is not None and args.gpu_mem_gib <= 0:
+        raise SwitchyardError(f"--gpu-mem-gib must be positive, not {args.gpu_mem_gib}")
+    if args.gpu or args.gpu_mem_gib is not None:
+        return hypothetical(base, gpu_name=args.gpu, gpu_count=args.gpus, gpu_mem_gib=args.gpu_mem_gib)
+    if args.gpus != 1:
+        raise SwitchyardError("--gpus needs --gpu NAME or --gpu-mem-gib X")
+    return base
+
+
+def _gib(value: int | None) -> str:
+    return "?" if value is None else f"{value / GIB:.1f} GiB"
+
+
+def cmd_detect(args: argparse.Namespace) -> int:
+    snapshot = detect(args.models_dir)
+    if args.json:
+        emit_json(snapshot.to_json())
+        return 0
+    print(f"OS:    {snapshot.os}")
+    cpu = snapshot.cpu
+    feats = [f for f, on in (("AVX2", cpu.avx2), ("AVX-512", cpu.avx512), ("AMX", cpu.amx), ("NEON", cpu.neon)) if on]
+    print(f"CPU:   {cpu.model} ({cpu.physical_cores} cores / {cpu.logical_cores} threads; {', '.join(feats) or '-'})")
+    print(f"RAM:   {_gib(snapshot.ram_available_bytes)} free of {_gib(snapshot.ram_total_bytes)}")
+    print(f"Disk:  {_gib(snapshot.disk_free_bytes)} free in {snapshot.models_dir}")
+    for gpu in snapshot.gpus:
+        extra = f", compute {gpu.compute_capability}" if gpu.compute_capability else ""
+        print(f"GPU {gpu.index}: {gpu.name} ({gpu.backend}) {_gib(gpu.memory_free_bytes)} free of "
+              f"{_gib(gpu.memory_total_bytes)}{extra}")
+    if not snapshot.gpus:
+        print("GPU:   none")
+    for note in snapshot.notes:
+        print(f"note:  {note}")
+    return 0
+
+
+def _print_fit(result: FitResult) -> None:
+    label = {"yes": "fits", "partial": "fits partially (some layers on the CPU)", "no": "does NOT fit"}[result.fits]
+    print(f"{result.engine} on {result.device}: {label}")
+    print(f"  weights {result.weights_gib:.2f} GiB + KV cache {result.kv_cache_gib:.2f} GiB + overhead "
+          f"{result.overhead_gib:.2f} GiB = {result.total_gib:.2f} GiB; available {result.available_gib:.2f} GiB, "
+          f"headroom {result.headroom_gib:.2f} GiB")
+    if result.gpu_layers is not None and result.total_layers:
+        print(f"  GPU layers: {result.gpu_layers}/{result.total_layers}; CPU RAM needed {result.cpu_ram_gib:.2f} GiB")
+    if result.kv_cache_tokens is not None:
+        print(f"  KV cache: {result.kv_cache_tokens:,} tokens, max concurrency {result.max_concurrency} at "
+              f"{result.ctx:,} tokens per request")
+    for note in result.notes:
+        print(f"  note: {note}")
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    engine = normalise_engine(args.engine)
+    settings = FitSettings(ctx=args.ctx, parallel=args.parallel, kv_type=args.kv_type, gpu_layers=args.gpu_layers,
+                           quant=args.quant, gpu_memory_utilization=args.util, max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens, tensor_parallel=args.tp,
+                           enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype)
+    settings.validate()  # before any model download or hardware probe
+    hardware = _hardware(args)
+    facts = facts_for(args.model)
+    result = estimate(facts, engine, hardware, settings)
+    if args.json:
+        emit_json(result.to_json())
+    else:
+        _print_fit(result)
+    return 0 if result.fits != "no" else 1
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    workload = Workload(concurrency=args.concurrency, prompt_len=args.prompt_len, output_len=args.output_len,
+                        lifetime_hours=args.lifetime_hours, restarts_per_day=args.restarts_per_day)
+    workload.validate()
+    hardware = _hardware(args)
+    facts = facts_for(args.model)
+    rec = recommend(facts, hardware, workload)
+    if args.json:
+        data: dict[str, Any] = rec.to_json()
+        emit_json(data)
+        return 0
+    print(f"Recommended: {rec.engine} with {rec.quant}")
+    for key, value in rec.key_settings.items():
+        print(f"  {key}: {value}")
+    for reason in rec.reasons:
+        print(f"  - {reason}")
+    if rec.runner_up:
+        print(f"Runner-up: {rec.runner_up['engine']} ({rec.runner_up.get('quant') or '-'}): {rec.runner_up['why_lost']}")
+    return 0
