@@ -510,7 +510,7 @@ def write_tiny_gguf(path: Path, *, n_bytes: int = 200_000, name: str = "tiny", s
     writer.add_name(name)
     writer.add_context_length(128)
     rng = np.random.default_rng(seed)
-    writer.add_tensor("blob.weight", rng.integers(0, 255, size=max(n_bytes, 32), dtype=np.uint8))
+    writer.add_tensor("blob.weight", rng.integers(-128, 127, size=max(n_bytes, 32), dtype=np.int8))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
