@@ -65,5 +65,6 @@ def llama_server(llama_install: EngineInstall, demo_model) -> Iterator[object]: 
 
 @pytest.fixture(scope="session")
 def vllm_server(vllm_install: EngineInstall, demo_model) -> Iterator[object]:  # type: ignore[no-untyped-def]
-    """A real vLLM CPU server on the demo HF folder, shared by the session (started once: it is slow)."""
-    yield from _running("vllm", demo_model.hf_dir, vllm_install, ctx=2048, parallel=8)
+    """A real vLLM CPU server on the demo HF folder, shared by the session (started once: it is slow; eager mode
+    skips torch.compile and starts ~40 s sooner on CPU with the same outputs)."""
+    yield from _running("vllm", demo_model.hf_dir, vllm_install, ctx=2048, parallel=8, eager=True)

@@ -97,6 +97,7 @@ How are you today? I am fine, thank you, and how are you? Please tell me a story
 to learn how to read. The dragon found a library in the mountains and read every book it could find.
 """
 
+LOCK_TIMEOUT_S = 300.0
 PROGRESS_STEPS = ("tokenizer", "weights", "gguf", "safetensors")
 
 
@@ -140,11 +141,18 @@ def ensure_demo_model(progress: ProgressCallback = no_progress, root: Path | Non
         return cached
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
-        with filelock.FileLock(str(root.parent / f".{root.name}.lock")):
+        with filelock.FileLock(str(root.parent / f".{root.name}.lock"), timeout=LOCK_TIMEOUT_S):
             cached = _load_cached(root)  # another process may have finished while we waited
             if cached is not None:
                 return cached
+            _remove_stale_staging(root)
             return _generate_into(root, progress)
+    except filelock.Timeout as exc:
+        raise SwitchyardError(
+            f"another Switchyard process has been generating the demo model in {root.parent} "
+            f"for over {LOCK_TIMEOUT_S:.0f} s",
+            "wait for it to finish, or end that process and try again",
+        ) from exc
     except OSError as exc:
         raise SwitchyardError(
             f"could not write the demo model to {root}: {exc.strerror or exc}",
@@ -172,6 +180,12 @@ def _load_cached(root: Path) -> DemoModel | None:
         return _model_at(root, int(manifest["parameters"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def _remove_stale_staging(root: Path) -> None:
+    """Staging folders left by a process that died mid-generation (we hold the lock, so none is live)."""
+    for leftover in root.parent.glob(f".{root.name}.tmp-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _generate_into(root: Path, progress: ProgressCallback) -> DemoModel:
@@ -239,13 +253,20 @@ def build_tokenizer() -> Tokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(TRAINING_TEXT.splitlines(keepends=True), trainer=trainer)
-    bos_id = tokenizer.token_to_id(BOS_TOKEN)
+    bos_id = _token_id(tokenizer, BOS_TOKEN)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{BOS_TOKEN} $A",
         pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B",
         special_tokens=[(BOS_TOKEN, bos_id)],
     )
     return tokenizer
+
+
+def _token_id(tokenizer: Tokenizer, token: str) -> int:
+    index = tokenizer.token_to_id(token)
+    if index is None:
+        raise RuntimeError(f"the demo tokenizer lacks {token!r}")
+    return index
 
 
 def tokenizer_vocab(tokenizer: Tokenizer) -> list[str]:
@@ -373,7 +394,7 @@ def gguf_tensor_name(hf_name: str) -> str:
 def write_gguf(path: Path, tokenizer: Tokenizer, weights: dict[str, FloatArray]) -> None:
     """The llama.cpp file: llama.* hyperparameters, the same tokenizer, and Q/K rows permuted for its RoPE."""
     vocab = tokenizer_vocab(tokenizer)
-    special_ids = {tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    special_ids = {_token_id(tokenizer, token) for token in SPECIAL_TOKENS}
     writer = gguf.GGUFWriter(str(path), arch="llama")
     writer.add_name(MODEL_NAME)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -397,8 +418,8 @@ def write_gguf(path: Path, tokenizer: Tokenizer, weights: dict[str, FloatArray])
         ]
     )
     writer.add_token_merges(tokenizer_merges(tokenizer))
-    writer.add_bos_token_id(tokenizer.token_to_id(BOS_TOKEN))
-    writer.add_eos_token_id(tokenizer.token_to_id(EOS_TOKEN))
+    writer.add_bos_token_id(_token_id(tokenizer, BOS_TOKEN))
+    writer.add_eos_token_id(_token_id(tokenizer, EOS_TOKEN))
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)
@@ -418,8 +439,8 @@ def write_hf(directory: Path, tokenizer: Tokenizer, weights: dict[str, FloatArra
     """The vLLM folder: LlamaForCausalLM config, safetensors weights and a tokenizers-backed tokenizer."""
     directory.mkdir(parents=True)
     vocab_size = tokenizer.get_vocab_size()
-    bos_id = tokenizer.token_to_id(BOS_TOKEN)
-    eos_id = tokenizer.token_to_id(EOS_TOKEN)
+    bos_id = _token_id(tokenizer, BOS_TOKEN)
+    eos_id = _token_id(tokenizer, EOS_TOKEN)
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -79,6 +79,7 @@ class LaunchPlan:
     gpu_memory_utilization: float | None = None
     kv_cache_gib: float | None = None  # vLLM CPU KV space; llama.cpp sizes KV from ctx
     prefix_cache: bool = False
+    eager: bool = False  # vLLM: skip torch.compile/CUDA graphs (starts faster, may serve slower)
     threads: int | None = None
     api_key: str | None = None
     tokenizer_path: Path | None = None

@@ -205,7 +205,7 @@ class LlamaCppAdapter(EngineAdapter):
             "--alias", plan.served_model_name,
             "--metrics",
             "--slots",
-            "--no-webui",
+            "--no-ui",
         ]
         if plan.gpu_layers is not None:
             argv += ["--n-gpu-layers", str(plan.gpu_layers)]

@@ -205,6 +205,8 @@ class VllmAdapter(EngineAdapter):
         ]
         if not plan.prefix_cache:
             argv.append("--no-enable-prefix-caching")
+        if plan.eager:
+            argv.append("--enforce-eager")
         if plan.gpu_memory_utilization is not None:
             argv += ["--gpu-memory-utilization", str(plan.gpu_memory_utilization)]
         if plan.tokenizer_path:
