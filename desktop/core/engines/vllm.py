@@ -102,6 +102,10 @@ class VllmAdapter(EngineAdapter):
             if path.exists():
                 return EngineInstall(self.name, "configured", "configured", path)
             log.warning("%s=%s does not exist; ignoring it", CONFIG_ENV, configured)
+        return self._cached_install()
+
+    def _cached_install(self) -> EngineInstall | None:
+        """The environment in the per-user engines dir, if its ready marker was written."""
         root = self._cached_root()
         marker = provision.read_marker(root)
         python = root / "venv" / "bin" / "python"
@@ -114,12 +118,10 @@ class VllmAdapter(EngineAdapter):
         package, version = self._flavor()
         root = self._cached_root()
         with provision.install_lock(self.name):
-            if force:
-                provision.clear_marker(root)
-            existing = self.find_install()
-            if existing and existing.source == "cache":
-                progress(ProgressEvent(f"vLLM {existing.version} already installed", 1.0))
-                return existing
+            cached = None if force else self._cached_install()
+            if cached:
+                progress(ProgressEvent(f"vLLM {cached.version} already installed", 1.0))
+                return cached
             provision.clear_marker(root)
             root.mkdir(parents=True, exist_ok=True)
             log_file = root / "install.log"
@@ -158,7 +160,7 @@ class VllmAdapter(EngineAdapter):
                 "installed_seconds": round(time.monotonic() - started, 1),
             })
             progress(ProgressEvent(f"vLLM {version} ready", 1.0))
-            found = self.find_install()
+            found = self._cached_install()
             if not found:
                 raise SwitchyardError("vLLM install finished but is not found")
             return found
