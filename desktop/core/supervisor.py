@@ -174,9 +174,10 @@ def _kill_group(pid: int, grace: float) -> int | None:
     members = _group_members(pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGTERM)
-    for proc in members:
+    for proc in members:  # descendants that left the group; one signal each, or llama-server aborts its shutdown
         with contextlib.suppress(psutil.Error):
-            proc.terminate()
+            if os.getpgid(proc.pid) != pid:
+                proc.terminate()
     _gone, alive = psutil.wait_procs(members, timeout=grace)
     if alive:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -70,9 +70,10 @@ class LlamaCppAdapter(EngineAdapter):
         log_marker("loading_model", r"llama_model_loader: loaded meta data|loading model"),
         log_marker("model_buffer", r"model buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
         log_marker("kv_buffer", r"KV buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
+        log_marker("compute_buffer", r"compute buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
         log_marker("warming_up", r"warming up the model"),
         log_marker("model_loaded", r"model loaded"),
-        log_marker("listening", r"server is listening on"),
+        log_marker("listening", r"listening on http"),
     )
     failure_rules = (
         failure_rule(r"invalid magic|failed to read magic|gguf_init_from_file.*failed|not a GGUF",
@@ -210,6 +211,7 @@ class LlamaCppAdapter(EngineAdapter):
             "--metrics",
             "--slots",
             "--no-ui",
+            "-lv", "4",  # info level: model/KV/compute buffer sizes are what the fit estimator learns from
         ]
         if plan.gpu_layers is not None:
             argv += ["--n-gpu-layers", str(plan.gpu_layers)]
