@@ -10,11 +10,18 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 # Reinstall only when the project's metadata changed since the last successful install.
-stamp=".venv/.switchyard-installed$( [ -n "$extras" ] && echo -dev )"
+stamp=".venv/.switchyard-installed"
+if [ -n "$extras" ]; then stamp="$stamp-dev"; fi
 digest=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
-  .venv/bin/python -m pip install --disable-pip-version-check -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install --disable-pip-version-check -q -e ".${extras}" 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c "import desktop, PySide6, gguf" 
+  log=.venv/setup.log
+  echo "setting up .venv (log: $log)"
+  if ! { .venv/bin/python -m pip install --disable-pip-version-check -q --upgrade pip &&
+         .venv/bin/python -m pip install --disable-pip-version-check -q -e ".${extras}"; } >"$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log" | tail -30
+    echo "setup failed: see $log" >&2
+    exit 1
+  fi
+  .venv/bin/python -c "import desktop, PySide6, gguf"
   echo "$digest" > "$stamp"
 fi
