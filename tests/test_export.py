@@ -72,13 +72,14 @@ def test_llama3_70b_parameter_count_matches_the_published_size() -> None:
 
 
 def test_70b_bf16_on_80gb_gpus_needs_tensor_parallel_4_with_the_arithmetic_stated() -> None:
+    """The fit estimator's vLLM accounting decides: TP 2 would start but hold only ~2.6 concurrent 8192-token
+    requests; TP 4 is the smallest size that holds at least 8, and the reason says so."""
     choice = choose_for_target(gpu="H100", gpus=8, model_config=LLAMA3_70B, dtype="bfloat16")
     assert (choice.tensor_parallel_size, choice.pipeline_parallel_size) == (4, 1)
-    # 131.4 GiB of weights x 1.2 + 2.5 GiB KV for one 8192-token request does not fit 2 x 71.7 GiB.
-    assert choice.weights_gib == pytest.approx(131.4, abs=0.1)
-    assert 143.4 < choice.needed_gib < choice.available_gib
-    assert "weights 131.4 GiB" in choice.reason and "8192-token" in choice.reason
-    assert "2 GPU(s) would give only 143.4 GiB" in choice.reason
+    assert choice.weights_gib == pytest.approx(131.4, abs=0.5)
+    assert 143.4 < choice.needed_gib <= choice.available_gib
+    assert "32.9 GiB weights per GPU" in choice.reason and "8192-token" in choice.reason
+    assert "concurrent" in choice.reason
 
 
 def test_fp8_halves_the_weights_and_fits_on_two_gpus() -> None:

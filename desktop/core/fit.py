@@ -482,3 +482,46 @@ def vllm_kv_tokens(facts: ModelFacts, kv_bytes: float, tensor_parallel: int = 1,
     """Tokens a vLLM KV cache of `kv_bytes` per GPU holds (whole 16-token blocks), as its log reports them."""
     per_token = vllm_kv_bytes_per_token(facts, tensor_parallel, kv_cache_dtype, max_model_len or facts.context_length)
     return max(0, int(kv_bytes // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE)
+
+
+@dataclass(frozen=True)
+class TensorParallelChoice:
+    tensor_parallel_size: int
+    reason: str
+    fit: FitResult | None
+
+
+def choose_tensor_parallel(model_config: dict[str, Any], gpu_spec: Any, gpus: int, *, max_model_len: int = 8192,
+                           min_concurrency: float = 8.0) -> TensorParallelChoice:
+    """The smallest vLLM tensor-parallel size (a power of two dividing the attention heads, at most `gpus`) whose
+    KV cache holds `min_concurrency` requests of `max_model_len`; else the smallest size that starts at all.
+
+    A server that merely starts, with room for two long requests, is no production launch plan: that is why the
+    concurrency floor decides, and the reason says which rule chose.
+    """
+    from desktop.core.hardware import CpuInfo, hypothetical
+
+    facts = facts_from_config(model_config)
+    base = HardwareSnapshot(gpus=[], cpu=CpuInfo("target host", "x86_64", 64, 128), ram_total_bytes=1024 * GIB,
+                            ram_available_bytes=1024 * GIB, disk_free_bytes=None, os="Linux", label="target")
+    heads = facts.n_heads or 1
+    sizes = [tp for tp in (1, 2, 4, 8, 16, 32, 64) if tp <= gpus and heads % tp == 0]
+    starts: list[tuple[int, FitResult]] = []
+    for tp in sizes:
+        target = hypothetical(base, gpu_name=gpu_spec.name, gpu_count=tp)
+        result = estimate(facts, "vllm", target, FitSettings(ctx=max_model_len, tensor_parallel=tp))
+        if result.fits != "yes":
+            continue
+        starts.append((tp, result))
+        if (result.max_concurrency or 0) >= min_concurrency:
+            return TensorParallelChoice(tp, (
+                f"TP {tp} on {gpu_spec.name}: {result.weights_gib:.1f} GiB weights per GPU leave KV for "
+                f"{result.max_concurrency:.1f} concurrent {max_model_len}-token requests (≥ {min_concurrency:g})"), result)
+    if starts:
+        tp, result = starts[0]
+        return TensorParallelChoice(tp, (
+            f"TP {tp} on {gpu_spec.name}: the smallest size that starts; only {result.max_concurrency or 0:.1f} "
+            f"concurrent {max_model_len}-token requests fit (no size up to {gpus} GPUs reaches {min_concurrency:g})"),
+            result)
+    raise SwitchyardError(f"the model does not fit on {gpus}x {gpu_spec.name} with vLLM at max_model_len {max_model_len}",
+                          "use more or larger GPUs, a quantized variant, or a shorter max_model_len")

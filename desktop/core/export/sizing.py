@@ -9,7 +9,6 @@ It is a planning estimate, stated with its arithmetic so a person can check it.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -195,13 +194,14 @@ def choose_for_target(
     gpu_memory_utilization: float | None = None,
     nodes: int = 1,
 ) -> ParallelChoice:
-    """Look the GPU up in the shared table and choose. If `desktop.core.fit` grows a
-    `choose_tensor_parallel(model_config, gpu_spec, gpus)` returning (tp, reason), that answer wins."""
+    """Look the GPU up in the shared table and choose: the fit estimator's vLLM accounting when the model's config
+    is known at its native precision, else the documented weights x 1.2 + KV arithmetic."""
     from desktop.core.gpus import require_gpu
 
     spec = require_gpu(gpu)
-    if model_config is not None and nodes == 1:
-        fitted = _from_fit_module(model_config, spec, gpus)
+    plain_precision = quantization is None and (dtype or "auto") in ("auto", "bfloat16", "bf16", "float16", "fp16")
+    if model_config is not None and nodes == 1 and plain_precision:
+        fitted = _from_fit_module(model_config, spec, gpus, max_model_len)
         if fitted is not None:
             return fitted
     shape = ModelShape.from_config(model_config) if model_config is not None else None
@@ -211,22 +211,17 @@ def choose_for_target(
                               nodes=nodes)
 
 
-def _from_fit_module(model_config: Mapping[str, Any], spec: Any, gpus: int) -> ParallelChoice | None:
+def _from_fit_module(model_config: Mapping[str, Any], spec: Any, gpus: int,
+                     max_model_len: int | None) -> ParallelChoice | None:
+    """vLLM's own accounting from `desktop.core.fit` (weights, activation peak, KV for a concurrency floor)."""
+    from desktop.core import fit
+
     try:
-        from desktop.core import fit  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
+        choice = fit.choose_tensor_parallel(dict(model_config), spec, gpus, max_model_len=max_model_len or 8192)
+    except SwitchyardError:
+        return None  # the arithmetic below explains what does not fit
+    tp, result = choice.tensor_parallel_size, choice.fit
+    if result is None:
         return None
-    chooser = getattr(fit, "choose_tensor_parallel", None)
-    if chooser is None:
-        return None
-    try:
-        result = chooser(model_config, spec, gpus)
-    except TypeError:
-        return None
-    tp = getattr(result, "tensor_parallel_size", None) or getattr(result, "tp", None)
-    reason = getattr(result, "reason", None)
-    if isinstance(result, tuple) and len(result) == 2:
-        tp, reason = result
-    if not isinstance(tp, int) or tp < 1:
-        return None
-    return ParallelChoice(tp, 1, math.nan, math.nan, math.nan, f"tensor parallel {tp} (fit): {reason}")
+    return ParallelChoice(tp, 1, round(result.weights_gib * tp, 2), round(result.total_gib * tp, 2),
+                          round(result.available_gib * tp, 2), f"tensor parallel {tp}: {choice.reason}")
