@@ -1,0 +1,28 @@
+"""`switchyard gui` (also what `switchyard` with no arguments runs): open the desktop app.
+
+`--screenshots DIR` renders every page offscreen with real data (it starts the demo model on llama.cpp for the
+Serve page) and saves one PNG per page, then exits. Qt is imported only when the command runs, so the headless
+CLI stays fast and works without a display.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("gui", help="open the desktop app (the default with no command)")
+    parser.add_argument("--screenshots", type=Path, metavar="DIR",
+                        help="render each page offscreen with real data, save one PNG per page into DIR, and exit")
+    parser.add_argument("--quit-when-ready", action="store_true",
+                        help="print the time to an interactive window and exit (start-up measurement)")
+    parser.set_defaults(func=cmd_gui)
+
+
+def cmd_gui(args: argparse.Namespace) -> int:
+    from desktop.ui.app import run
+
+    if args.screenshots is not None:
+        args.screenshots.mkdir(parents=True, exist_ok=True)
+    return run(screenshots=args.screenshots, quit_when_ready=args.quit_when_ready)

@@ -1,0 +1,238 @@
+"""Live charts: preallocated numpy ring buffers, one QTimer tick that calls setData once per dirty curve.
+
+Why this shape: samples arrive from worker threads at any rate (a concurrency-64 benchmark produces hundreds a
+second); appending to a preallocated buffer is O(1) and allocation-free, and redrawing at a fixed tick (not per
+sample) bounds the GUI work, so the event loop stays responsive whatever the load.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyqtgraph as pg
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QApplication, QCheckBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+WINDOW_S = 600.0  # the rolling window: 10 minutes
+DEFAULT_CAPACITY = 4096
+REDRAW_MS = 250
+
+PALETTE = ("#2b8cbe", "#e6550d", "#31a354", "#756bb1", "#de2d26", "#636363")
+
+
+class RingBuffer:
+    """Fixed-capacity (t, value) series. Each value is written twice (at i and i + capacity), so the newest
+    `count` points are always one contiguous slice: `view()` is zero-copy and never allocates."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.capacity = capacity
+        self._t = np.zeros(2 * capacity, dtype=np.float64)
+        self._v = np.zeros(2 * capacity, dtype=np.float64)
+        self._next = 0
+        self.count = 0
+
+    def append(self, t: float, value: float) -> None:
+        i = self._next
+        self._t[i] = self._t[i + self.capacity] = t
+        self._v[i] = self._v[i + self.capacity] = value
+        self._next = (i + 1) % self.capacity
+        self.count = min(self.count + 1, self.capacity)
+
+    def view(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        end = self._next + self.capacity if self.count == self.capacity else self._next
+        start = end - self.count
+        return self._t[start:end], self._v[start:end]
+
+    def last(self) -> tuple[float, float] | None:
+        if not self.count:
+            return None
+        i = (self._next - 1) % self.capacity
+        return float(self._t[i]), float(self._v[i])
+
+    def clear(self) -> None:
+        self._next = 0
+        self.count = 0
+
+
+@dataclass
+class Curve:
+    key: str
+    label: str
+    buffer: RingBuffer
+    item: pg.PlotDataItem
+    dirty: bool = False
+
+
+class LiveChart(QWidget):
+    """One plot with a few named curves, a hover read-out, follow/zoom (mouse wheel, drag) and a reset button.
+
+    x is seconds since the board started; while following, the view shows the last 10 minutes.
+    """
+
+    def __init__(self, title: str, unit: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.title = title
+        self.unit = unit
+        self.curves: dict[str, Curve] = {}
+        self.following = True
+        self._origin = time.time()
+        self._now = 0.0
+        palette = QApplication.palette()  # match the OS light/dark theme (app.apply_chart_theme follows changes)
+        self.plot = pg.PlotWidget(background=palette.color(QPalette.ColorRole.Base))
+        foreground = palette.color(QPalette.ColorRole.Text)
+        self.plot.setMinimumHeight(140)
+        self.plot.setAccessibleName(f"{title} chart")
+        self.plot.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        item = self.plot.getPlotItem()
+        item.setTitle(title, color=foreground)
+        for axis in ("left", "bottom"):
+            item.getAxis(axis).setPen(foreground)
+            item.getAxis(axis).setTextPen(foreground)
+        item.showGrid(x=True, y=True, alpha=0.25)
+        item.setLabel("bottom", "seconds")
+        if unit:
+            item.setLabel("left", unit)
+        item.addLegend(offset=(5, 5))
+        item.setClipToView(True)
+        item.setDownsampling(auto=True, mode="peak")
+        item.vb.setMouseEnabled(x=True, y=False)
+        item.vb.sigRangeChangedManually.connect(self._user_zoomed)
+        self.readout = QLabel(" ")
+        self.readout.setAccessibleName(f"{title} read-out")
+        self.reset_button = QPushButton("Follow")
+        self.reset_button.setToolTip("Show the last 10 minutes again after zooming")
+        self.reset_button.clicked.connect(self.follow)
+        header = QHBoxLayout()
+        header.addWidget(self.readout, 1)
+        header.addWidget(self.reset_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(header)
+        layout.addWidget(self.plot)
+        self.plot.scene().sigMouseMoved.connect(self._hover)
+
+    def add_series(self, key: str, label: str, capacity: int = DEFAULT_CAPACITY) -> None:
+        color = PALETTE[len(self.curves) % len(PALETTE)]
+        item = self.plot.plot([], [], name=label, pen=pg.mkPen(color, width=2))
+        self.curves[key] = Curve(key, label, RingBuffer(capacity), item)
+
+    def set_origin(self, origin: float) -> None:
+        self._origin = origin
+
+    def push(self, key: str, t: float, value: float) -> bool:
+        """Record a sample (t: epoch seconds, as telemetry stamps it). Cheap: no drawing here."""
+        curve = self.curves.get(key)
+        if curve is None or not math.isfinite(value):
+            return False
+        last = curve.buffer.last()
+        if last is not None and t - self._origin < last[0]:
+            return False  # out of order (a late sample): the plot's clip-to-view needs ascending x
+        curve.buffer.append(t - self._origin, value)
+        curve.dirty = True
+        return True
+
+    def redraw(self, now: float) -> int:
+        """setData once per dirty curve; returns how many were redrawn."""
+        drawn = 0
+        rel_now = now - self._origin
+        for curve in self.curves.values():
+            if not curve.dirty:
+                continue
+            t, v = curve.buffer.view()
+            curve.item.setData(t, v)
+            curve.dirty = False
+            drawn += 1
+        self._now = rel_now
+        if self.following:
+            self.plot.getPlotItem().vb.setXRange(max(0.0, rel_now - WINDOW_S), max(rel_now, 60.0), padding=0)
+        return drawn
+
+    def follow(self) -> None:
+        self.following = True
+        self.plot.getPlotItem().vb.enableAutoRange(axis="y")
+        self.redraw(time.time())
+
+    def _user_zoomed(self, *_: object) -> None:
+        self.following = False
+
+    def _hover(self, position: object) -> None:
+        vb = self.plot.getPlotItem().vb
+        if not self.plot.sceneBoundingRect().contains(position):
+            return
+        x = vb.mapSceneToView(position).x()
+        parts = [f"t = {x:.0f} s"]
+        for curve in self.curves.values():
+            xs, ys = curve.item.getData()
+            if xs is None or len(xs) == 0:
+                continue
+            i = int(np.clip(np.searchsorted(xs, x), 0, len(xs) - 1))
+            parts.append(f"{curve.label}: {ys[i]:.4g}")
+        self.readout.setText("  ·  ".join(parts))
+
+    def hover_at(self, seconds: float) -> str:
+        """Show the read-out for a point in time, in seconds since the start (tests use this)."""
+        vb = self.plot.getPlotItem().vb
+        self._hover(vb.mapViewToScene(pg.Point(seconds, 0)))
+        return self.readout.text()
+
+
+class ChartBoard(QObject):
+    """Owns the charts of a page and the single redraw timer; routes samples by series key."""
+
+    redrawn = Signal(int)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.charts: list[LiveChart] = []
+        self.routes: dict[str, LiveChart] = {}
+        self.paused = False
+        self.origin = time.time()
+        self.timer = QTimer(self)
+        self.timer.setInterval(REDRAW_MS)
+        self.timer.timeout.connect(self.tick)
+
+    def add(self, chart: LiveChart, series: dict[str, str]) -> LiveChart:
+        chart.set_origin(self.origin)
+        for key, label in series.items():
+            chart.add_series(key, label)
+            self.routes[key] = chart
+        self.charts.append(chart)
+        return chart
+
+    def push(self, key: str, value: float, t: float | None = None) -> bool:
+        chart = self.routes.get(key)
+        return chart.push(key, time.time() if t is None else t, value) if chart else False
+
+    def start(self) -> None:
+        self.timer.start()
+
+    def stop(self) -> None:
+        self.timer.stop()
+
+    def set_paused(self, paused: bool) -> None:
+        """Paused charts keep recording but stop redrawing, so the view holds still for reading."""
+        self.paused = paused
+
+    def tick(self) -> None:
+        if self.paused:
+            return
+        now = time.time()
+        self.redrawn.emit(sum(chart.redraw(now) for chart in self.charts))
+
+    def clear(self) -> None:
+        for chart in self.charts:
+            for curve in chart.curves.values():
+                curve.buffer.clear()
+                curve.dirty = True
+
+
+def pause_checkbox(board: ChartBoard) -> QCheckBox:
+    box = QCheckBox("&Pause charts")
+    box.setToolTip("Freeze the charts (samples are still recorded)")
+    box.toggled.connect(board.set_paused)
+    return box

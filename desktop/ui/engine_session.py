@@ -1,0 +1,271 @@
+"""The GUI's handle on what it serves: the stable endpoint (`desktop.core.proxy` + `endpoint`), its engines and
+their telemetry, driven through thread-pool workers.
+
+Core calls block (install, wait until ready, switch with drain), so each runs in a worker. Supervisor and
+telemetry callbacks arrive on background threads: state/phase/sample callbacks are re-emitted as Qt signals
+(queued to the GUI thread); log lines are batched and drained by a GUI timer so a chatty engine cannot flood
+the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from desktop.ui.workers import submit
+
+log = logging.getLogger("switchyard.ui.engine")
+
+LOG_DRAIN_MS = 100
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What the user asked to serve: an engine, a model spec (`demo`, a path) and the main settings."""
+
+    engine: str
+    model: str = "demo"
+    ctx: int = 2048
+    parallel: int = 4
+    extra_args: tuple[str, ...] = ()
+    ready_timeout_s: float = 900.0
+
+
+class EngineSession(QObject):
+    state_changed = Signal(str)  # the engine process's state
+    endpoint_changed = Signal(str, str)  # endpoint state, readable message
+    phase_reached = Signal(str, float)
+    watching = Signal(str)  # a new engine process is now the one shown (its display name)
+    log_lines = Signal(list)
+    progress = Signal(str)
+    ready = Signal(object)  # ColdStart
+    failed = Signal(str)
+    stopped = Signal()
+    samples = Signal(list)  # list[telemetry.Sample]
+    switched = Signal(object)  # endpoint.SwitchResult (+ .failed_requests)
+
+    def __init__(self, parent: QObject | None = None, endpoint_port: int | None = None) -> None:
+        super().__init__(parent)
+        self.endpoint_port = endpoint_port
+        self.proxy: Any = None
+        self.telemetry: Any = None
+        self.manager: Any = None
+        self.request: LaunchRequest | None = None
+        self.busy = False
+        self.switching = False
+        self._stop_requested = False
+        self._watched: Any = None  # the EngineProcess whose log we show
+        self._pending_lines: deque[str] = deque(maxlen=5000)
+        self._lines_lock = threading.Lock()
+        self._setup_lock = threading.Lock()
+        self.log_timer = QTimer(self)
+        self.log_timer.setInterval(LOG_DRAIN_MS)
+        self.log_timer.timeout.connect(self._tick)
+
+    # --- queries ---
+    @property
+    def process(self) -> Any:
+        """The engine shown: the one starting (during a start or switch), else the active one."""
+        manager = self.manager
+        if manager is None:
+            return None
+        engine = manager.starting or manager.active
+        return engine.process if engine is not None else None
+
+    @property
+    def endpoint_url(self) -> str | None:
+        return f"{self.proxy.url}/v1" if self.proxy is not None else None
+
+    def is_running(self) -> bool:
+        process = self.process
+        return process is not None and process.is_running()
+
+    # --- endpoint setup (worker thread) ---
+    def _ensure_endpoint(self) -> None:
+        with self._setup_lock:
+            if self.manager is not None:
+                return
+            from desktop.core import settings as core_settings
+            from desktop.core.endpoint import EndpointManager
+            from desktop.core.proxy import ProxyServer
+            from desktop.core.telemetry import Telemetry
+
+            port = self.endpoint_port if self.endpoint_port is not None else core_settings.load().endpoint_port
+            proxy = ProxyServer(port=port)
+            proxy.start()  # PortBusy (a readable SwitchyardError) when the port is taken
+            telemetry = Telemetry()
+            telemetry.subscribe(self.samples.emit)
+            telemetry.start()
+            manager = EndpointManager(proxy, telemetry=telemetry, launcher=self._launcher)
+            manager.subscribe(lambda event: self.endpoint_changed.emit(event.state, event.message))
+            self.proxy, self.telemetry, self.manager = proxy, telemetry, manager
+
+    def _launcher(self, spec: Any) -> Any:
+        """Like endpoint.default_launcher, but installs a missing engine (with progress) instead of failing."""
+        from desktop.core.engines import get_adapter
+        from desktop.core.engines.base import LaunchPlan
+        from desktop.core.models import resolve_model
+        from desktop.core.supervisor import reap_orphans
+
+        adapter = get_adapter(spec.engine)
+        model_path = resolve_model(spec.model, adapter, self._progress)
+        install = adapter.find_install()
+        if install is None:
+            self.progress.emit(f"{adapter.display_name} is not installed yet: installing it (once, cached)")
+            install = adapter.install(self._progress)
+        reap_orphans()
+        self.progress.emit(f"Starting {adapter.display_name} on {model_path.name}; waiting until it serves")
+        plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=spec.port, ctx=spec.ctx,
+                          parallel=spec.parallel, extra_args=spec.extra_args)
+        return adapter, plan, install
+
+    def _progress(self, event: Any) -> None:
+        self.progress.emit(getattr(event, "message", str(event)))
+
+    # --- start ---
+    def start(self, request: LaunchRequest) -> None:
+        if self.busy:
+            self.failed.emit("Switchyard is already starting or switching an engine: wait for it to finish.")
+            return
+        if self.is_running():
+            self.failed.emit("An engine is already serving: stop it first, or use Switch.")
+            return
+        self.busy = True
+        self._stop_requested = False
+        self.request = request
+        self.log_timer.start()
+        submit(self._start, request, on_finished=self._on_ready, on_error=self._on_error)
+
+    def _start(self, request: LaunchRequest) -> Any:
+        from desktop.core.endpoint import EngineSpec
+
+        self._ensure_endpoint()
+        self.manager.ready_timeout = request.ready_timeout_s
+        return self.manager.start(EngineSpec(request.engine, request.model, ctx=request.ctx,
+                                             parallel=request.parallel, extra_args=request.extra_args))
+
+    def _on_ready(self, cold: Any) -> None:
+        self.busy = False
+        self._tick()
+        if not self._stop_requested:
+            self.ready.emit(cold)
+
+    def _on_error(self, message: str) -> None:
+        self.busy = False
+        self.switching = False
+        self._tick()
+        if not self._stop_requested:  # stopped by the user while starting: not an error
+            self.failed.emit(message)
+
+    # --- switch ---
+    def switch_to(self, engine: str) -> None:
+        """Move the stable endpoint to `engine` on the same model; clients keep their URL and see no failure."""
+        if self.manager is None or self.manager.active is None:
+            self.failed.emit("Nothing is being served yet: start an engine first.")
+            return
+        if self.busy:
+            self.failed.emit("Switchyard is already starting or switching an engine: wait for it to finish.")
+            return
+        self.busy = self.switching = True
+        self._stop_requested = False
+        self.progress.emit(f"Switching to {engine}: starting it while the current engine keeps serving")
+        submit(self._switch, engine, on_finished=self._on_switched, on_error=self._on_error)
+
+    def _switch(self, engine: str) -> Any:
+        failed_before = self.proxy.counters.get("failed", 0)
+        result = self.manager.switch(engine)
+        result.failed_requests = self.proxy.counters.get("failed", 0) - failed_before
+        if self.request is not None:
+            from dataclasses import replace
+
+            self.request = replace(self.request, engine=result.to_engine)
+        return result
+
+    def _on_switched(self, result: Any) -> None:
+        self.busy = self.switching = False
+        self._tick()
+        self.switched.emit(result)
+        process = self.process
+        if process is not None:
+            self.ready.emit(process.cold_start)
+
+    # --- stop ---
+    def stop(self, then: Any = None) -> None:
+        """Stop every engine off the GUI thread (the endpoint stays up, answering 'no engine'); then `then()`."""
+        self._stop_requested = True
+        manager = self.manager
+
+        def done(_: Any = None) -> None:
+            self._tick()
+            self.log_timer.stop()
+            self.stopped.emit()
+            if then is not None:
+                then()
+
+        if manager is None:
+            done()
+            return
+        def failed(message: str) -> None:
+            self.failed.emit(message)
+            done()
+
+        submit(manager.close, on_finished=done, on_error=failed)
+
+    def shutdown(self) -> None:
+        """Stop engines, telemetry and the endpoint now, on the calling thread (quit path)."""
+        self._stop_requested = True
+        self.log_timer.stop()
+        if self.telemetry is not None:
+            self.telemetry.unsubscribe(self.samples.emit)
+        if self.manager is not None:
+            self.manager.close()
+        if self.telemetry is not None:
+            self.telemetry.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+
+    # --- engine events ---
+    def _tick(self) -> None:
+        process = self.process
+        if process is not None and process is not self._watched:
+            self._watch(process)
+        with self._lines_lock:
+            if not self._pending_lines:
+                return
+            lines = list(self._pending_lines)
+            self._pending_lines.clear()
+        self.log_lines.emit(lines)
+
+    def _watch(self, process: Any) -> None:
+        """Follow a new engine process: its log so far, its phases so far, then live events."""
+        self._watched = process
+        with self._lines_lock:
+            self._pending_lines.append(f"──── {process.adapter.display_name} · {process.base_url} · log: {process.log_path}")
+            self._pending_lines.extend(process.log_tail(500))
+        process.subscribe(lambda event, watched=process: self._on_event(watched, event))
+        self.watching.emit(process.adapter.display_name)
+        self.state_changed.emit(process.state.value)
+        cold = process.cold_start
+        for name, seconds in sorted(cold.markers.items(), key=lambda kv: kv[1]):
+            self.phase_reached.emit(name, seconds)
+        for name in ("t1_health_s", "t2_first_token_s", "t3_first_request_s"):
+            value = getattr(cold, name)
+            if value is not None:
+                self.phase_reached.emit({"t1_health_s": "T1_health", "t2_first_token_s": "T2_first_token",
+                                         "t3_first_request_s": "T3_first_request"}[name], value)
+
+    def _on_event(self, process: Any, event: Any) -> None:  # engine log thread
+        if process is not self._watched:
+            return  # an engine we no longer show (e.g. the old one stopping after a switch)
+        if event.kind == "log":
+            with self._lines_lock:
+                self._pending_lines.append(event.line)
+        elif event.kind == "state" and event.state is not None:
+            self.state_changed.emit(event.state.value)
+        elif event.kind == "phase":
+            self.phase_reached.emit(event.phase, float(event.seconds or 0.0))

@@ -1,0 +1,120 @@
+"""Machine: what was detected (GPUs, CPU, RAM, disk, notes) and live free VRAM / RAM, refreshed every 2 s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import (
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop.ui.widgets import Notice
+from desktop.ui.workers import submit
+
+GIB = 1024**3
+REFRESH_MS = 2000
+
+
+def detect_hardware() -> Any:
+    from desktop.core import settings as settings_module
+    from desktop.core.hardware import detect
+
+    models_dir = settings_module.load().models_dir or None
+    return detect(models_dir)
+
+
+class MachinePage(QWidget):
+    title = "Machine"
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.snapshot: Any = None
+        self._refreshing = False
+        self.notice = Notice("Detecting hardware…")
+        self.summary = QFormLayout()
+        summary_box = QGroupBox("This machine")
+        summary_box.setLayout(self.summary)
+        self.live_box = QGroupBox("Free memory (live)")
+        self.live_layout = QFormLayout(self.live_box)
+        self.bars: dict[str, QProgressBar] = {}
+        self.notes_label = QLabel("")
+        self.notes_label.setWordWrap(True)
+        self.refresh_button = QPushButton("&Refresh")
+        self.refresh_button.clicked.connect(self.refresh)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.notice)
+        layout.addWidget(summary_box)
+        layout.addWidget(self.live_box)
+        layout.addWidget(self.notes_label)
+        layout.addWidget(self.refresh_button)
+        layout.addStretch(1)
+        self.timer = QTimer(self)
+        self.timer.setInterval(REFRESH_MS)
+        self.timer.timeout.connect(self.refresh)
+        self.refresh()
+        self.timer.start()
+
+    def refresh(self) -> None:
+        if self._refreshing:
+            return  # never pile up probes
+        self._refreshing = True
+        submit(detect_hardware, on_finished=self.show_snapshot, on_error=self.show_error)
+
+    def show_error(self, message: str) -> None:
+        self._refreshing = False
+        self.notice.show_message(message, "error")
+
+    def show_snapshot(self, snapshot: Any) -> None:
+        self._refreshing = False
+        first = self.snapshot is None
+        self.snapshot = snapshot
+        if first:
+            self.notice.show_message("")
+            self._fill_summary(snapshot)
+        self._update_bar("RAM", snapshot.ram_available_bytes, snapshot.ram_total_bytes)
+        for gpu in snapshot.gpus:
+            self._update_bar(f"GPU {gpu.index} VRAM", gpu.memory_free_bytes, gpu.memory_total_bytes)
+
+    def _fill_summary(self, snapshot: Any) -> None:
+        cpu = snapshot.cpu
+        features = ", ".join(name for name in ("avx2", "avx512", "amx", "neon") if getattr(cpu, name)) or "none"
+        rows = [
+            ("OS", snapshot.os),
+            ("CPU", f"{cpu.model} ({cpu.physical_cores} cores / {cpu.logical_cores} threads, {cpu.arch}; {features})"),
+            ("RAM", f"{snapshot.ram_total_bytes / GIB:.1f} GiB"),
+        ]
+        if not snapshot.gpus:
+            rows.append(("GPUs", "none found: models run on the CPU (llama.cpp)"))
+        for gpu in snapshot.gpus:
+            extra = ", ".join(x for x in (f"compute {gpu.compute_capability}" if gpu.compute_capability else "",
+                                          f"driver {gpu.driver_version}" if gpu.driver_version else "") if x)
+            rows.append((f"GPU {gpu.index}", f"{gpu.name} — {gpu.memory_total_bytes / GIB:.1f} GiB, {gpu.backend}"
+                         + (f" ({extra})" if extra else "")))
+        if snapshot.disk_free_bytes is not None:
+            rows.append(("Models folder", f"{snapshot.models_dir} ({snapshot.disk_free_bytes / GIB:.1f} GiB free)"))
+        for key, value in rows:
+            label = QLabel(value)
+            label.setWordWrap(True)
+            self.summary.addRow(f"{key}:", label)
+        self.notes_label.setText("\n".join(f"• {note}" for note in snapshot.notes))
+
+    def _update_bar(self, name: str, free: int, total: int) -> None:
+        bar = self.bars.get(name)
+        if bar is None:
+            bar = QProgressBar()
+            bar.setAccessibleName(f"{name} free")
+            self.bars[name] = bar
+            self.live_layout.addRow(f"{name}:", bar)
+        bar.setRange(0, max(1, total // (1024**2)))
+        bar.setValue(free // (1024**2))
+        bar.setFormat(f"{free / GIB:.1f} GiB free of {total / GIB:.1f} GiB")
+
+    def shutdown(self) -> None:
+        self.timer.stop()

@@ -1,0 +1,153 @@
+"""Recommend: a few questions about the workload → engine + quantization + settings with reasons and the
+runner-up (desktop.core.recommend); one click launches it on the Serve page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop.ui.engine_session import LaunchRequest
+from desktop.ui.widgets import Notice
+from desktop.ui.workers import submit
+
+
+def compute_recommendation(model: str, concurrency: int, prompt_len: int, output_len: int,
+                           lifetime_hours: float, restarts_per_day: float) -> Any:
+    from desktop.core.hardware import detect
+    from desktop.core.modelinfo import facts_for
+    from desktop.core.recommend import Workload, recommend
+
+    workload = Workload(concurrency=concurrency, prompt_len=prompt_len, output_len=output_len,
+                        lifetime_hours=lifetime_hours, restarts_per_day=restarts_per_day)
+    return recommend(facts_for(model), detect(), workload)
+
+
+class RecommendPage(QWidget):
+    title = "Recommend"
+    launch_requested = Signal(object)  # LaunchRequest
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.recommendation: Any = None
+        self.model_edit = QLineEdit("demo")
+        self.model_edit.setToolTip("`demo`, a GGUF file, a Hugging Face folder, or a Hub repo id")
+        self.concurrency = QSpinBox()
+        self.concurrency.setRange(1, 4096)
+        self.concurrency.setValue(4)
+        self.prompt_len = QSpinBox()
+        self.prompt_len.setRange(1, 1_000_000)
+        self.prompt_len.setValue(512)
+        self.output_len = QSpinBox()
+        self.output_len.setRange(1, 1_000_000)
+        self.output_len.setValue(256)
+        self.lifetime = QDoubleSpinBox()
+        self.lifetime.setRange(0.1, 24 * 365)
+        self.lifetime.setValue(8.0)
+        self.lifetime.setSuffix(" h")
+        self.restarts = QDoubleSpinBox()
+        self.restarts.setRange(0, 1440)
+        self.restarts.setValue(0)
+        self._apply_default_workload()
+        form = QFormLayout()
+        form.addRow("&Model:", self.model_edit)
+        form.addRow("How many requests at &once at busy times?", self.concurrency)
+        form.addRow("Typical &prompt length (tokens):", self.prompt_len)
+        form.addRow("Typical &answer length (tokens):", self.output_len)
+        form.addRow("How long does one server &live?", self.lifetime)
+        form.addRow("&Restarts or model switches per day:", self.restarts)
+        self.recommend_button = QPushButton("&Recommend")
+        self.recommend_button.setDefault(True)
+        self.recommend_button.clicked.connect(self.compute)
+        self.launch_button = QPushButton("&Launch it")
+        self.launch_button.setEnabled(False)
+        self.launch_button.clicked.connect(self.launch)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.recommend_button)
+        buttons.addWidget(self.launch_button)
+        buttons.addStretch(1)
+        self.notice = Notice()
+        self.result_box = QGroupBox("Recommendation")
+        self.result_label = QLabel("Answer the questions and press Recommend.")
+        self.result_label.setWordWrap(True)
+        self.result_label.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        QVBoxLayout(self.result_box).addWidget(self.result_label)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addLayout(buttons)
+        layout.addWidget(self.notice)
+        layout.addWidget(self.result_box, 1)
+
+    def _apply_default_workload(self) -> None:
+        """Pre-fill the questions from the default workload in settings."""
+        try:
+            from desktop.core import settings as core_settings
+
+            workload = core_settings.load().default_workload
+        except Exception:  # settings problems are shown by the settings dialog
+            return
+        presets = {"chat": (4, 512, 256), "long-context": (1, 16384, 512), "many-users": (32, 512, 256),
+                   "batch": (64, 1024, 512)}
+        concurrency, prompt, output = presets.get(workload, presets["chat"])
+        self.concurrency.setValue(concurrency)
+        self.prompt_len.setValue(prompt)
+        self.output_len.setValue(output)
+
+    def compute(self) -> None:
+        self.recommend_button.setEnabled(False)
+        self.launch_button.setEnabled(False)
+        self.notice.show_message("Looking at the model and this machine…")
+        submit(compute_recommendation, self.model_edit.text().strip() or "demo", self.concurrency.value(),
+               self.prompt_len.value(), self.output_len.value(), self.lifetime.value(), self.restarts.value(),
+               on_finished=self.show_recommendation, on_error=self.show_error)
+
+    def show_error(self, message: str) -> None:
+        self.recommend_button.setEnabled(True)
+        self.notice.show_message(message, "error")
+
+    def show_recommendation(self, rec: Any) -> None:
+        self.recommendation = rec
+        self.recommend_button.setEnabled(True)
+        self.launch_button.setEnabled(True)
+        self.notice.show_message("")
+        settings = ", ".join(f"{k} {v}" for k, v in rec.key_settings.items() if v is not None)
+        lines = [f"<h3>{rec.engine} · {rec.quant}</h3>", f"<p><b>Settings:</b> {settings}</p>",
+                 "<p><b>Why:</b></p><ul>" + "".join(f"<li>{_escape(r)}</li>" for r in rec.reasons) + "</ul>"]
+        if rec.fit is not None:
+            lines.append(f"<p><b>Memory:</b> {rec.fit.total_gib:.2f} GiB of {rec.fit.available_gib:.1f} GiB "
+                         f"available on {rec.fit.device} ({rec.fit.fits})</p>")
+        runner = rec.runner_up
+        if runner:
+            why = runner.get("why_lost") or ""
+            lines.append(f"<p><b>Runner-up:</b> {runner.get('engine')} {runner.get('quant') or ''} — {_escape(why)}</p>")
+        self.result_label.setText("".join(lines))
+
+    def launch_request(self) -> LaunchRequest | None:
+        rec = self.recommendation
+        if rec is None:
+            return None
+        settings = rec.settings
+        return LaunchRequest(engine=rec.engine, model=str(settings.get("model_path") or self.model_edit.text()),
+                             ctx=int(settings.get("ctx", 2048)), parallel=int(settings.get("parallel", 4)),
+                             extra_args=tuple(settings.get("extra_args") or ()))
+
+    def launch(self) -> None:
+        request = self.launch_request()
+        if request is not None:
+            self.launch_requested.emit(request)
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -1,0 +1,276 @@
+"""Serve: start/stop an engine, its state and cold-start timeline, the endpoint URL, live charts, the log, and
+the one-click switch to the other engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QComboBox,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop.ui.charts import ChartBoard, LiveChart, pause_checkbox
+from desktop.ui.engine_session import EngineSession, LaunchRequest
+from desktop.ui.widgets import LogPane, Notice, PhaseTimeline
+
+ENGINES = (("llama.cpp", "llama.cpp (llama-server)"), ("vllm", "vLLM"))
+
+CHARTS: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("Throughput", "tokens/s", {"generation_tokens_per_s": "generated", "prompt_tokens_per_s": "prompt"}),
+    ("Latency", "ms", {"ttft_ms": "TTFT", "tpot_ms": "TPOT / ITL", "proxy_ttft_ms": "TTFT at endpoint"}),
+    ("Requests", "requests", {"requests_running": "running", "requests_waiting": "waiting"}),
+    ("KV cache", "%", {"kv_cache_percent": "KV cache used"}),
+    ("GPU", "", {"gpu_util": "utilization %", "gpu_mem_used_gib": "memory GiB"}),
+    ("Engine process", "", {"cpu_percent": "CPU %", "rss_gib": "RSS GiB"}),
+)
+# telemetry series -> (chart series, scale)
+SERIES_MAP: dict[str, tuple[str, float]] = {
+    "generation_tokens_per_s": ("generation_tokens_per_s", 1.0),
+    "prompt_tokens_per_s": ("prompt_tokens_per_s", 1.0),
+    "ttft_s": ("ttft_ms", 1000.0),
+    "itl_s": ("tpot_ms", 1000.0),
+    "proxy_ttft_s": ("proxy_ttft_ms", 1000.0),
+    "requests_running": ("requests_running", 1.0),
+    "requests_waiting": ("requests_waiting", 1.0),
+    "kv_cache_usage": ("kv_cache_percent", 100.0),
+    "gpu_util": ("gpu_util", 1.0),
+    "gpu_mem_used_bytes": ("gpu_mem_used_gib", 1.0 / 1024**3),
+    "cpu_percent": ("cpu_percent", 1.0),
+    "rss_bytes": ("rss_gib", 1.0 / 1024**3),
+}
+
+
+class ServePage(QWidget):
+    title = "Serve"
+    engine_ready = Signal(object)
+
+    def __init__(self, session: EngineSession, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.session = session
+        self.samples_received = 0
+        self.endpoint_state = "stopped"
+
+        # --- launch controls ---
+        self.engine_box = QComboBox()
+        for key, label in ENGINES:
+            self.engine_box.addItem(label, key)
+        self.engine_box.setAccessibleName("Engine")
+        self.model_edit = QLineEdit("demo")
+        self.model_edit.setAccessibleName("Model")
+        self.model_edit.setToolTip("`demo`, a GGUF file (llama.cpp) or a Hugging Face folder (vLLM)")
+        self.ctx_spin = QSpinBox()
+        self.ctx_spin.setRange(256, 1_048_576)
+        self.ctx_spin.setSingleStep(1024)
+        self.ctx_spin.setValue(2048)
+        self.ctx_spin.setAccessibleName("Context length")
+        self.parallel_spin = QSpinBox()
+        self.parallel_spin.setRange(1, 1024)
+        self.parallel_spin.setValue(4)
+        self.parallel_spin.setAccessibleName("Parallel sequences")
+        self.start_button = QPushButton("&Start")
+        self.stop_button = QPushButton("S&top")
+        self.switch_button = QPushButton("S&witch engine")
+        self.start_button.clicked.connect(self.start_clicked)
+        self.stop_button.clicked.connect(self.stop_clicked)
+        self.switch_button.clicked.connect(self.switch_clicked)
+        controls = QHBoxLayout()
+        for caption, widget in (("&Engine:", self.engine_box), ("&Model:", self.model_edit),
+                                ("&Context:", self.ctx_spin), ("&Parallel:", self.parallel_spin)):
+            buddy = QLabel(caption)
+            buddy.setBuddy(widget)
+            controls.addWidget(buddy)
+            controls.addWidget(widget, 2 if widget is self.model_edit else 0)
+        controls.addWidget(self.start_button)
+        controls.addWidget(self.stop_button)
+        controls.addWidget(self.switch_button)
+
+        # --- state, endpoint, timeline ---
+        self.state_label = QLabel("stopped")
+        self.state_label.setObjectName("engineState")
+        self.state_label.setAccessibleName("Engine state")
+        self.endpoint_edit = QLineEdit()
+        self.endpoint_edit.setReadOnly(True)
+        self.endpoint_edit.setPlaceholderText("The endpoint appears here once an engine serves")
+        self.endpoint_edit.setAccessibleName("Endpoint URL")
+        self.copy_button = QPushButton("C&opy")
+        self.copy_button.setToolTip("Copy the endpoint URL to the clipboard")
+        self.copy_button.clicked.connect(self.copy_endpoint)
+        self.notice = Notice()
+        self.switch_label = QLabel("")
+        self.switch_label.setAccessibleName("Last switch")
+        self.timeline = PhaseTimeline()
+        status = QGridLayout()
+        status.addWidget(QLabel("State:"), 0, 0)
+        status.addWidget(self.state_label, 0, 1)
+        endpoint_label = QLabel("E&ndpoint:")
+        endpoint_label.setBuddy(self.endpoint_edit)
+        status.addWidget(endpoint_label, 0, 2)
+        status.addWidget(self.endpoint_edit, 0, 3)
+        status.addWidget(self.copy_button, 0, 4)
+        status.addWidget(self.switch_label, 1, 0, 1, 5)
+        status.setColumnStretch(3, 1)
+
+        # --- charts ---
+        self.board = ChartBoard(self)
+        self.charts: dict[str, LiveChart] = {}
+        grid = QGridLayout()
+        for index, (title, unit, series) in enumerate(CHARTS):
+            chart = self.board.add(LiveChart(title, unit), series)
+            self.charts[title] = chart
+            grid.addWidget(chart, index // 3, index % 3)
+        self.pause_box = pause_checkbox(self.board)
+        charts_box = QGroupBox("Live")
+        charts_layout = QVBoxLayout(charts_box)
+        charts_layout.addWidget(self.pause_box)
+        charts_layout.addLayout(grid)
+
+        self.log_pane = LogPane()
+        upper = QWidget()
+        upper_layout = QVBoxLayout(upper)
+        upper_layout.setContentsMargins(0, 0, 0, 0)
+        upper_layout.addLayout(controls)
+        upper_layout.addLayout(status)
+        upper_layout.addWidget(self.notice)
+        upper_layout.addWidget(self.timeline)
+        upper_layout.addWidget(charts_box, 1)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.addWidget(upper)
+        splitter.addWidget(self.log_pane)
+        splitter.setStretchFactor(0, 4)
+        splitter.setStretchFactor(1, 1)
+        layout = QVBoxLayout(self)
+        layout.addWidget(splitter)
+
+        session.state_changed.connect(self.on_state)
+        session.phase_reached.connect(self.timeline.add)
+        session.watching.connect(lambda _name: self.timeline.clear())
+        session.log_lines.connect(self.log_pane.append_lines)
+        session.progress.connect(lambda text: self.notice.show_message(text))
+        session.ready.connect(self.on_ready)
+        session.failed.connect(self.on_failed)
+        session.stopped.connect(self.on_stopped)
+        session.endpoint_changed.connect(self.on_endpoint)
+        session.samples.connect(self.on_samples)
+        session.switched.connect(self.on_switched)
+        self.board.start()
+        self._update_buttons()
+
+    # --- actions ---
+    def launch(self, request: LaunchRequest) -> None:
+        index = self.engine_box.findData(request.engine)
+        if index >= 0:
+            self.engine_box.setCurrentIndex(index)
+        self.model_edit.setText(request.model)
+        self.ctx_spin.setValue(request.ctx)
+        self.parallel_spin.setValue(request.parallel)
+        self.timeline.clear()
+        self.notice.show_message(f"Starting {request.engine} on {request.model}…")
+        self.session.start(request)
+        self._update_buttons()
+
+    def start_clicked(self) -> None:
+        self.launch(LaunchRequest(engine=self.engine_box.currentData(), model=self.model_edit.text().strip() or "demo",
+                                  ctx=self.ctx_spin.value(), parallel=self.parallel_spin.value()))
+
+    def stop_clicked(self) -> None:
+        self.notice.show_message("Stopping…")
+        self.session.stop()
+
+    def other_engine(self) -> str:
+        current = self.session.process.adapter.name if self.session.process is not None else self.engine_box.currentData()
+        return "vllm" if current == "llama.cpp" else "llama.cpp"
+
+    def switch_clicked(self) -> None:
+        target = self.other_engine()
+        self.switch_label.setText(f"Switching to {target}… (the current engine keeps serving meanwhile)")
+        self.session.switch_to(target)
+        index = self.engine_box.findData(target)
+        self.engine_box.setCurrentIndex(index)
+
+    def copy_endpoint(self) -> None:
+        if self.endpoint_edit.text():
+            QGuiApplication.clipboard().setText(self.endpoint_edit.text())
+            self.notice.show_message("Endpoint URL copied to the clipboard")
+
+    # --- session events ---
+    def on_state(self, state: str) -> None:
+        self.state_label.setText(state)
+        self.state_label.setAccessibleDescription(state)
+        if state == "crashed" and self.session.process is not None:
+            outcome = self.session.process.outcome
+            reason = outcome.reason if outcome else None
+            if reason:
+                self.notice.show_message(f"The engine stopped: {reason.reason}\nHint: {reason.suggestion}", "error")
+        self._update_buttons()
+
+    def on_ready(self, cold: Any) -> None:
+        process = self.session.process
+        if process is None:
+            return
+        self.endpoint_edit.setText(self.session.endpoint_url or f"{process.base_url}/v1")
+        t2 = cold.t2_first_token_s
+        self.notice.show_message(
+            f"{process.adapter.display_name} serves {process.plan.model_path.name} (engine at {process.base_url})"
+            f" — health OK after {cold.t1_health_s:.2f} s" + (f", first token after {t2:.2f} s" if t2 else ""))
+        gpu = getattr(self.session.telemetry, "gpu", None)
+        if gpu is None or gpu.unavailable:
+            self.charts["GPU"].plot.getPlotItem().setTitle("GPU — no GPU telemetry on this machine")
+        self._update_buttons()
+        self.engine_ready.emit(cold)
+
+    def on_failed(self, message: str) -> None:
+        if "endpoint cannot listen" in message:
+            message += "\nOr change the endpoint port in File → Settings."
+        self.notice.show_message(message, "error")
+        self.switch_label.setText("")
+        self._update_buttons()
+
+    def on_stopped(self) -> None:
+        self.state_label.setText("stopped")
+        if self.notice.level != "error":
+            self.notice.show_message("Engine stopped")
+        self._update_buttons()
+
+    def on_samples(self, samples: list[Any]) -> None:
+        for sample in samples:
+            route = SERIES_MAP.get(sample.series)
+            if route is not None and self.board.push(route[0], sample.value * route[1], sample.t):
+                self.samples_received += 1
+
+    def on_switched(self, result: Any) -> None:
+        failed = getattr(result, "failed_requests", 0)
+        self.switch_label.setText(
+            f"Switched {result.from_engine} → {result.to_engine} in {result.seconds:.1f} s behind the same URL; "
+            f"clients saw {failed} failed request{'s' if failed != 1 else ''} "
+            f"(requests kept going to {result.from_engine} until {result.to_engine} served"
+            + ("; in-flight requests drained)" if result.drained else ")"))
+        self._update_buttons()
+
+    def on_endpoint(self, state: str, message: str) -> None:
+        self.endpoint_state = state
+        if state in ("down", "failover"):
+            self.notice.show_message(message, "error" if state == "down" else "warning")
+        self._update_buttons()
+
+    def _update_buttons(self) -> None:
+        running = self.session.is_running()
+        busy = self.session.busy
+        self.start_button.setEnabled(not running and not busy)
+        self.stop_button.setEnabled(running or busy)
+        self.switch_button.setEnabled(running and not busy)
+        self.switch_button.setText(f"S&witch to {self.other_engine()}")
+
+    def shutdown(self) -> None:
+        self.board.stop()

@@ -1,0 +1,187 @@
+"""Small shared widgets: the cold-start phase timeline, a searchable log pane, notices, key/value grids."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QRectF, Qt
+from PySide6.QtGui import QColor, QFont, QGuiApplication, QPainter, QPalette, QTextCursor, QTextDocument
+from PySide6.QtWidgets import (
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
+
+PHASE_LABELS = {
+    "T1_health": "health OK",
+    "T2_first_token": "first token",
+    "T3_first_request": "first request done",
+}
+
+
+class PhaseTimeline(QWidget):
+    """Cold-start phases on one time axis (spawn at 0 s), labelled with their times."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.phases: dict[str, float] = {}
+        self.setMinimumHeight(84)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setAccessibleName("Cold-start phase timeline")
+
+    def clear(self) -> None:
+        self.phases.clear()
+        self.update()
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.phases.setdefault(phase, seconds)
+        self.setToolTip("\n".join(f"{PHASE_LABELS.get(k, k)}: {v:.2f} s" for k, v in self.phases.items()))
+        self.setAccessibleDescription(self.toolTip())
+        self.update()
+
+    def paintEvent(self, _event: object) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        palette = self.palette()
+        text = palette.color(QPalette.ColorRole.WindowText)
+        accent = palette.color(QPalette.ColorRole.Highlight)
+        width, height = self.width() - 20, self.height()
+        axis_y = height // 2
+        painter.setPen(text)
+        if not self.phases:
+            painter.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter, "Cold-start phases appear here when an engine starts")
+            return
+        end = max(max(self.phases.values()), 0.1) * 1.05
+        painter.drawLine(10, axis_y, 10 + width, axis_y)
+        small = QFont(self.font())
+        small.setPointSizeF(max(6.0, small.pointSizeF() * 0.85))
+        painter.setFont(small)
+        for index, (phase, seconds) in enumerate(sorted(self.phases.items(), key=lambda kv: kv[1])):
+            x = 10 + width * seconds / end
+            painter.setPen(accent)
+            painter.setBrush(accent)
+            painter.drawEllipse(QRectF(x - 4, axis_y - 4, 8, 8))
+            painter.setPen(text)
+            label = f"{PHASE_LABELS.get(phase, phase).replace('_', ' ')} {seconds:.2f}s"
+            row = index % 4  # four label rows (two above, two below the axis) so close phases do not overlap
+            line = painter.fontMetrics().height()
+            top = row in (0, 2)
+            y = axis_y - 6 - line * (1 + row // 2) if top else axis_y + 6 + line * (row // 2)
+            text_width = painter.fontMetrics().horizontalAdvance(label) + 4
+            left = min(max(0.0, x - text_width / 2), self.width() - text_width)
+            painter.drawText(QRectF(left, y, text_width, line), Qt.AlignmentFlag.AlignCenter, label)
+
+
+class LogPane(QWidget):
+    """The engine log, bounded to the newest lines, with find-as-you-type (Enter: next, Shift+Enter: previous)."""
+
+    MAX_LINES = 5000
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.view = QPlainTextEdit()
+        self.view.setReadOnly(True)
+        self.view.setMaximumBlockCount(self.MAX_LINES)
+        self.view.setFont(QFont("Monospace"))
+        self.view.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.view.setAccessibleName("Engine log")
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search the log (Enter: next, Shift+Enter: previous)")
+        self.search.setAccessibleName("Search the log")
+        self.search.setClearButtonEnabled(True)
+        self.search.returnPressed.connect(self.find_next)
+        self.search.textChanged.connect(lambda _text: self.find_next(from_start=True))
+        self.status = QLabel("")
+        row = QHBoxLayout()
+        search_label = QLabel("&Find:")
+        search_label.setBuddy(self.search)
+        row.addWidget(search_label)
+        row.addWidget(self.search, 1)
+        row.addWidget(self.status)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(row)
+        layout.addWidget(self.view)
+
+    def append_lines(self, lines: list[str]) -> None:
+        bar = self.view.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 2
+        self.view.appendPlainText("\n".join(lines))
+        if at_bottom:
+            bar.setValue(bar.maximum())
+
+    def clear(self) -> None:
+        self.view.clear()
+
+    def find_next(self, from_start: bool = False, backward: bool | None = None) -> bool:
+        needle = self.search.text()
+        if not needle:
+            self.status.setText("")
+            return False
+        if backward is None:
+            backward = bool(QGuiApplication.keyboardModifiers() & Qt.KeyboardModifier.ShiftModifier)
+        flags = QTextDocument.FindFlag.FindBackward if backward else QTextDocument.FindFlag(0)
+        if from_start:
+            self.view.moveCursor(QTextCursor.MoveOperation.Start)
+        found = self.view.find(needle, flags)
+        if not found:  # wrap around
+            self.view.moveCursor(QTextCursor.MoveOperation.End if backward else QTextCursor.MoveOperation.Start)
+            found = self.view.find(needle, flags)
+        self.status.setText("" if found else "not found")
+        return found
+
+
+class Notice(QLabel):
+    """A readable message: info, warning or error, word-wrapped and selectable (so it can be copied)."""
+
+    COLORS = {"info": None, "warning": "#b36b00", "error": "#c0392b"}
+
+    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(text, parent)
+        self.setWordWrap(True)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.setAccessibleName("Message")
+        self.level = "info"
+
+    def show_message(self, text: str, level: str = "info") -> None:
+        self.level = level
+        color = self.COLORS.get(level)
+        self.setStyleSheet(f"color: {color};" if color else "")
+        self.setText(text)
+        self.setVisible(bool(text))
+
+
+def not_available(feature: str, module: str) -> QLabel:
+    label = QLabel(f"{feature}: not available yet ({module} is not part of this build).")
+    label.setWordWrap(True)
+    label.setObjectName("notAvailable")
+    label.setAccessibleName(f"{feature} not available yet")
+    return label
+
+
+def module_available(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def key_value_form(rows: list[tuple[str, str]]) -> QWidget:
+    widget = QWidget()
+    form = QFormLayout(widget)
+    for key, value in rows:
+        label = QLabel(value)
+        label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        form.addRow(f"{key}:", label)
+    return widget
+
+
+def muted(color: QColor) -> QColor:
+    c = QColor(color)
+    c.setAlphaF(0.6)
+    return c

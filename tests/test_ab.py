@@ -1,0 +1,81 @@
+"""A/B analysis (amortization, cost, scenarios) on known numbers, and one short run with both real engines."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from test_reports import engine
+
+from desktop.core.ab import ABConfig, amortization_verdict, analyse, cost_per_million
+from desktop.core.errors import SwitchyardError
+
+
+def test_break_even_lifetime() -> None:
+    quick = engine("a", speed=10.0, ttft=0.05, cold=2.0)  # 80 tok/s at c=8
+    strong = engine("b", speed=20.0, ttft=0.05, cold=62.0)  # 160 tok/s at c=8
+    verdict = amortization_verdict(quick, strong, 8)
+    # 80 (L - 2) = 160 (L - 62)  =>  L = (160*62 - 80*2) / 80 = 122 s
+    assert verdict["break_even_s"] == pytest.approx(122.0)
+    assert "b starts 60.0 s slower" in verdict["verdict"] and "a is ahead" in verdict["verdict"]
+
+
+def test_dominant_engine_wins_at_any_lifetime() -> None:
+    verdict = amortization_verdict(engine("a", 30.0, 0.05, 1.0), engine("b", 10.0, 0.05, 5.0), 8)
+    assert verdict["break_even_s"] is None and "wins at any service lifetime" in verdict["verdict"]
+
+
+def test_cost_per_million_amortizes_cold_start() -> None:
+    # 1000 tok/s for one hour at 3.6 per hour: steady 1.0 per 1M tokens; a 360 s cold start adds 10%
+    assert cost_per_million(3.6, 1000.0, 0.0, 3600.0) == pytest.approx(1.0)
+    assert cost_per_million(3.6, 1000.0, 360.0, 3600.0) == pytest.approx(1.1)
+
+
+def test_power_price_and_scenarios() -> None:
+    config = ABConfig(power_watts=500.0, price_per_kwh=0.2, concurrency=(1, 8, 32))
+    assert config.hourly_price() == (pytest.approx(0.1), "currency (power x electricity)")
+    result = analyse(config, [engine("a", 10.0, 0.05, 1.0), engine("b", 20.0, 0.05, 600.0)], 0.0, 1.0)
+    by_name = {row["scenario"]: row for row in result.scenarios}
+    assert by_name["Local development, frequent restarts"]["winner"] == "a"  # 10 min life, 10 min start
+    assert by_name["High-concurrency API"]["winner"] == "b"
+    assert by_name["High-concurrency API"]["concurrency"] == 32
+    assert all(c["unit"].startswith("currency") for c in result.costs)
+
+
+def test_config_rejects_bad_input() -> None:
+    with pytest.raises(SwitchyardError, match="two different engines"):
+        ABConfig(engines=("vllm", "vllm"))
+    with pytest.raises(SwitchyardError, match="concurrency"):
+        ABConfig(concurrency=(0,))
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+@pytest.mark.vllm
+def test_ab_cli_both_real_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One short real A/B: llama.cpp vs vLLM on the demo model, end to end through the CLI."""
+    from desktop.core.engines import get_adapter
+
+    for name in ("llama.cpp", "vllm"):
+        if get_adapter(name).find_install() is None:
+            pytest.skip(f"{name} is not installed")
+    from desktop.cli import main
+
+    report = tmp_path / "report"
+    code = main(["ab", "--model", "demo", "--engines", "llama.cpp,vllm", "--concurrency", "1,4",
+                 "--requests", "4", "--input-len", "16", "--output-len", "8", "--report", str(report), "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert not data["errors"]
+    for engine_data in data["engines"]:
+        rep = engine_data["repetitions"][0]
+        assert rep["cold_start"]["t3_first_request_s"] > rep["cold_start"]["t1_health_s"] > 0
+        assert engine_data["peak_rss_mib"] > 10
+        for level_data in rep["sweep"]["levels"]:
+            assert level_data["completed"] == 4 and level_data["failed"] == 0
+            assert level_data["total_output_tokens"] == 4 * 8 and not level_data["tokens_estimated"]
+    assert data["comparison"][0]["output_throughput"]["ratio"]["mean"] > 0
+    assert (report / "ab.html").is_file() and (report / "ab.csv").is_file()
+    assert os.environ["SWITCHYARD_HOME"]  # history went to the session's temp home

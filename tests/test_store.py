@@ -1,0 +1,99 @@
+"""The SQLite history: a real file, WAL, migrations from old versions, runs and telemetry samples."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from desktop.core.errors import SwitchyardError
+from desktop.core.store import DB_NAME, MIGRATIONS, SCHEMA_VERSION, RunRecord, Sample, Store
+
+
+def test_default_location_wal_and_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWITCHYARD_HOME", str(tmp_path))
+    with Store() as store:
+        assert store.path == tmp_path / DB_NAME and store.path.is_file()
+        assert store.schema_version == SCHEMA_VERSION
+    raw = sqlite3.connect(tmp_path / DB_NAME)
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_runs_round_trip_newest_first(tmp_path: Path) -> None:
+    path = tmp_path / "h.db"
+    with Store(path) as store:
+        first = store.add_run(RunRecord(kind="bench", engine="llama.cpp", engine_version="b1", model="demo",
+                                        settings={"concurrency": [1, 8]}, summary={"output_throughput": 12.5},
+                                        created_at=100.0))
+        second = store.add_run(RunRecord(kind="ab", model="demo", summary={"ratio": 2.0}, created_at=200.0,
+                                         label="A/B"))
+        store.set_report_path(first, "/tmp/report.html")
+    with Store(path) as store:  # reopened: it is on disk
+        runs = store.runs()
+        assert [r.id for r in runs] == [second, first]
+        old = store.get_run(first)
+        assert old is not None and old.settings == {"concurrency": [1, 8]}
+        assert old.summary["output_throughput"] == 12.5 and old.report_path == "/tmp/report.html"
+        assert [r.id for r in store.runs(engine="llama.cpp")] == [first]
+        assert [r.label for r in store.runs(kind="ab")] == ["A/B"]
+        assert store.get_run(999) is None
+
+
+def test_samples_filtered_by_source_series_and_time(tmp_path: Path) -> None:
+    with Store(tmp_path / "h.db") as store:
+        written = store.add_samples([(1.0, "llama.cpp:1", "requests_running", 2.0),
+                                     Sample(2.0, "llama.cpp:1", "requests_running", 3.0),
+                                     (3.0, "llama.cpp:1", "kv_cache_usage", 0.5),
+                                     (4.0, "vllm:2", "requests_running", 7.0)])
+        assert written == 4
+        got = store.samples("llama.cpp:1", "requests_running", since=1.5)
+        assert got == [Sample(2.0, "llama.cpp:1", "requests_running", 3.0)]
+        assert [s.value for s in store.samples("llama.cpp:1", "requests_running")] == [2.0, 3.0]
+        assert store.prune_samples(before=3.5) == 3
+        assert store.samples("llama.cpp:1", "kv_cache_usage") == []
+
+
+def test_migrates_an_old_version_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    raw = sqlite3.connect(path)
+    for statement in MIGRATIONS[0]:
+        raw.execute(statement)
+    raw.execute("PRAGMA user_version = 1")
+    raw.execute("INSERT INTO runs (created_at, kind, machine) VALUES (1.0, 'bench', 'box')")
+    raw.commit()
+    raw.close()
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        (run,) = store.runs()
+        assert run.machine == "box" and run.label is None
+
+
+def test_newer_schema_and_garbage_files_are_clear_errors(tmp_path: Path) -> None:
+    newer = tmp_path / "newer.db"
+    raw = sqlite3.connect(newer)
+    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
+    raw.commit()
+    raw.close()
+    with pytest.raises(SwitchyardError, match="newer Switchyard"):
+        Store(newer)
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database at all" * 100)
+    with pytest.raises(SwitchyardError, match="cannot open the history database"):
+        Store(garbage)
+    assert garbage.read_bytes().startswith(b"not a database")  # nothing was overwritten
+
+
+def test_threads_share_one_store(tmp_path: Path) -> None:
+    with Store(tmp_path / "h.db") as store:
+        def write(worker: int) -> None:
+            for i in range(50):
+                store.add_samples([(float(i), f"w{worker}", "x", float(i))])
+
+        threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert all(len(store.samples(f"w{n}", "x")) == 50 for n in range(4))
