@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from desktop.core.engines import get_adapter
+from desktop.core.engines import get_adapter, provision
 from desktop.core.engines.base import EngineInstall, LaunchPlan
 from desktop.core.engines.llamacpp import create_symlinks
-from desktop.core.engines import provision
 
 
 def test_llamacpp_command_is_an_argument_list_on_loopback(tmp_path: Path) -> None:

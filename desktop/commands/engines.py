@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from desktop.commands._common import emit_json, stderr_progress
 from desktop.core.engines import ADAPTERS, get_adapter
@@ -28,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for adapter in ADAPTERS.values():
         install = adapter.find_install()
         rows.append({
@@ -42,8 +43,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         emit_json(rows)
     else:
         for row in rows:
-            install = row["install"]
-            state = f"{install['version']} ({install['source']}: {install['executable']})" if install else "not installed"
+            found = row["install"]
+            state = f"{found['version']} ({found['source']}: {found['executable']})" if found else "not installed"
             print(f"{row['name']:10} {state}")
     return 0
 
