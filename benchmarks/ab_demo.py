@@ -1,14 +1,22 @@
 """The committed A/B run: llama.cpp vs vLLM on the demo model (identical float32 weights in GGUF and safetensors),
 matched settings, cold start, sweep at 1, 8 and 32, written to benchmarks/results/ab/ with a short summary.md.
 
-    SWITCHYARD_VLLM_PYTHON=... .venv/bin/python benchmarks/ab_demo.py [--repetitions 2] [--requests 32]
+    .venv/bin/python benchmarks/ab_demo.py [--repetitions 2] [--requests 32] [--eager]
+
+The machine's 1-minute load average is sampled every 5 s during the run and written into summary.md: on a shared
+machine, other work changes the numbers more than anything else.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -19,14 +27,45 @@ from desktop.core.reports import write_ab_report  # noqa: E402
 RESULTS = Path(__file__).parent / "results" / "ab"
 
 
-def summary_markdown(result: ABResult) -> str:
+class LoadSampler:
+    """The 1-minute load average every `interval` seconds, in a thread, while the A/B runs."""
+
+    def __init__(self, interval: float = 5.0) -> None:
+        self.values: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.is_set():
+            self.values.append(os.getloadavg()[0])
+            self._stop.wait(interval)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def to_json(self) -> dict[str, Any]:
+        values = self.values or [os.getloadavg()[0]]
+        return {"min": round(min(values), 2), "median": round(statistics.median(values), 2),
+                "max": round(max(values), 2), "samples": len(values), "cores": os.cpu_count()}
+
+
+def summary_markdown(result: ABResult, load: dict[str, Any] | None = None) -> str:
     a, b = (e.engine for e in result.engines)
     cfg = result.config
     lines = [f"# A/B on this machine: {a} vs {b} ({result.machine})", "",
              f"Model `{cfg.model}` ({cfg.dtype}), context {cfg.ctx}/request, {cfg.slots} slots = max_num_seqs, prefix "
              f"cache off, {cfg.requests_per_level} requests/level, {cfg.input_len} in / {cfg.output_len} out tokens "
-             f"(ignore_eos), {cfg.repetitions} repetition(s). Versions: "
+             f"(ignore_eos), {cfg.repetitions} repetition(s), vLLM {'eager (--enforce-eager)' if cfg.eager else 'with torch.compile'}. Versions: "
              + ", ".join(f"{e.display_name} {e.version}" for e in result.engines) + ".", "",
+             *([f"Machine load during the run (1-min load average on {load['cores']} cores): median "
+                f"{load['median']}, range {load['min']}–{load['max']} ({load['samples']} samples every 5 s). Other "
+                "work on a shared machine slows both engines; compare ratios, not absolute numbers.", ""]
+               if load else []),
              "| cold start (s) | " + a + " | " + b + " | ratio " + b + "/" + a + " |", "|---|---|---|---|"]
     for phase in ("t1_health_s", "t2_first_token_s", "t3_first_request_s"):
         row = result.cold_start[phase]
@@ -76,16 +115,21 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (no torch.compile)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     config = ABConfig(model="demo", engines=("llama.cpp", "vllm"),
                       concurrency=tuple(int(c) for c in args.concurrency.split(",")),
                       repetitions=args.repetitions, requests_per_level=args.requests, input_len=args.input_len,
-                      output_len=args.output_len)
-    result = run_ab(config, progress=stderr_progress)
+                      output_len=args.output_len, eager=args.eager)
+    with LoadSampler() as load:
+        result = run_ab(config, progress=stderr_progress)
     paths = write_ab_report(result, args.out)
-    (args.out / "summary.md").write_text(summary_markdown(result))
-    print(summary_markdown(result))
+    data = json.loads(paths.json.read_text())
+    paths.json.write_text(json.dumps({**data, "machine_load": load.to_json()}, indent=2, default=str) + "\n")
+    summary = summary_markdown(result, load.to_json())
+    (args.out / "summary.md").write_text(summary)
+    print(summary)
     print(f"report: {paths.html}", file=sys.stderr)
     return 1 if result.errors else 0
 

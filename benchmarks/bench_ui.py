@@ -8,6 +8,8 @@ the window has shown and the event loop ran its first event; median of 3 (goal <
 Latency: a 10 ms probe timer on the GUI thread; lateness = gap between fires - 10 ms, while llama.cpp serves
 the demo model behind the stable endpoint and the Compare page runs a closed-loop concurrency-64 benchmark
 whose live buckets and the 1 Hz telemetry (plus one proxy sample per request) feed the charts (goal p99 <= 50 ms).
+The load generator runs in the Compare page's child process (`switchyard gui --run-job`), as in the real app;
+the stable endpoint's proxy stays in the GUI process and forwards every stream.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def loop_latency_under_load(requests: int, concurrency: int) -> dict[str, float]
         raise SystemExit(serve.notice.text())
     compare = window.show_page("Compare")
     window.show_page("Serve")  # the page with six live charts is the one painted during the run
+    compare.endpoint_radio.setChecked(True)
     compare.levels_edit.setText(str(concurrency))
     compare.requests_spin.setValue(requests)
     compare.output_spin.setValue(32)
@@ -84,12 +87,15 @@ def loop_latency_under_load(requests: int, concurrency: int) -> dict[str, float]
     clock.start()
     probe.start()
     started = time.monotonic()
-    compare.start()
+    if not compare.start():
+        raise SystemExit(compare.notice.text())
     wait_until(lambda: not compare.running, 1800)
     probe.stop()
     elapsed = time.monotonic() - started
     result = compare.result
-    completed = result.levels[0].summary.completed if result and result.levels else 0
+    if result is None:
+        raise SystemExit(f"the benchmark failed: {compare.notice.text()}")
+    completed = result["levels"][0]["completed"] if result["levels"] else 0
     samples = serve.samples_received
     window.close()
     wait_until(lambda: not window.isVisible(), 120)

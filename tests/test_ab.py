@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
@@ -44,6 +45,32 @@ def test_power_price_and_scenarios() -> None:
     assert all(c["unit"].startswith("currency") for c in result.costs)
 
 
+def test_attached_endpoint_has_no_cold_start_in_verdict_costs_and_report(tmp_path: Path) -> None:
+    from desktop.core.ab import NO_COLD_START, EngineResult, Repetition
+    from desktop.core.reports import write_ab_report
+
+    local = engine("llama.cpp", 10.0, 0.05, 30.0)
+    remote_rep = engine("x", 20.0, 0.05, 0.0).repetitions[0]
+    remote = EngineResult("endpoint:team", "team (attached)", "unknown", "m", {"attached": True},
+                          [Repetition({"attached": True, "note": NO_COLD_START}, remote_rep.sweep, {}, [])],
+                          kind="external", note=NO_COLD_START)
+    config = ABConfig(engines=("llama.cpp", "endpoint:team"), concurrency=(1, 8, 32))
+    result = analyse(config, [local, remote], 0.0, 1.0)
+    assert result.amortization["break_even_s"] is None
+    assert "already running" in result.amortization["verdict"] and "2.00x" in result.amortization["verdict"]
+    assert result.cold_start["t3_first_request_s"]["endpoint:team"]["n"] == 0
+    assert result.cold_start["notes"] == {"endpoint:team": NO_COLD_START}
+    steady = {(c["engine"], c["concurrency"]): c for c in result.costs}
+    remote_cost = steady[("endpoint:team", 8)]  # nothing to amortize: with-cold-start cost == steady-state cost
+    assert remote_cost["cost_per_million_output_tokens"] == pytest.approx(remote_cost["steady_state_cost_per_million"])
+    cell = result.scenarios[0]["engines"]["endpoint:team"]
+    assert cell["cold_start_s"] is None and cell["attached"] is True
+    html = write_ab_report(result, tmp_path).html.read_text()
+    assert NO_COLD_START in html and "its costs count no cold start" in html
+    with pytest.raises(SwitchyardError, match="names no endpoint"):
+        ABConfig(engines=("llama.cpp", "endpoint:"))
+
+
 def test_config_rejects_bad_input() -> None:
     with pytest.raises(SwitchyardError, match="two different engines"):
         ABConfig(engines=("vllm", "vllm"))
@@ -55,7 +82,7 @@ def test_config_rejects_bad_input() -> None:
 @pytest.mark.llamacpp
 @pytest.mark.vllm
 def test_ab_cli_both_real_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """One short real A/B: llama.cpp vs vLLM on the demo model, end to end through the CLI."""
+    """One short real A/B: llama.cpp vs vLLM (eager: no torch.compile) on the demo model, through the CLI."""
     from desktop.core.engines import get_adapter
 
     for name in ("llama.cpp", "vllm"):
@@ -64,18 +91,35 @@ def test_ab_cli_both_real_engines(tmp_path: Path, capsys: pytest.CaptureFixture[
     from desktop.cli import main
 
     report = tmp_path / "report"
-    code = main(["ab", "--model", "demo", "--engines", "llama.cpp,vllm", "--concurrency", "1,4",
-                 "--requests", "4", "--input-len", "16", "--output-len", "8", "--report", str(report), "--json"])
+    code = main(["ab", "--model", "demo", "--engines", "llama.cpp,vllm", "--concurrency", "1,4", "--eager",
+                 "--requests", "8", "--input-len", "16", "--output-len", "16", "--report", str(report), "--json"])
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert not data["errors"]
+    saved = json.loads((report / "ab.json").read_text())
+    assert saved["config"]["eager"] is True and [e["engine"] for e in saved["engines"]] == ["llama.cpp", "vllm"]
+    vllm_plan = saved["engines"][1]["plan"]
+    assert vllm_plan["eager"] is True and vllm_plan["parallel"] == 4
+    with open(report / "ab.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted((r["engine"], r["concurrency"]) for r in rows) == [
+        ("llama.cpp", "1"), ("llama.cpp", "4"), ("vllm", "1"), ("vllm", "4")]
+    html = (report / "ab.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and html.count("<svg") >= 4 and "<script" not in html
     for engine_data in data["engines"]:
         rep = engine_data["repetitions"][0]
-        assert rep["cold_start"]["t3_first_request_s"] > rep["cold_start"]["t1_health_s"] > 0
+        cold = rep["cold_start"]
+        assert 0 < cold["t1_health_s"] <= cold["t2_first_token_s"] <= cold["t3_first_request_s"]
         assert engine_data["peak_rss_mib"] > 10
         for level_data in rep["sweep"]["levels"]:
-            assert level_data["completed"] == 4 and level_data["failed"] == 0
-            assert level_data["total_output_tokens"] == 4 * 8 and not level_data["tokens_estimated"]
-    assert data["comparison"][0]["output_throughput"]["ratio"]["mean"] > 0
-    assert (report / "ab.html").is_file() and (report / "ab.csv").is_file()
+            assert level_data["completed"] == 8 and level_data["failed"] == 0
+            assert level_data["total_output_tokens"] == 8 * 16 and not level_data["tokens_estimated"]
+            assert level_data["output_throughput"] > 0 and level_data["median_ttft_ms"] > 0
+    for phase in ("t1_health_s", "t2_first_token_s", "t3_first_request_s"):
+        assert data["cold_start"][phase]["ratio"]["mean"] > 0
+    for row in data["comparison"]:
+        for key in ("output_throughput", "median_ttft_ms"):
+            cells = row[key]
+            assert cells["ratio"]["mean"] == pytest.approx(cells["vllm"]["mean"] / cells["llama.cpp"]["mean"])
+    assert data["amortization"]["concurrency"] == 4 and data["amortization"]["verdict"]
     assert os.environ["SWITCHYARD_HOME"]  # history went to the session's temp home

@@ -27,13 +27,6 @@ from desktop.core.supervisor import EngineProcess
 pytestmark = [pytest.mark.engine, pytest.mark.llamacpp]
 
 
-@pytest.fixture(scope="session")
-def llama_install() -> Any:
-    """A configured or cached llama-server when there is one (SWITCHYARD_LLAMA_SERVER), else install it."""
-    adapter = get_adapter("llama.cpp")
-    return adapter.find_install() or adapter.install()
-
-
 def test_closed_loop_against_llama_server(llama_server: Any, demo_model: Any) -> None:
     counter = tokenizer_counter(demo_model.hf_dir / "tokenizer.json")
     target = Target(llama_server.base_url)

@@ -16,9 +16,17 @@ from PySide6.QtCore import QThreadPool, QTimer
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
 
+def _cmdline(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline() or [])
+    except psutil.Error:  # exited meanwhile
+        return ""
+
+
 def _engine_children() -> list[psutil.Process]:
+    """Engines and benchmark child processes (`gui --run-job`) started by this test process."""
     return [p for p in psutil.Process().children(recursive=True)
-            if "llama-server" in " ".join(p.cmdline() or []) or "vllm" in " ".join(p.cmdline() or [])]
+            if any(mark in _cmdline(p) for mark in ("llama-server", "vllm", "--run-job"))]
 
 
 @pytest.fixture(autouse=True)
@@ -142,12 +150,199 @@ def test_recommend_page_shows_bad_model_as_a_readable_error(window, qtbot) -> No
     assert page.recommend_button.isEnabled() and not page.launch_button.isEnabled()
 
 
-def test_compare_and_history_render_and_explain_what_is_missing(window, qtbot) -> None:  # type: ignore[no-untyped-def]
+def test_compare_checks_its_inputs_before_starting_anything(window, qtbot) -> None:  # type: ignore[no-untyped-def]
     compare = window.show_page("Compare")
-    compare.start()  # nothing served yet
-    assert "start an engine" in compare.notice.text()
-    history = window.show_page("History")
-    assert history.isVisible()
+    compare.endpoint_radio.setChecked(True)
+    assert not compare.start()  # nothing served yet
+    assert "start an engine" in compare.notice.text() and not compare.running
+    compare.ab_radio.setChecked(True)
+    compare.levels_edit.setText("1, lots")
+    assert not compare.start()
+    assert "whole numbers" in compare.notice.text()
+    compare.levels_edit.setText("1")
+    compare.engine_b.setCurrentIndex(compare.engine_a.currentIndex())
+    assert not compare.start()
+    assert "two different engines" in compare.notice.text()
+    assert compare.job is None and compare.run_button.isEnabled()
+
+
+def test_compare_ab_with_a_bad_model_reports_the_childs_error(window, qtbot) -> None:  # type: ignore[no-untyped-def]
+    """The A/B runs in a real child process; its SwitchyardError arrives as one readable line, and the page is
+    ready for the next run (the autouse fixture checks the child is gone)."""
+    compare = window.show_page("Compare")
+    compare.model_edit.setText("/nonexistent/model.gguf")
+    compare.levels_edit.setText("1")
+    assert compare.start()
+    assert compare.running and not compare.run_button.isEnabled() and compare.stop_button.isEnabled()
+    qtbot.waitUntil(lambda: not compare.running, timeout=60_000)
+    assert compare.notice.level == "error"
+    assert "model path does not exist" in compare.notice.text() and "Traceback" not in compare.notice.text()
+    assert compare.run_button.isEnabled() and not compare.export_button.isEnabled() and compare.result is None
+
+
+def test_compare_shows_an_ab_result_side_by_side_and_exports_it(window, qtbot, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The table and verdict from a real ABResult (built by core's analysis from recorded runs), and the
+    report written by desktop.core.reports is exported and opened."""
+    from desktop.core.ab import ABConfig, EngineResult, Repetition, analyse
+    from desktop.core.loadgen import LoadConfig, SweepResult, Target
+    from desktop.core.loadgen.metrics import summarize
+    from desktop.core.loadgen.runner import LoadResult
+    from desktop.core.reports import write_ab_report
+
+    def engine(name: str, cold: float, tokens_per_s: float) -> EngineResult:
+        from desktop.core.loadgen.metrics import RequestResult
+
+        requests = [RequestResult(index=i, start=float(i), success=True, ttft=0.05 * cold, latency=32 / tokens_per_s,
+                                  elapsed=32 / tokens_per_s, itl=[1 / tokens_per_s] * 31, output_tokens=32,
+                                  prompt_tokens=64) for i in range(4)]
+        level = LoadResult(LoadConfig(concurrency=1, num_requests=4), Target("http://127.0.0.1:1"), {}, None,
+                           summarize(requests, duration=4 * 32 / tokens_per_s), requests, [], 0.0)
+        rep = Repetition({"t1_health_s": cold, "t2_first_token_s": cold + 0.5, "t3_first_request_s": cold + 1.0},
+                         SweepResult([level]), {"load": 100.0 * cold}, [])
+        return EngineResult(name, name, "1", "/m", {}, [rep])
+
+    config = ABConfig(concurrency=(1,))
+    result = analyse(config, [engine("llama.cpp", 1.0, 40.0), engine("vllm", 60.0, 80.0)], 0.0, 1.0)
+    report = write_ab_report(result, tmp_path / "report")
+    compare = window.show_page("Compare")
+    compare.show_result({"result": result.to_json(), "report": report.to_json(), "run_id": None})
+    table = compare.results_table
+    cells = {table.item(r, 0).text(): [table.item(r, c).text() for c in (1, 2, 3)] for r in range(table.rowCount())}
+    assert cells["Cold start T1: health OK (s)"] == ["1.00", "60.00", "60.00"]
+    assert cells["concurrency 1: output tok/s"][2] == "2.00"
+    assert {"concurrency 1: TTFT p50 (ms)", "concurrency 1: TTFT p95 (ms)", "Cold start T3: first request done (s)",
+            "Peak memory (MiB, process tree)"} <= set(cells)
+    assert table.horizontalHeaderItem(3).text() == "vLLM / llama.cpp"
+    assert "pays back after" in compare.verdict_label.text()
+    written = compare.export_to(tmp_path / "exported")
+    assert sorted(p.name for p in written) == ["ab.csv", "ab.html", "ab.json"]
+    assert "<svg" in (tmp_path / "exported" / "ab.html").read_text()
+    opened = _capture_opened_urls(qtbot)
+    assert compare.open_report()
+    assert opened == [str(tmp_path / "exported" / "ab.html")]
+
+
+def _capture_opened_urls(qtbot) -> list[str]:  # type: ignore[no-untyped-def]
+    """QDesktopServices.openUrl for file: URLs lands here instead of a browser (until the test ends)."""
+    from PySide6.QtCore import QObject, QUrl, Slot
+    from PySide6.QtGui import QDesktopServices
+
+    class Catcher(QObject):
+        def __init__(self) -> None:
+            super().__init__()
+            self.urls: list[str] = []
+
+        @Slot(QUrl)
+        def handle(self, url: QUrl) -> None:
+            self.urls.append(url.toLocalFile())
+
+    catcher = Catcher()
+    QDesktopServices.setUrlHandler("file", catcher, "handle")  # type: ignore[arg-type]
+    _catchers.append(catcher)
+    return catcher.urls
+
+
+_catchers: list[object] = []
+
+
+@pytest.fixture(autouse=True)
+def _release_url_handler() -> Iterator[None]:
+    yield
+    if _catchers:
+        from PySide6.QtGui import QDesktopServices
+
+        QDesktopServices.unsetUrlHandler("file")
+        _catchers.clear()
+
+
+def test_history_lists_runs_from_the_real_store_and_reopens_reports(window, qtbot, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from desktop.core.store import RunRecord, Store
+
+    report = tmp_path / "r" / "ab.html"
+    report.parent.mkdir()
+    report.write_text("<html></html>")
+    with Store() as store:  # under SWITCHYARD_HOME, set per test
+        store.add_run(RunRecord(kind="bench", engine="llama.cpp", model="/models/demo.gguf", created_at=1000.0,
+                                summary={"levels": [{"label": "concurrency 4", "output_throughput": 55.5,
+                                                     "failed": 1}]}))
+        store.add_run(RunRecord(kind="ab", engine="llama.cpp,vllm", model="demo", label="A/B llama.cpp vs vllm",
+                                created_at=2000.0, report_path=str(report),
+                                summary={"amortization": {"verdict": "vllm pays back after 3 min"}, "errors": []}))
+    page = window.show_page("History")
+    qtbot.waitUntil(lambda: page.table.rowCount() == 2, timeout=10_000)
+    first = [page.table.item(0, c).text() for c in range(page.table.columnCount())]
+    second = [page.table.item(1, c).text() for c in range(page.table.columnCount())]
+    assert first[1:] == ["ab", "A/B llama.cpp vs vllm", "demo", "vllm pays back after 3 min", "HTML"]
+    assert second[1:4] == ["bench", "llama.cpp", "demo.gguf"]
+    assert "55.5 output tok/s at concurrency 4; 1 failed" in second[4] and second[5] == "—"
+    page.table.selectRow(1)
+    assert not page.open_button.isEnabled()  # no report for that run
+    page.table.selectRow(0)
+    assert page.open_button.isEnabled()
+    opened = _capture_opened_urls(qtbot)
+    assert page.open_report()
+    assert opened == [str(report)]
+    report.unlink()
+    assert not page.open_report(0)
+    assert "gone" in page.notice.text()
+
+
+def test_history_starts_empty_with_a_hint(window, qtbot) -> None:  # type: ignore[no-untyped-def]
+    page = window.show_page("History")
+    qtbot.waitUntil(lambda: not page.loading, timeout=10_000)
+    assert page.table.rowCount() == 0 and "No runs yet" in page.notice.text()
+
+
+@pytest.mark.parametrize(("fmt", "expected"), [("shell", "llama-server"), ("docker", "docker run"),
+                                               ("compose", "services:"), ("k8s", "kind: Deployment")])
+def test_recommend_export_dialog_renders_copies_and_saves(window, qtbot, tmp_path, fmt, expected) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtGui import QGuiApplication
+
+    page = window.show_page("Recommend")
+    assert not page.export_button.isEnabled()
+    page.compute()
+    qtbot.waitUntil(lambda: page.recommendation is not None, timeout=60_000)
+    assert page.export_button.isEnabled()
+    dialog = page.open_export(modal=False)
+    qtbot.addWidget(dialog)
+    dialog.set_format(fmt)
+    text = dialog.text.toPlainText()
+    assert expected in text and str(page.recommendation.launch_plan().model_path) in text
+    dialog.copy()
+    assert QGuiApplication.clipboard().text() == text
+    saved = dialog.save(tmp_path / f"plan.{fmt}")
+    assert saved.read_text() == text
+    dialog.close()
+
+
+def test_export_dialog_explains_formats_the_engine_lacks(window, qtbot) -> None:  # type: ignore[no-untyped-def]
+    from desktop.core.engines.base import LaunchPlan
+    from desktop.ui.export_dialog import ExportDialog
+
+    dialog = ExportDialog(LaunchPlan(engine="llama.cpp", model_path=Path("/models/demo.gguf")), parent=window)
+    qtbot.addWidget(dialog)
+    dialog.set_format("helm")
+    assert dialog.text.toPlainText() == "" and "for vLLM" in dialog.notice.text()
+    assert not dialog.copy_button.isEnabled() and not dialog.save_button.isEnabled()
+    dialog.model_edit.setText("Qwen/Qwen3-0.6B-GGUF")
+    dialog.set_format("docker")
+    dialog.show_export()
+    assert "Qwen/Qwen3-0.6B-GGUF" in dialog.text.toPlainText() and dialog.copy_button.isEnabled()
+    dialog.close()
+
+
+def test_serve_export_uses_the_form_when_nothing_runs(window, qtbot) -> None:  # type: ignore[no-untyped-def]
+    serve = window.show_page("Serve")
+    serve.engine_box.setCurrentIndex(serve.engine_box.findData("vllm"))
+    serve.ctx_spin.setValue(4096)
+    serve.open_export(modal=False)
+    qtbot.waitUntil(lambda: serve.export_dialog is not None, timeout=30_000)
+    dialog = serve.export_dialog
+    qtbot.addWidget(dialog)
+    dialog.set_format("shell")
+    text = dialog.text.toPlainText()
+    assert "vllm serve" in text and "--max-model-len 4096" in text
+    dialog.close()
 
 
 def test_settings_dialog_refuses_bad_values_and_saves_good_ones(window, qtbot) -> None:  # type: ignore[no-untyped-def]
@@ -163,65 +358,3 @@ def test_settings_dialog_refuses_bad_values_and_saves_good_ones(window, qtbot) -
     dialog.port.setValue(9123)
     assert dialog.save()
     assert core_settings.load().endpoint_port == 9123
-
-
-@pytest.mark.engine
-@pytest.mark.llamacpp
-def test_recommend_serve_llamacpp_charts_and_quit_stops_it(window, qtbot, llama_ready, demo_model) -> None:  # type: ignore[no-untyped-def]
-    """The real flow on llama.cpp: recommendation → launch → ready behind the stable endpoint → live samples →
-    log and phases → quitting stops the engine (checked by the autouse fixture)."""
-    import httpx
-
-    recommend = window.show_page("Recommend")
-    recommend.compute()
-    qtbot.waitUntil(lambda: recommend.recommendation is not None, timeout=60_000)
-    assert recommend.recommendation.engine == "llama.cpp"  # CPU-only machine: vLLM needs a GPU here
-    serve = window.pages.get("Serve") or window.page("Serve")
-    with qtbot.waitSignal(serve.engine_ready, timeout=300_000):
-        recommend.launch_button.click()
-    assert window.stack.currentWidget() is serve
-    url = serve.endpoint_edit.text()
-    assert url == window.session.endpoint_url and url.endswith("/v1")
-    answer = httpx.post(url + "/completions", json={"prompt": "Hello", "max_tokens": 8}, timeout=60, trust_env=False)
-    assert answer.status_code == 200 and answer.json()["choices"][0]["text"]
-    qtbot.waitUntil(lambda: serve.charts["Engine process"].curves["cpu_percent"].buffer.count >= 2, timeout=30_000)
-    qtbot.waitUntil(lambda: serve.charts["Latency"].curves["proxy_ttft_ms"].buffer.count >= 1, timeout=30_000)
-    assert {"T1_health", "T2_first_token"} <= set(serve.timeline.phases)
-    assert serve.state_label.text() == "ready"
-    qtbot.waitUntil(lambda: "listening" in serve.log_pane.view.toPlainText(), timeout=10_000)
-    serve.log_pane.search.setText("listening")
-    assert serve.log_pane.status.text() == ""  # found
-    process = window.session.process
-    window.close()
-    qtbot.waitUntil(lambda: not window.isVisible(), timeout=120_000)
-    assert not process.is_running()
-
-
-@pytest.mark.engine
-@pytest.mark.llamacpp
-@pytest.mark.vllm
-def test_flow_recommend_serve_llamacpp_switch_to_vllm_stop(window, qtbot, llama_ready, vllm_ready, demo_model) -> None:  # type: ignore[no-untyped-def]
-    """recommend → serve llama.cpp → charts receive samples → switch to vLLM behind the same URL → stop."""
-    import httpx
-
-    recommend = window.show_page("Recommend")
-    recommend.compute()
-    qtbot.waitUntil(lambda: recommend.recommendation is not None, timeout=60_000)
-    serve = window.page("Serve")
-    with qtbot.waitSignal(serve.engine_ready, timeout=300_000):
-        recommend.launch_button.click()
-    url = serve.endpoint_edit.text()
-    qtbot.waitUntil(lambda: serve.samples_received > 0, timeout=30_000)
-    with qtbot.waitSignal(window.session.switched, timeout=1_500_000) as switched:
-        serve.switch_button.click()
-    result = switched.args[0]
-    assert (result.from_engine, result.to_engine) == ("llama.cpp", "vllm")
-    assert result.failed_requests == 0
-    assert "Switched llama.cpp → vllm" in serve.switch_label.text()
-    assert serve.endpoint_edit.text() == url  # the same URL before and after
-    answer = httpx.post(url + "/completions", json={"prompt": "Hello", "max_tokens": 4}, timeout=120, trust_env=False)
-    assert answer.status_code == 200
-    assert window.session.process.adapter.name == "vllm"
-    with qtbot.waitSignal(window.session.stopped, timeout=120_000):
-        serve.stop_button.click()
-    assert not window.session.is_running()

@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from desktop.core.loadgen import (
     SweepResult,
     Target,
     Workload,
+    check_target,
     run_sweep,
     sweep_levels,
 )
@@ -51,7 +53,8 @@ def _floats(text: str) -> list[float]:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = subparsers.add_parser("bench", help="load-test an OpenAI-compatible endpoint or an engine")
     where = bench.add_mutually_exclusive_group(required=True)
-    where.add_argument("--endpoint", help="base URL of a running server, e.g. http://127.0.0.1:8080")
+    where.add_argument("--endpoint", help="a running server: an attached endpoint's name (`switchyard endpoints "
+                                          "list`, its API key and TLS choice are used) or a base URL")
     where.add_argument("--engine", help="start this engine (llama.cpp or vllm) on --model and benchmark it")
     bench.add_argument("--model", help="with --engine: `demo`, a GGUF file or a HF folder; with --endpoint: "
                                        "the model name to send (default: the server's first model)")
@@ -73,7 +76,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bench.add_argument("--output-sigma", type=float, default=0.0)
     bench.add_argument("--prefixes", type=int, default=4, help="shared-prefix workload: number of prefixes")
     bench.add_argument("--api", choices=("completions", "chat"), default="completions")
-    bench.add_argument("--api-key-env", help="name of an environment variable holding the API key")
+    bench.add_argument("--api-key-env", help="name of an environment variable holding the API key (overrides "
+                                             "an attached endpoint's stored key)")
     bench.add_argument("--slo-ttft-ms", type=float)
     bench.add_argument("--slo-tpot-ms", type=float)
     bench.add_argument("--slo-e2el-ms", type=float)
@@ -88,7 +92,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     ab = subparsers.add_parser("ab", help="A/B two engines on the same model: cold start, sweep, cost, report")
     ab.add_argument("--model", default="demo", help="`demo` (exists in both formats) or a model path")
-    ab.add_argument("--engines", default="llama.cpp,vllm", help="two engines, comma-separated")
+    ab.add_argument("--engines", help="two engines, comma-separated (default llama.cpp,vllm); an attached "
+                                      "endpoint is spelled endpoint:NAME or endpoint:URL")
+    ab.add_argument("--endpoint", metavar="NAME_OR_URL",
+                    help="compare one local engine (--engines, default llama.cpp) against this attached endpoint")
+    ab.add_argument("--eager", action="store_true",
+                    help="vLLM: --enforce-eager (skip torch.compile; starts sooner, may serve slower)")
     ab.add_argument("--concurrency", type=_ints, default=[1, 8, 32])
     ab.add_argument("--repetitions", type=int, default=1, help="cold starts + sweeps per engine")
     ab.add_argument("--requests", type=int, default=32, help="measured requests per level")
@@ -148,7 +157,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                             "model": args.model, "settings": {"levels": [lvl.to_json() for lvl in levels],
                                                               "workload": workload.to_json(), "api": args.api}}
     if args.endpoint:
-        target = Target(args.endpoint, api=args.api, model=args.model, api_key=api_key)
+        from desktop.core.external import resolve_endpoint
+
+        endpoint = resolve_endpoint(args.endpoint)
+        target = Target.attached(endpoint, api=args.api, model=args.model, api_key=api_key)
+        print(f"checking {endpoint.name} ({endpoint.base_url})", file=sys.stderr)
+        target = replace(target, model=check_target(target, timeout=args.timeout))
+        meta.update(endpoint=endpoint.base_url, endpoint_name=endpoint.name, model=target.model)
         sweep = _run(target, workload, levels, slo)
     else:
         sweep = _bench_engine(args, workload, levels, slo, meta)
@@ -254,7 +269,14 @@ def cmd_ab(args: argparse.Namespace) -> int:
     from desktop.core.ab import ABConfig, run_ab
     from desktop.core.reports import record_ab, write_ab_report
 
-    engines = tuple(name.strip() for name in args.engines.split(",") if name.strip())
+    engines = tuple(name.strip() for name in (args.engines or "").split(",") if name.strip())
+    if args.endpoint:
+        if len(engines) > 1:
+            raise SwitchyardError("--endpoint compares one local engine against the endpoint, but --engines names "
+                                  f"{len(engines)}", "e.g. --engines llama.cpp --endpoint team-vllm")
+        engines = (engines[0] if engines else "llama.cpp", f"endpoint:{args.endpoint}")
+    elif not engines:
+        engines = ("llama.cpp", "vllm")
     if len(engines) != 2:
         raise SwitchyardError(f"--engines needs exactly two engines, got {args.engines!r}", "e.g. --engines llama.cpp,vllm")
     config = ABConfig(model=args.model, engines=(engines[0], engines[1]), concurrency=tuple(args.concurrency),
@@ -262,7 +284,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
                       output_len=args.output_len, ctx=args.ctx, parallel=args.parallel, prefix_cache=args.prefix_cache,
                       expected_concurrency=args.expected_concurrency, price_per_hour=args.price_per_hour,
                       power_watts=args.power_watts, price_per_kwh=args.price_per_kwh,
-                      service_lifetime_h=args.lifetime_h, ready_timeout_s=args.ready_timeout)
+                      service_lifetime_h=args.lifetime_h, ready_timeout_s=args.ready_timeout, eager=args.eager)
     directory = Path(args.report) if args.report else paths.data_dir() / "reports" / time.strftime("ab-%Y%m%d-%H%M%S")
     result = run_ab(config, progress=_every_tenth(), allow_install=args.install)
     report = write_ab_report(result, directory)
@@ -293,6 +315,8 @@ def _print_ab(result: Any) -> None:
         t, f = row["output_throughput"], row["median_ttft_ms"]
         print(f"{row['concurrency']:<12}{_f(t[a]['mean']):>16}{_f(t[b]['mean']):>16}{_f(t['ratio']['mean']):>8}"
               f"{_f(f[a]['mean']):>18}{_f(f[b]['mean']):>18}{_f(f['ratio']['mean']):>8}")
+    for engine, note in result.cold_start.get("notes", {}).items():
+        print(f"{engine}: {note}")
     print(f"\n{result.amortization.get('verdict', '')}")
 
 

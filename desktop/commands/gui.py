@@ -17,10 +17,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="render each page offscreen with real data, save one PNG per page into DIR, and exit")
     parser.add_argument("--quit-when-ready", action="store_true",
                         help="print the time to an interactive window and exit (start-up measurement)")
+    parser.add_argument("--run-job", metavar="JSON", help=argparse.SUPPRESS)  # the GUI's benchmark child process
     parser.set_defaults(func=cmd_gui)
 
 
 def cmd_gui(args: argparse.Namespace) -> int:
+    if args.run_job is not None:
+        from desktop.ui.bench_child import main
+
+        return main(args.run_job)
     from desktop.ui.app import run
 
     if args.screenshots is not None:

@@ -1,9 +1,14 @@
 """`switchyard serve`: start a real engine on a model, wait until it really serves, then either stream one
-prompt and exit (`--prompt`) or serve until Ctrl-C/SIGTERM. Nothing is left running afterwards."""
+prompt and exit (`--prompt`) or serve until Ctrl-C/SIGTERM. Nothing is left running afterwards.
+
+With `--endpoint` (or `--proxy-port P`) it runs the stable endpoint in front of the engine: one OpenAI URL and one
+model name that stay while engines are switched behind it, driven from other shells by `switchyard status`,
+`switchyard switch --to E` and `switchyard stop` through the endpoint's local control channel."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -12,12 +17,17 @@ from types import FrameType
 from typing import Any
 
 from desktop.commands._common import emit_json, stderr_progress
+from desktop.core import control
+from desktop.core.endpoint import EndpointEvent, EndpointManager, EngineSpec, SwitchResult
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import LaunchPlan
-from desktop.core.errors import EngineFailed, EngineNotInstalled
+from desktop.core.errors import EngineFailed, EngineNotInstalled, SwitchyardError
 from desktop.core.models import resolve_model
 from desktop.core.ports import ensure_port_free
+from desktop.core.proxy import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT, ProxyServer
+from desktop.core.store import Store
 from desktop.core.supervisor import EngineProcess, reap_orphans, stream_completion
+from desktop.core.telemetry import Telemetry
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,7 +42,39 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--no-install", action="store_true", help="fail instead of installing a missing engine")
     parser.add_argument("--ready-timeout", type=float, default=900.0)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    endpoint = parser.add_argument_group("stable endpoint")
+    endpoint.add_argument("--endpoint", action="store_true",
+                          help=f"serve through the stable endpoint on 127.0.0.1:{DEFAULT_PROXY_PORT}")
+    endpoint.add_argument("--proxy-port", type=int, help="stable endpoint port (implies --endpoint)")
+    endpoint.add_argument("--model-name", default="switchyard", help="the model name clients see")
+    endpoint.add_argument("--api-key-env", metavar="VAR",
+                          help="require this environment variable's value as the endpoint's API key")
+    endpoint.add_argument("--wait-timeout", type=float, default=DEFAULT_WAIT_TIMEOUT,
+                          help="how long a request waits for an engine while none is ready (seconds)")
+    endpoint.add_argument("--standby", metavar="ENGINE", help="also start ENGINE and keep it warm")
+    endpoint.add_argument("--keep-standby", action="store_true",
+                          help="after a switch keep the old engine warm when memory allows")
+    endpoint.add_argument("--failover", action="store_true",
+                          help="when the active engine dies, move to the warm standby")
     parser.set_defaults(func=cmd_serve)
+
+    status = subparsers.add_parser("status", help="show the running stable endpoint and its engines")
+    status.add_argument("--port", type=int, help="which endpoint, when several run")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=cmd_status)
+
+    switch = subparsers.add_parser("switch", help="move the running endpoint to another engine, without "
+                                                  "failing requests")
+    switch.add_argument("--to", required=True, metavar="ENGINE", help="llama.cpp or vllm")
+    switch.add_argument("--model", help="model for the new engine (default: the one served now)")
+    switch.add_argument("--port", type=int, help="which endpoint, when several run")
+    switch.add_argument("--json", action="store_true", help="machine-readable output")
+    switch.set_defaults(func=cmd_switch)
+
+    stop = subparsers.add_parser("stop", help="stop the running endpoint and its engines")
+    stop.add_argument("--port", type=int, help="which endpoint, when several run")
+    stop.add_argument("--json", action="store_true", help="machine-readable output")
+    stop.set_defaults(func=cmd_stop)
 
 
 class _Terminate(Exception):
@@ -42,6 +84,8 @@ class _Terminate(Exception):
 def cmd_serve(args: argparse.Namespace) -> int:
     # Validate everything cheap before anything slow starts.
     adapter = get_adapter(args.engine)
+    if (args.endpoint or args.proxy_port is not None) and args.prompt is None:
+        return _serve_endpoint(args, adapter)
     if args.port:
         ensure_port_free(args.port)
     model_path = resolve_model(args.model, adapter, stderr_progress)
@@ -130,4 +174,178 @@ def _prompt_once(args: argparse.Namespace, engine: EngineProcess) -> int:
         phases = result["phases_s"]
         print(f"spawn → ready {phases['ready']:.2f} s → first token {phases['first_token'] or float('nan'):.2f} s "
               f"→ done {phases['done']:.2f} s", file=sys.stderr)
+    return 0
+
+
+# --- the stable endpoint -------------------------------------------------------------------------------------
+def _history_store() -> Store | None:
+    """Telemetry history in the app's SQLite store; serving goes on without it if it cannot be opened."""
+    try:
+        return Store()
+    except SwitchyardError as exc:
+        print(f"telemetry history disabled: {exc}", file=sys.stderr)
+        return None
+
+
+class _ServeControl:
+    """Adapts the endpoint manager to the control channel and remembers that a stop was asked for."""
+
+    def __init__(self, manager: EndpointManager) -> None:
+        self.manager = manager
+        self.stop_requested = threading.Event()
+
+    def status(self) -> dict[str, Any]:
+        data = self.manager.status()
+        data["pid"] = os.getpid()
+        return data
+
+    def switch(self, engine: str, model: str | None) -> dict[str, Any]:
+        result: SwitchResult = self.manager.switch(engine, model)
+        return result.to_json()
+
+    def request_stop(self) -> None:
+        self.stop_requested.set()
+
+
+def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
+    port = args.proxy_port if args.proxy_port is not None else DEFAULT_PROXY_PORT
+    ensure_port_free(port)
+    if args.port:
+        ensure_port_free(args.port)
+    api_key: str | None = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise SwitchyardError(f"the environment variable {args.api_key_env} is empty or not set",
+                                  "export it with the API key clients must send")
+    resolve_model(args.model, adapter, stderr_progress)  # a bad model fails here, before anything starts
+    if adapter.find_install() is None:
+        if args.no_install:
+            raise EngineNotInstalled(f"{adapter.display_name} is not installed",
+                                     f"run `switchyard engines install {adapter.name}`")
+        adapter.install(stderr_progress)
+    standby_spec = None
+    if args.standby:
+        standby_adapter = get_adapter(args.standby)
+        resolve_model(args.model, standby_adapter, stderr_progress)
+        if standby_adapter.find_install() is None:
+            raise EngineNotInstalled(f"the standby engine {standby_adapter.display_name} is not installed",
+                                     f"run `switchyard engines install {standby_adapter.name}`")
+        standby_spec = EngineSpec(standby_adapter.name, args.model, ctx=args.ctx, parallel=args.parallel)
+    reap_orphans()
+    spec = EngineSpec(adapter.name, args.model, ctx=args.ctx, parallel=args.parallel, port=args.port)
+
+    proxy = ProxyServer(port=port, model_name=args.model_name, api_key=api_key, wait_timeout=args.wait_timeout)
+    store = _history_store()
+    telemetry = Telemetry(sink=store)
+    manager = EndpointManager(proxy, telemetry=telemetry, ready_timeout=args.ready_timeout,
+                              keep_standby=args.keep_standby or bool(args.standby), failover=args.failover)
+    manager.subscribe(lambda event: _print_event(event, args.json))
+    target = _ServeControl(manager)
+    token = control.new_token()
+    proxy.add_routes(control.control_routes(target, token))
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        raise _Terminate(signum)
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    discovery = None
+    try:
+        proxy.start()
+        discovery = control.write_discovery(proxy.port, proxy.url, token)
+        telemetry.start()
+        print(f"endpoint listening on {proxy.url}/v1 (model '{args.model_name}'); starting {adapter.display_name}",
+              file=sys.stderr, flush=True)
+        failures: list[BaseException] = []
+
+        def start_engines() -> None:  # in a thread, so `switchyard stop` works while an engine still loads
+            try:
+                cold = manager.start(spec)
+                active = manager.active
+                print(f"ready: {proxy.url}/v1 serving '{args.model_name}' through {adapter.display_name} "
+                      f"(engine pid {active.process.pid if active else None}, T1 {cold.t1_health_s:.2f} s, "
+                      f"first token {cold.t2_first_token_s:.2f} s). Ctrl-C or `switchyard stop` to stop.",
+                      file=sys.stderr, flush=True)
+                if standby_spec is not None:
+                    print(f"starting the warm standby {standby_spec.engine}", file=sys.stderr, flush=True)
+                    manager.prepare_standby(standby_spec)
+                if args.json:
+                    emit_json(manager.status())
+            except BaseException as exc:  # handed to the main thread, which reports it
+                failures.append(exc)
+
+        starter = threading.Thread(target=start_engines, name="switchyard-start", daemon=True)
+        starter.start()
+        while not target.stop_requested.wait(0.5):
+            if failures and not target.stop_requested.is_set():
+                raise failures[0]
+            if manager.down.is_set():
+                raise EngineFailed(f"the endpoint has no engine left: {manager.last_error}",
+                                   "start it again; add --standby ENGINE --failover to survive an engine crash")
+        print("stopping", file=sys.stderr, flush=True)
+        return 0
+    except (KeyboardInterrupt, _Terminate):
+        print("stopping", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if discovery is not None:
+            control.remove_discovery(discovery)
+        manager.close()
+        telemetry.stop()
+        proxy.stop()
+        if store is not None:
+            store.close()
+
+
+def _print_event(event: EndpointEvent, as_json: bool) -> None:
+    if not as_json:
+        print(f"[{event.state}] {event.message}", file=sys.stderr, flush=True)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    client = control.ControlClient(control.find_instance(args.port))
+    data = client.status()
+    if args.json:
+        emit_json(data)
+        return 0
+    print(f"endpoint {data['openai_base_url']}  model '{data['model_name']}'  state {data['state']}  "
+          f"(pid {data.get('pid')})")
+    for role in ("active", "standby", "starting"):
+        engine = data.get(role)
+        if engine:
+            print(f"  {role:8} {engine['engine']:10} {engine['state']:8} pid {engine['pid']}  {engine['base_url']}  "
+                  f"{engine['model_path']}")
+    requests = data["requests"]
+    print(f"  requests {requests['requests']} total, {requests['failed']} failed, {requests['inflight']} in flight")
+    if data.get("last_error"):
+        print(f"  last error: {data['last_error']}")
+    return 0
+
+
+def cmd_switch(args: argparse.Namespace) -> int:
+    engine = get_adapter(args.to).name  # an unknown engine fails here, clearly
+    client = control.ControlClient(control.find_instance(args.port))
+    if not args.json:
+        print(f"switching to {engine}: the new engine starts and must serve before traffic moves", file=sys.stderr)
+    result = client.switch(engine, args.model)
+    if args.json:
+        emit_json(result)
+    else:
+        how = "warm standby" if result["reused_standby"] else "cold start"
+        print(f"switched {result['from_engine']} → {result['to_engine']} in {result['seconds']:.1f} s ({how}); "
+              f"old engine {'kept warm' if result['old_kept_as_standby'] else 'stopped'}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    discovery = control.find_instance(args.port)
+    stopped = control.ControlClient(discovery).stop()
+    if args.json:
+        emit_json({"stopped": stopped, "pid": discovery.pid, "port": discovery.port})
+    elif stopped:
+        print(f"stopped the endpoint on port {discovery.port} (pid {discovery.pid})")
+    if not stopped:
+        raise SwitchyardError(f"the endpoint (pid {discovery.pid}) did not exit in time",
+                              f"kill it with `kill {discovery.pid}`")
     return 0

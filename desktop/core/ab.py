@@ -3,7 +3,9 @@ over N repetitions, then a load sweep on each engine in turn, peak memory sample
 tree. From that: ratios with their spread, the amortization verdict (after how long a slower-starting but
 faster engine pays back), cost per million output tokens, and the scenario table.
 
-The runner never branches on an engine's name: adapters and the launch plan carry every difference.
+The runner never branches on an engine's name: adapters and the launch plan carry every difference. One side
+may be an attached endpoint (`endpoint:NAME` or `endpoint:URL`, see `desktop.core.external`): it is already
+running somewhere else, so it has no cold start and no process whose memory could be sampled; the report says so.
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ import psutil
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineInstall, LaunchPlan, ProgressCallback, ProgressEvent, no_progress
 from desktop.core.errors import EngineNotInstalled, SwitchyardError
-from desktop.core.loadgen import LoadConfig, RandomWorkload, SweepResult, Target, run_sweep_sync, sweep_levels
+from desktop.core.loadgen import (
+    LoadConfig,
+    RandomWorkload,
+    SweepResult,
+    Target,
+    check_target,
+    run_sweep_sync,
+    sweep_levels,
+)
 from desktop.core.loadgen.metrics import LiveBucket
 from desktop.core.loadgen.workload import tokenizer_counter
 from desktop.core.models import resolve_model
@@ -30,6 +40,13 @@ from desktop.core.store import machine_name
 from desktop.core.supervisor import EngineProcess
 
 MIB = 1024 * 1024
+ENDPOINT_PREFIX = "endpoint:"
+NO_COLD_START = "attached endpoint, already running: no cold start measured"
+
+
+def is_attached(engine: str) -> bool:
+    """True for `endpoint:NAME_OR_URL`, the A/B's spelling of an attached endpoint."""
+    return engine.startswith(ENDPOINT_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,7 @@ class ABConfig:
     kv_cache_gib: float | None = 1.0
     threads: int | None = None
     dtype: str = "float32"
+    eager: bool = False  # vLLM: --enforce-eager (skips torch.compile: starts sooner, may serve slower)
     ready_timeout_s: float = 900.0
     request_timeout_s: float = 300.0
     expected_concurrency: int | None = None  # for the verdict; default: the middle level
@@ -61,6 +79,9 @@ class ABConfig:
     def __post_init__(self) -> None:
         if len(self.engines) != 2 or self.engines[0] == self.engines[1]:
             raise SwitchyardError("an A/B needs two different engines", "e.g. --engines llama.cpp,vllm")
+        for engine in self.engines:
+            if is_attached(engine) and not engine[len(ENDPOINT_PREFIX):].strip():
+                raise SwitchyardError(f"{engine!r} names no endpoint", "e.g. --engines llama.cpp,endpoint:team-vllm")
         if self.repetitions < 1:
             raise SwitchyardError("repetitions must be at least 1")
         if not self.concurrency or min(self.concurrency) < 1:
@@ -151,6 +172,18 @@ class EngineResult:
     plan: dict[str, Any]
     repetitions: list[Repetition] = field(default_factory=list)
     error: str | None = None
+    kind: str = "local"  # "local": started here; "external": an attached endpoint
+    note: str | None = None
+
+    @property
+    def attached(self) -> bool:
+        return self.kind == "external"
+
+    def cold_start_for_cost(self) -> float | None:
+        """T3 cold start to amortize: none for an attached endpoint (already running), so 0 there."""
+        if self.attached:
+            return 0.0
+        return _mean(self.cold_phase("t3_first_request_s"))
 
     def cold_phase(self, name: str) -> list[float]:
         return [float(r.cold_start[name]) for r in self.repetitions if r.cold_start.get(name) is not None]
@@ -169,6 +202,7 @@ class EngineResult:
 
     def to_json(self, include_requests: bool = False) -> dict[str, Any]:
         return {"engine": self.engine, "display_name": self.display_name, "version": self.version,
+                "kind": self.kind, "note": self.note,
                 "model_path": self.model_path, "plan": self.plan, "error": self.error,
                 "peak_rss_mib": self.peak_rss(),
                 "repetitions": [r.to_json(include_requests) for r in self.repetitions]}
@@ -246,12 +280,14 @@ def run_engine(
 ) -> EngineResult:
     """Cold starts and sweeps on one engine. Failures are recorded in the result, never raised (the other
     engine's numbers are still worth having)."""
+    if is_attached(name):
+        return run_attached(name, config, progress=progress, on_bucket=on_bucket)
     adapter = get_adapter(name)
     model_path = resolve_model(config.model, adapter)
     install = _install(name, allow_install, progress)
     plan = LaunchPlan(engine=adapter.name, model_path=model_path, ctx=config.ctx, parallel=config.slots,
                       dtype=config.dtype, prefix_cache=config.prefix_cache, kv_cache_gib=config.kv_cache_gib,
-                      threads=config.threads)
+                      threads=config.threads, eager=config.eager)
     result = EngineResult(adapter.name, adapter.display_name, install.version, str(model_path), plan.to_json())
     counter = _token_counter(config.model, model_path)
     workload = RandomWorkload(input_len=config.input_len, output_len=config.output_len, seed=config.seed)
@@ -299,6 +335,56 @@ def run_engine(
     return result
 
 
+def attached_target(name: str) -> Target:
+    """The load target of `endpoint:NAME_OR_URL`, with the stored key and TLS choice (no model yet)."""
+    from desktop.core.external import resolve_endpoint
+
+    return Target.attached(resolve_endpoint(name[len(ENDPOINT_PREFIX):].strip()))
+
+
+def run_attached(
+    name: str,
+    config: ABConfig,
+    *,
+    progress: ProgressCallback = no_progress,
+    on_bucket: Callable[[LiveBucket], None] | None = None,
+) -> EngineResult:
+    """Sweeps against an attached endpoint (one per repetition, for the spread); no cold start, no memory."""
+    from desktop.core.external import ExternalEndpoint, scrape_metrics
+
+    target = attached_target(name)
+    result = EngineResult(name, f"{target.name} (attached, {target.root})", "unknown", "", {
+        "attached": True, "base_url": target.root, "verify_tls": target.verify_tls,
+        "has_api_key": target.api_key is not None}, kind="external", note=NO_COLD_START)
+    try:
+        target = replace(target, model=check_target(target, timeout=config.request_timeout_s))
+    except SwitchyardError as exc:
+        result.error = str(exc)
+        return result
+    result.model_path = target.model or "(the server's default model)"
+    with contextlib.suppress(SwitchyardError):
+        scraped = scrape_metrics(ExternalEndpoint(target.name or name, target.root, target.api_key,
+                                                  target.verify_tls))
+        if scraped is not None and scraped[0]:
+            result.version = f"{scraped[0]} (detected from /metrics)"
+    workload = RandomWorkload(input_len=config.input_len, output_len=config.output_len, seed=config.seed)
+    counter = _token_counter(config.model, Path(config.model))  # the same prompts the local side receives
+    levels = sweep_levels(LoadConfig(num_requests=config.requests_per_level,
+                                     request_timeout_s=config.request_timeout_s, seed=config.seed),
+                          concurrency=list(config.concurrency))
+    for rep in range(config.repetitions):
+        prefix = f"{name} {rep + 1}/{config.repetitions}"
+        progress(ProgressEvent(f"{prefix}: {NO_COLD_START}; benchmarking {target.root}"))
+        sweep = run_sweep_sync(target, workload, levels, progress=_prefixed(progress, prefix),
+                               token_counter=counter, on_bucket=on_bucket)
+        repetition = Repetition({"attached": True, "note": NO_COLD_START}, sweep, {}, [])
+        result.repetitions.append(repetition)
+        if sweep.aborted:
+            repetition.error = result.error = sweep.aborted
+            break
+    return result
+
+
 def _prefixed(progress: ProgressCallback, prefix: str) -> ProgressCallback:
     return lambda event: progress(replace(event, message=f"{prefix}: {event.message}"))
 
@@ -324,7 +410,10 @@ def run_ab(
     allow_install: bool = False,
 ) -> ABResult:
     """Run both engines in turn (never at the same time: they would share the cores) and analyse."""
-    for name in config.engines:  # fail fast on a bad model or a missing engine before anything slow starts
+    for name in config.engines:  # fail fast on a bad model, engine or endpoint before anything slow starts
+        if is_attached(name):
+            check_target(attached_target(name), timeout=config.request_timeout_s)
+            continue
         adapter = get_adapter(name)
         resolve_model(config.model, adapter)
         if not allow_install and adapter.find_install() is None:
@@ -353,6 +442,7 @@ def analyse(config: ABConfig, engines: list[EngineResult], started: float, finis
         cold[phase] = {a.engine: Spread.of(va).to_json(), b.engine: Spread.of(vb).to_json(),
                        "ratio": Spread.of(_ratios(va, vb)).to_json()}
     cold["peak_rss_mib"] = {a.engine: a.peak_rss(), b.engine: b.peak_rss()}
+    cold["notes"] = {e.engine: e.note for e in engines if e.note}
     expected = config.expected_concurrency or sorted(config.concurrency)[len(config.concurrency) // 2]
     amortization = amortization_verdict(a, b, expected)
     costs = unit_costs(config, engines)
@@ -377,6 +467,17 @@ def amortization_verdict(a: EngineResult, b: EngineResult, concurrency: int) -> 
                                                                                             "output_throughput"))
     out: dict[str, Any] = {"concurrency": concurrency, "cold_start_s": {a.engine: ca, b.engine: cb},
                            "output_throughput": {a.engine: ta, b.engine: tb}, "break_even_s": None}
+    attached = [e.engine for e in (a, b) if e.attached]
+    if attached:
+        if ta is None or tb is None:
+            out["verdict"] = (f"{' and '.join(attached)}: {NO_COLD_START}; not enough data to compare throughput "
+                              f"at concurrency {concurrency}")
+            return out
+        fast, slow = (a, b) if ta >= tb else (b, a)
+        out["verdict"] = (f"{' and '.join(attached)}: {NO_COLD_START}, so only steady-state speed is compared: "
+                          f"{fast.engine} serves {max(ta, tb) / max(min(ta, tb), 1e-9):.2f}x the tokens/s of "
+                          f"{slow.engine} at concurrency {concurrency}")
+        return out
     if None in (ca, cb, ta, tb):
         out["verdict"] = "not enough data: one engine did not finish its cold start or its run at this load"
         return out
@@ -416,7 +517,7 @@ def unit_costs(config: ABConfig, engines: list[EngineResult]) -> list[dict[str, 
     lifetime = config.service_lifetime_h * 3600.0
     rows = []
     for engine in engines:
-        cold = _mean(engine.cold_phase("t3_first_request_s")) or 0.0
+        cold = engine.cold_start_for_cost() or 0.0
         for level in config.concurrency:
             tput = _mean(engine.level_values(level, "output_throughput"))
             rows.append({
@@ -447,15 +548,16 @@ def scenario_table(config: ABConfig, engines: list[EngineResult]) -> list[dict[s
         cells: dict[str, Any] = {}
         best: tuple[float, str] | None = None
         for engine in engines:
-            cold = _mean(engine.cold_phase("t3_first_request_s"))
+            cold = engine.cold_start_for_cost()
             tput = _mean(engine.level_values(level, "output_throughput"))
             p95 = _mean(engine.level_values(level, "p95_ttft_ms"))
             served = tput * max(0.0, lifetime - cold) if tput is not None and cold is not None else None
             cells[engine.engine] = {
-                "cold_start_s": cold, "output_throughput": tput, "p95_ttft_ms": p95,
+                "cold_start_s": None if engine.attached else cold, "output_throughput": tput, "p95_ttft_ms": p95,
                 "peak_rss_mib": engine.peak_rss(), "tokens_in_lifetime": served,
                 "cost_per_million_output_tokens": cost_per_million(price, tput, cold, lifetime)
                 if tput and cold is not None else None,
+                "attached": engine.attached,
             }
             if served is not None and (best is None or served > best[0]):
                 best = (served, engine.engine)

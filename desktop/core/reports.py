@@ -180,6 +180,9 @@ def phase_chart(title: str, engines: dict[str, dict[str, Any]], width: int = 560
     for row, (name, values) in enumerate(engines.items()):
         y = top + row * (bar + gap) + 8
         parts.append(f'<text x="{left - 6}" y="{y + 13}" text-anchor="end">{esc(name)}</text>')
+        if values.get("attached"):
+            parts.append(f'<text x="{left + 4}" y="{y + 13}" fill="#666">{esc(str(values.get("note") or ""))}</text>')
+            continue
         previous = 0.0
         for index, phase in enumerate(phases):
             value = values.get(phase)
@@ -320,7 +323,10 @@ def render_ab_html(result: ABResult) -> str:
                 f"{cfg.requests_per_level} requests per level, input {cfg.input_len} / output {cfg.output_len} "
                 f"tokens (ignore_eos), {cfg.repetitions} repetition(s). Machine: {html.escape(result.machine)}.")
     versions = ", ".join(f"{html.escape(e.display_name)} {html.escape(e.version)}" for e in result.engines)
-    body = (f"<p>{settings}<br>Engines: {versions}</p>"
+    notes = "".join(f'<p class="warn">{html.escape(e.engine)}: {html.escape(e.note)}. Its memory is not sampled, '
+                    "its settings are not matched by Switchyard, and its costs count no cold start.</p>"
+                    for e in result.engines if e.note)
+    body = (f"<p>{settings}<br>Engines: {versions}</p>" + notes
             + "".join(f'<p class="warn">{html.escape(err)}</p>' for err in result.errors)
             + f'<p class="verdict">{html.escape(result.amortization.get("verdict", ""))}</p>'
             + '<div class="charts">' + "".join(charts) + "</div>"

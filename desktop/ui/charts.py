@@ -204,6 +204,11 @@ class ChartBoard(QObject):
         self.charts.append(chart)
         return chart
 
+    def add_series(self, chart: LiveChart, key: str, label: str) -> None:
+        """A series that appears during a run (e.g. the second engine of an A/B)."""
+        chart.add_series(key, label)
+        self.routes[key] = chart
+
     def push(self, key: str, value: float, t: float | None = None) -> bool:
         chart = self.routes.get(key)
         return chart.push(key, time.time() if t is None else t, value) if chart else False

@@ -58,6 +58,7 @@ class EngineSession(QObject):
         self.request: LaunchRequest | None = None
         self.busy = False
         self.switching = False
+        self.vllm_eager = False  # vLLM without torch.compile: starts much sooner on CPU (tests, quick tries)
         self._stop_requested = False
         self._watched: Any = None  # the EngineProcess whose log we show
         self._pending_lines: deque[str] = deque(maxlen=5000)
@@ -121,7 +122,8 @@ class EngineSession(QObject):
         reap_orphans()
         self.progress.emit(f"Starting {adapter.display_name} on {model_path.name}; waiting until it serves")
         plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=spec.port, ctx=spec.ctx,
-                          parallel=spec.parallel, extra_args=spec.extra_args)
+                          parallel=spec.parallel, extra_args=spec.extra_args,
+                          eager=self.vllm_eager and adapter.name == "vllm")
         return adapter, plan, install
 
     def _progress(self, event: Any) -> None:

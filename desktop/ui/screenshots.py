@@ -9,20 +9,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QEventLoop
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import QEventLoop, QTimer
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
-    """Run the event loop until `predicate()` holds or `timeout` seconds pass."""
-    app = QApplication.instance()
+    """Run a real event loop (as the app does: no polling sleeps) until `predicate()` holds or `timeout`
+    seconds pass; the predicate is checked every 50 ms."""
+    if predicate():
+        return True
     deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)  # type: ignore[union-attr]
-        time.sleep(0.01)
-    return True
+    loop = QEventLoop()
+    poll = QTimer()
+    poll.setInterval(50)
+    poll.timeout.connect(lambda: loop.quit() if predicate() or time.monotonic() > deadline else None)
+    poll.start()
+    loop.exec()
+    poll.stop()
+    return predicate()
 
 
 def _save(window: Any, out: Path, index: int, name: str) -> Path:
@@ -55,6 +58,13 @@ def _drive(window: Any, out: Path) -> None:
     if not wait_until(lambda: recommend.recommendation is not None or recommend.notice.level == "error", 60):
         print("the recommendation did not arrive in time", file=sys.stderr)
     _save(window, out, 3, "Recommend")
+    if recommend.recommendation is not None:
+        dialog = recommend.open_export(modal=False)
+        dialog.set_format("compose")
+        wait_until(lambda: False, 0.4)
+        dialog.grab().save(str(out / "3b-export-dialog.png"))
+        print(f"saved {out / '3b-export-dialog.png'}", file=sys.stderr, flush=True)
+        dialog.close()
 
     serve = window.show_page("Serve")
     request = recommend.launch_request()
@@ -66,15 +76,28 @@ def _drive(window: Any, out: Path) -> None:
     if not wait_until(lambda: bool(serve.endpoint_edit.text()) or serve.notice.level == "error", 900):
         print("the engine did not become ready in time", file=sys.stderr)
     compare = window.show_page("Compare")
-    if serve.endpoint_edit.text():
+    if serve.endpoint_edit.text():  # traffic through the endpoint, so the Serve page's charts have something
+        compare.endpoint_radio.setChecked(True)
         compare.levels_edit.setText("1, 4")
-        compare.requests_spin.setValue(12)
-        compare.start()
-        wait_until(lambda: not compare.running, 600)
+        compare.requests_spin.setValue(24)
+        if compare.start():
+            wait_until(lambda: not compare.running, 600)
         wait_until(lambda: serve.samples_received > 20, 20)
     _save(window, out, 4, "Serve")
+    window.session.stop()  # the A/B starts its own engines: nothing else should share the cores
+    wait_until(lambda: not window.session.is_running() and not window.session.busy, 120)
+
+    compare = window.show_page("Compare")
+    compare.ab_radio.setChecked(True)
+    compare.levels_edit.setText("1, 4")
+    compare.requests_spin.setValue(8)
+    compare.output_spin.setValue(16)
+    if compare.start():
+        if not wait_until(lambda: not compare.running, 1800):
+            print("the A/B did not finish in time", file=sys.stderr)
     _save(window, out, 5, "Compare")
-    window.show_page("History")
+    history = window.show_page("History")
+    wait_until(lambda: not history.loading, 10)
     _save(window, out, 6, "History")
 
 

@@ -114,3 +114,118 @@ def submit(
 def wait_idle(timeout_ms: int = 30_000) -> bool:
     """Block until the pool has no running work (used at quit and by tests)."""
     return QThreadPool.globalInstance().waitForDone(timeout_ms)
+
+
+class BenchJob(QObject):
+    """A benchmark in a child process (`switchyard gui --run-job`, see desktop/ui/bench_child.py), its JSON-line
+    events turned into signals on the GUI thread.
+
+    Why a process and not a worker thread: the load generator's asyncio loop, inside the GUI process, took the
+    GIL often enough to delay painting by 150 ms at concurrency 64; the child reports about one line a second.
+    """
+
+    progress = Signal(str, object)  # message, fraction or None
+    bucket = Signal(dict)  # a LiveBucket as JSON, plus "engine" and "overall" (0-1)
+    finished = Signal(dict)  # {"result": ..., "report": {"json", "csv", "html"}, "run_id": ...}
+    failed = Signal(str)  # readable; also when the user stopped an A/B
+    ended = Signal()  # after finished/failed: the process is gone
+
+    STDERR_KEEP = 40
+
+    def __init__(self, job: dict[str, Any], parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        import json
+
+        from PySide6.QtCore import QProcess
+
+        from desktop._frozen import self_command
+
+        self.job = job
+        self.outcome: str | None = None  # "finished" | "failed" | "cancelled"
+        self._stderr: list[str] = []
+        self._buffer = b""
+        self.process = QProcess(self)
+        command = [*self_command(), "gui", "--run-job", json.dumps(job)]
+        self.process.setProgram(command[0])
+        self.process.setArguments(command[1:])
+        self.process.readyReadStandardOutput.connect(self._read_stdout)
+        self.process.readyReadStandardError.connect(self._read_stderr)
+        self.process.finished.connect(self._on_exit)
+        self.process.errorOccurred.connect(self._on_process_error)
+
+    def start(self) -> None:
+        self.process.start()
+
+    def running(self) -> bool:
+        from PySide6.QtCore import QProcess
+
+        return self.process.state() != QProcess.ProcessState.NotRunning
+
+    def stop(self) -> None:
+        """Ask the child to stop (a sweep keeps what it measured; an A/B stops its engine)."""
+        if self.running():
+            self.process.write(b"stop\n")
+
+    def shutdown(self, timeout_ms: int = 60_000) -> None:
+        """Stop and wait (quit path): the child stops its engine itself; kill it only if it hangs."""
+        if not self.running():
+            return
+        self.stop()
+        self.process.closeWriteChannel()
+        if not self.process.waitForFinished(timeout_ms):
+            log.warning("the benchmark process did not stop in time: killing it")
+            self.process.kill()
+            self.process.waitForFinished(5_000)
+
+    def _read_stdout(self) -> None:
+        import json
+
+        self._buffer += bytes(self.process.readAllStandardOutput().data())
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for raw in lines:
+            if not raw.strip():
+                continue
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                log.info("benchmark: %s", raw.decode(errors="replace"))
+                continue
+            self._dispatch(event)
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        kind = event.pop("event", None)
+        if kind == "progress":
+            self.progress.emit(str(event.get("message", "")), event.get("fraction"))
+        elif kind == "bucket":
+            self.bucket.emit(event)
+        elif kind == "result":
+            self.outcome = "finished"
+            self.finished.emit(event)
+        elif kind in ("error", "cancelled"):
+            self.outcome = "failed" if kind == "error" else "cancelled"
+            hint = event.get("hint")
+            self.failed.emit(str(event.get("message", "")) + (f"\nHint: {hint}" if hint else ""))
+
+    def _read_stderr(self) -> None:
+        text = bytes(self.process.readAllStandardError().data()).decode(errors="replace")
+        for line in text.splitlines():
+            log.debug("benchmark stderr: %s", line)
+            self._stderr.append(line)
+        del self._stderr[:-self.STDERR_KEEP]
+
+    def _on_exit(self, code: int, _status: object) -> None:
+        self._read_stdout()
+        if self.outcome is None:  # died without saying why (killed, crashed interpreter)
+            self.outcome = "failed"
+            tail = next((line for line in reversed(self._stderr) if line.strip()), "")
+            self.failed.emit(f"The benchmark process ended unexpectedly (exit code {code})"
+                             + (f": {tail}" if tail else ""))
+        self.ended.emit()
+
+    def _on_process_error(self, error: object) -> None:
+        from PySide6.QtCore import QProcess
+
+        if error == QProcess.ProcessError.FailedToStart and self.outcome is None:
+            self.outcome = "failed"
+            self.failed.emit(f"Could not start the benchmark process: {self.process.errorString()}")
+            self.ended.emit()

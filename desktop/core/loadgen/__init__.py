@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from desktop.core.loadgen.client import Target, send_request
+from desktop.core.loadgen.client import Target, check_target, send_request
 from desktop.core.loadgen.metrics import (
     SLO,
     BenchmarkSummary,
@@ -36,6 +36,6 @@ from desktop.core.loadgen.workload import (
 __all__ = [
     "DEFAULT_CONCURRENCY", "SLO", "BenchmarkSummary", "Distribution", "JsonlWorkload", "LiveBucket", "LoadConfig",
     "LoadResult", "RandomWorkload", "RequestResult", "RequestSpec", "SharedPrefixWorkload", "SweepResult", "Target",
-    "Workload", "generate", "run_load", "run_load_sync", "run_sweep", "run_sweep_sync", "send_request",
+    "Workload", "check_target", "generate", "run_load", "run_load_sync", "run_sweep", "run_sweep_sync", "send_request",
     "summarize", "sweep_levels", "tokenizer_counter", "write_jsonl",
 ]

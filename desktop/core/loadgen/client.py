@@ -7,20 +7,26 @@ as a failed `RequestResult` with a one-line reason, never an exception: a load t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
+from desktop.core.errors import SwitchyardError
 from desktop.core.loadgen.metrics import RequestResult
 from desktop.core.loadgen.workload import RequestSpec
 from desktop.core.sse import SSEDecoder, StreamDelta, parse_chunk
 
+if TYPE_CHECKING:
+    from desktop.core.external import ExternalEndpoint
+
 Api = Literal["completions", "chat"]
 CONNECT_ERROR = "connection refused"
+CONNECT_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -30,19 +36,32 @@ class Target:
     base_url: str
     api: Api = "completions"
     model: str | None = None  # None: ask /v1/models
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    verify_tls: bool = True
+    name: str | None = None  # an attached endpoint's name, for messages
     ignore_eos: bool = True
     temperature: float = 0.0
     extra_body: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def attached(cls, endpoint: ExternalEndpoint, *, api: Api = "completions", model: str | None = None,
+                 api_key: str | None = None) -> Target:
+        """A target for an attached endpoint: its URL, its key (unless `api_key` overrides it), its TLS choice."""
+        return cls(endpoint.base_url, api=api, model=model, api_key=api_key or endpoint.api_key,
+                   verify_tls=endpoint.verify_tls, name=endpoint.name)
+
     def to_json(self) -> dict[str, Any]:  # the API key is never recorded
-        return {"base_url": self.base_url, "api": self.api, "model": self.model, "ignore_eos": self.ignore_eos,
-                "temperature": self.temperature, "extra_body": dict(self.extra_body)}
+        return {"base_url": self.base_url, "name": self.name, "api": self.api, "model": self.model,
+                "has_api_key": self.api_key is not None, "verify_tls": self.verify_tls,
+                "ignore_eos": self.ignore_eos, "temperature": self.temperature, "extra_body": dict(self.extra_body)}
+
+    @property
+    def root(self) -> str:
+        return self.base_url.rstrip("/").removesuffix("/v1")
 
     @property
     def url(self) -> str:
-        path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
-        return self.base_url.rstrip("/").removesuffix("/v1") + path
+        return self.root + ("/v1/chat/completions" if self.api == "chat" else "/v1/completions")
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -70,12 +89,63 @@ class Target:
 async def discover_model(client: httpx.AsyncClient, target: Target) -> str | None:
     """The first model the server lists, or None when it does not say (llama-server accepts any name)."""
     try:
-        response = await client.get(target.base_url.rstrip("/").removesuffix("/v1") + "/v1/models",
+        response = await client.get(target.root + "/v1/models",
                                     headers=target.headers(), timeout=10.0)
         data = response.json().get("data") or []
         return str(data[0]["id"]) if data else None
     except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def check_target(target: Target, timeout: float = 120.0) -> str | None:
+    """Before a load test: prove the endpoint is reachable, accepts the key and answers one request, so a wrong
+    address or key fails in seconds with a reason instead of as N failed requests. Returns the model name to send
+    (the target's, else the server's first listed model, else None)."""
+    where = f"{target.name} ({target.root})" if target.name and target.name not in target.root else target.root
+    key_hint = (f"set the right key: switchyard endpoints add {target.name} {target.root} --api-key-stdin --replace"
+                if target.name else "give the key with --api-key-env VAR (or attach the endpoint with its key)")
+    model = target.model
+    with httpx.Client(timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S), verify=target.verify_tls,
+                      trust_env=False, follow_redirects=False, headers=target.headers()) as client:
+        try:
+            listed = client.get(target.root + "/v1/models")
+            _refuse_auth(listed.status_code, target, where, key_hint)
+            if listed.status_code == 200 and model is None:
+                with contextlib.suppress(ValueError, KeyError, TypeError, IndexError, AttributeError):
+                    model = str(listed.json()["data"][0]["id"])
+            spec = RequestSpec(prompt="Hello", max_tokens=1)
+            with client.stream("POST", target.url, json=target.body(spec, model)) as response:
+                body = response.read().decode("utf-8", "replace")
+        except httpx.ConnectTimeout:
+            raise SwitchyardError(f"timed out after {CONNECT_TIMEOUT_S:g} s connecting to {where}",
+                                  "check the address and that a firewall lets you through") from None
+        except httpx.TimeoutException:
+            raise SwitchyardError(f"{where} accepted the connection but did not answer a 1-token request within "
+                                  f"{timeout:g} s", "the server may be overloaded or still loading") from None
+        except httpx.HTTPError as exc:
+            text = str(exc) or type(exc).__name__
+            if "CERTIFICATE_VERIFY_FAILED" in text or "SSL" in text:
+                raise SwitchyardError(f"the TLS certificate of {where} could not be verified",
+                                      "for your own host with a self-signed certificate, attach it with --insecure"
+                                      ) from None
+            reason = "connection refused" if "refused" in text or "Errno 111" in text else text[:200]
+            raise SwitchyardError(f"cannot reach {where}: {reason}",
+                                  "check the address and port, and that the server is running") from None
+    _refuse_auth(response.status_code, target, where, key_hint)
+    if response.is_redirect:
+        raise SwitchyardError(f"{target.url} redirects to {response.headers.get('location', '?')}",
+                              "Switchyard follows no redirects: give the final address")
+    if response.status_code != 200:
+        raise SwitchyardError(f"{where} answered a test request with HTTP {response.status_code}: "
+                              f"{_error_text(body)}", "check the model name (--model) and the server's log")
+    return model
+
+
+def _refuse_auth(status: int, target: Target, where: str, key_hint: str) -> None:
+    if status in (401, 403):
+        if target.api_key:
+            raise SwitchyardError(f"{where} rejected the API key (HTTP {status})", key_hint)
+        raise SwitchyardError(f"{where} requires an API key (HTTP {status})", key_hint)
 
 
 def _describe(exc: BaseException, timeout: float, tokens: int) -> str:

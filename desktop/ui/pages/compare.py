@@ -1,19 +1,22 @@
-"""Compare: pick engines and a concurrency sweep, watch it live, see results side by side, export the report.
+"""Compare: an engine-vs-engine A/B on one model (desktop.core.ab: cold start in phases, a concurrency sweep on
+each engine in turn, ratios and the amortization verdict), or a sweep against whatever the stable endpoint
+serves now. Live buckets feed the charts; results appear side by side; the report (JSON, CSV, HTML from
+desktop.core.reports) can be exported and opened.
 
-Engine-vs-engine A/B needs `desktop.core.ab`; until it is part of the build the page benchmarks whatever the
-stable endpoint serves now (desktop.core.loadgen), which is also how a user compares before and after a switch.
+The benchmark runs in a child process (workers.BenchJob) so the load generator never competes with painting.
 """
 
 from __future__ import annotations
 
-import json
-import threading
+import shutil
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QUrl, Signal
+from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
-    QCheckBox,
+    QButtonGroup,
+    QComboBox,
     QFileDialog,
     QFormLayout,
     QGroupBox,
@@ -22,6 +25,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QProgressBar,
     QPushButton,
+    QRadioButton,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -29,8 +33,19 @@ from PySide6.QtWidgets import (
 
 from desktop.ui.charts import ChartBoard, LiveChart
 from desktop.ui.pages.models import _fill, _table
-from desktop.ui.widgets import Notice, module_available
-from desktop.ui.workers import submit
+from desktop.ui.widgets import Notice
+from desktop.ui.workers import BenchJob
+
+ENGINES = (("llama.cpp", "llama.cpp"), ("vllm", "vLLM"))
+ENGINE_LABELS = dict(ENGINES)
+LIVE_CHARTS = (("output_tokens", "Output tokens/s (live)", "tokens/s"),
+               ("ttft_p50_ms", "TTFT p50 (live)", "ms"),
+               ("in_flight", "Requests in flight (live)", "requests"))
+COLD_PHASES = (("t1_health_s", "Cold start T1: health OK (s)"),
+               ("t2_first_token_s", "Cold start T2: first token (s)"),
+               ("t3_first_request_s", "Cold start T3: first request done (s)"))
+LEVEL_METRICS = (("output_throughput", "output tok/s", 1), ("median_ttft_ms", "TTFT p50 (ms)", 0),
+                 ("p95_ttft_ms", "TTFT p95 (ms)", 0), ("request_throughput", "requests/s", 2))
 
 
 def parse_levels(text: str) -> list[int]:
@@ -47,37 +62,117 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
-def run_sweep(base_url: str, levels: list[int], requests_per_level: int, output_len: int,
-              on_bucket: Any, stop: threading.Event) -> Any:
-    from desktop.core.loadgen import LoadConfig, RandomWorkload, Target, run_sweep_sync, sweep_levels
+def _number(value: Any, digits: int) -> str:
+    return "–" if value is None else f"{float(value):.{digits}f}"
 
-    configs = sweep_levels(LoadConfig(num_requests=requests_per_level), concurrency=levels)
-    return run_sweep_sync(Target(base_url), RandomWorkload(input_len=64, output_len=output_len), configs,
-                          on_bucket=on_bucket, abort_check=lambda: "stopped by the user" if stop.is_set() else None)
+
+def _spread(cell: dict[str, Any] | None, digits: int) -> str:
+    """mean, with the range over repetitions when there were several."""
+    if not cell or cell.get("mean") is None:
+        return "–"
+    text = _number(cell["mean"], digits)
+    if cell.get("n", 0) > 1:
+        text += f" ({_number(cell['low'], digits)}–{_number(cell['high'], digits)})"
+    return text
+
+
+def ab_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The side-by-side table of an A/B result (its JSON): the engines as columns, B/A as the last one."""
+    a, b = (engine["engine"] for engine in result["engines"])
+    headers = ["Metric", ENGINE_LABELS.get(a, a), ENGINE_LABELS.get(b, b), f"{ENGINE_LABELS.get(b, b)} / "
+               f"{ENGINE_LABELS.get(a, a)}"]
+    rows: list[list[str]] = []
+    cold = result.get("cold_start", {})
+    for key, label in COLD_PHASES:
+        cell = cold.get(key, {})
+        rows.append([label, _spread(cell.get(a), 2), _spread(cell.get(b), 2), _spread(cell.get("ratio"), 2)])
+    rss = cold.get("peak_rss_mib", {})
+    ratio = rss[b] / rss[a] if rss.get(a) and rss.get(b) else None
+    rows.append(["Peak memory (MiB, process tree)", _number(rss.get(a), 0), _number(rss.get(b), 0),
+                 _number(ratio, 2)])
+    for row in result.get("comparison", []):
+        for key, label, digits in LEVEL_METRICS:
+            cell = row.get(key, {})
+            rows.append([f"concurrency {row['concurrency']}: {label}", _spread(cell.get(a), digits),
+                         _spread(cell.get(b), digits), _spread(cell.get("ratio"), 2)])
+    return headers, rows
+
+
+def sweep_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    headers = ["Level", "Completed", "Failed", "Req/s", "Output tok/s", "TTFT p50 ms", "TTFT p95 ms",
+               "TPOT p50 ms", "E2E p99 ms"]
+    rows = [[str(level.get("label")), str(level.get("completed")), str(level.get("failed")),
+             _number(level.get("request_throughput"), 2), _number(level.get("output_throughput"), 1),
+             _number(level.get("median_ttft_ms"), 0), _number(level.get("p95_ttft_ms"), 0),
+             _number(level.get("median_tpot_ms"), 1), _number(level.get("p99_e2el_ms"), 0)]
+            for level in result.get("levels", [])]
+    return headers, rows
+
+
+def verdict_text(result: dict[str, Any]) -> str:
+    lines = []
+    verdict = result.get("amortization", {}).get("verdict")
+    if verdict:
+        lines.append(f"Verdict: {verdict}")
+    for scenario in result.get("scenarios", []):
+        winner = scenario.get("winner")
+        if winner:
+            lines.append(f"• {scenario['scenario']} (concurrency {scenario['concurrency']}): "
+                         f"{ENGINE_LABELS.get(winner, winner)}")
+    return "\n".join(lines)
 
 
 class ComparePage(QWidget):
     title = "Compare"
-    bucket_arrived = Signal(object)
+    run_finished = Signal(dict)  # the child's result event: {"result", "report", "run_id"}
 
     def __init__(self, endpoint_url: Any = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.endpoint_url = endpoint_url or (lambda: None)  # callable: the stable endpoint's /v1 URL or None
         self.running = False
-        self.result: Any = None
-        self._stop = threading.Event()
-        self.engine_boxes = [QCheckBox("llama.cpp"), QCheckBox("vLLM")]
-        for box in self.engine_boxes:
-            box.setChecked(True)
-        ab_ready = module_available("desktop.core.ab")
+        self.result: dict[str, Any] | None = None
+        self.report: dict[str, str] | None = None
+        self.job: BenchJob | None = None
+        self.buckets_received = 0
+
+        # --- what to run ---
+        self.ab_radio = QRadioButton("Engine &A/B on one model (starts each engine in turn)")
+        self.endpoint_radio = QRadioButton("The &endpoint serving now")
+        self.ab_radio.setChecked(True)
+        self.mode_group = QButtonGroup(self)
+        self.mode_group.addButton(self.ab_radio)
+        self.mode_group.addButton(self.endpoint_radio)
+        self.ab_radio.toggled.connect(self._mode_changed)
+        self.engine_a = QComboBox()
+        self.engine_b = QComboBox()
+        for box, default in ((self.engine_a, 0), (self.engine_b, 1)):
+            for key, label in ENGINES:
+                box.addItem(label, key)
+            box.setCurrentIndex(default)
+        self.engine_a.setAccessibleName("Engine A")
+        self.engine_b.setAccessibleName("Engine B")
+        self.model_edit = QLineEdit("demo")
+        self.model_edit.setAccessibleName("Model")
+        self.model_edit.setToolTip("`demo` (the same weights for both engines), or a model both engines can load")
+        self.repetitions_spin = QSpinBox()
+        self.repetitions_spin.setRange(1, 20)
+        self.repetitions_spin.setValue(1)
+        self.repetitions_spin.setToolTip("Cold starts and sweeps per engine; more repetitions show the spread")
         engines_row = QHBoxLayout()
-        for box in self.engine_boxes:
-            box.setEnabled(False)  # engine-vs-engine A/B through desktop.core.ab is not wired into this page yet
-            engines_row.addWidget(box)
-        engines_row.addWidget(QLabel(
-            "Engine-vs-engine A/B: not available yet here"
-            + ("" if ab_ready else " (desktop.core.ab is not part of this build)")
-            + " — the sweep runs against the engine the endpoint serves now."), 1)
+        engines_row.addWidget(self.engine_a)
+        engines_row.addWidget(QLabel("vs"))
+        engines_row.addWidget(self.engine_b)
+        engines_row.addWidget(QLabel("on"))
+        engines_row.addWidget(self.model_edit, 1)
+        engines_row.addWidget(QLabel("repetitions:"))
+        engines_row.addWidget(self.repetitions_spin)
+        self.ab_options = QWidget()
+        self.ab_options.setLayout(engines_row)
+        engines_row.setContentsMargins(0, 0, 0, 0)
+        mode_row = QHBoxLayout()
+        mode_row.addWidget(self.ab_radio)
+        mode_row.addWidget(self.endpoint_radio)
+        mode_row.addStretch(1)
         self.levels_edit = QLineEdit("1, 4, 16")
         self.levels_edit.setAccessibleName("Concurrency sweep")
         self.requests_spin = QSpinBox()
@@ -87,113 +182,226 @@ class ComparePage(QWidget):
         self.output_spin.setRange(1, 32_768)
         self.output_spin.setValue(32)
         form = QFormLayout()
-        form.addRow("Engines:", engines_row)
+        form.addRow("Compare:", mode_row)
+        form.addRow("Engines:", self.ab_options)
         form.addRow("&Concurrency sweep:", self.levels_edit)
         form.addRow("&Requests per level:", self.requests_spin)
         form.addRow("&Output tokens per request:", self.output_spin)
+
+        # --- actions ---
         self.run_button = QPushButton("&Run")
-        self.run_button.clicked.connect(self.start)
+        self.run_button.clicked.connect(lambda: self.start())
         self.stop_button = QPushButton("&Stop")
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.cancel)
-        self.export_button = QPushButton("&Export report…")
+        self.export_button = QPushButton("E&xport report…")
+        self.export_button.setToolTip("Copy the report (JSON, CSV and a self-contained HTML page) into a folder")
         self.export_button.setEnabled(False)
         self.export_button.clicked.connect(self.export_dialog)
+        self.open_button = QPushButton("Open re&port")
+        self.open_button.setToolTip("Open the HTML report in the browser")
+        self.open_button.setEnabled(False)
+        self.open_button.clicked.connect(self.open_report)
         self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(0)
+        self.progress.setAccessibleName("Benchmark progress")
+        self.status_label = QLabel("")
+        self.status_label.setAccessibleName("Benchmark status")
         buttons = QHBoxLayout()
-        for widget in (self.run_button, self.stop_button, self.export_button):
+        for widget in (self.run_button, self.stop_button, self.export_button, self.open_button):
             buttons.addWidget(widget)
         buttons.addWidget(self.progress, 1)
         self.notice = Notice()
+
+        # --- live charts ---
         self.board = ChartBoard(self)
-        self.live_chart = self.board.add(LiveChart("Benchmark (live)", ""), {
-            "output_tokens": "output tokens/s", "in_flight": "in flight", "ttft_p50_ms": "TTFT p50 ms"})
-        self.results_table = _table(["Level", "Completed", "Failed", "Req/s", "Output tok/s", "TTFT p50 ms",
-                                     "TTFT p99 ms", "TPOT p50 ms", "E2E p99 ms"], "Results")
+        self.live_charts: dict[str, LiveChart] = {}
+        charts_row = QHBoxLayout()
+        for key, title, unit in LIVE_CHARTS:
+            chart = self.board.add(LiveChart(title, unit), {})
+            self.live_charts[key] = chart
+            charts_row.addWidget(chart)
+
+        # --- results ---
+        self.results_table = _table(["Metric", "A", "B", "B / A"], "Results")
+        self.verdict_label = Notice()
+        self.verdict_label.setAccessibleName("Verdict")
         results_box = QGroupBox("Results")
-        QVBoxLayout(results_box).addWidget(self.results_table)
+        results_layout = QVBoxLayout(results_box)
+        results_layout.addWidget(self.results_table, 1)
+        results_layout.addWidget(self.verdict_label)
+
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addLayout(buttons)
+        layout.addWidget(self.status_label)
         layout.addWidget(self.notice)
-        layout.addWidget(self.live_chart, 1)
+        layout.addLayout(charts_row, 1)
         layout.addWidget(results_box, 1)
-        self.bucket_arrived.connect(self.on_bucket)
         self.board.start()
 
-    def start(self) -> None:
+    # --- setup ---
+    def _mode_changed(self) -> None:
+        self.ab_options.setEnabled(self.ab_radio.isChecked())
+
+    def job_for_inputs(self) -> dict[str, Any]:
+        """The child-process job for what the form says (raises SwitchyardError on bad input)."""
         from desktop.core.errors import SwitchyardError
 
-        url = self.endpoint_url()
-        if not url:
-            self.notice.show_message("Nothing is being served: start an engine on the Serve page first.", "warning")
-            return
-        try:
-            levels = parse_levels(self.levels_edit.text())
-        except SwitchyardError as exc:
-            self.notice.show_message(exc.message + (f"\nHint: {exc.hint}" if exc.hint else ""), "error")
-            return
-        base_url = url.removesuffix("/v1")
-        self.running = True
-        self._stop.clear()
-        self.board.clear()
-        self.run_button.setEnabled(False)
-        self.stop_button.setEnabled(True)
-        self.progress.setRange(0, 0)
-        self.notice.show_message(f"Running {len(levels)} level(s) against {url}…")
-        submit(run_sweep, base_url, levels, self.requests_spin.value(), self.output_spin.value(),
-               self.bucket_arrived.emit, self._stop, on_finished=self.show_result, on_error=self.failed)
+        levels = parse_levels(self.levels_edit.text())
+        if self.endpoint_radio.isChecked():
+            url = self.endpoint_url()
+            if not url:
+                raise SwitchyardError("Nothing is being served: start an engine on the Serve page first.",
+                                      "or compare two engines with Engine A/B")
+            return {"kind": "sweep", "base_url": url.removesuffix("/v1"), "levels": levels,
+                    "requests": self.requests_spin.value(), "output_len": self.output_spin.value()}
+        engines = (self.engine_a.currentData(), self.engine_b.currentData())
+        if engines[0] == engines[1]:
+            raise SwitchyardError("an A/B needs two different engines", "pick llama.cpp and vLLM")
+        return {"kind": "ab", "config": {
+            "model": self.model_edit.text().strip() or "demo", "engines": list(engines), "concurrency": levels,
+            "repetitions": self.repetitions_spin.value(), "requests_per_level": self.requests_spin.value(),
+            "output_len": self.output_spin.value()}}
 
-    def on_bucket(self, bucket: Any) -> None:
-        self.board.push("output_tokens", float(bucket.output_tokens))
-        self.board.push("in_flight", float(bucket.in_flight))
-        if bucket.ttft_p50_ms is not None:
-            self.board.push("ttft_p50_ms", float(bucket.ttft_p50_ms))
+    # --- running ---
+    def start(self, job: dict[str, Any] | None = None) -> bool:
+        from desktop.core.errors import SwitchyardError
+
+        if self.running:
+            return False
+        try:
+            job = job or self.job_for_inputs()
+        except SwitchyardError as exc:
+            self.notice.show_message(exc.message + (f"\nHint: {exc.hint}" if exc.hint else ""), "warning")
+            return False
+        self.running = True
+        self.result = self.report = None
+        self.buckets_received = 0
+        self.board.clear()
+        _fill(self.results_table, [])
+        self.verdict_label.show_message("")
+        for button, enabled in ((self.run_button, False), (self.stop_button, True), (self.export_button, False),
+                                (self.open_button, False)):
+            button.setEnabled(enabled)
+        self.progress.setRange(0, 0)  # busy until the first bucket says how far along it is
+        what = (f"A/B {job['config']['engines'][0]} vs {job['config']['engines'][1]} on {job['config']['model']}"
+                if job["kind"] == "ab" else f"a sweep against {job['base_url']}/v1")
+        self.notice.show_message(f"Running {what}…" + (
+            "\nAn engine is serving on the Serve page: it shares the CPU and memory with the A/B and skews it."
+            if job["kind"] == "ab" and self.endpoint_url() else ""), "warning" if job["kind"] == "ab" and
+            self.endpoint_url() else "info")
+        self.status_label.setText("Starting the benchmark process…")
+        self.job = BenchJob(job, self)
+        self.job.progress.connect(self.on_progress)
+        self.job.bucket.connect(self.on_bucket)
+        self.job.finished.connect(self.show_result)
+        self.job.failed.connect(self.failed)
+        self.job.ended.connect(self._ended)
+        self.job.start()
+        return True
+
+    def on_progress(self, message: str, _fraction: object) -> None:
+        self.status_label.setText(message)
+
+    def on_bucket(self, bucket: dict[str, Any]) -> None:
+        """One second of the run: one point per live chart for the engine being measured."""
+        self.buckets_received += 1
+        engine = str(bucket.get("engine") or "endpoint")
+        label = ENGINE_LABELS.get(engine, engine)
+        for key, chart in self.live_charts.items():
+            series = f"{engine}:{key}"
+            if series not in chart.curves:
+                self.board.add_series(chart, series, label)
+            value = bucket.get(key)
+            if value is not None:
+                self.board.push(series, float(value))
+        overall = bucket.get("overall")
+        if overall is not None:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(float(overall) * 1000))
 
     def cancel(self) -> None:
-        self._stop.set()
+        if self.job is not None and self.running:
+            self.status_label.setText("Stopping… (a sweep keeps what it measured; an A/B stops its engine)")
+            self.job.stop()
 
     def failed(self, message: str) -> None:
-        self._done()
-        self.notice.show_message(message, "error")
+        self.notice.show_message(message, "warning" if self.job and self.job.outcome == "cancelled" else "error")
 
-    def _done(self) -> None:
+    def _ended(self) -> None:
         self.running = False
         self.run_button.setEnabled(True)
         self.stop_button.setEnabled(False)
-        self.progress.setRange(0, 1)
-        self.progress.setValue(1)
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(1000 if self.result is not None else self.progress.value())
+        if self.job is not None:
+            self.job.deleteLater()
+            self.job = None
 
-    def show_result(self, sweep: Any) -> None:
-        self._done()
-        self.result = sweep
-        self.export_button.setEnabled(True)
-        rows = []
-        for level in sweep.levels:
-            s = level.summary
-            rows.append([level.label, str(s.completed), str(s.failed), f"{s.request_throughput:.2f}",
-                         f"{s.output_throughput:.1f}", f"{s.ttft.median:.0f}", f"{s.ttft.p99:.0f}",
-                         f"{s.tpot.median:.1f}", f"{s.e2el.p99:.0f}"])
+    def show_result(self, event: dict[str, Any]) -> None:
+        result, report = event["result"], event.get("report")
+        self.result, self.report = result, report
+        self.export_button.setEnabled(bool(report))
+        self.open_button.setEnabled(bool(report))
+        headers, rows = ab_rows(result) if result.get("kind") == "ab" else sweep_rows(result)
+        self.results_table.setColumnCount(len(headers))
+        self.results_table.setHorizontalHeaderLabels(headers)
         _fill(self.results_table, rows)
-        self.notice.show_message(f"Stopped early: {sweep.aborted}" if sweep.aborted else "Done.",
-                                 "warning" if sweep.aborted else "info")
+        self.results_table.resizeColumnsToContents()
+        self.verdict_label.show_message(verdict_text(result) if result.get("kind") == "ab" else "")
+        problems = result.get("errors") or ([result["aborted"]] if result.get("aborted") else [])
+        where = f"Report: {report['html']}" if report else ""
+        if problems:
+            self.notice.show_message("Incomplete: " + "; ".join(problems) + (f"\n{where}" if where else ""),
+                                     "warning")
+        else:
+            self.notice.show_message(f"Done. {where}")
+        self.status_label.setText("")
+        self.run_finished.emit(event)
 
-    def export(self, path: Path) -> Path:
-        """Write the report: HTML/CSV through desktop.core.reports when available, else the JSON result."""
-        if self.result is None:
-            raise ValueError("no result to export")
-        path.write_text(json.dumps(self.result.to_json(), indent=2), encoding="utf-8")
-        return path
+    # --- report ---
+    def export_to(self, directory: Path) -> list[Path]:
+        """Copy the report files (JSON, CSV, HTML, written by desktop.core.reports) into `directory`."""
+        from desktop.core.errors import SwitchyardError
+
+        if not self.report:
+            raise SwitchyardError("there is no report yet", "run a comparison first")
+        written = []
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            for key in ("json", "csv", "html"):
+                source = Path(self.report[key])
+                written.append(Path(shutil.copy2(source, directory / source.name)))
+        except OSError as exc:
+            raise SwitchyardError(f"cannot write the report into {directory}: {exc.strerror or exc}",
+                                  "pick a writable folder") from exc
+        self.report = {**self.report, **{p.suffix.lstrip("."): str(p) for p in written}}
+        return written
 
     def export_dialog(self) -> None:
-        name, _ = QFileDialog.getSaveFileName(self, "Export report", "switchyard-benchmark.json", "JSON (*.json)")
-        if name:
-            try:
-                self.export(Path(name))
-                self.notice.show_message(f"Report written to {name}")
-            except OSError as exc:
-                self.notice.show_message(f"Could not write {name}: {exc.strerror}", "error")
+        from desktop.core.errors import SwitchyardError
+
+        name = QFileDialog.getExistingDirectory(self, "Export the report into a folder", str(Path.home()))
+        if not name:
+            return
+        try:
+            written = self.export_to(Path(name))
+        except SwitchyardError as exc:
+            self.notice.show_message(exc.message + (f"\nHint: {exc.hint}" if exc.hint else ""), "error")
+            return
+        self.notice.show_message("Report written: " + ", ".join(str(p) for p in written))
+
+    def open_report(self) -> bool:
+        if not self.report:
+            return False
+        opened = QDesktopServices.openUrl(QUrl.fromLocalFile(self.report["html"]))
+        if not opened:
+            self.notice.show_message(f"Could not open a browser: the report is {self.report['html']}", "warning")
+        return opened
 
     def shutdown(self) -> None:
-        self._stop.set()
+        if self.job is not None:
+            self.job.shutdown()
         self.board.stop()

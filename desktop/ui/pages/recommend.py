@@ -77,6 +77,12 @@ class RecommendPage(QWidget):
         buttons = QHBoxLayout()
         buttons.addWidget(self.recommend_button)
         buttons.addWidget(self.launch_button)
+        self.export_button = QPushButton("E&xport…")
+        self.export_button.setToolTip("The recommended plan as a shell command, docker run, Compose, Kubernetes, "
+                                      "Ray or Helm")
+        self.export_button.setEnabled(False)
+        self.export_button.clicked.connect(lambda: self.open_export())
+        buttons.addWidget(self.export_button)
         buttons.addStretch(1)
         self.notice = Notice()
         self.result_box = QGroupBox("Recommendation")
@@ -108,6 +114,7 @@ class RecommendPage(QWidget):
     def compute(self) -> None:
         self.recommend_button.setEnabled(False)
         self.launch_button.setEnabled(False)
+        self.export_button.setEnabled(False)
         self.notice.show_message("Looking at the model and this machine…")
         submit(compute_recommendation, self.model_edit.text().strip() or "demo", self.concurrency.value(),
                self.prompt_len.value(), self.output_len.value(), self.lifetime.value(), self.restarts.value(),
@@ -121,6 +128,7 @@ class RecommendPage(QWidget):
         self.recommendation = rec
         self.recommend_button.setEnabled(True)
         self.launch_button.setEnabled(True)
+        self.export_button.setEnabled(True)
         self.notice.show_message("")
         settings = ", ".join(f"{k} {v}" for k, v in rec.key_settings.items() if v is not None)
         lines = [f"<h3>{rec.engine} · {rec.quant}</h3>", f"<p><b>Settings:</b> {settings}</p>",
@@ -142,6 +150,22 @@ class RecommendPage(QWidget):
         return LaunchRequest(engine=rec.engine, model=str(settings.get("model_path") or self.model_edit.text()),
                              ctx=int(settings.get("ctx", 2048)), parallel=int(settings.get("parallel", 4)),
                              extra_args=tuple(settings.get("extra_args") or ()))
+
+    def open_export(self, modal: bool = True) -> Any:
+        """The export dialog for the recommended launch plan (tests pass modal=False and drive it)."""
+        from desktop.ui.export_dialog import ExportDialog
+
+        if self.recommendation is None:
+            return None
+        model = self.model_edit.text().strip()
+        hub_id = model if "/" in model and not model.startswith(("/", ".", "~")) else None
+        dialog = ExportDialog(self.recommendation.launch_plan(), model=hub_id, parent=self)
+        if modal:
+            dialog.exec()
+            dialog.deleteLater()
+        else:
+            dialog.show()
+        return dialog
 
     def launch(self) -> None:
         request = self.launch_request()

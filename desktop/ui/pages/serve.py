@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 from desktop.ui.charts import ChartBoard, LiveChart, pause_checkbox
 from desktop.ui.engine_session import EngineSession, LaunchRequest
 from desktop.ui.widgets import LogPane, Notice, PhaseTimeline
+from desktop.ui.workers import submit
 
 ENGINES = (("llama.cpp", "llama.cpp (llama-server)"), ("vllm", "vLLM"))
 
@@ -52,6 +53,16 @@ SERIES_MAP: dict[str, tuple[str, float]] = {
 }
 
 
+def plan_for_form(engine: str, model: str, ctx: int, parallel: int) -> Any:
+    """The LaunchPlan the Start button would use (without installing or starting anything)."""
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.base import LaunchPlan
+    from desktop.core.models import resolve_model
+
+    adapter = get_adapter(engine)
+    return LaunchPlan(engine=adapter.name, model_path=resolve_model(model, adapter), ctx=ctx, parallel=parallel)
+
+
 class ServePage(QWidget):
     title = "Serve"
     engine_ready = Signal(object)
@@ -61,6 +72,7 @@ class ServePage(QWidget):
         self.session = session
         self.samples_received = 0
         self.endpoint_state = "stopped"
+        self.export_dialog: Any = None
 
         # --- launch controls ---
         self.engine_box = QComboBox()
@@ -82,6 +94,10 @@ class ServePage(QWidget):
         self.start_button = QPushButton("&Start")
         self.stop_button = QPushButton("S&top")
         self.switch_button = QPushButton("S&witch engine")
+        self.export_button = QPushButton("E&xport…")
+        self.export_button.setToolTip("This launch plan as a shell command, docker run, Compose, Kubernetes, Ray "
+                                      "or Helm")
+        self.export_button.clicked.connect(lambda: self.open_export())
         self.start_button.clicked.connect(self.start_clicked)
         self.stop_button.clicked.connect(self.stop_clicked)
         self.switch_button.clicked.connect(self.switch_clicked)
@@ -95,6 +111,7 @@ class ServePage(QWidget):
         controls.addWidget(self.start_button)
         controls.addWidget(self.stop_button)
         controls.addWidget(self.switch_button)
+        controls.addWidget(self.export_button)
 
         # --- state, endpoint, timeline ---
         self.state_label = QLabel("stopped")
@@ -198,6 +215,37 @@ class ServePage(QWidget):
         self.session.switch_to(target)
         index = self.engine_box.findData(target)
         self.engine_box.setCurrentIndex(index)
+
+    def open_export(self, modal: bool = True) -> None:
+        """The export dialog for the plan being served, else for what the form says (resolved off the GUI
+        thread: `demo` may have to be built first)."""
+        process = self.session.process
+        if process is not None:
+            self._show_export(process.plan, modal)
+            return
+        self.export_button.setEnabled(False)
+        self.notice.show_message("Preparing the launch plan…")
+        submit(plan_for_form, self.engine_box.currentData(), self.model_edit.text().strip() or "demo",
+               self.ctx_spin.value(), self.parallel_spin.value(),
+               on_finished=lambda plan: self._show_export(plan, modal), on_error=self._export_failed)
+
+    def _export_failed(self, message: str) -> None:
+        self.export_button.setEnabled(True)
+        self.notice.show_message(message, "error")
+
+    def _show_export(self, plan: Any, modal: bool) -> None:
+        from desktop.ui.export_dialog import ExportDialog
+
+        self.export_button.setEnabled(True)
+        if self.notice.text() == "Preparing the launch plan…":
+            self.notice.show_message("")
+        self.export_dialog = ExportDialog(plan, parent=self)
+        if modal:
+            self.export_dialog.exec()
+            self.export_dialog.deleteLater()
+            self.export_dialog = None
+        else:
+            self.export_dialog.show()
 
     def copy_endpoint(self) -> None:
         if self.endpoint_edit.text():

@@ -1,0 +1,353 @@
+"""The stable endpoint's reverse proxy against real HTTP servers on loopback: a scriptable fake engine for the
+edge cases (held streams, mid-stream deaths, refused connections) and the real llama-server for passthrough."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from desktop.core.errors import PortBusy
+from desktop.core.ports import find_free_port
+from desktop.core.proxy import ProxyServer, RequestRecord, StreamMeter, Upstream
+
+
+class FakeEngine:
+    """An OpenAI-ish streaming server in its own thread. `hold` pauses every stream after its first chunk until
+    `release()`; `die_midstream` drops the connection after the first chunk; bodies and headers are recorded."""
+
+    def __init__(self, name: str = "fake", chunks: int = 5, served_name: str = "fake-model") -> None:
+        self.name = name
+        self.chunks = chunks
+        self.served_name = served_name
+        self.hold = False
+        self.die_midstream = False
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.first_chunk_sent = threading.Event()
+        self._gate: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = find_free_port()
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(started,), daemon=True)
+        self._thread.start()
+        assert started.wait(10)
+
+    @property
+    def upstream(self) -> Upstream:
+        return Upstream(name=f"{self.name}@{self.port}", engine=self.name, base_url=f"http://127.0.0.1:{self.port}",
+                        served_model_name=self.served_name, api_key="engine-secret", model="/models/fake")
+
+    def _run(self, started: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+
+        async def setup() -> None:
+            self._gate = asyncio.Event()
+            app = web.Application()
+            app.router.add_post("/v1/completions", self._completions)
+            app.router.add_get("/health", self._health)
+            self._runner = web.AppRunner(app)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+        loop.run_until_complete(setup())
+        started.set()
+        loop.run_forever()
+        assert self._runner is not None
+        loop.run_until_complete(self._runner.cleanup())
+        loop.close()
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        self.headers.append(dict(request.headers))
+        if not body.get("stream"):
+            return web.json_response({"choices": [{"text": "abc", "index": 0}],
+                                      "usage": {"completion_tokens": 3}})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for index in range(self.chunks):
+            chunk = {"choices": [{"text": f"t{index} ", "index": 0, "finish_reason": None}], "served_by": self.name}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            if index == 0:
+                self.first_chunk_sent.set()
+                if self.die_midstream:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return response
+                if self.hold:
+                    assert self._gate is not None
+                    await self._gate.wait()
+        usage = {"choices": [], "usage": {"completion_tokens": self.chunks, "prompt_tokens": 2}}
+        await response.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        await response.write_eof()
+        return response
+
+    def release(self) -> None:
+        assert self._loop is not None and self._gate is not None
+        self._loop.call_soon_threadsafe(self._gate.set)
+
+    def close(self) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def engine_a() -> Iterator[FakeEngine]:
+    engine = FakeEngine("a")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def engine_b() -> Iterator[FakeEngine]:
+    engine = FakeEngine("b")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def proxy() -> Iterator[ProxyServer]:
+    server = ProxyServer(port=find_free_port(), model_name="stable", wait_timeout=30)
+    server.start()
+    yield server
+    server.stop()
+
+
+def records_of(server: ProxyServer) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+    server.subscribe(records.append)
+    return records
+
+
+def completion_body(stream: bool = True) -> dict[str, Any]:
+    return {"model": "stable", "prompt": "hi", "max_tokens": 5, "stream": stream}
+
+
+def stream_texts(url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
+                 timeout: float = 30) -> tuple[int, list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+    with httpx.stream("POST", url + "/v1/completions", json=body or completion_body(), headers=headers,
+                      timeout=timeout, trust_env=False) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[6:]))
+        return response.status_code, events
+
+
+def test_streams_chunk_by_chunk_without_buffering(proxy: ProxyServer, engine_a: FakeEngine) -> None:
+    engine_a.hold = True  # the engine sends one chunk, then waits: a buffering proxy would deliver nothing
+    proxy.set_upstream(engine_a.upstream)
+    with httpx.stream("POST", proxy.url + "/v1/completions", json=completion_body(), timeout=10,
+                      trust_env=False) as response:
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["text"] == "t0 "
+        assert proxy.inflight(engine_a.upstream.name) == 1
+        engine_a.release()
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    assert len(rest) == engine_a.chunks + 1  # the 4 other token chunks + usage + [DONE]
+
+
+def test_models_and_request_model_name_are_stable(proxy: ProxyServer, engine_a: FakeEngine) -> None:
+    proxy.set_upstream(engine_a.upstream)
+    models = httpx.get(proxy.url + "/v1/models", trust_env=False).json()
+    assert [m["id"] for m in models["data"]] == ["stable"]
+    assert models["data"][0]["switchyard"]["engine"] == "a"
+    status, events = stream_texts(proxy.url)
+    assert status == 200 and events
+    assert engine_a.bodies[-1]["model"] == "fake-model"  # rewritten to what the engine serves
+    assert engine_a.headers[-1]["Authorization"] == "Bearer engine-secret"
+
+
+def test_api_key_is_checked_and_never_forwarded(engine_a: FakeEngine) -> None:
+    server = ProxyServer(port=find_free_port(), api_key="client-key")
+    server.start()
+    try:
+        server.set_upstream(engine_a.upstream)
+        denied = httpx.post(server.url + "/v1/completions", json=completion_body(False), trust_env=False)
+        assert denied.status_code == 401
+        assert "API key" in denied.json()["error"]["message"]
+        wrong = httpx.get(server.url + "/v1/models", headers={"Authorization": "Bearer nope"}, trust_env=False)
+        assert wrong.status_code == 401
+        ok = httpx.post(server.url + "/v1/completions", json=completion_body(False),
+                        headers={"Authorization": "Bearer client-key"}, trust_env=False)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+        assert engine_a.headers[-1]["Authorization"] == "Bearer engine-secret"
+        assert not engine_a.bodies or all("client-key" not in json.dumps(h) for h in engine_a.headers)
+    finally:
+        server.stop()
+
+
+def test_requests_wait_for_an_engine_then_flow(proxy: ProxyServer, engine_a: FakeEngine) -> None:
+    records = records_of(proxy)
+    result: dict[str, Any] = {}
+    waiting = threading.Thread(target=lambda: result.update(answer=stream_texts(proxy.url)))
+    waiting.start()
+    # The request is parked in the proxy (counted as waiting) until an engine is set.
+    deadline = 100
+    while proxy.counters["waited"] == 0 and deadline:
+        deadline -= 1
+        threading.Event().wait(0.05)
+    assert proxy.counters["waited"] == 1
+    proxy.set_upstream(engine_a.upstream)
+    waiting.join(10)
+    status, events = result["answer"]
+    assert status == 200 and len(events) == engine_a.chunks + 1  # tokens + usage
+    assert records[-1].error is None and records[-1].output_tokens == engine_a.chunks
+    assert records[-1].ttft_s is not None and records[-1].ttft_s > 0
+
+
+def test_waiting_is_bounded_and_down_fails_fast_with_the_reason() -> None:
+    server = ProxyServer(port=find_free_port(), wait_timeout=0.3)
+    server.start()
+    try:
+        timed_out = httpx.post(server.url + "/v1/completions", json=completion_body(False), trust_env=False)
+        assert timed_out.status_code == 503
+        assert "no engine became ready" in timed_out.json()["error"]["message"]
+        server.wait_timeout = 600
+        server.set_upstream(None, down_reason="llama.cpp failed: the model file is not a valid GGUF file")
+        down = httpx.post(server.url + "/v1/completions", json=completion_body(False), trust_env=False, timeout=5)
+        assert down.status_code == 503
+        assert "not a valid GGUF" in down.json()["error"]["message"]
+        assert httpx.get(server.url + "/health", trust_env=False).status_code == 503
+        assert server.counters["failed"] == 2
+    finally:
+        server.stop()
+
+
+def test_switch_moves_new_requests_and_drains_old(proxy: ProxyServer, engine_a: FakeEngine,
+                                                  engine_b: FakeEngine) -> None:
+    engine_a.hold = True
+    proxy.set_upstream(engine_a.upstream)
+    held: dict[str, Any] = {}
+    old_request = threading.Thread(target=lambda: held.update(answer=stream_texts(proxy.url)))
+    old_request.start()
+    assert engine_a.first_chunk_sent.wait(10)
+    proxy.set_upstream(engine_b.upstream)
+    status, events = stream_texts(proxy.url)
+    assert status == 200 and {e.get("served_by") for e in events if e.get("choices")} == {"b"}
+    assert proxy.drain(engine_a.upstream, timeout=0.2) is False  # still streaming on the old engine
+    engine_a.release()
+    assert proxy.drain(engine_a.upstream, timeout=10) is True
+    old_request.join(10)
+    old_status, old_events = held["answer"]
+    assert old_status == 200 and len(old_events) == engine_a.chunks + 1
+    assert {e.get("served_by") for e in old_events if e.get("choices")} == {"a"}
+    assert proxy.counters["failed"] == 0
+
+
+def test_engine_dying_mid_stream_ends_the_stream_with_a_clear_error(proxy: ProxyServer,
+                                                                    engine_a: FakeEngine) -> None:
+    records = records_of(proxy)
+    engine_a.die_midstream = True
+    proxy.set_upstream(engine_a.upstream)
+    status, events = stream_texts(proxy.url)
+    assert status == 200
+    assert events[0]["choices"][0]["text"] == "t0 "
+    assert "stopped mid-response" in events[-1]["error"]["message"]
+    assert records[-1].error and "stopped mid-response" in records[-1].error
+    assert proxy.counters["failed"] == 1
+
+
+class _LogSeen(logging.Handler):
+    def __init__(self, needle: str) -> None:
+        super().__init__()
+        self.needle = needle
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.needle in record.getMessage():
+            self.seen.set()
+
+
+def test_refused_connection_is_retried_on_the_next_engine(proxy: ProxyServer, engine_b: FakeEngine) -> None:
+    dead = Upstream("dead@1", "dead", f"http://127.0.0.1:{find_free_port()}", "x")
+    watcher = _LogSeen("refused a request")
+    logger = logging.getLogger("switchyard.proxy")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(watcher)
+    try:
+        proxy.set_upstream(dead)
+        result: dict[str, Any] = {}
+        request = threading.Thread(target=lambda: result.update(answer=stream_texts(proxy.url)))
+        request.start()
+        assert watcher.seen.wait(10)  # it tried the dead engine and now waits for another
+        proxy.set_upstream(engine_b.upstream)
+        request.join(10)
+    finally:
+        logger.removeHandler(watcher)
+        logger.setLevel(level)
+    status, events = result["answer"]
+    assert status == 200 and {e.get("served_by") for e in events if e.get("choices")} == {"b"}
+    assert proxy.counters["failed"] == 0
+
+
+def test_busy_port_is_a_clear_error() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        server = ProxyServer(port=port)
+        with pytest.raises(PortBusy, match=f"cannot listen on 127.0.0.1:{port}"):
+            server.start()
+
+
+def test_stream_meter_counts_usage_and_first_token() -> None:
+    meter = StreamMeter(started=0.0)
+    meter.feed(b'data: {"choices":[{"text":""}]}\n\ndata: {"choices":[{"te', 1.0)
+    assert meter.first_token_at is None
+    meter.feed(b'xt":"hi"}]}\n\n', 2.0)
+    meter.feed(b'data: {"choices":[],"usage":{"completion_tokens":7}}\n\ndata: [DONE]\n\n', 3.0)
+    meter.finish(3.0)
+    assert meter.first_token_at == 2.0
+    assert meter.output_tokens == 7
+
+
+def test_stream_meter_falls_back_to_counting_and_sees_a_late_error() -> None:
+    meter = StreamMeter(started=0.0)
+    meter.feed(b'data: {"choices":[{"text":"a"}]}\n\n', 1.0)
+    for _ in range(500):  # far more than the tail keeps
+        meter.feed(b'data: {"choices":[{"text":"b"}]}\n\n', 2.0)
+    meter.feed(b'data: {"error":{"message":"engine died"}}\n\ndata: [DONE]\n\n', 3.0)
+    meter.finish(3.0)
+    assert meter.output_tokens == 502  # 501 token chunks + the error event, no usage to go by
+    assert meter.error == "engine died"
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_real_llama_server_through_the_proxy(proxy: ProxyServer, llama_server: Any) -> None:
+    records = records_of(proxy)
+    proxy.set_upstream(Upstream("llama.cpp@real", "llama.cpp", llama_server.base_url,
+                                llama_server.plan.served_model_name, model=str(llama_server.plan.model_path)))
+    body = {"model": "stable", "prompt": "Hello", "max_tokens": 8, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    status, events = stream_texts(proxy.url, body)
+    direct_status, direct = stream_texts(llama_server.base_url, {**body, "model": "switchyard"})
+    assert status == direct_status == 200
+
+    def text(evts: list[dict[str, Any]]) -> str:
+        return "".join(c.get("text", "") for e in evts for c in e.get("choices", []))
+
+    assert text(events) == text(direct) and text(events)
+    assert records[-1].output_tokens == 8 and records[-1].ttft_s is not None
+    chat = httpx.post(proxy.url + "/v1/chat/completions", trust_env=False, timeout=60, json={
+        "model": "anything", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    assert chat.status_code == 200 and chat.json()["choices"][0]["message"]

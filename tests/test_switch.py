@@ -1,0 +1,348 @@
+"""Switching engines behind the stable endpoint: the control channel, the engine manager with real engines (switch
+under load with zero failed requests, warm standby, failover, a failed switch that keeps the old engine), and
+the CLI (`serve --endpoint`, `status`, `switch`, `stop`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from desktop.core import control
+from desktop.core.endpoint import EndpointEvent, EndpointManager, EngineSpec, memory_allows_standby
+from desktop.core.errors import EngineFailed, SwitchyardError
+from desktop.core.ports import find_free_port
+from desktop.core.proxy import ProxyServer
+from desktop.core.telemetry import Sample, Telemetry
+
+
+# --- control channel ------------------------------------------------------------------------------------------
+class FakeTarget:
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self.switched: list[tuple[str, str | None]] = []
+
+    def status(self) -> dict[str, Any]:
+        return {"state": "serving"}
+
+    def switch(self, engine: str, model: str | None) -> dict[str, Any]:
+        if engine == "broken":
+            raise SwitchyardError("broken failed: the model file is not a valid GGUF file", "re-download it")
+        self.switched.append((engine, model))
+        return {"to_engine": engine}
+
+    def request_stop(self) -> None:
+        self.stopped.set()
+
+
+@pytest.fixture
+def controlled() -> Iterator[tuple[ProxyServer, FakeTarget, control.Discovery]]:
+    target = FakeTarget()
+    proxy = ProxyServer(port=find_free_port())
+    token = control.new_token()
+    proxy.add_routes(control.control_routes(target, token))
+    proxy.start()
+    path = control.write_discovery(proxy.port, proxy.url, token)
+    yield proxy, target, control.find_instance(proxy.port)
+    control.remove_discovery(path)
+    proxy.stop()
+
+
+def test_discovery_file_is_private_and_found(controlled: tuple[ProxyServer, FakeTarget, control.Discovery]) -> None:
+    proxy, _target, discovery = controlled
+    mode = stat.S_IMODE(control.discovery_path(proxy.port).stat().st_mode)
+    assert mode == 0o600
+    assert discovery.pid == os.getpid() and discovery.port == proxy.port
+    assert "token" not in discovery.to_json()
+
+
+def test_stale_discovery_is_ignored_and_removed(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])  # noqa: S603
+    dead.wait()
+    stale = control.discovery_path(1)
+    stale.write_text(json.dumps({"pid": dead.pid, "port": 1, "url": "http://127.0.0.1:1", "token": "x"}))
+    with pytest.raises(control.NoInstance, match="no running Switchyard endpoint on port 1"):
+        control.find_instance(1)
+    assert not stale.exists()
+
+
+def test_control_needs_the_token_and_reports_errors(
+        controlled: tuple[ProxyServer, FakeTarget, control.Discovery]) -> None:
+    proxy, target, discovery = controlled
+    assert httpx.get(proxy.url + "/switchyard/status", trust_env=False).status_code == 403
+    assert httpx.post(proxy.url + "/switchyard/stop", trust_env=False,
+                      headers={control.TOKEN_HEADER: "guess"}).status_code == 403
+    assert not target.stopped.is_set()
+    client = control.ControlClient(discovery)
+    assert client.status() == {"state": "serving"}
+    assert client.switch("vllm", "demo") == {"to_engine": "vllm"}
+    assert target.switched == [("vllm", "demo")]
+    with pytest.raises(SwitchyardError, match="not a valid GGUF") as caught:
+        client.switch("broken")
+    assert caught.value.hint == "re-download it"
+    client._request("POST", "stop", 5)
+    assert target.stopped.is_set()
+
+
+def test_standby_only_when_memory_allows() -> None:
+    assert memory_allows_standby(1e9, 4e9)
+    assert not memory_allows_standby(3e9, 4e9)
+    assert not memory_allows_standby(0, 4e9)
+
+
+# --- load while switching -------------------------------------------------------------------------------------
+@dataclass
+class LoadResult:
+    ok: int = 0
+    failed: list[str] = field(default_factory=list)
+
+
+class StreamingLoad:
+    """`concurrency` clients streaming completions through the endpoint back to back until stopped."""
+
+    def __init__(self, url: str, concurrency: int = 8, max_tokens: int = 24) -> None:
+        self.url, self.max_tokens = url, max_tokens
+        self.result = LoadResult()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.started_ok = threading.Event()
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(concurrency)]
+
+    def __enter__(self) -> StreamingLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(120)
+
+    def _client(self) -> None:
+        body = {"model": "switchyard", "prompt": "Switch engines", "max_tokens": self.max_tokens, "stream": True,
+                "temperature": 0, "ignore_eos": True}
+        with httpx.Client(timeout=httpx.Timeout(900.0, connect=10.0), trust_env=False) as client:
+            while not self._stop.is_set():
+                error = None
+                try:
+                    with client.stream("POST", self.url + "/v1/completions", json=body) as response:
+                        lines = [line for line in response.iter_lines() if line.startswith(("data: ", "{"))]
+                        if response.status_code != 200:
+                            error = f"HTTP {response.status_code}: {lines[:1]}"
+                        elif not lines or lines[-1] != "data: [DONE]":
+                            error = f"stream ended without [DONE]: {lines[-1:]}"
+                        elif any('"error"' in line for line in lines):
+                            error = f"error in stream: {[line for line in lines if 'error' in line][:1]}"
+                except httpx.HTTPError as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                with self._lock:
+                    if error:
+                        self.result.failed.append(error)
+                    else:
+                        self.result.ok += 1
+                        self.started_ok.set()
+
+
+def _manager(**kwargs: Any) -> tuple[ProxyServer, EndpointManager, list[EndpointEvent], list[Sample]]:
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=600)
+    proxy.start()
+    telemetry = Telemetry(gpu=False, interval=0.5)
+    samples: list[Sample] = []
+    telemetry.subscribe(samples.extend)
+    manager = EndpointManager(proxy, telemetry=telemetry, ready_timeout=600, **kwargs)
+    events: list[EndpointEvent] = []
+    manager.subscribe(events.append)
+    return proxy, manager, events, samples
+
+
+def _close(proxy: ProxyServer, manager: EndpointManager) -> None:
+    manager.close()
+    assert manager.telemetry is not None
+    manager.telemetry.stop()
+    proxy.stop()
+
+
+@pytest.fixture
+def second_gguf(demo_model: Any, tmp_path: Path) -> Path:
+    """The demo GGUF under another path: a different model spec for llama.cpp → llama.cpp switches."""
+    copy = tmp_path / "demo-copy.gguf"
+    shutil.copyfile(demo_model.gguf_path, copy)
+    return copy
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_llamacpp_switch_under_load_keeps_every_request(llama_install: Any, demo_model: Any,
+                                                        second_gguf: Path) -> None:
+    proxy, manager, events, samples = _manager()
+    try:
+        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), parallel=4))
+        first = manager.active
+        assert first is not None and first.process.pid is not None
+        with StreamingLoad(proxy.url, concurrency=8) as load:
+            assert load.started_ok.wait(120)
+            result = manager.switch("llama.cpp", str(second_gguf))
+            assert manager.active is not None and manager.active is not first
+            assert load.started_ok.wait(1)
+            ok_after_switch = load.result.ok
+        assert load.result.failed == [], load.result.failed[:3]
+        assert load.result.ok > ok_after_switch >= 8
+        assert result.drained and not result.reused_standby and not result.old_kept_as_standby
+        assert result.cold_start is not None and result.cold_start.t1_health_s is not None
+        assert not psutil.pid_exists(first.process.pid) or first.process.state.value == "stopped"
+        assert [e.state for e in events] == ["starting", "serving", "switching", "serving"]
+        series = {s.series for s in samples}
+        assert {"proxy_ttft_s", "proxy_output_tokens", "requests_running", "rss_bytes"} <= series
+        assert proxy.counters["failed"] == 0
+    finally:
+        _close(proxy, manager)
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_failed_switch_keeps_the_old_engine_serving(llama_install: Any, demo_model: Any, tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + os.urandom(4096))
+    proxy, manager, events, _samples = _manager()
+    try:
+        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), parallel=2))
+        serving = manager.active
+        with pytest.raises(EngineFailed, match="GGUF|could not load"):
+            manager.switch("llama.cpp", str(corrupt))
+        assert manager.active is serving and manager.starting is None
+        assert "keeps serving" in events[-1].message
+        answer = httpx.post(proxy.url + "/v1/completions", trust_env=False, timeout=60,
+                            json={"prompt": "Hi", "max_tokens": 4, "model": "x"})
+        assert answer.status_code == 200
+        with pytest.raises(SwitchyardError, match="already serves"):
+            manager.switch("llama.cpp", str(demo_model.gguf_path))
+    finally:
+        _close(proxy, manager)
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_failover_to_warm_standby_and_down_without_one(llama_install: Any, demo_model: Any,
+                                                       second_gguf: Path) -> None:
+    proxy, manager, events, _samples = _manager(keep_standby=True, failover=True)
+    try:
+        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), parallel=2))
+        manager.prepare_standby(EngineSpec("llama.cpp", str(second_gguf), parallel=2))
+        active, standby = manager.active, manager.standby
+        assert active is not None and standby is not None and active.process.pid is not None
+        failed_over = threading.Event()
+        manager.subscribe(lambda e: failed_over.set() if e.state == "failover" else None)
+        os.kill(active.process.pid, signal.SIGKILL)
+        assert failed_over.wait(30)
+        assert manager.active is standby and manager.standby is None
+        assert "killed by signal 9" in (manager.last_error or "")
+        answer = httpx.post(proxy.url + "/v1/completions", trust_env=False, timeout=60,
+                            json={"prompt": "Hi", "max_tokens": 4})
+        assert answer.status_code == 200
+        # Now no standby is left: the next death takes the endpoint down with a clear reason.
+        assert standby.process.pid is not None
+        os.kill(standby.process.pid, signal.SIGKILL)
+        assert manager.down.wait(30)
+        assert events[-1].state == "down" and "killed by signal 9" in events[-1].message
+        down = httpx.post(proxy.url + "/v1/completions", trust_env=False, timeout=10,
+                          json={"prompt": "Hi", "max_tokens": 4})
+        assert down.status_code == 503 and "killed by signal 9" in down.json()["error"]["message"]
+        assert manager.status()["state"] == "down"
+    finally:
+        _close(proxy, manager)
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+@pytest.mark.vllm
+def test_switch_llamacpp_vllm_llamacpp_under_load_zero_failures(llama_install: Any, vllm_install: Any,
+                                                                 demo_model: Any) -> None:
+    proxy, manager, events, samples = _manager()
+    try:
+        manager.start(EngineSpec("llama.cpp", "demo", parallel=8))
+        with StreamingLoad(proxy.url, concurrency=8, max_tokens=16) as load:
+            assert load.started_ok.wait(120)
+            to_vllm = manager.switch("vllm")
+            assert manager.active is not None and manager.active.upstream.engine == "vllm"
+            ok_on_vllm = load.result.ok
+            back = manager.switch("llama.cpp")
+            assert manager.active is not None and manager.active.upstream.engine == "llama.cpp"
+        assert load.result.failed == [], load.result.failed[:3]
+        assert load.result.ok > ok_on_vllm > 0
+        assert to_vllm.from_engine == "llama.cpp" and to_vllm.to_engine == "vllm" and to_vllm.drained
+        assert back.to_engine == "llama.cpp" and back.drained
+        assert [e.state for e in events].count("switching") == 2
+        vllm_sources = {s.source for s in samples if s.source.startswith("vllm@")}
+        assert vllm_sources and any(s.series == "requests_running" and s.source in vllm_sources for s in samples)
+        assert proxy.counters["failed"] == 0
+    finally:
+        _close(proxy, manager)
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "desktop", *args], capture_output=True, text=True,  # noqa: S603
+                          timeout=timeout, env={**os.environ})
+
+
+def test_cli_status_without_an_endpoint_is_one_clear_line() -> None:
+    result = _cli("status", "--port", "1")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("switchyard: error: no running Switchyard endpoint")
+    assert "switchyard serve" in result.stderr
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_cli_endpoint_status_switch_stop(llama_install: Any, demo_model: Any, second_gguf: Path) -> None:
+    port = find_free_port()
+    proc = subprocess.Popen(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp", "--model", "demo",
+         "--proxy-port", str(port), "--parallel", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("ready:"):
+                break
+        assert lines and lines[-1].startswith(f"ready: http://127.0.0.1:{port}/v1"), "".join(lines)
+        status = json.loads(_cli("status", "--json", "--port", str(port)).stdout)
+        assert status["state"] == "serving" and status["active"]["engine"] == "llama.cpp"
+        assert status["pid"] == proc.pid and status["model_name"] == "switchyard"
+        old_pid = status["active"]["pid"]
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", trust_env=False).json()
+        assert [m["id"] for m in models["data"]] == ["switchyard"]
+        switched = _cli("switch", "--to", "llama.cpp", "--model", str(second_gguf), "--port", str(port), "--json",
+                        timeout=300)
+        assert switched.returncode == 0, switched.stderr
+        assert json.loads(switched.stdout)["to_engine"] == "llama.cpp"
+        status = json.loads(_cli("status", "--json", "--port", str(port)).stdout)
+        assert status["active"]["model_path"] == str(second_gguf.resolve())
+        assert not psutil.pid_exists(old_pid)
+        new_pid = status["active"]["pid"]
+        human = _cli("status", "--port", str(port))
+        assert "active" in human.stdout and "llama.cpp" in human.stdout
+        stopped = _cli("stop", "--port", str(port))
+        assert stopped.returncode == 0, stopped.stderr
+        assert proc.wait(30) == 0
+        assert not psutil.pid_exists(new_pid)
+        assert not control.discovery_path(port).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
