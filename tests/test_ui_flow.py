@@ -152,15 +152,19 @@ def test_flow_recommend_serve_llamacpp_switch_to_vllm_stop(window, qtbot, llama_
     client.start()
     try:
         qtbot.waitUntil(lambda: client.completed >= 2, timeout=60_000)
-        with qtbot.waitSignal(window.session.switched, timeout=900_000) as switched:
-            serve.switch_button.click()
+        outcome: list[object] = []
+        window.session.switched.connect(outcome.append)
+        window.session.failed.connect(outcome.append)
+        serve.switch_button.click()
+        qtbot.waitUntil(lambda: bool(outcome), timeout=900_000)
+        result = outcome[0]
+        assert not isinstance(result, str), f"the switch failed: {result}"
         after_switch = client.completed
         samples_at_switch = serve.samples_received
         qtbot.waitUntil(lambda: client.completed >= after_switch + 3, timeout=120_000)  # now served by vLLM
         qtbot.waitUntil(lambda: serve.samples_received > samples_at_switch, timeout=30_000)
     finally:
         client.finish()
-    result = switched.args[0]
     assert (result.from_engine, result.to_engine) == ("llama.cpp", "vllm")
     assert client.failures == [] and result.failed_requests == 0
     assert client.completed >= 5

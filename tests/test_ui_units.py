@@ -98,6 +98,34 @@ def test_chart_board_redraws_only_dirty_curves_once_per_tick(qtbot) -> None:
     board.stop()
 
 
+def test_board_timer_redraws_one_visible_chart_per_turn_and_a_shown_chart_catches_up(qtbot) -> None:
+    """Axis painting costs milliseconds per chart: the timer paints one visible chart per turn (so one event
+    never paints them all), skips hidden ones, and a chart redraws the moment it is shown."""
+    from desktop.ui.charts import REDRAW_MS, ChartBoard, LiveChart
+
+    board = ChartBoard()
+    shown, hidden = LiveChart("shown"), LiveChart("hidden")
+    for chart in (shown, hidden):
+        qtbot.addWidget(chart)
+    board.add(shown, {"a": "A"})
+    board.add(hidden, {"b": "B"})
+    assert board.timer.interval() == REDRAW_MS // 2  # each chart once per REDRAW_MS
+    shown.show()
+    qtbot.waitExposed(shown)
+    redrawn: list[int] = []
+    board.redrawn.connect(redrawn.append)
+    board.push("a", 1.0, board.origin + 1)
+    board.push("b", 2.0, board.origin + 1)
+    for _ in range(3):
+        board._tick_next()
+    assert redrawn == [1, 0, 0]  # "a" once (then clean); "b" never: hidden
+    assert hidden.curves["b"].dirty
+    hidden.show()
+    qtbot.waitExposed(hidden)
+    assert not hidden.curves["b"].dirty
+    board.stop()
+
+
 def test_out_of_order_and_non_finite_samples_are_dropped(qtbot) -> None:
     from desktop.ui.charts import ChartBoard, LiveChart
 

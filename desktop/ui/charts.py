@@ -1,26 +1,30 @@
-"""Live charts: preallocated numpy ring buffers, one QTimer tick that calls setData once per dirty curve.
+"""Live charts: preallocated numpy ring buffers, and one QTimer that redraws one visible chart per tick.
 
 Why this shape: samples arrive from worker threads at any rate (a concurrency-64 benchmark produces hundreds a
-second); appending to a preallocated buffer is O(1) and allocation-free, and redrawing at a fixed tick (not per
-sample) bounds the GUI work, so the event loop stays responsive whatever the load.
+second); appending to a preallocated buffer is O(1) and allocation-free, and redrawing at a fixed pace (not per
+sample) bounds the GUI work. Painting a chart's axes costs several milliseconds (text), so each chart is
+redrawn once a second (telemetry is 1 Hz anyway), hidden charts not at all, and the charts of a page take turns
+on a staggered timer: one event paints one chart, never all six at once, which keeps the event loop's
+worst-case delay small.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 import pyqtgraph as pg
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
-from PySide6.QtGui import QPalette
+from PySide6.QtGui import QPalette, QShowEvent
 from PySide6.QtWidgets import QApplication, QCheckBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 WINDOW_S = 600.0  # the rolling window: 10 minutes
 DEFAULT_CAPACITY = 4096
-REDRAW_MS = 250
+REDRAW_MS = 1000  # per chart
 
 PALETTE = ("#2b8cbe", "#e6550d", "#31a354", "#756bb1", "#de2d26", "#636363")
 
@@ -80,6 +84,7 @@ class LiveChart(QWidget):
         self.unit = unit
         self.curves: dict[str, Curve] = {}
         self.following = True
+        self.on_shown: Callable[[], object] | None = None  # the board redraws a chart as soon as it is shown
         self._origin = time.time()
         self._now = 0.0
         palette = QApplication.palette()  # match the OS light/dark theme (app.apply_chart_theme follows changes)
@@ -115,6 +120,11 @@ class LiveChart(QWidget):
         layout.addLayout(header)
         layout.addWidget(self.plot)
         self.plot.scene().sigMouseMoved.connect(self._hover)
+
+    def showEvent(self, event: QShowEvent) -> None:  # hidden charts are not redrawn: catch up at once
+        super().showEvent(event)
+        if self.on_shown is not None:
+            self.on_shown()
 
     def add_series(self, key: str, label: str, capacity: int = DEFAULT_CAPACITY) -> None:
         color = PALETTE[len(self.curves) % len(PALETTE)]
@@ -192,22 +202,32 @@ class ChartBoard(QObject):
         self.routes: dict[str, LiveChart] = {}
         self.paused = False
         self.origin = time.time()
+        self._turn = 0
         self.timer = QTimer(self)
         self.timer.setInterval(REDRAW_MS)
-        self.timer.timeout.connect(self.tick)
+        self.timer.timeout.connect(self._tick_next)
 
     def add(self, chart: LiveChart, series: dict[str, str]) -> LiveChart:
         chart.set_origin(self.origin)
+        chart.on_shown = lambda: None if self.paused else chart.redraw(time.time())
         for key, label in series.items():
             chart.add_series(key, label)
             self.routes[key] = chart
         self.charts.append(chart)
+        self.timer.setInterval(max(50, REDRAW_MS // len(self.charts)))  # each chart once per REDRAW_MS
         return chart
 
     def add_series(self, chart: LiveChart, key: str, label: str) -> None:
         """A series that appears during a run (e.g. the second engine of an A/B)."""
         chart.add_series(key, label)
         self.routes[key] = chart
+
+    def remove_all_series(self, chart: LiveChart) -> None:
+        """Forget a chart's series (and their legend entries), e.g. before a new run with other engines."""
+        for key, curve in list(chart.curves.items()):
+            chart.plot.getPlotItem().removeItem(curve.item)
+            self.routes.pop(key, None)
+        chart.curves.clear()
 
     def push(self, key: str, value: float, t: float | None = None) -> bool:
         chart = self.routes.get(key)
@@ -224,10 +244,22 @@ class ChartBoard(QObject):
         self.paused = paused
 
     def tick(self) -> None:
+        """Redraw every chart now (visible or not)."""
         if self.paused:
             return
         now = time.time()
         self.redrawn.emit(sum(chart.redraw(now) for chart in self.charts))
+
+    def _tick_next(self) -> None:
+        """The timer's turn: redraw the next visible chart only."""
+        if self.paused or not self.charts:
+            return
+        for _ in range(len(self.charts)):
+            chart = self.charts[self._turn % len(self.charts)]
+            self._turn += 1
+            if chart.isVisible():
+                self.redrawn.emit(chart.redraw(time.time()))
+                return
 
     def clear(self) -> None:
         for chart in self.charts:

@@ -134,6 +134,7 @@ class ComparePage(QWidget):
         self.report: dict[str, str] | None = None
         self.job: BenchJob | None = None
         self.buckets_received = 0
+        self._engine_started: dict[str, float] = {}  # engine → wall time of its first bucket
 
         # --- what to run ---
         self.ab_radio = QRadioButton("Engine &A/B on one model (starts each engine in turn)")
@@ -220,6 +221,7 @@ class ComparePage(QWidget):
         charts_row = QHBoxLayout()
         for key, title, unit in LIVE_CHARTS:
             chart = self.board.add(LiveChart(title, unit), {})
+            chart.plot.getPlotItem().setLabel("bottom", "seconds into each engine's load")
             self.live_charts[key] = chart
             charts_row.addWidget(chart)
 
@@ -237,8 +239,8 @@ class ComparePage(QWidget):
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
         layout.addWidget(self.notice)
-        layout.addLayout(charts_row, 1)
-        layout.addWidget(results_box, 1)
+        layout.addLayout(charts_row, 2)
+        layout.addWidget(results_box, 3)
         self.board.start()
 
     # --- setup ---
@@ -279,7 +281,9 @@ class ComparePage(QWidget):
         self.running = True
         self.result = self.report = None
         self.buckets_received = 0
-        self.board.clear()
+        self._engine_started.clear()
+        for chart in self.live_charts.values():
+            self.board.remove_all_series(chart)
         _fill(self.results_table, [])
         self.verdict_label.show_message("")
         for button, enabled in ((self.run_button, False), (self.stop_button, True), (self.export_button, False),
@@ -306,17 +310,22 @@ class ComparePage(QWidget):
         self.status_label.setText(message)
 
     def on_bucket(self, bucket: dict[str, Any]) -> None:
-        """One second of the run: one point per live chart for the engine being measured."""
+        """One second of the run: one point per live chart for the engine being measured. Each engine's curve
+        starts at 0 s when its load starts, so the engines overlay (an A/B runs them one after the other)."""
+        import time
+
         self.buckets_received += 1
         engine = str(bucket.get("engine") or "endpoint")
         label = ENGINE_LABELS.get(engine, engine)
+        now = time.time()
+        t = self.board.origin + now - self._engine_started.setdefault(engine, now)
         for key, chart in self.live_charts.items():
             series = f"{engine}:{key}"
             if series not in chart.curves:
                 self.board.add_series(chart, series, label)
             value = bucket.get(key)
             if value is not None:
-                self.board.push(series, float(value))
+                self.board.push(series, float(value), t)
         overall = bucket.get("overall")
         if overall is not None:
             self.progress.setRange(0, 1000)
@@ -350,6 +359,8 @@ class ComparePage(QWidget):
         self.results_table.setHorizontalHeaderLabels(headers)
         _fill(self.results_table, rows)
         self.results_table.resizeColumnsToContents()
+        self.results_table.resizeRowsToContents()
+        self.board.tick()  # the last buckets, drawn now rather than on their chart's next turn
         self.verdict_label.show_message(verdict_text(result) if result.get("kind") == "ab" else "")
         problems = result.get("errors") or ([result["aborted"]] if result.get("aborted") else [])
         where = f"Report: {report['html']}" if report else ""

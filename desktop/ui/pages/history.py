@@ -9,7 +9,7 @@ from typing import Any
 
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QDesktopServices, QShowEvent
-from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QHeaderView, QPushButton, QVBoxLayout, QWidget
 
 from desktop.ui.pages.models import _fill, _table
 from desktop.ui.widgets import Notice
@@ -60,6 +60,10 @@ class HistoryPage(QWidget):
         self.notice = Notice()
         layout.addWidget(self.notice)
         self.table = _table(HEADERS, "Past runs")
+        header = self.table.horizontalHeader()
+        for column in range(len(HEADERS)):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.Stretch if HEADERS[column] == "Summary"
+                                        else QHeaderView.ResizeMode.ResizeToContents)
         self.table.itemSelectionChanged.connect(self._update_buttons)
         self.table.cellDoubleClicked.connect(lambda row, _col: self.open_report(row))
         self.refresh_button = QPushButton("&Refresh")
@@ -98,7 +102,7 @@ class HistoryPage(QWidget):
         self.runs = runs
         _fill(self.table, [[time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created_at)), run.kind,
                             describe(run), Path(run.model).name if run.model and "/" in run.model else
-                            str(run.model or ""), summarize(run), "HTML" if self.report_of(run) else "—"]
+                            str(run.model or "—"), summarize(run), "HTML" if self.report_of(run) else "—"]
                            for run in runs])
         for row, run in enumerate(runs):
             summary_item, report_item = self.table.item(row, 4), self.table.item(row, 5)
@@ -106,7 +110,7 @@ class HistoryPage(QWidget):
                 summary_item.setToolTip(summarize(run))
             if report_item is not None and run.report_path:
                 report_item.setToolTip(run.report_path)
-        self.table.resizeColumnsToContents()
+        self.table.resizeRowsToContents()
         self.notice.show_message("" if runs else
                                  "No runs yet: benchmarks and A/B comparisons from the Compare page (or "
                                  "`switchyard bench` / `switchyard ab`) appear here.")

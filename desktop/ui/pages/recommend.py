@@ -147,7 +147,10 @@ class RecommendPage(QWidget):
         if rec is None:
             return None
         settings = rec.settings
-        return LaunchRequest(engine=rec.engine, model=str(settings.get("model_path") or self.model_edit.text()),
+        typed = self.model_edit.text().strip() or "demo"
+        # `demo` stays `demo`: it resolves to each engine's format, so a later switch to the other engine works
+        model = typed if typed == "demo" else str(settings.get("model_path") or typed)
+        return LaunchRequest(engine=rec.engine, model=model,
                              ctx=int(settings.get("ctx", 2048)), parallel=int(settings.get("parallel", 4)),
                              extra_args=tuple(settings.get("extra_args") or ()))
 
