@@ -60,7 +60,7 @@ def summary_markdown(result: ABResult, load: dict[str, Any] | None = None) -> st
     lines = [f"# A/B on this machine: {a} vs {b} ({result.machine})", "",
              f"Model `{cfg.model}` ({cfg.dtype}), context {cfg.ctx}/request, {cfg.slots} slots = max_num_seqs, prefix "
              f"cache off, {cfg.requests_per_level} requests/level, {cfg.input_len} in / {cfg.output_len} out tokens "
-             f"(ignore_eos), {cfg.repetitions} repetition(s), vLLM {'eager (--enforce-eager)' if cfg.eager else 'with torch.compile'}. Versions: "
+             f"(ignore_eos), {cfg.repetitions} repetition(s), {cfg.threads or 'default'} CPU threads per engine, vLLM {'eager (--enforce-eager)' if cfg.eager else 'with torch.compile'}. Versions: "
              + ", ".join(f"{e.display_name} {e.version}" for e in result.engines) + ".", "",
              *([f"Machine load during the run (1-min load average on {load['cores']} cores): median "
                 f"{load['median']}, range {load['min']}–{load['max']} ({load['samples']} samples every 5 s). Other "
@@ -116,12 +116,13 @@ def main() -> int:
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--eager", action="store_true", help="vLLM --enforce-eager (no torch.compile)")
+    parser.add_argument("--threads", type=int, help="CPU threads per engine (default: each engine's own)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     config = ABConfig(model="demo", engines=("llama.cpp", "vllm"),
                       concurrency=tuple(int(c) for c in args.concurrency.split(",")),
                       repetitions=args.repetitions, requests_per_level=args.requests, input_len=args.input_len,
-                      output_len=args.output_len, eager=args.eager)
+                      output_len=args.output_len, eager=args.eager, threads=args.threads)
     with LoadSampler() as load:
         result = run_ab(config, progress=stderr_progress)
     paths = write_ab_report(result, args.out)

@@ -4,6 +4,9 @@ llama-server: both should agree on output throughput and median TTFT within +-5%
 Made robust to a noisy shared machine:
 - both tools get the same prompts (one JSONL file in vllm bench's custom-dataset format, prompts fitted to the demo
   tokenizer), the same max_tokens with ignore_eos, temperature 0, the same concurrency and request count;
+- llama-server runs with ONE thread (--server-threads): with as many threads as cores, its threads meet at a
+  barrier after every step and spin, so any other process on a core stalls every token (inter-token gaps of
+  0.8 s instead of 5 ms were seen at load average 4 on 2 cores); one thread only loses its fair share of CPU;
 - the server is warmed up first (and vllm bench sends its own test request before each run, outside its timing);
 - each round runs both tools back to back, alternating which goes first, and the verdict uses the MEDIAN OF
   PER-ROUND RATIOS (ours / theirs), so load that drifts between rounds cancels out within a round;
@@ -250,6 +253,8 @@ def main() -> int:
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=8, help="rounds per level; each runs both tools")
+    parser.add_argument("--server-threads", type=int, default=1,
+                        help="llama-server threads (1 keeps it steady on a shared machine; 0 = its default)")
     parser.add_argument("--max-load", type=float, default=2.0, help="wait for a 1-min load average below this")
     parser.add_argument("--patience", type=float, default=300.0, help="seconds to wait for a quiet machine")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "vs_vllm_bench.json")
@@ -266,7 +271,8 @@ def main() -> int:
     specs = generate(RandomWorkload(args.input_len, args.output_len, seed=7), max(requests_for(args, c) for c in levels),
                      tokenizer_counter(demo.hf_dir / "tokenizer.json"))
     write_jsonl(specs, dataset)
-    plan = LaunchPlan(engine=adapter.name, model_path=demo.gguf_path, ctx=512, parallel=max(levels))
+    plan = LaunchPlan(engine=adapter.name, model_path=demo.gguf_path, ctx=512, parallel=max(levels),
+                      threads=args.server_threads or None)
     rows: list[dict[str, Any]] = []
     load_at_start = wait_for_quiet(args.max_load, args.patience)
     with EngineProcess(adapter, plan, install) as engine:
@@ -329,7 +335,7 @@ def main() -> int:
         "vllm_bench": get_adapter("vllm").find_install().version,  # type: ignore[union-attr]
         "requests_per_run": {str(c): requests_for(args, c) for c in levels}, "input_len": args.input_len,
         "output_len": args.output_len,
-        "rounds": args.rounds, "slots": max(levels), "machine_cores": os.cpu_count(),
+        "rounds": args.rounds, "slots": max(levels), "server_threads": args.server_threads, "machine_cores": os.cpu_count(),
         "load_avg_1m": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
         "method": "median over rounds of the per-round ratio switchyard / vllm bench; tools alternate order",
         "levels": rows, "tolerance": TOLERANCE, "within_tolerance": verdict}, indent=2) + "\n")

@@ -184,8 +184,8 @@ def test_compare_ab_llamacpp_vs_vllm_live_results_verdict_and_report(window, qtb
     per-engine curves, the side-by-side table and verdict come from desktop.core.ab, the report from reports."""
     compare = window.show_page("Compare")
     compare.levels_edit.setText("1, 2")
-    compare.requests_spin.setValue(4)
-    compare.output_spin.setValue(8)
+    compare.requests_spin.setValue(16)  # a few seconds per level even on llama.cpp: live buckets for both
+    compare.output_spin.setValue(32)
     assert compare.start()
     qtbot.waitUntil(lambda: not compare.running, timeout=1_500_000)
     assert compare.result is not None, compare.notice.text()

@@ -78,9 +78,14 @@ class LiveChart(QWidget):
     x is seconds since the board started; while following, the view shows the last 10 minutes.
     """
 
-    def __init__(self, title: str, unit: str = "", parent: QWidget | None = None) -> None:
+    def __init__(self, title: str, unit: str = "", parent: QWidget | None = None, *, follow_time: bool = True,
+                 symbols: bool = False) -> None:
+        """`follow_time`: x is wall time and the view follows the last 10 minutes; without it x is whatever the
+        caller pushes and the view fits the data. `symbols`: mark each point (sparse series stay visible)."""
         super().__init__(parent)
         self.title = title
+        self.follow_time = follow_time
+        self.symbols = symbols
         self.unit = unit
         self.curves: dict[str, Curve] = {}
         self.following = True
@@ -128,7 +133,8 @@ class LiveChart(QWidget):
 
     def add_series(self, key: str, label: str, capacity: int = DEFAULT_CAPACITY) -> None:
         color = PALETTE[len(self.curves) % len(PALETTE)]
-        item = self.plot.plot([], [], name=label, pen=pg.mkPen(color, width=2))
+        extra = {"symbol": "o", "symbolSize": 5, "symbolBrush": color, "symbolPen": None} if self.symbols else {}
+        item = self.plot.plot([], [], name=label, pen=pg.mkPen(color, width=2), **extra)
         self.curves[key] = Curve(key, label, RingBuffer(capacity), item)
 
     def set_origin(self, origin: float) -> None:
@@ -158,13 +164,15 @@ class LiveChart(QWidget):
             curve.dirty = False
             drawn += 1
         self._now = rel_now
-        if self.following:
+        if self.following and self.follow_time:
             self.plot.getPlotItem().vb.setXRange(max(0.0, rel_now - WINDOW_S), max(rel_now, 60.0), padding=0)
         return drawn
 
     def follow(self) -> None:
         self.following = True
         self.plot.getPlotItem().vb.enableAutoRange(axis="y")
+        if not self.follow_time:
+            self.plot.getPlotItem().vb.enableAutoRange(axis="x")
         self.redraw(time.time())
 
     def _user_zoomed(self, *_: object) -> None:

@@ -90,8 +90,8 @@ def _drive(window: Any, out: Path) -> None:
     compare = window.show_page("Compare")
     compare.ab_radio.setChecked(True)
     compare.levels_edit.setText("1, 4")
-    compare.requests_spin.setValue(8)
-    compare.output_spin.setValue(16)
+    compare.requests_spin.setValue(24)  # a few seconds per level on llama.cpp, so its curves have points
+    compare.output_spin.setValue(32)
     if compare.start():
         if not wait_until(lambda: not compare.running, 1800):
             print("the A/B did not finish in time", file=sys.stderr)

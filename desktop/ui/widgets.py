@@ -28,7 +28,7 @@ class PhaseTimeline(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.phases: dict[str, float] = {}
-        self.setMinimumHeight(84)
+        self.setMinimumHeight(112)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setAccessibleName("Cold-start phase timeline")
 
@@ -59,6 +59,9 @@ class PhaseTimeline(QWidget):
         small = QFont(self.font())
         small.setPointSizeF(max(6.0, small.pointSizeF() * 0.85))
         painter.setFont(small)
+        line = painter.fontMetrics().height()
+        rows = max(2, 2 * ((height // 2 - 6) // line))  # label rows that fit, alternating above and below
+        right_edges = [float("-inf")] * rows
         for index, (phase, seconds) in enumerate(sorted(self.phases.items(), key=lambda kv: kv[1])):
             x = 10 + width * seconds / end
             painter.setPen(accent)
@@ -66,12 +69,13 @@ class PhaseTimeline(QWidget):
             painter.drawEllipse(QRectF(x - 4, axis_y - 4, 8, 8))
             painter.setPen(text)
             label = f"{PHASE_LABELS.get(phase, phase).replace('_', ' ')} {seconds:.2f}s"
-            row = index % 4  # four label rows (two above, two below the axis) so close phases do not overlap
-            line = painter.fontMetrics().height()
-            top = row in (0, 2)
-            y = axis_y - 6 - line * (1 + row // 2) if top else axis_y + 6 + line * (row // 2)
             text_width = painter.fontMetrics().horizontalAdvance(label) + 4
             left = min(max(0.0, x - text_width / 2), self.width() - text_width)
+            # the first row (nearest the axis first) where the label does not overlap its left neighbour
+            row = next((r for r in range(rows) if right_edges[r] + 4 <= left), index % rows)
+            right_edges[row] = left + text_width
+            level = row // 2
+            y = axis_y - 6 - line * (1 + level) if row % 2 == 0 else axis_y + 6 + line * level
             painter.drawText(QRectF(left, y, text_width, line), Qt.AlignmentFlag.AlignCenter, label)
 
 

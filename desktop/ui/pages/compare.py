@@ -220,7 +220,7 @@ class ComparePage(QWidget):
         self.live_charts: dict[str, LiveChart] = {}
         charts_row = QHBoxLayout()
         for key, title, unit in LIVE_CHARTS:
-            chart = self.board.add(LiveChart(title, unit), {})
+            chart = self.board.add(LiveChart(title, unit, follow_time=False, symbols=True), {})
             chart.plot.getPlotItem().setLabel("bottom", "seconds into each engine's load")
             self.live_charts[key] = chart
             charts_row.addWidget(chart)
