@@ -118,3 +118,12 @@ def test_install_keeps_a_ready_cache_when_another_engine_is_configured(tmp_path:
     installed = adapter.install()
     assert installed.source == "cache"
     assert provision.read_marker(root) is not None
+
+
+def test_api_keys_travel_in_the_environment_not_argv(tmp_path: Path) -> None:
+    for engine, variable in (("llama.cpp", "LLAMA_API_KEY"), ("vllm", "VLLM_API_KEY")):
+        adapter = get_adapter(engine)
+        install = EngineInstall(engine, "x", "cache", tmp_path / "exe")
+        command = adapter.build_command(LaunchPlan(engine, tmp_path / "m", port=1, api_key="s3cret"), install)
+        assert not any("s3cret" in arg for arg in command.argv)
+        assert command.env[variable] == "s3cret"

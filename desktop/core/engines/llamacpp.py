@@ -219,10 +219,10 @@ class LlamaCppAdapter(EngineAdapter):
             argv += ["--threads", str(plan.threads)]
         if not plan.prefix_cache:
             argv += ["--no-cache-prompt"]
-        if plan.api_key:
-            argv += ["--api-key", plan.api_key]
         argv += list(plan.extra_args)
         env: dict[str, str] = {}
+        if plan.api_key:
+            env["LLAMA_API_KEY"] = plan.api_key  # the environment, not argv: argv is visible to every user in ps
         bin_dir = str(install.executable.parent)
         env["LD_LIBRARY_PATH"] = bin_dir + (os.pathsep + os.environ["LD_LIBRARY_PATH"]
                                             if os.environ.get("LD_LIBRARY_PATH") else "")

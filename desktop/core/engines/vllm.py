@@ -213,14 +213,16 @@ class VllmAdapter(EngineAdapter):
             argv += ["--gpu-memory-utilization", str(plan.gpu_memory_utilization)]
         if plan.tokenizer_path:
             argv += ["--tokenizer", str(plan.tokenizer_path)]
-        if plan.api_key:
-            argv += ["--api-key", plan.api_key]
         argv += list(plan.extra_args)
         extra: dict[str, str] = {}
+        if plan.api_key:
+            extra["VLLM_API_KEY"] = plan.api_key  # the environment, not argv: argv is visible to every user in ps
         if plan.kv_cache_gib is not None:
             extra["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(plan.kv_cache_gib)))
         if plan.threads:
+            # vLLM's CPU backend binds its own OpenMP threads; OMP_NUM_THREADS alone does not limit it.
             extra["OMP_NUM_THREADS"] = str(plan.threads)
+            extra["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{plan.threads - 1}" if plan.threads > 1 else "0"
         return CommandLine(argv, _engine_env(extra))
 
     def health_state(self, status_code: int | None, body: str) -> Literal["ready", "loading", "down"]:
