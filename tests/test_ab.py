@@ -45,6 +45,16 @@ def test_power_price_and_scenarios() -> None:
     assert all(c["unit"].startswith("currency") for c in result.costs)
 
 
+def test_local_development_is_decided_by_the_first_answer_after_a_restart() -> None:
+    """A 4x faster engine that starts 40 s later would serve more tokens in a saturated 10-minute life, but a
+    developer who restarts and asks once waits for the first answer: the quick starter wins."""
+    config = ABConfig(concurrency=(1, 4))
+    result = analyse(config, [engine("quick", 5.0, 0.05, 0.5), engine("fast", 20.0, 0.05, 42.0)], 0.0, 1.0)
+    dev = next(row for row in result.scenarios if row["scenario"].startswith("Local development"))
+    assert dev["winner"] == "quick"
+    assert dev["engines"]["quick"]["first_answer_after_restart_s"] < dev["engines"]["fast"]["first_answer_after_restart_s"]
+
+
 def test_attached_endpoint_has_no_cold_start_in_verdict_costs_and_report(tmp_path: Path) -> None:
     from desktop.core.ab import NO_COLD_START, EngineResult, Repetition
     from desktop.core.reports import write_ab_report
