@@ -178,12 +178,16 @@ class MainWindow(QMainWindow):
                 self._stopping = True
                 self.statusBar().showMessage("Stopping engines before quitting…")
                 self.setEnabled(False)
-                self.session.stop(then=lambda: QTimer.singleShot(0, self._finish_close))
+                # With `self` as context the call is dropped if the window is destroyed first.
+                self.session.stop(then=lambda: QTimer.singleShot(0, self, self._finish_close))
             return
         self._finish_close(close_window=False)
         event.accept()
 
     def _finish_close(self, close_window: bool = True) -> None:
+        if getattr(self, "_finished", False):
+            return  # already shut down (a close event and the engine-stop callback can both get here)
+        self._finished = True
         self._closing = True
         for widget in self.pages.values():
             if hasattr(widget, "shutdown"):
