@@ -90,6 +90,17 @@ class RequestRecord:
 RequestListener = Callable[[RequestRecord], None]
 
 
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where installed (a fraction of asyncio's CPU per streamed chunk: on a CPU-bound box every cycle
+    the proxy spends is taken from the engine), else the standard loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
 class StreamMeter:
     """Finds the first token-bearing chunk and the output token count of a response without slowing it down.
 
@@ -221,7 +232,7 @@ class ProxyServer:
         failure: list[BaseException] = []
 
         def run() -> None:
-            loop = asyncio.new_event_loop()
+            loop = _new_event_loop()
             self._loop = loop
             asyncio.set_event_loop(loop)
             try:
