@@ -4,6 +4,8 @@ server per engine shared by the tests that only need "a real server" (vLLM on 2 
 from __future__ import annotations
 
 import os
+import ssl
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,3 +76,16 @@ def vllm_server(vllm_install: EngineInstall, demo_model) -> Iterator[object]:  #
     """A real vLLM CPU server on the demo HF folder, shared by the session (started once: it is slow; eager mode
     skips torch.compile and starts ~40 s sooner on CPU with the same outputs)."""
     yield from _running("vllm", demo_model.hf_dir, vllm_install, ctx=2048, parallel=8, eager=True)
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
+    """A TLS server context with a fresh self-signed certificate for 127.0.0.1 (attach-mode TLS tests)."""
+    folder = tmp_path_factory.mktemp("tls")
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",  # noqa: S607
+                    "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context

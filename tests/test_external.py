@@ -9,7 +9,6 @@ import os
 import socket
 import ssl
 import stat
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -249,18 +248,6 @@ def test_redirects_are_not_followed_to_an_address_the_user_did_not_enter(open_re
         with pytest.raises(SwitchyardError, match="redirects to"):
             list_models(ExternalEndpoint("r", redirector.url, api_key="sk-x"))
         assert open_remote.seen == []  # the key never reached the other address
-
-
-@pytest.fixture(scope="module")
-def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
-    folder = tmp_path_factory.mktemp("tls")
-    key, cert = folder / "key.pem", folder / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",  # noqa: S607
-                    "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    return context
 
 
 def test_tls_failure_suggests_insecure_and_insecure_works(self_signed: ssl.SSLContext) -> None:

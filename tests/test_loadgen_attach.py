@@ -7,7 +7,6 @@ import asyncio
 import json
 import socket
 import ssl
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,18 +128,6 @@ def test_bench_unreachable_endpoint_fails_fast(home: Path, tmp_path: Path, capsy
         assert f"cannot reach gone ({dead}): connection refused" in line  # the URL finds the attached name
     code = main(["bench", "--endpoint", "never-attached", *SMALL])
     assert code != 0 and "no endpoint named 'never-attached'" in _one_clear_error(capsys.readouterr().err)
-
-
-@pytest.fixture(scope="module")
-def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
-    folder = tmp_path_factory.mktemp("tls")
-    key, cert = folder / "key.pem", folder / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",  # noqa: S607
-                    "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    return context
 
 
 def test_bench_honours_the_endpoints_tls_choice(self_signed: ssl.SSLContext, home: Path, tmp_path: Path,

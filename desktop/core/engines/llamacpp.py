@@ -77,20 +77,20 @@ class LlamaCppAdapter(EngineAdapter):
     )
     failure_rules = (
         failure_rule(r"invalid magic|failed to read magic|gguf_init_from_file.*failed|not a GGUF",
-              "the model file is not a valid GGUF file (corrupt or incomplete download?)",
-              "re-download the file or pick another GGUF"),
+                     "the model file is not a valid GGUF file (corrupt or incomplete download?)",
+                     "re-download the file or pick another GGUF"),
         failure_rule(r"unknown model architecture: '?([\w-]+)",
-              "this llama.cpp build does not know the model's architecture",
-              "update llama.cpp or choose a model with a supported architecture"),
+                     "this llama.cpp build does not know the model's architecture",
+                     "update llama.cpp or choose a model with a supported architecture"),
         failure_rule(r"failed to allocate|unable to allocate|ggml_backend.*alloc.*failed|cannot allocate memory",
-              "llama.cpp could not allocate memory for the model or its KV cache",
-              "lower the context (-c), offload fewer GPU layers, or pick a smaller quantization"),
+                     "llama.cpp could not allocate memory for the model or its KV cache",
+                     "lower the context (-c), offload fewer GPU layers, or pick a smaller quantization"),
         failure_rule(r"failed to load model|error loading model",
-              "llama.cpp could not load the model",
-              "check that the file is a complete GGUF for a supported architecture"),
+                     "llama.cpp could not load the model",
+                     "check that the file is a complete GGUF for a supported architecture"),
         failure_rule(r"couldn't bind HTTP server socket|bind.*failed",
-              "llama-server could not bind its port: another process is using it",
-              "pick another port or stop the process holding it"),
+                     "llama-server could not bind its port: another process is using it",
+                     "pick another port or stop the process holding it"),
     )
 
     # --- provisioning -------------------------------------------------------------------------------

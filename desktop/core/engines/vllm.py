@@ -67,24 +67,24 @@ class VllmAdapter(EngineAdapter):
     )
     failure_rules = (
         failure_rule(r"head_?(size|dim).{0,80}(not supported|unsupported)|Head size \d+ is not supported",
-              "vLLM's CPU attention does not support this model's head dimension",
-              "use a model whose head_dim is 64, 80, 96, 112, 128 or 256, or run it with llama.cpp"),
+                     "vLLM's CPU attention does not support this model's head dimension",
+                     "use a model whose head_dim is 64, 80, 96, 112, 128 or 256, or run it with llama.cpp"),
         failure_rule(r"No available memory for the cache blocks|insufficient.*KV cache|"
               r"max_model_len.*(larger|greater) than the maximum number of tokens that can be stored",
               "vLLM's KV cache cannot hold one request of max_model_len tokens",
               "lower --max-model-len, raise gpu_memory_utilization (GPU) or VLLM_CPU_KVCACHE_SPACE (CPU)"),
         failure_rule(r"EngineDeadError|EngineCore.*(died|failed)",
-              "vLLM's engine core process died",
-              "see the engine log above this line for the first error"),
+                     "vLLM's engine core process died",
+                     "see the engine log above this line for the first error"),
         failure_rule(r"operator torchvision::nms does not exist",
-              "vLLM's environment has a torchvision that does not match its torch",
-              "run `switchyard engines install vllm --force`"),
+                     "vLLM's environment has a torchvision that does not match its torch",
+                     "run `switchyard engines install vllm --force`"),
         failure_rule(r"CUDA out of memory|torch\.OutOfMemoryError",
-              "vLLM ran out of GPU memory",
-              "lower gpu_memory_utilization or max_model_len, use --enforce-eager, or pick a quantized model"),
+                     "vLLM ran out of GPU memory",
+                     "lower gpu_memory_utilization or max_model_len, use --enforce-eager, or pick a quantized model"),
         failure_rule(r"(ValueError|OSError|RuntimeError): (.*(config\.json|not a valid model|Unrecognized model).*)",
-              "vLLM could not load the model folder",
-              "point at a Hugging Face model folder with config.json, weights and tokenizer"),
+                     "vLLM could not load the model folder",
+                     "point at a Hugging Face model folder with config.json, weights and tokenizer"),
     )
 
     # --- provisioning -------------------------------------------------------------------------------
