@@ -277,6 +277,14 @@ def client_for(endpoint: ExternalEndpoint, read_timeout: float = READ_TIMEOUT_S)
     )
 
 
+def _fetch(endpoint: ExternalEndpoint, path: str, client: httpx.Client | None) -> httpx.Response:
+    """GET `path` with the caller's client, or with a short-lived one of our own."""
+    if client is not None:
+        return _get(client, endpoint, path)
+    with client_for(endpoint) as own:
+        return _get(own, endpoint, path)
+
+
 def _get(client: httpx.Client, endpoint: ExternalEndpoint, path: str) -> httpx.Response:
     url = endpoint.url(path)
     try:
@@ -339,13 +347,7 @@ def _reason(exc: BaseException) -> str:
 
 def list_models(endpoint: ExternalEndpoint, client: httpx.Client | None = None) -> list[RemoteModel]:
     """GET /v1/models."""
-    own = client is None
-    client = client or client_for(endpoint)
-    try:
-        response = _get(client, endpoint, "/v1/models")
-    finally:
-        if own:
-            client.close()
+    response = _fetch(endpoint, "/v1/models", client)
     if response.status_code == 404:
         raise SwitchyardError(f"{endpoint.base_url} has no /v1/models: not an OpenAI-compatible server",
                               "give the server's root URL, e.g. http://host:8000")
@@ -383,13 +385,7 @@ def detect_engine(families: Mapping[str, Any]) -> str | None:
 def scrape_metrics(endpoint: ExternalEndpoint,
                    client: httpx.Client | None = None) -> tuple[str | None, dict[str, dict[str, float]]] | None:
     """(engine, families) from GET /metrics, or None when the server exposes no metrics."""
-    own = client is None
-    client = client or client_for(endpoint)
-    try:
-        response = _get(client, endpoint, "/metrics")
-    finally:
-        if own:
-            client.close()
+    response = _fetch(endpoint, "/metrics", client)
     if response.status_code != 200:
         return None  # 404 or llama-server's 501 without --metrics
     try:
