@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 import httpx
 import psutil
-from aiohttp import web
 
 from desktop.core import paths
 from desktop.core.errors import SwitchyardError
+from desktop.core.proxy import LocalRequest, LocalResponse, LocalRoute
 
 TOKEN_HEADER = "X-Switchyard-Token"
 PREFIX = "/switchyard"
@@ -119,50 +119,52 @@ class ControlTarget(Protocol):
     def request_stop(self) -> None: ...
 
 
-def _error(status: int, exc: Exception) -> web.Response:
+def _error(status: int, exc: Exception) -> LocalResponse:
     message = exc.message if isinstance(exc, SwitchyardError) else str(exc)
     hint = exc.hint if isinstance(exc, SwitchyardError) else None
-    return web.json_response({"error": message, "hint": hint}, status=status)
+    return LocalResponse.json({"error": message, "hint": hint}, status=status)
 
 
-def control_routes(target: ControlTarget, token: str) -> list[web.RouteDef]:
-    """Routes under /switchyard/ for the proxy's app. Each checks the token; slow work runs in a thread."""
+def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
+    """Routes under /switchyard/ for the endpoint. Each checks the token; slow work runs in a thread."""
 
-    def allowed(request: web.Request) -> bool:
-        return hmac.compare_digest(request.headers.get(TOKEN_HEADER, "").encode(), token.encode())
+    def allowed(request: LocalRequest) -> bool:
+        return hmac.compare_digest(request.headers.get(TOKEN_HEADER).encode(), token.encode())
 
-    async def status(request: web.Request) -> web.Response:
+    denied = LocalResponse.json({"error": "missing or wrong control token"}, status=403)
+
+    async def status(request: LocalRequest) -> LocalResponse:
         if not allowed(request):
-            return web.json_response({"error": "missing or wrong control token"}, status=403)
-        return web.json_response(await asyncio.to_thread(target.status))
+            return denied
+        return LocalResponse.json(await asyncio.to_thread(target.status))
 
-    async def switch(request: web.Request) -> web.Response:
+    async def switch(request: LocalRequest) -> LocalResponse:
         if not allowed(request):
-            return web.json_response({"error": "missing or wrong control token"}, status=403)
+            return denied
         try:
-            body = await request.json()
+            body = request.json()
             engine = str(body["engine"])
             model = body.get("model")
-        except (ValueError, KeyError, TypeError):
-            return web.json_response({"error": 'expected JSON {"engine": ..., "model": ...}'}, status=400)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return LocalResponse.json({"error": 'expected JSON {"engine": ..., "model": ...}'}, status=400)
         try:
             result = await asyncio.to_thread(target.switch, engine, str(model) if model else None)
         except SwitchyardError as exc:
             return _error(409, exc)
         except Exception as exc:  # reported to the client instead of dropping the connection
             return _error(500, exc)
-        return web.json_response(result)
+        return LocalResponse.json(result)
 
-    async def stop(request: web.Request) -> web.Response:
+    async def stop(request: LocalRequest) -> LocalResponse:
         if not allowed(request):
-            return web.json_response({"error": "missing or wrong control token"}, status=403)
+            return denied
         target.request_stop()
-        return web.json_response({"stopping": True})
+        return LocalResponse.json({"stopping": True})
 
     return [
-        web.get(f"{PREFIX}/status", status),
-        web.post(f"{PREFIX}/switch", switch),
-        web.post(f"{PREFIX}/stop", stop),
+        LocalRoute("GET", f"{PREFIX}/status", status),
+        LocalRoute("POST", f"{PREFIX}/switch", switch),
+        LocalRoute("POST", f"{PREFIX}/stop", stop),
     ]
 
 

@@ -5,6 +5,12 @@ Streams pass through chunk by chunk as they arrive (no buffering). Which upstrea
 when it arrives; the in-flight count per upstream lets a switch drain the old engine before stopping it.
 While no engine is ready, requests wait (bounded) instead of failing. The proxy runs its own asyncio loop in a
 thread, so synchronous code (the endpoint manager, the CLI) drives it through thread-safe methods.
+
+Why HTTP/1.1 is spoken here with asyncio protocols and `httptools` (llhttp, the parser under uvicorn and
+Node.js) rather than a web framework: on a CPU-bound workstation every cycle the proxy spends is taken from the
+engine, and under concurrent load its per-request latency is serialized across requests. A framework's client
+and server each wake a coroutine per streamed chunk; here a chunk is parsed in C, metered and written to the
+client in the same callback, and the upstream request leaves the moment the client's request is complete.
 """
 
 from __future__ import annotations
@@ -14,14 +20,16 @@ import contextlib
 import hmac
 import json
 import logging
+import ssl
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
 
-import aiohttp
-from aiohttp import web
+import httptools
 
 from desktop.core.errors import PortBusy, SwitchyardError
 from desktop.core.ports import holder_of
@@ -33,11 +41,20 @@ log = logging.getLogger("switchyard.proxy")
 DEFAULT_PROXY_PORT = 8800
 DEFAULT_WAIT_TIMEOUT = 600.0
 CONTROL_PREFIX = "/switchyard/"
-# Headers that describe one hop, not the message: never forwarded (RFC 9110 §7.6.1, plus what aiohttp sets).
+# Headers that describe one hop, not the message: never forwarded as they came (RFC 9110 §7.6.1); the proxy
+# writes its own framing (Host, Content-Length or chunked) for each side.
 HOP_HEADERS = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "host", "content-length",
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer",
+    "transfer-encoding", "upgrade", "host", "content-length", "expect",
 })
+MAX_HEAD_BYTES = 64 * 1024  # request line + headers
+MAX_BODY_BYTES = 64 * 1024 * 1024
+CONNECT_TIMEOUT = 10.0
+# Idle connections to an engine are reused for this long: well under the 5 s after which llama-server
+# (cpp-httplib) and vLLM (uvicorn) close them, so the race with their close is rare (and retried when it happens).
+POOL_IDLE_SECONDS = 2.0
+POOL_MAX_IDLE = 64
+KEPT_BODY_BYTES = 1 << 20  # of a non-streamed answer, for its token count
 T = TypeVar("T")
 
 
@@ -170,12 +187,526 @@ class StreamMeter:
         return self.usage_tokens if self.usage_tokens is not None else self.payloads
 
 
-def _json_error(status: int, message: str, kind: str = "switchyard_error") -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+class Headers:
+    """A request's headers in arrival order, with case-insensitive lookup (last value wins)."""
+
+    __slots__ = ("items", "_index")
+
+    def __init__(self, items: list[tuple[str, str]]) -> None:
+        self.items = items
+        self._index = {name.lower(): value for name, value in items}
+
+    def get(self, name: str, default: str = "") -> str:
+        return self._index.get(name.lower(), default)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._index
+
+
+@dataclass
+class LocalRequest:
+    """A request the endpoint answers itself (/v1/models, /health, the control channel)."""
+
+    method: str
+    path: str
+    query: str
+    headers: Headers
+    body: bytes
+
+    def json(self) -> Any:
+        """The body as JSON; ValueError when it is not."""
+        return json.loads(self.body or b"null")
+
+
+@dataclass
+class LocalResponse:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+    @classmethod
+    def json(cls, data: Any, status: int = 200) -> LocalResponse:
+        return cls(status, json.dumps(data).encode())
+
+
+LocalHandler = Callable[[LocalRequest], Awaitable[LocalResponse]]
+
+
+@dataclass(frozen=True)
+class LocalRoute:
+    """An extra route served on the endpoint's port (the control channel under /switchyard/)."""
+
+    method: str
+    path: str
+    handler: LocalHandler
+
+
+def _json_error(status: int, message: str, kind: str = "switchyard_error") -> LocalResponse:
+    return LocalResponse.json({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+           409: "Conflict", 413: "Content Too Large", 431: "Request Header Fields Too Large",
+           500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
+
+
+@dataclass
+class _Incoming:
+    """One complete request read from a client connection."""
+
+    method: str
+    target: str  # as sent: path and query
+    path: str
+    query: str
+    headers: Headers
+    body: bytes
+    keep_alive: bool
+    http10: bool
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where an upstream's base URL points, parsed once."""
+
+    host: str
+    port: int
+    tls: bool
+    prefix: str
+    authority: str
+
+    @classmethod
+    def parse(cls, base_url: str) -> _Target:
+        parts = urlsplit(base_url)
+        tls = parts.scheme == "https"
+        host = parts.hostname or "127.0.0.1"
+        port = parts.port or (443 if tls else 80)
+        return cls(host, port, tls, parts.path.rstrip("/"), parts.netloc)
+
+
+class _ClientConnection(asyncio.Protocol):
+    """One client's connection: HTTP/1.1 parsed by llhttp, keep-alive, pipelined requests answered in order."""
+
+    def __init__(self, proxy: ProxyServer) -> None:
+        self.proxy = proxy
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.pending: deque[_Incoming] = deque()
+        self.worker: asyncio.Task[None] | None = None
+        self.exchange: _Exchange | None = None  # the upstream answer now being streamed to this client
+        self.closed = False
+        self.rejected: tuple[int, str] | None = None
+        self._url = b""
+        self._headers: list[tuple[str, str]] = []
+        self._body: list[bytes] = []
+        self._head_size = 0
+        self._body_size = 0
+
+    # --- asyncio.Protocol ---
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        self.proxy._connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.rejected is not None:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reject(400, "protocol upgrades are not supported by the endpoint")
+        except httptools.HttpParserCallbackError:
+            if self.rejected is None:
+                raise
+        except httptools.HttpParserError as exc:
+            self._reject(400, f"malformed HTTP request: {exc}")
+
+    def eof_received(self) -> bool | None:
+        return None  # a half-closed client is treated as gone: the transport closes and connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.proxy._connections.discard(self)
+        if self.exchange is not None:
+            self.exchange.client_gone()
+        elif self.worker is not None and not self.worker.done():
+            self.worker.cancel()  # still waiting for an engine: nobody is left to answer
+
+    def pause_writing(self) -> None:
+        if self.exchange is not None:
+            self.exchange.pause_upstream()
+
+    def resume_writing(self) -> None:
+        if self.exchange is not None:
+            self.exchange.resume_upstream()
+
+    # --- httptools callbacks ---
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._body = []
+        self._head_size = 0
+        self._body_size = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._head_size += len(url)
+        if self._head_size > MAX_HEAD_BYTES:
+            self._reject(431, "the request line is too long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > MAX_HEAD_BYTES:
+            self._reject(431, f"request headers over {MAX_HEAD_BYTES // 1024} KiB")
+        self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        expect = [v for n, v in self._headers if n.lower() == "expect"]
+        if expect and expect[-1].lower() == "100-continue" and self.exchange is None and not self.pending \
+                and (self.worker is None or self.worker.done()) and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self._body_size += len(body)
+        if self._body_size > MAX_BODY_BYTES:
+            self._reject(413, f"request body over {MAX_BODY_BYTES >> 20} MiB")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        target = self._url.decode("latin-1")
+        path, _, query = target.partition("?")
+        self.pending.append(_Incoming(
+            method=self.parser.get_method().decode("ascii", "replace"), target=target, path=path, query=query,
+            headers=Headers(self._headers), body=b"".join(self._body), keep_alive=self.parser.should_keep_alive(),
+            http10=self.parser.get_http_version() == "1.0"))
+        if self.worker is None or self.worker.done():
+            self.worker = asyncio.ensure_future(self._serve())
+
+    # --- answering ---
+    def _reject(self, status: int, message: str) -> None:
+        """A request we cannot read: answer once (if nothing else is being answered) and close."""
+        if self.rejected is not None:
+            return
+        self.rejected = (status, message)
+        self.pending.clear()
+        busy = self.exchange is not None or (self.worker is not None and not self.worker.done())
+        if not busy and self.transport is not None:
+            self.write_response(_json_error(status, message, "invalid_request_error"), close=True)
+            self.transport.close()
+        raise httptools.HttpParserCallbackError(message)  # stops the parser; caught in data_received
+
+    async def _serve(self) -> None:
+        while self.pending and not self.closed:
+            request = self.pending.popleft()
+            try:
+                keep = await self.proxy._handle(request, self)
+            except Exception:
+                log.exception("the endpoint failed a request to %s", request.path)
+                keep = False
+            if self.closed:
+                return
+            if not keep or not request.keep_alive or self.rejected is not None:
+                assert self.transport is not None
+                self.transport.close()
+                return
+
+    def write_response(self, response: LocalResponse, close: bool = False, request: _Incoming | None = None
+                       ) -> None:
+        if self.closed or self.transport is None:
+            return
+        head = [f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Status')}",
+                f"Content-Type: {response.content_type}", f"Content-Length: {len(response.body)}"]
+        if close or (request is not None and not request.keep_alive):
+            head.append("Connection: close")
+        body = b"" if request is not None and request.method == "HEAD" else response.body
+        self.transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+
+
+class _UpstreamConnection(asyncio.Protocol):
+    """A connection to an engine, kept alive between requests: connecting afresh costs the proxy's one thread
+    ~0.2 ms per request, and under a burst of concurrent requests every client waits on the sum of those."""
+
+    def __init__(self, pool: list[_UpstreamConnection]) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.exchange: _Exchange | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.used = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.data_received(data)
+        else:  # bytes nobody asked for: this connection cannot be trusted with another request
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        with contextlib.suppress(ValueError):
+            self.pool.remove(self)
+        if self.exchange is not None:
+            self.exchange.connection_lost(exc)
+
+    def begin(self, exchange: _Exchange, request: bytes) -> None:
+        assert self.transport is not None
+        self.exchange = exchange
+        self.used += 1
+        self.transport.write(request)
+
+    def release(self, reusable: bool, now: float) -> None:
+        """The exchange is over: back to the pool when the engine left it clean, else closed."""
+        self.exchange = None
+        if self.transport is not None and not self.transport.is_reading():
+            self.transport.resume_reading()
+        if reusable and not self.closed and len(self.pool) < POOL_MAX_IDLE:
+            self.idle_since = now
+            self.pool.append(self)
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        self.closed = True
+        with contextlib.suppress(ValueError):
+            self.pool.remove(self)
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class _Exchange:
+    """One forwarded request on an upstream connection; the answer is written to the client as it arrives.
+
+    `done` resolves to the RequestRecord, or to None when the engine took nothing (refused or closed before
+    answering), so the caller may retry elsewhere without the client noticing.
+    """
+
+    def __init__(self, proxy: ProxyServer, client: _ClientConnection, request: _Incoming, lease: _Lease,
+                 arrived: float, wall: float, connection: _UpstreamConnection) -> None:
+        self.proxy = proxy
+        self.client = client
+        self.connection = connection
+        self.lease = lease
+        self.upstream = lease.upstream
+        self.request = request
+        self.arrived = arrived
+        self.wall = wall
+        self.loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[RequestRecord | None] = self.loop.create_future()
+        self.parser = httptools.HttpResponseParser(self)
+        self.meter = StreamMeter(arrived)
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.answered = False  # the response head was sent to the client: no retry from here on
+        self.streamed = False
+        self.framing = "length"  # to the client: "length", "chunked", "close" or "none"
+        self.upstream_framed = True  # the engine said how long its body is (length or chunked)
+        self.complete = False
+        self.finished = False
+        self.out: list[bytes] = []
+        self.kept: list[bytes] = []
+        self.kept_size = 0
+        self.now = 0.0
+        self.paused = False
+
+    # --- from the upstream connection ---
+    def data_received(self, data: bytes) -> None:
+        if self.finished:
+            return
+        self.now = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._finish(f"the engine {self.upstream.engine} sent a malformed response ({exc})")
+            return
+        if self.complete:
+            self._finish(None)
+        else:
+            self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.finished:
+            return
+        if not self.answered:
+            self._finish(None, retry=True, reason=f"closed before answering ({exc or 'no response'})")
+        elif not self.upstream_framed and not self.complete:
+            self.complete = True  # a body delimited by the connection's end
+            if self.framing == "chunked":
+                self.out.append(b"0\r\n\r\n")
+            self._finish(None)
+        else:
+            detail = f"{type(exc).__name__}: {exc}" if exc else "connection closed"
+            self._finish(f"the engine {self.upstream.engine} stopped mid-response ({detail})")
+
+    # --- httptools callbacks ---
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        request = self.request
+        lines = [b"HTTP/1.1 %d %s" % (self.status, self.reason or b"Status")]
+        length: bytes | None = None
+        chunked = False
+        for name, value in self.headers:
+            lower = name.lower()
+            if lower == b"content-length":
+                length = value
+            elif lower == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif lower.decode("latin-1") not in HOP_HEADERS:
+                if lower == b"content-type" and b"text/event-stream" in value:
+                    self.streamed = True
+                lines.append(name + b": " + value)
+        no_body = request.method == "HEAD" or self.status < 200 or self.status in (204, 304)
+        close = not request.keep_alive
+        if no_body:
+            self.framing = "none"
+            if length is not None:
+                lines.append(b"Content-Length: " + length)
+        elif length is not None and not chunked:
+            self.framing = "length"
+            lines.append(b"Content-Length: " + length)
+        elif not request.http10:
+            self.framing = "chunked"
+            self.upstream_framed = chunked
+            lines.append(b"Transfer-Encoding: chunked")
+        else:
+            self.framing = "close"
+            self.upstream_framed = chunked
+            close = True
+        if close:
+            lines.append(b"Connection: close")
+            request.keep_alive = False
+        self.out.append(b"\r\n".join(lines) + b"\r\n\r\n")
+        self.answered = True
+        if no_body:
+            self.complete = True
+
+    def on_body(self, body: bytes) -> None:
+        if self.complete:
+            return
+        if self.streamed:
+            self.meter.feed(body, self.now)
+        elif self.kept_size < KEPT_BODY_BYTES:
+            self.kept.append(body)
+            self.kept_size += len(body)
+        if self.framing == "chunked":
+            self.out.append(b"%x\r\n" % len(body))
+            self.out.append(body)
+            self.out.append(b"\r\n")
+        else:
+            self.out.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.complete:
+            return
+        self.complete = True
+        if self.framing == "chunked":
+            self.out.append(b"0\r\n\r\n")
+
+    # --- towards the client ---
+    def _flush(self) -> None:
+        """One write per batch of upstream bytes (the head goes out with the first body bytes)."""
+        if not self.out:
+            return
+        transport = self.client.transport
+        if not self.client.closed and transport is not None:
+            transport.write(b"".join(self.out) if len(self.out) > 1 else self.out[0])
+        self.out.clear()
+
+    def pause_upstream(self) -> None:
+        transport = self.connection.transport
+        if transport is not None and not self.paused:
+            self.paused = True
+            transport.pause_reading()
+
+    def resume_upstream(self) -> None:
+        transport = self.connection.transport
+        if transport is not None and self.paused:
+            self.paused = False
+            transport.resume_reading()
+
+    def client_gone(self) -> None:
+        """The client hung up: abort the upstream request so the engine stops working on it."""
+        if not self.finished:
+            self._finish("the client disconnected", client_gone=True)
+
+    def _finish(self, error: str | None, *, retry: bool = False, reason: str = "", client_gone: bool = False
+                ) -> None:
+        self.finished = True
+        self.client.exchange = None
+        done = self.loop.time()
+        reusable = self.complete and error is None and self.upstream_framed and self.parser.should_keep_alive()
+        self.connection.release(reusable and not (retry or client_gone), done)
+        if retry:
+            log.info("%s refused a request (%s): retrying", self.upstream.name, reason)
+            self.done.set_result(None)
+            return
+        told = error if not client_gone else None
+        if told is not None:
+            log.warning("%s", told)
+        if self.streamed:
+            self.meter.finish(done)
+        elif self.kept:
+            _count_json_tokens(self.meter, b"".join(self.kept), done)
+        status = self.status
+        if client_gone:
+            status = 499
+        elif error is None and status >= 400:
+            error = f"HTTP {status}"
+        elif error is None:
+            error = self.meter.error
+        record = RequestRecord(
+            t=self.wall, method=self.request.method, path=self.request.path, upstream=self.upstream.name,
+            status=status, streamed=self.streamed,
+            ttft_s=(self.meter.first_token_at - self.arrived) if self.meter.first_token_at else None,
+            e2e_s=done - self.arrived, output_tokens=self.meter.output_tokens if status < 400 else None,
+            error=error)
+        self.lease.release()  # counted off and published before the client sees the end of its answer
+        self.proxy._record(record)
+        self._flush()
+        if told is not None:
+            self._tell_client(told)
+        self.done.set_result(record)
+
+    def _tell_client(self, error: str) -> None:
+        """An answer cut short: end a chunked event stream with an error event; otherwise close the connection,
+        which is how HTTP says "truncated"."""
+        self.request.keep_alive = False
+        if self.framing == "chunked" and self.streamed and not self.client.closed and self.client.transport:
+            event = {"error": {"message": error, "type": "upstream_disconnected", "code": 502}}
+            payload = f"data: {json.dumps(event)}\n\n".encode()
+            self.client.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload))
+
+
+class _Lease:
+    """One request's claim on an upstream (what drain() waits on); released exactly once."""
+
+    __slots__ = ("held", "proxy", "upstream")
+
+    def __init__(self, proxy: ProxyServer, upstream: Upstream) -> None:
+        self.proxy = proxy
+        self.upstream = upstream
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.proxy._release(self.upstream)
 
 
 class _Unavailable(Exception):
     """No upstream could take the request before its deadline."""
+
+
+@dataclass
+class _Route:
+    handler: LocalHandler
+    methods: set[str] = field(default_factory=set)
 
 
 class ProxyServer:
@@ -199,12 +730,14 @@ class ProxyServer:
         self.retry_window = retry_window
         self.started_at = time.time()
         self._listeners: list[RequestListener] = []
-        self._extra_routes: list[web.RouteDef] = []
-        self._middlewares: list[Any] = []
+        self._routes: dict[str, dict[str, LocalHandler]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[_ClientConnection] = set()
+        self._targets: dict[str, _Target] = {}
+        self._pools: dict[str, list[_UpstreamConnection]] = {}
+        self._tls: ssl.SSLContext | None = None
         # Loop-owned state (touched only from the proxy's loop).
         self._active: Upstream | None = None
         self._down_reason: str | None = None
@@ -216,11 +749,10 @@ class ProxyServer:
     def subscribe(self, listener: RequestListener) -> None:
         self._listeners.append(listener)
 
-    def add_routes(self, routes: Iterable[web.RouteDef], middleware: Any = None) -> None:
+    def add_routes(self, routes: Iterable[LocalRoute]) -> None:
         """Extra routes (the control channel under /switchyard/) served on the same port; call before start()."""
-        self._extra_routes.extend(routes)
-        if middleware is not None:
-            self._middlewares.append(middleware)
+        for route in routes:
+            self._routes.setdefault(route.path, {})[route.method.upper()] = route.handler
 
     @property
     def url(self) -> str:
@@ -261,37 +793,29 @@ class ProxyServer:
 
     async def _start_server(self) -> None:
         self._changed = asyncio.Condition()
-        self._session = aiohttp.ClientSession(
-            # A fresh loopback connection per request (~0.1 ms): reusing keep-alive connections races with
-            # engines closing idle ones (llama-server does), which fails requests with "Server disconnected".
-            connector=aiohttp.TCPConnector(limit=0, force_close=True),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None),
-            auto_decompress=False,
-            trust_env=False,
-        )
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=self._middlewares)
-        app.add_routes(self._extra_routes)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=False)
-        try:
-            await site.start()
-        except BaseException:
-            await self._stop_server()
-            raise
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _ClientConnection(self), self.host, self.port)
         if self.port == 0:
-            server = site._server
-            sockets = getattr(server, "sockets", None) or []
-            self.port = int(sockets[0].getsockname()[1])
+            self.port = int(self._server.sockets[0].getsockname()[1])
 
     async def _stop_server(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self._connections):
+            if connection.exchange is not None:
+                connection.exchange.client_gone()
+            if connection.transport is not None:
+                connection.transport.abort()
+        if self._server is not None:
+            await self._server.wait_closed()
+        for pool in self._pools.values():
+            for idle in list(pool):
+                idle.abort()
+        tasks = [c.worker for c in self._connections if c.worker is not None and not c.worker.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def stop(self) -> None:
         loop, thread = self._loop, self._thread
@@ -344,6 +868,14 @@ class ProxyServer:
                 await asyncio.wait_for(self._changed.wait_for(lambda: self._inflight.get(name, 0) == 0), timeout)
         return self._inflight.get(name, 0) == 0
 
+    def _try_acquire(self, avoid: Upstream | None) -> Upstream | None:
+        """The fast path, without touching the condition: an engine is there and may be used."""
+        upstream = self._active
+        if upstream is None or upstream is avoid:
+            return None
+        self._inflight[upstream.name] = self._inflight.get(upstream.name, 0) + 1
+        return upstream
+
     async def _acquire(self, deadline: float, avoid: Upstream | None = None) -> Upstream:
         """The upstream to use now, waiting (until `deadline`) while there is none or only `avoid`."""
         assert self._changed is not None
@@ -356,154 +888,163 @@ class ProxyServer:
                 self.counters["waited"] += 1
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait_for(usable), max(0.0, deadline - loop.time()))
-            upstream = self._active
-            if upstream is None or upstream is avoid:
+            upstream = self._try_acquire(avoid)
+            if upstream is None:
                 raise _Unavailable(self._down_reason or "no engine became ready in time")
-            self._inflight[upstream.name] = self._inflight.get(upstream.name, 0) + 1
             return upstream
 
-    async def _release(self, upstream: Upstream) -> None:
+    def _release(self, upstream: Upstream) -> None:
+        """Count one request off `upstream`; wake drain() when it is the last (without waiting for the lock)."""
+        count = self._inflight[upstream.name] - 1
+        if count > 0:
+            self._inflight[upstream.name] = count
+            return
+        del self._inflight[upstream.name]
+        asyncio.ensure_future(self._notify())
+
+    async def _notify(self) -> None:
         assert self._changed is not None
         async with self._changed:
-            self._inflight[upstream.name] -= 1
-            if self._inflight[upstream.name] <= 0:
-                del self._inflight[upstream.name]
             self._changed.notify_all()
 
     # --- handlers ---
-    def _authorized(self, request: web.Request) -> bool:
+    def _authorized(self, headers: Headers) -> bool:
         if not self.api_key:
             return True
-        header = request.headers.get("Authorization", "")
-        token = header[7:] if header.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+        header = headers.get("Authorization")
+        token = header[7:] if header.lower().startswith("bearer ") else headers.get("x-api-key")
         return hmac.compare_digest(token.encode(), self.api_key.encode())
 
-    async def _health(self, _request: web.Request) -> web.Response:
-        if self._active is not None:
-            return web.json_response({"status": "ok", "engine": self._active.engine})
-        return web.json_response({"status": "unavailable", "reason": self._down_reason or "starting"}, status=503)
+    async def _handle(self, request: _Incoming, client: _ClientConnection) -> bool:
+        """Answer one request; False when the client connection must close afterwards."""
+        path = request.path
+        if path.startswith(CONTROL_PREFIX):
+            routes = self._routes.get(path)
+            handler = routes.get(request.method) if routes else None
+            if handler is None:
+                response = _json_error(404 if not routes else 405, f"no control route {request.method} {path}")
+            else:
+                response = await handler(LocalRequest(request.method, path, request.query, request.headers,
+                                                      request.body))
+            client.write_response(response, request=request)
+            return True
+        if path == "/health":
+            client.write_response(self._health(), request=request)
+            return True
+        if not self._authorized(request.headers):
+            client.write_response(_json_error(401, "invalid or missing API key", "authentication_error"),
+                                  request=request)
+            return True
+        if path == "/v1/models" and request.method in ("GET", "HEAD"):
+            client.write_response(self._models(), request=request)
+            return True
+        return await self._forward(request, client)
 
-    async def _models(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return _json_error(401, "invalid or missing API key", "authentication_error")
+    def _health(self) -> LocalResponse:
+        if self._active is not None:
+            return LocalResponse.json({"status": "ok", "engine": self._active.engine})
+        return LocalResponse.json({"status": "unavailable", "reason": self._down_reason or "starting"}, status=503)
+
+    def _models(self) -> LocalResponse:
         active = self._active
         entry: dict[str, Any] = {"id": self.model_name, "object": "model", "created": int(self.started_at),
                                  "owned_by": "switchyard"}
         if active is not None:
             entry["switchyard"] = {"engine": active.engine, "model": active.model}
-        return web.json_response({"object": "list", "data": [entry]})
+        return LocalResponse.json({"object": "list", "data": [entry]})
 
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
-        if request.path.startswith(CONTROL_PREFIX):
-            return _json_error(404, f"no control route {request.path}")
-        if not self._authorized(request):
-            return _json_error(401, "invalid or missing API key", "authentication_error")
+    async def _forward(self, request: _Incoming, client: _ClientConnection) -> bool:
         loop = asyncio.get_running_loop()
         arrived, wall = loop.time(), time.time()
         self.counters["requests"] += 1
-        body = await request.read()
         deadline = arrived + self.wait_timeout
         avoid: Upstream | None = None
         refused: dict[str, int] = {}
         while True:
+            upstream = self._try_acquire(avoid)
+            if upstream is None:
+                try:
+                    upstream = await self._acquire(deadline, avoid)
+                except _Unavailable as exc:
+                    return self._fail(request, client, wall, arrived, None, 503, f"no engine is serving: {exc}")
+                except asyncio.CancelledError:
+                    self._record(RequestRecord(wall, request.method, request.path, None, 499, False, None,
+                                               loop.time() - arrived, None, "the client disconnected"))
+                    raise
+            lease = _Lease(self, upstream)
             try:
-                upstream = await self._acquire(deadline, avoid)
-            except _Unavailable as exc:
-                return self._finish_error(request, wall, arrived, None, 503, f"no engine is serving: {exc}")
-            try:
-                outcome = await self._exchange(request, upstream, body, wall, arrived)
+                record, reused = await self._exchange(request, client, lease, wall, arrived)
             finally:
-                await self._release(upstream)
-            if outcome is not None:
-                return outcome
-            # Nothing reached the client yet. Once: a pooled keep-alive connection the engine had closed, so
-            # retry at once. Again: the engine is stopping or dead, so wait for the endpoint to move on.
+                lease.release()
+            if record is not None:
+                return request.keep_alive and record.status != 499
+            if reused:
+                continue  # a kept-alive connection the engine had just closed: retry on another at once
+            # Nothing reached the client yet. Once: a passing hiccup, so retry at once. Again: the engine is
+            # stopping or dead, so wait for the endpoint to move on.
             refused[upstream.name] = refused.get(upstream.name, 0) + 1
             if refused[upstream.name] >= 2:
                 avoid = upstream
                 deadline = min(arrived + self.wait_timeout, loop.time() + self.retry_window)
 
-    async def _exchange(self, request: web.Request, upstream: Upstream, body: bytes, wall: float,
-                        arrived: float) -> web.StreamResponse | None:
-        """Forward once. None means "not connected, nothing sent": the caller may retry elsewhere."""
-        assert self._session is not None
+    async def _exchange(self, request: _Incoming, client: _ClientConnection, lease: _Lease, wall: float,
+                        arrived: float) -> tuple[RequestRecord | None, bool]:
+        """Forward once: (record, reused). A None record means "nothing reached the client": the caller may
+        retry; `reused` says it failed on a kept-alive connection (retry at once) rather than a fresh one."""
         loop = asyncio.get_running_loop()
-        headers = {k: v for k, v in request.headers.items()
-                   if k.lower() not in HOP_HEADERS and k.lower() not in ("authorization", "x-api-key")}
+        upstream = lease.upstream
+        target = self._targets.get(upstream.base_url)
+        if target is None:
+            target = self._targets[upstream.base_url] = _Target.parse(upstream.base_url)
+        connection = self._pooled(upstream.base_url, loop.time())
+        reused = connection is not None
+        if connection is None:
+            connection = _UpstreamConnection(self._pools.setdefault(upstream.base_url, []))
+            try:
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    await loop.create_connection(
+                        lambda: connection, target.host, target.port,
+                        ssl=self._tls_context() if target.tls else None,
+                        server_hostname=target.host if target.tls else None)
+            except (OSError, TimeoutError) as exc:
+                log.info("%s refused a request (%s): retrying", upstream.name, exc or type(exc).__name__)
+                return None, False
+        exchange = _Exchange(self, client, request, lease, arrived, wall, connection)
+        if client.closed:
+            exchange.client_gone()
+        else:
+            client.exchange = exchange
+            connection.begin(exchange, self._upstream_request(request, upstream, target))
+        return await exchange.done, reused
+
+    def _pooled(self, base_url: str, now: float) -> _UpstreamConnection | None:
+        """The most recently used idle connection to `base_url` that is still fresh, if any."""
+        pool = self._pools.get(base_url)
+        while pool:
+            connection = pool.pop()
+            if not connection.closed and now - connection.idle_since < POOL_IDLE_SECONDS:
+                return connection
+            connection.abort()
+        return None
+
+    def _upstream_request(self, request: _Incoming, upstream: Upstream, target: _Target) -> bytes:
+        body = self._rewrite_model(request.body, upstream)
+        dropped = HOP_HEADERS | {"authorization", "x-api-key"}
+        connection = request.headers.get("Connection")
+        if connection:
+            dropped = dropped | {token.strip().lower() for token in connection.split(",")}
+        lines = [f"{request.method} {target.prefix}{request.target} HTTP/1.1", f"Host: {target.authority}"]
+        lines += [f"{name}: {value}" for name, value in request.headers.items if name.lower() not in dropped]
         if upstream.api_key:
-            headers["Authorization"] = f"Bearer {upstream.api_key}"
-        try:
-            upstream_response = await self._session.request(
-                request.method, upstream.base_url + request.rel_url.path_qs,
-                data=self._rewrite_model(body, upstream), headers=headers, allow_redirects=False)
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
-            # Usually a keep-alive connection the engine had just closed (retried at once), else a dying engine.
-            log.info("%s refused a request (%s): retrying", upstream.name, exc)
-            return None
-        except aiohttp.ClientError as exc:
-            return self._finish_error(request, wall, arrived, upstream, 502,
-                                      f"the engine {upstream.engine} failed the request: {exc}")
-        status = upstream_response.status
-        streamed = "text/event-stream" in upstream_response.headers.get("Content-Type", "")
-        meter = StreamMeter(arrived)
-        error: str | None = None
-        client_gone = False
-        try:
-            response = web.StreamResponse(status=status, reason=upstream_response.reason)
-            for key, value in upstream_response.headers.items():
-                if key.lower() not in HOP_HEADERS:
-                    response.headers.add(key, value)
-            kept: list[bytes] = []
-            kept_size = 0
-            await response.prepare(request)
-            while True:
-                try:
-                    chunk = await upstream_response.content.readany()
-                except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as exc:
-                    error = f"the engine {upstream.engine} stopped mid-response ({type(exc).__name__}: {exc})"
-                    break
-                if not chunk:
-                    break
-                if streamed:
-                    meter.feed(chunk, loop.time())
-                elif kept_size < 1 << 20:
-                    kept.append(chunk)
-                    kept_size += len(chunk)
-                try:
-                    await response.write(chunk)
-                except (ConnectionError, aiohttp.ClientConnectionResetError):
-                    client_gone = True
-                    break
-            done = loop.time()
-            if error is not None:
-                log.warning("%s", error)
-                if streamed:
-                    payload = {"error": {"message": error, "type": "upstream_disconnected", "code": 502}}
-                    with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
-                        await response.write(f"data: {json.dumps(payload)}\n\n".encode())
-            if streamed:
-                meter.finish(done)
-            else:
-                _count_json_tokens(meter, b"".join(kept), done)
-            if not client_gone:
-                with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionResetError):
-                    await response.write_eof()
-        finally:
-            if upstream_response.content.at_eof():
-                upstream_response.release()
-            else:  # closing aborts the engine's work on a request nobody reads any more
-                upstream_response.close()
-        if client_gone:
-            status, error = 499, "the client disconnected"
-        elif error is None and status >= 400:
-            error = f"HTTP {status}"
-        elif error is None:
-            error = meter.error
-        self._record(RequestRecord(
-            t=wall, method=request.method, path=request.path, upstream=upstream.name, status=status,
-            streamed=streamed, ttft_s=(meter.first_token_at - arrived) if meter.first_token_at else None,
-            e2e_s=done - arrived, output_tokens=meter.output_tokens if status < 400 else None, error=error))
-        return response
+            lines.append(f"Authorization: Bearer {upstream.api_key}")
+        if body or request.method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
 
     def _rewrite_model(self, body: bytes, upstream: Upstream) -> bytes:
         """Requests name the stable model; the engine knows its own served name."""
@@ -518,12 +1059,13 @@ class ProxyServer:
         data["model"] = upstream.served_model_name
         return json.dumps(data).encode()
 
-    def _finish_error(self, request: web.Request, wall: float, arrived: float, upstream: Upstream | None,
-                      status: int, message: str) -> web.Response:
+    def _fail(self, request: _Incoming, client: _ClientConnection, wall: float, arrived: float,
+              upstream: Upstream | None, status: int, message: str) -> bool:
         now = asyncio.get_running_loop().time()
         self._record(RequestRecord(wall, request.method, request.path, upstream.name if upstream else None,
                                    status, False, None, now - arrived, None, message))
-        return _json_error(status, message, "upstream_unavailable")
+        client.write_response(_json_error(status, message, "upstream_unavailable"), request=request)
+        return True
 
     def _record(self, record: RequestRecord) -> None:
         if record.status != 499 and (record.error is not None or record.status >= 500):
