@@ -2,6 +2,10 @@
 the proxy, interleaved round by round. Prints throughput through the proxy ÷ direct (goal >= 0.97) and the TTFT
 p50 the proxy adds (goal <= 2 ms), at concurrency 32, plus the added TTFT p50 of sequential requests.
 
+It measures two engine settings. With a core left free (the usual case: on a GPU the engine keeps one CPU thread
+busy), the numbers are the proxy's own cost. With every core given to a CPU-only llama-server, every cycle the
+proxy or the client spends stalls the engine's spinning worker threads, so the ratio shows that contention too.
+
 The proxy runs in its own process (as in real use), so it does not share this load generator's interpreter.
 
     .venv/bin/python benchmarks/bench_proxy.py [--concurrency 32] [--requests 128] [--rounds 3] [--json]
@@ -12,6 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import random
 import statistics
 import subprocess
 import sys
@@ -66,20 +72,30 @@ async def _one(session: aiohttp.ClientSession, url: str, max_tokens: int) -> tup
     return first, tokens
 
 
+def _lengths(requests: int, mean: int) -> list[int]:
+    """Output lengths spread evenly over [mean/4, 7*mean/4] in a fixed shuffled order, the same every round.
+    Equal lengths would make all 32 streams end in the same engine step and the next 32 requests arrive as one
+    burst; whether that burst makes the next step or waits one more (tens of ms) would decide the TTFT p50."""
+    low, high = max(1, mean // 4), max(1, 7 * mean // 4)
+    return [low + (index * 37) % (high - low + 1) for index in range(requests)]
+
+
 async def _round(mode: str, url: str, concurrency: int, requests: int, max_tokens: int) -> Round:
     queue: asyncio.Queue[int] = asyncio.Queue()
-    for index in range(requests):
-        queue.put_nowait(index)
+    for length in _lengths(requests, max_tokens):
+        queue.put_nowait(length)
     ttfts: list[float] = []
     totals = {"tokens": 0, "failed": 0}
     errors: list[str] = []
-    connector = aiohttp.TCPConnector(limit=0, force_close=True)  # same connection policy as the proxy
+    # A fresh connection per request in both modes: llama-server closes idle kept-alive connections, and a
+    # client that reuses one just then fails (the proxy retries that case; this client does not).
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
         async def worker() -> None:
             while not queue.empty():
-                queue.get_nowait()
+                length = queue.get_nowait()
                 try:
-                    first, tokens = await _one(session, url, max_tokens)
+                    first, tokens = await _one(session, url, length)
                 except Exception as exc:
                     totals["failed"] += 1
                     errors.append(f"{type(exc).__name__}: {exc}"[:200])
@@ -106,20 +122,18 @@ def _proxy_only(upstream: str, port: int) -> None:
     proxy.stop()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--requests", type=int, default=128, help="requests per round")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds per mode (after one warm-up)")
-    parser.add_argument("--sequential", type=int, default=30, help="sequential requests for the c=1 TTFT check")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--proxy-only", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.proxy_only:
-        _proxy_only(args.proxy_only[0], int(args.proxy_only[1]))
-        return 0
+def _bootstrap_p50_difference(proxied: list[float], direct: list[float], resamples: int = 2000
+                              ) -> tuple[float, float]:
+    """95% interval of p50(proxied) - p50(direct), resampling requests: how far the noise alone moves it."""
+    rng = random.Random(1234)
+    differences = sorted(
+        statistics.median(rng.choices(proxied, k=len(proxied))) - statistics.median(rng.choices(direct, k=len(direct)))
+        for _ in range(resamples))
+    return differences[int(0.025 * resamples)], differences[int(0.975 * resamples) - 1]
 
+
+def _measure(args: argparse.Namespace, threads: int | None) -> dict[str, Any]:
+    """One engine configuration: warm-up, then direct and proxied rounds interleaved, then sequential pairs."""
     from desktop.core.demo import ensure_demo_model
     from desktop.core.engines import get_adapter
     from desktop.core.engines.base import LaunchPlan
@@ -128,7 +142,8 @@ def main() -> int:
 
     adapter = get_adapter("llama.cpp")
     install = adapter.find_install() or adapter.install()
-    plan = LaunchPlan("llama.cpp", ensure_demo_model().gguf_path, ctx=512, parallel=args.concurrency)
+    plan = LaunchPlan("llama.cpp", ensure_demo_model().gguf_path, ctx=512, parallel=args.concurrency,
+                      threads=threads)
     port = find_free_port()
     with EngineProcess(adapter, plan, install) as engine:
         engine.start()
@@ -146,8 +161,10 @@ def main() -> int:
             rounds: list[Round] = []
             proxy_process = psutil.Process(child.pid)
             proxy_cpu = 0.0
-            for _ in range(args.rounds):
-                for mode, url in urls.items():
+            for index in range(args.rounds):
+                # ABBA order (direct, proxy, proxy, direct, ...): a drift in the machine's load hits both alike.
+                order = list(urls.items()) if index % 2 == 0 else list(urls.items())[::-1]
+                for mode, url in order:
                     before = sum(proxy_process.cpu_times()[:2])
                     rounds.append(asyncio.run(_round(mode, url, args.concurrency, args.requests, args.max_tokens)))
                     if mode == "proxy":
@@ -171,31 +188,76 @@ def main() -> int:
                 "rounds_tokens_per_s": [round(r.throughput, 1) for r in mine]}
 
     direct, proxied = summary("direct"), summary("proxy")
-    result = {
+    pairs = list(zip([r for r in rounds if r.mode == "direct"], [r for r in rounds if r.mode == "proxy"],
+                     strict=True))
+    ratios = [p.throughput / d.throughput for d, p in pairs]
+    low, high = _bootstrap_p50_difference([t for r in rounds if r.mode == "proxy" for t in r.ttfts],
+                                          [t for r in rounds if r.mode == "direct" for t in r.ttfts])
+    return {
         "engine": f"llama.cpp {install.version}",
-        "concurrency": args.concurrency,
-        "requests_per_round": args.requests,
-        "max_tokens": args.max_tokens,
-        "rounds": args.rounds,
+        "engine_threads": threads or "default (all cores)",
         "direct": direct,
         "proxy": proxied,
         "throughput_ratio": proxied["output_tokens_per_s"] / direct["output_tokens_per_s"],
+        "throughput_ratio_per_pair": [round(r, 3) for r in ratios],
         "added_ttft_p50_ms": proxied["ttft_p50_ms"] - direct["ttft_p50_ms"],
+        "added_ttft_p50_ms_95ci": [low * 1000, high * 1000],
         "added_ttft_p50_ms_sequential": (statistics.median(sequential["proxy"])
                                          - statistics.median(sequential["direct"])) * 1000,
         "proxy_cpu_ms_per_request": proxy_cpu * 1000 / max(1, proxied["requests"]),
         "rounds_detail": [asdict(r) | {"ttfts": len(r.ttfts), "errors": len(r.errors)} for r in rounds],
     }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=128, help="requests per round")
+    parser.add_argument("--max-tokens", type=int, default=64, help="mean output length (spread 1/4 to 7/4 of it)")
+    parser.add_argument("--rounds", type=int, default=6, help="measured rounds per mode (after one warm-up)")
+    parser.add_argument("--sequential", type=int, default=30, help="sequential requests for the c=1 TTFT check")
+    parser.add_argument("--engine-threads", default="spare,all",
+                        help="llama-server --threads settings to measure, comma-separated: 'spare' (all cores but "
+                             "one, left to the client and the endpoint, as when a GPU does the engine's work), "
+                             "'all' (llama.cpp's default: every core busy with the engine), or a number")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--proxy-only", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.proxy_only:
+        _proxy_only(args.proxy_only[0], int(args.proxy_only[1]))
+        return 0
+
+    cores = os.cpu_count() or 1
+    settings: list[tuple[str, int | None]] = []
+    for word in args.engine_threads.split(","):
+        word = word.strip()
+        if word == "all":
+            settings.append((f"all {cores} cores to the engine", None))
+        elif word == "spare":
+            settings.append((f"engine on {max(1, cores - 1)} of {cores} cores", max(1, cores - 1)))
+        else:
+            settings.append((f"engine on {int(word)} of {cores} cores", int(word)))
+    results = []
+    for label, threads in settings:
+        result = {"setting": label, "concurrency": args.concurrency, "requests_per_round": args.requests,
+                  "max_tokens": args.max_tokens, "rounds": args.rounds, **_measure(args, threads)}
+        results.append(result)
+        if not args.json:
+            direct, proxied = result["direct"], result["proxy"]
+            print(f"[{label}] direct: {direct['output_tokens_per_s']:.1f} tok/s, TTFT p50 "
+                  f"{direct['ttft_p50_ms']:.1f} ms; proxy: {proxied['output_tokens_per_s']:.1f} tok/s, TTFT p50 "
+                  f"{proxied['ttft_p50_ms']:.1f} ms")
+            ratios = result["throughput_ratio_per_pair"]
+            low, high = result["added_ttft_p50_ms_95ci"]
+            print(f"[{label}] throughput proxy/direct = {result['throughput_ratio']:.3f} (goal >= 0.97; per round "
+                  f"pair {min(ratios):.3f}-{max(ratios):.3f}); added TTFT p50 = "
+                  f"{result['added_ttft_p50_ms']:+.2f} ms at c={args.concurrency} (goal <= 2 ms; 95% interval "
+                  f"{low:+.1f} to {high:+.1f} ms), {result['added_ttft_p50_ms_sequential']:+.2f} ms sequential; "
+                  f"proxy CPU {result['proxy_cpu_ms_per_request']:.2f} ms per request", flush=True)
     if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(f"direct: {direct['output_tokens_per_s']:.1f} tok/s, TTFT p50 {direct['ttft_p50_ms']:.1f} ms; "
-              f"proxy: {proxied['output_tokens_per_s']:.1f} tok/s, TTFT p50 {proxied['ttft_p50_ms']:.1f} ms")
-        print(f"throughput proxy/direct = {result['throughput_ratio']:.3f} (goal >= 0.97); "
-              f"added TTFT p50 = {result['added_ttft_p50_ms']:+.2f} ms at c={args.concurrency} (goal <= 2 ms), "
-              f"{result['added_ttft_p50_ms_sequential']:+.2f} ms sequential; "
-              f"proxy CPU {result['proxy_cpu_ms_per_request']:.2f} ms per request")
-    return 0 if direct["failed"] == proxied["failed"] == 0 else 1
+        print(json.dumps(results, indent=2))
+    failed = sum(r["direct"]["failed"] + r["proxy"]["failed"] for r in results)
+    return 0 if failed == 0 else 1
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ class FakeEngine:
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.first_chunk_sent = threading.Event()
+        self.cancelled = threading.Event()  # a stream ended because its client went away
+        self.peers: set[tuple[str, int]] = set()  # the connections requests came on
         self._gate: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -56,7 +58,7 @@ class FakeEngine:
             app = web.Application()
             app.router.add_post("/v1/completions", self._completions)
             app.router.add_get("/health", self._health)
-            self._runner = web.AppRunner(app)
+            self._runner = web.AppRunner(app, handler_cancellation=True)
             await self._runner.setup()
             await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
 
@@ -74,6 +76,8 @@ class FakeEngine:
         body = await request.json()
         self.bodies.append(body)
         self.headers.append(dict(request.headers))
+        assert request.transport is not None
+        self.peers.add(request.transport.get_extra_info("peername"))
         if not body.get("stream"):
             return web.json_response({"choices": [{"text": "abc", "index": 0}],
                                       "usage": {"completion_tokens": 3}})
@@ -90,7 +94,11 @@ class FakeEngine:
                     return response
                 if self.hold:
                     assert self._gate is not None
-                    await self._gate.wait()
+                    try:
+                        await self._gate.wait()
+                    except asyncio.CancelledError:
+                        self.cancelled.set()
+                        raise
         usage = {"choices": [], "usage": {"completion_tokens": self.chunks, "prompt_tokens": 2}}
         await response.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         await response.write_eof()
@@ -351,3 +359,189 @@ def test_real_llama_server_through_the_proxy(proxy: ProxyServer, llama_server: A
     chat = httpx.post(proxy.url + "/v1/chat/completions", trust_env=False, timeout=60, json={
         "model": "anything", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
     assert chat.status_code == 200 and chat.json()["choices"][0]["message"]
+
+
+# --- HTTP/1.1 on the wire: what clients other than httpx send ---------------------------------------------------
+def raw_http(port: int, payload: bytes, timeout: float = 10) -> bytes:
+    """Send raw bytes and read until the endpoint closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(payload)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+def http_request(path: str, body: bytes = b"", *, close: bool = False, extra: str = "",
+                 method: str = "POST") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: endpoint\r\nContent-Type: application/json\r\n"
+    if body or method == "POST":
+        head += f"Content-Length: {len(body)}\r\n"
+    if close:
+        head += "Connection: close\r\n"
+    return (head + extra + "\r\n").encode() + body
+
+
+def test_keep_alive_serves_a_client_session_on_one_connection(proxy: ProxyServer, engine_a: FakeEngine) -> None:
+    """The OpenAI SDK's pattern: list models, then several requests, all on one pooled connection."""
+    proxy.set_upstream(engine_a.upstream)
+    ports: set[int] = set()
+    with httpx.Client(base_url=proxy.url, trust_env=False, timeout=10) as client:
+        for index in range(6):
+            if index == 0:
+                response = client.get("/v1/models")
+            else:
+                response = client.post("/v1/completions", json=completion_body(stream=index % 2 == 0))
+            assert response.status_code == 200
+            stream = response.extensions["network_stream"]
+            ports.add(stream.get_extra_info("socket").getsockname()[1])
+    assert len(ports) == 1  # one client connection carried them all
+    assert len(engine_a.bodies) == 5 and proxy.counters["failed"] == 0
+    assert len(engine_a.peers) == 1  # and one kept-alive connection to the engine
+
+
+def test_pipelined_requests_are_answered_in_order(proxy: ProxyServer, engine_a: FakeEngine) -> None:
+    proxy.set_upstream(engine_a.upstream)
+    first = json.dumps({**completion_body(False), "prompt": "one"}).encode()
+    second = json.dumps({**completion_body(True), "prompt": "two"}).encode()
+    answer = raw_http(proxy.port, http_request("/v1/completions", first)
+                      + http_request("/v1/completions", second, close=True))
+    assert answer.count(b"HTTP/1.1 200") == 2
+    assert answer.index(b'"abc"') < answer.index(b"t0 ")  # the JSON answer first, then the stream
+    assert answer.rstrip().endswith(b"0")  # the chunked stream ended properly
+    assert [b["prompt"] for b in engine_a.bodies] == ["one", "two"]
+
+
+def test_chunked_request_body_and_expect_continue(proxy: ProxyServer, engine_a: FakeEngine) -> None:
+    """curl sends `Expect: 100-continue` for larger bodies; some clients send bodies chunked."""
+    proxy.set_upstream(engine_a.upstream)
+    body = json.dumps(completion_body(False)).encode()
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: endpoint\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(head)
+        assert sock.recv(1024).startswith(b"HTTP/1.1 100 Continue")
+        half = len(body) // 2
+        sock.sendall(b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (half, body[:half], len(body) - half, body[half:]))
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["usage"]["completion_tokens"] == 3
+    assert engine_a.bodies[-1]["model"] == "fake-model"
+    assert "Expect" not in engine_a.headers[-1]  # answered here, not forwarded
+
+
+def test_http10_client_gets_a_close_delimited_stream(proxy: ProxyServer, engine_a: FakeEngine) -> None:
+    proxy.set_upstream(engine_a.upstream)
+    body = json.dumps(completion_body(True)).encode()
+    answer = raw_http(proxy.port, b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" not in head.lower()
+    events = [line for line in payload.split(b"\n") if line.startswith(b"data: ")]
+    assert events[-1] == b"data: [DONE]" and len(events) == engine_a.chunks + 2
+
+
+@pytest.mark.parametrize(("payload", "status", "message"), [
+    (b"this is not HTTP\r\n\r\n", 400, "malformed HTTP request"),
+    (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431, "headers over"),
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n" + b"x" * 2000, 413,
+     "request body over"),
+])
+def test_unreadable_requests_get_a_clear_error_and_a_closed_connection(
+        proxy: ProxyServer, monkeypatch: pytest.MonkeyPatch, payload: bytes, status: int, message: str) -> None:
+    import desktop.core.proxy as proxy_module
+
+    monkeypatch.setattr(proxy_module, "MAX_BODY_BYTES", 1024)
+    answer = raw_http(proxy.port, payload)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d" % status) and b"Connection: close" in head
+    assert message in json.loads(body)["error"]["message"]
+
+
+def test_client_hanging_up_mid_stream_aborts_the_engine_request(proxy: ProxyServer, engine_a: FakeEngine) -> None:
+    records = records_of(proxy)
+    engine_a.hold = True
+    proxy.set_upstream(engine_a.upstream)
+    body = json.dumps(completion_body(True)).encode()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(http_request("/v1/completions", body))
+        received = b""
+        while b"t0 " not in received:  # the first token arrived; then hang up mid-stream
+            chunk = sock.recv(65536)
+            assert chunk, "the endpoint closed before the first token"
+            received += chunk
+    # The endpoint notices the hang-up, closes its engine connection and counts the request off.
+    assert proxy.drain(engine_a.upstream, timeout=10)
+    assert engine_a.cancelled.wait(10)  # the engine saw its client (the proxy) go away
+    assert records[-1].status == 499 and proxy.counters["failed"] == 0
+    engine_a.release()
+
+
+class ClosingEngine:
+    """Answers the first request on each connection (keeping it alive), then closes any later request's
+    connection without answering: the race with an engine closing an idle kept-alive connection."""
+
+    def __init__(self) -> None:
+        self.answered = 0
+        self.dropped = 0
+        self.connections = 0
+        self.port = find_free_port()
+        self._loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(started,), daemon=True)
+        self._thread.start()
+        assert started.wait(10)
+
+    def _run(self, started: threading.Event) -> None:
+        engine = self
+
+        class Answer(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                self.transport = transport
+                self.buffer = b""
+                self.served = False
+                engine.connections += 1
+
+            def data_received(self, data: bytes) -> None:
+                self.buffer += data
+                if b"\r\n\r\n" not in self.buffer:
+                    return
+                if self.served:
+                    engine.dropped += 1
+                    self.transport.close()
+                    return
+                self.served = True
+                self.buffer = b""
+                engine.answered += 1
+                body = b'{"choices":[{"text":"ok","index":0}],"usage":{"completion_tokens":1}}'
+                assert isinstance(self.transport, asyncio.WriteTransport)
+                self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+        server = self._loop.run_until_complete(self._loop.create_server(Answer, "127.0.0.1", self.port))
+        started.set()
+        self._loop.run_forever()
+        server.close()
+        self._loop.run_until_complete(server.wait_closed())
+        self._loop.close()
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def test_a_kept_alive_connection_closed_by_the_engine_is_retried_unseen(proxy: ProxyServer) -> None:
+    engine = ClosingEngine()
+    try:
+        proxy.set_upstream(Upstream("closing@1", "closing", f"http://127.0.0.1:{engine.port}", "m"))
+        for _ in range(3):
+            response = httpx.post(proxy.url + "/v1/completions", json=completion_body(False), trust_env=False,
+                                  timeout=10)
+            assert response.status_code == 200 and response.json()["choices"][0]["text"] == "ok"
+        # Requests 2 and 3 went first to the kept-alive connection, which the engine closed unanswered.
+        assert engine.answered == 3 and engine.dropped == 2 and engine.connections == 3
+        assert proxy.counters["failed"] == 0
+    finally:
+        engine.close()

@@ -135,7 +135,8 @@ class StreamMeter:
         self.usage_tokens: int | None = None
         self.error: str | None = None
         self._decoder = SSEDecoder()
-        self._tail = b""
+        self._tail: deque[bytes] = deque()
+        self._tail_size = 0
 
     def feed(self, chunk: bytes, now: float) -> None:
         if self.first_token_at is None:
@@ -143,14 +144,16 @@ class StreamMeter:
                 self._payload(payload, now)
             return
         self.payloads += chunk.count(b"data:")
-        self._tail += chunk
-        if len(self._tail) > 2 * self.TAIL_BYTES:
-            self._tail = self._tail[-self.TAIL_BYTES:]
+        tail = self._tail
+        tail.append(chunk)
+        self._tail_size += len(chunk)
+        while self._tail_size - len(tail[0]) >= self.TAIL_BYTES:
+            self._tail_size -= len(tail.popleft())
 
     def finish(self, now: float) -> None:
         for payload in self._decoder.flush():
             self._payload(payload, now)
-        tail = self._tail.decode("utf-8", "replace")
+        tail = b"".join(self._tail).decode("utf-8", "replace")
         if "[DONE]" in tail:
             self.payloads -= 1
         for event in tail.split("\n\n"):
@@ -291,8 +294,11 @@ class _ClientConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.pending: deque[_Incoming] = deque()
-        self.worker: asyncio.Task[None] | None = None
+        self.worker: asyncio.Task[bool] | None = None  # a request that had to wait (for an engine, a connection)
         self.exchange: _Exchange | None = None  # the upstream answer now being streamed to this client
+        self.busy = False  # a request is being answered; later (pipelined) ones wait in `pending`
+        self.current: _Incoming | None = None
+        self._dispatching = False
         self.closed = False
         self.rejected: tuple[int, str] | None = None
         self._url = b""
@@ -360,8 +366,8 @@ class _ClientConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         expect = [v for n, v in self._headers if n.lower() == "expect"]
-        if expect and expect[-1].lower() == "100-continue" and self.exchange is None and not self.pending \
-                and (self.worker is None or self.worker.done()) and self.transport is not None:
+        if expect and expect[-1].lower() == "100-continue" and not self.busy and not self.pending \
+                and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -377,8 +383,8 @@ class _ClientConnection(asyncio.Protocol):
             method=self.parser.get_method().decode("ascii", "replace"), target=target, path=path, query=query,
             headers=Headers(self._headers), body=b"".join(self._body), keep_alive=self.parser.should_keep_alive(),
             http10=self.parser.get_http_version() == "1.0"))
-        if self.worker is None or self.worker.done():
-            self.worker = asyncio.ensure_future(self._serve())
+        if not self.busy:
+            self._next()
 
     # --- answering ---
     def _reject(self, status: int, message: str) -> None:
@@ -387,26 +393,56 @@ class _ClientConnection(asyncio.Protocol):
             return
         self.rejected = (status, message)
         self.pending.clear()
-        busy = self.exchange is not None or (self.worker is not None and not self.worker.done())
-        if not busy and self.transport is not None:
+        if not self.busy and self.transport is not None:
             self.write_response(_json_error(status, message, "invalid_request_error"), close=True)
             self.transport.close()
         raise httptools.HttpParserCallbackError(message)  # stops the parser; caught in data_received
 
-    async def _serve(self) -> None:
-        while self.pending and not self.closed:
-            request = self.pending.popleft()
-            try:
-                keep = await self.proxy._handle(request, self)
-            except Exception:
-                log.exception("the endpoint failed a request to %s", request.path)
-                keep = False
-            if self.closed:
-                return
-            if not keep or not request.keep_alive or self.rejected is not None:
-                assert self.transport is not None
-                self.transport.close()
-                return
+    def _next(self) -> None:
+        """Answer pending requests in order. Most are answered (or forwarded) right here, inside the callback
+        that read them: no task, no loop iteration between a request's last byte and the engine."""
+        if self._dispatching:
+            return  # request_done() was called from inside dispatch: the loop below carries on
+        self._dispatching = True
+        try:
+            while self.pending and not self.busy and not self.closed:
+                self.current = self.pending.popleft()
+                self.busy = True
+                try:
+                    self.proxy._dispatch(self.current, self)
+                except Exception:
+                    log.exception("the endpoint failed a request to %s", self.current.path)
+                    self.request_done(False)
+        finally:
+            self._dispatching = False
+
+    def request_done(self, keep: bool) -> None:
+        """The current request is answered; `keep` False closes the connection (the answer was cut short)."""
+        self.busy = False
+        self.worker = None
+        if self.closed or self.transport is None:
+            return
+        current = self.current
+        if not keep or current is None or not current.keep_alive or self.rejected is not None:
+            self.transport.close()
+            return
+        self._next()
+
+    def wait_in(self, coroutine: Coroutine[Any, Any, bool]) -> None:
+        """Continue the current request in a task (it has to wait); its result is `keep` for request_done."""
+        task = asyncio.ensure_future(coroutine)
+        self.worker = task
+
+        def finished(done: asyncio.Task[bool]) -> None:
+            if done.cancelled():
+                self.request_done(False)
+            elif done.exception() is not None:
+                log.error("the endpoint failed a request", exc_info=done.exception())
+                self.request_done(False)
+            else:
+                self.request_done(done.result())
+
+        task.add_done_callback(finished)
 
     def write_response(self, response: LocalResponse, close: bool = False, request: _Incoming | None = None
                        ) -> None:
@@ -501,6 +537,7 @@ class _Exchange:
         self.streamed = False
         self.framing = "length"  # to the client: "length", "chunked", "close" or "none"
         self.upstream_framed = True  # the engine said how long its body is (length or chunked)
+        self.upstream_keep_alive = False  # the engine will take another request on this connection
         self.complete = False
         self.finished = False
         self.out: list[bytes] = []
@@ -595,9 +632,7 @@ class _Exchange:
             self.kept.append(body)
             self.kept_size += len(body)
         if self.framing == "chunked":
-            self.out.append(b"%x\r\n" % len(body))
-            self.out.append(body)
-            self.out.append(b"\r\n")
+            self.out.append(b"%x\r\n%b\r\n" % (len(body), body))
         else:
             self.out.append(body)
 
@@ -605,6 +640,7 @@ class _Exchange:
         if self.complete:
             return
         self.complete = True
+        self.upstream_keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the callback returns
         if self.framing == "chunked":
             self.out.append(b"0\r\n\r\n")
 
@@ -640,7 +676,7 @@ class _Exchange:
         self.finished = True
         self.client.exchange = None
         done = self.loop.time()
-        reusable = self.complete and error is None and self.upstream_framed and self.parser.should_keep_alive()
+        reusable = self.complete and error is None and self.upstream_framed and self.upstream_keep_alive
         self.connection.release(reusable and not (retry or client_gone), done)
         if retry:
             log.info("%s refused a request (%s): retrying", self.upstream.name, reason)
@@ -915,30 +951,67 @@ class ProxyServer:
         token = header[7:] if header.lower().startswith("bearer ") else headers.get("x-api-key")
         return hmac.compare_digest(token.encode(), self.api_key.encode())
 
-    async def _handle(self, request: _Incoming, client: _ClientConnection) -> bool:
-        """Answer one request; False when the client connection must close afterwards."""
+    def _dispatch(self, request: _Incoming, client: _ClientConnection) -> None:
+        """Answer one request; calls client.request_done() when finished, now or later."""
         path = request.path
         if path.startswith(CONTROL_PREFIX):
             routes = self._routes.get(path)
             handler = routes.get(request.method) if routes else None
             if handler is None:
-                response = _json_error(404 if not routes else 405, f"no control route {request.method} {path}")
+                client.write_response(_json_error(404 if not routes else 405,
+                                                  f"no control route {request.method} {path}"), request=request)
+                client.request_done(True)
             else:
-                response = await handler(LocalRequest(request.method, path, request.query, request.headers,
-                                                      request.body))
-            client.write_response(response, request=request)
-            return True
+                client.wait_in(self._local(handler, request, client))
+            return
         if path == "/health":
             client.write_response(self._health(), request=request)
-            return True
-        if not self._authorized(request.headers):
+        elif not self._authorized(request.headers):
             client.write_response(_json_error(401, "invalid or missing API key", "authentication_error"),
                                   request=request)
-            return True
-        if path == "/v1/models" and request.method in ("GET", "HEAD"):
+        elif path == "/v1/models" and request.method in ("GET", "HEAD"):
             client.write_response(self._models(), request=request)
-            return True
-        return await self._forward(request, client)
+        else:
+            self._forward_now(request, client)
+            return
+        client.request_done(True)
+
+    async def _local(self, handler: LocalHandler, request: _Incoming, client: _ClientConnection) -> bool:
+        try:
+            response = await handler(LocalRequest(request.method, request.path, request.query, request.headers,
+                                                  request.body))
+        except Exception as exc:
+            log.exception("control route %s failed", request.path)
+            response = _json_error(500, f"the endpoint failed: {exc}")
+        client.write_response(response, request=request)
+        return True
+
+    def _forward_now(self, request: _Incoming, client: _ClientConnection) -> None:
+        """The common case without a task: an engine is active and an idle connection to it is at hand."""
+        loop = asyncio.get_running_loop()
+        arrived, wall = loop.time(), time.time()
+        self.counters["requests"] += 1
+        upstream = self._try_acquire(None)
+        connection = self._pooled(upstream.base_url, arrived) if upstream is not None else None
+        if upstream is None or connection is None:
+            if upstream is not None:
+                self._release(upstream)
+            client.wait_in(self._forward(request, client, arrived, wall))
+            return
+        lease = _Lease(self, upstream)
+        exchange = self._begin(request, client, lease, connection, arrived, wall)
+
+        def answered(done: asyncio.Future[RequestRecord | None]) -> None:
+            lease.release()
+            record = done.result()
+            if record is not None:
+                client.request_done(request.keep_alive and record.status != 499)
+            elif client.closed:
+                client.request_done(False)
+            else:  # the kept-alive connection had just been closed by the engine: the careful path retries
+                client.wait_in(self._forward(request, client, arrived, wall))
+
+        exchange.done.add_done_callback(answered)
 
     def _health(self) -> LocalResponse:
         if self._active is not None:
@@ -953,13 +1026,24 @@ class ProxyServer:
             entry["switchyard"] = {"engine": active.engine, "model": active.model}
         return LocalResponse.json({"object": "list", "data": [entry]})
 
-    async def _forward(self, request: _Incoming, client: _ClientConnection) -> bool:
+    async def _forward(self, request: _Incoming, client: _ClientConnection, arrived: float, wall: float) -> bool:
+        """Forward with waiting: for an engine to become active, for a fresh connection, and retrying once
+        on another engine when the first refuses. Returns `keep` (False when the answer was cut short)."""
         loop = asyncio.get_running_loop()
-        arrived, wall = loop.time(), time.time()
-        self.counters["requests"] += 1
         deadline = arrived + self.wait_timeout
         avoid: Upstream | None = None
         refused: dict[str, int] = {}
+        try:
+            return await self._forward_with_retries(request, client, arrived, wall, deadline, avoid, refused)
+        except asyncio.CancelledError:  # the client left while its request waited (an exchange records itself)
+            self._record(RequestRecord(wall, request.method, request.path, None, 499, False, None,
+                                       loop.time() - arrived, None, "the client disconnected"))
+            raise
+
+    async def _forward_with_retries(self, request: _Incoming, client: _ClientConnection, arrived: float,
+                                    wall: float, deadline: float, avoid: Upstream | None,
+                                    refused: dict[str, int]) -> bool:
+        loop = asyncio.get_running_loop()
         while True:
             upstream = self._try_acquire(avoid)
             if upstream is None:
@@ -967,10 +1051,6 @@ class ProxyServer:
                     upstream = await self._acquire(deadline, avoid)
                 except _Unavailable as exc:
                     return self._fail(request, client, wall, arrived, None, 503, f"no engine is serving: {exc}")
-                except asyncio.CancelledError:
-                    self._record(RequestRecord(wall, request.method, request.path, None, 499, False, None,
-                                               loop.time() - arrived, None, "the client disconnected"))
-                    raise
             lease = _Lease(self, upstream)
             try:
                 record, reused = await self._exchange(request, client, lease, wall, arrived)
@@ -993,9 +1073,7 @@ class ProxyServer:
         retry; `reused` says it failed on a kept-alive connection (retry at once) rather than a fresh one."""
         loop = asyncio.get_running_loop()
         upstream = lease.upstream
-        target = self._targets.get(upstream.base_url)
-        if target is None:
-            target = self._targets[upstream.base_url] = _Target.parse(upstream.base_url)
+        target = self._target(upstream)
         connection = self._pooled(upstream.base_url, loop.time())
         reused = connection is not None
         if connection is None:
@@ -1009,13 +1087,26 @@ class ProxyServer:
             except (OSError, TimeoutError) as exc:
                 log.info("%s refused a request (%s): retrying", upstream.name, exc or type(exc).__name__)
                 return None, False
+        exchange = self._begin(request, client, lease, connection, arrived, wall)
+        return await exchange.done, reused
+
+    def _begin(self, request: _Incoming, client: _ClientConnection, lease: _Lease,
+               connection: _UpstreamConnection, arrived: float, wall: float) -> _Exchange:
+        upstream = lease.upstream
+        target = self._target(upstream)
         exchange = _Exchange(self, client, request, lease, arrived, wall, connection)
         if client.closed:
             exchange.client_gone()
         else:
             client.exchange = exchange
             connection.begin(exchange, self._upstream_request(request, upstream, target))
-        return await exchange.done, reused
+        return exchange
+
+    def _target(self, upstream: Upstream) -> _Target:
+        target = self._targets.get(upstream.base_url)
+        if target is None:
+            target = self._targets[upstream.base_url] = _Target.parse(upstream.base_url)
+        return target
 
     def _pooled(self, base_url: str, now: float) -> _UpstreamConnection | None:
         """The most recently used idle connection to `base_url` that is still fresh, if any."""
