@@ -779,6 +779,7 @@ class ProxyServer:
         self._down_reason: str | None = None
         self._inflight: dict[str, int] = {}
         self._changed: asyncio.Condition | None = None
+        self._draining = 0  # drain() calls waiting: only they need waking when a request ends
         self.counters = {"requests": 0, "failed": 0, "waited": 0}
 
     # --- configuration (before start) ---
@@ -899,9 +900,14 @@ class ProxyServer:
 
     async def _drain(self, name: str, timeout: float) -> bool:
         assert self._changed is not None
-        with contextlib.suppress(TimeoutError):
-            async with self._changed:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self._inflight.get(name, 0) == 0), timeout)
+        self._draining += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with self._changed:
+                    await asyncio.wait_for(self._changed.wait_for(lambda: self._inflight.get(name, 0) == 0),
+                                           timeout)
+        finally:
+            self._draining -= 1
         return self._inflight.get(name, 0) == 0
 
     def _try_acquire(self, avoid: Upstream | None) -> Upstream | None:
@@ -930,13 +936,14 @@ class ProxyServer:
             return upstream
 
     def _release(self, upstream: Upstream) -> None:
-        """Count one request off `upstream`; wake drain() when it is the last (without waiting for the lock)."""
+        """Count one request off `upstream`; when it was the last, wake any drain() waiting for that."""
         count = self._inflight[upstream.name] - 1
         if count > 0:
             self._inflight[upstream.name] = count
             return
         del self._inflight[upstream.name]
-        asyncio.ensure_future(self._notify())
+        if self._draining:
+            asyncio.ensure_future(self._notify())
 
     async def _notify(self) -> None:
         assert self._changed is not None
