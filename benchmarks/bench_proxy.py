@@ -8,7 +8,8 @@ proxy or the client spends stalls the engine's spinning worker threads, so the r
 
 The proxy runs in its own process (as in real use), so it does not share this load generator's interpreter.
 
-    .venv/bin/python benchmarks/bench_proxy.py [--concurrency 32] [--requests 128] [--rounds 3] [--json]
+    .venv/bin/python benchmarks/bench_proxy.py [--concurrency 32] [--requests 128] [--rounds 6]
+        [--engine-threads spare,all] [--json] [--output FILE]
 """
 
 from __future__ import annotations
@@ -221,6 +222,7 @@ def main() -> int:
                              "one, left to the client and the endpoint, as when a GPU does the engine's work), "
                              "'all' (llama.cpp's default: every core busy with the engine), or a number")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--output", type=Path, help="also write the results as JSON to this file")
     parser.add_argument("--proxy-only", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.proxy_only:
@@ -256,6 +258,8 @@ def main() -> int:
                   f"proxy CPU {result['proxy_cpu_ms_per_request']:.2f} ms per request", flush=True)
     if args.json:
         print(json.dumps(results, indent=2))
+    if args.output:
+        args.output.write_text(json.dumps(results, indent=2) + "\n")
     failed = sum(r["direct"]["failed"] + r["proxy"]["failed"] for r in results)
     return 0 if failed == 0 else 1
 

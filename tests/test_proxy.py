@@ -545,3 +545,11 @@ def test_a_kept_alive_connection_closed_by_the_engine_is_retried_unseen(proxy: P
         assert proxy.counters["failed"] == 0
     finally:
         engine.close()
+
+
+def test_an_upstream_it_cannot_reach_is_refused_when_set(proxy: ProxyServer) -> None:
+    from desktop.core.errors import SwitchyardError
+
+    with pytest.raises(SwitchyardError, match="over http://"):
+        proxy.set_upstream(Upstream("remote", "vllm", "https://example.invalid", "m"))
+    assert proxy.active is None

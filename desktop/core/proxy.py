@@ -20,7 +20,6 @@ import contextlib
 import hmac
 import json
 import logging
-import ssl
 import threading
 import time
 from collections import deque
@@ -269,21 +268,19 @@ class _Incoming:
 
 @dataclass(frozen=True)
 class _Target:
-    """Where an upstream's base URL points, parsed once."""
+    """Where an upstream's base URL points, parsed once. Engines are local processes: plain HTTP."""
 
     host: str
     port: int
-    tls: bool
     prefix: str
     authority: str
 
     @classmethod
     def parse(cls, base_url: str) -> _Target:
         parts = urlsplit(base_url)
-        tls = parts.scheme == "https"
-        host = parts.hostname or "127.0.0.1"
-        port = parts.port or (443 if tls else 80)
-        return cls(host, port, tls, parts.path.rstrip("/"), parts.netloc)
+        if parts.scheme != "http":
+            raise SwitchyardError(f"the endpoint forwards to local engines over http://, not {base_url}")
+        return cls(parts.hostname or "127.0.0.1", parts.port or 80, parts.path.rstrip("/"), parts.netloc)
 
 
 class _ClientConnection(asyncio.Protocol):
@@ -773,7 +770,6 @@ class ProxyServer:
         self._connections: set[_ClientConnection] = set()
         self._targets: dict[str, _Target] = {}
         self._pools: dict[str, list[_UpstreamConnection]] = {}
-        self._tls: ssl.SSLContext | None = None
         # Loop-owned state (touched only from the proxy's loop).
         self._active: Upstream | None = None
         self._down_reason: str | None = None
@@ -876,6 +872,8 @@ class ProxyServer:
     def set_upstream(self, upstream: Upstream | None, down_reason: str | None = None) -> None:
         """Send new requests to `upstream` from now on. None makes them wait (starting or switching) or, with
         `down_reason`, fail at once with that reason (no engine will come)."""
+        if upstream is not None:
+            _Target.parse(upstream.base_url)  # a URL the endpoint cannot forward to fails here, in the caller
         self.call(self._set_upstream(upstream, down_reason), timeout=10)
 
     async def _set_upstream(self, upstream: Upstream | None, down_reason: str | None) -> None:
@@ -1087,10 +1085,7 @@ class ProxyServer:
             connection = _UpstreamConnection(self._pools.setdefault(upstream.base_url, []))
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT):
-                    await loop.create_connection(
-                        lambda: connection, target.host, target.port,
-                        ssl=self._tls_context() if target.tls else None,
-                        server_hostname=target.host if target.tls else None)
+                    await loop.create_connection(lambda: connection, target.host, target.port)
             except (OSError, TimeoutError) as exc:
                 log.info("%s refused a request (%s): retrying", upstream.name, exc or type(exc).__name__)
                 return None, False
@@ -1138,11 +1133,6 @@ class ProxyServer:
         if body or request.method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body)}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-    def _tls_context(self) -> ssl.SSLContext:
-        if self._tls is None:
-            self._tls = ssl.create_default_context()
-        return self._tls
 
     def _rewrite_model(self, body: bytes, upstream: Upstream) -> bytes:
         """Requests name the stable model; the engine knows its own served name."""
