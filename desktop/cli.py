@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["--engine-watchdog"]:  # a frozen app starting an engine's watchdog (see core.watchdog)
+        from desktop.core import watchdog
+
+        return watchdog.main(arguments[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -185,10 +185,10 @@ def test_engine_killed_mid_request(llama_install: EngineInstall, demo_model: Any
         engine.stop()
 
 
-def _serve_until_ready(*args: str) -> tuple[subprocess.Popen[str], list[str]]:
+def _serve_until_ready(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], list[str]]:
     proc = subprocess.Popen(  # noqa: S603 - our own CLI
         [sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp", "--model", "demo", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
     lines: list[str] = []
     assert proc.stderr is not None
     deadline = time.monotonic() + 300
@@ -210,12 +210,14 @@ def _engine_pids() -> list[int]:
 
 @pytest.mark.engine
 @pytest.mark.llamacpp
-@pytest.mark.parametrize("endpoint", [False, True], ids=["plain", "endpoint"])
-def test_sigkill_of_switchyard_takes_the_engine_with_it(endpoint: bool, llama_install: EngineInstall,
+@pytest.mark.parametrize(("endpoint", "guard"), [(False, "pdeathsig"), (True, "pdeathsig"), (False, "watchdog")],
+                         ids=["plain", "endpoint", "watchdog"])
+def test_sigkill_of_switchyard_takes_the_engine_with_it(endpoint: bool, guard: str, llama_install: EngineInstall,
                                                         demo_model: Any) -> None:
+    """PDEATHSIG on Linux; the watchdog is what macOS uses, run here by choosing it."""
     before = set(_engine_pids())
     extra = ("--endpoint", "--proxy-port", str(_free_port())) if endpoint else ()
-    proc, _lines = _serve_until_ready(*extra)
+    proc, _lines = _serve_until_ready(*extra, env={"SWITCHYARD_ORPHAN_GUARD": guard})
     owned = [pid for pid in _engine_pids() if pid not in before
              and json.loads((paths.run_dir() / f"engine-{pid}.json").read_text())["owner_pid"] == proc.pid]
     assert len(owned) == 1
@@ -223,7 +225,7 @@ def test_sigkill_of_switchyard_takes_the_engine_with_it(endpoint: bool, llama_in
     assert psutil.pid_exists(engine_pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
-    assert _gone(engine_pid), "PDEATHSIG should have killed the engine with its owner"
+    assert _gone(engine_pid), f"{guard} should have stopped the engine with its owner"
     reap_orphans()  # the pidfile of the dead owner is cleaned at the next start
     assert not (paths.run_dir() / f"engine-{engine_pid}.json").exists()
 
@@ -232,3 +234,63 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_engine_log_rotates_and_keeps_the_newest_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from desktop.core import supervisor
+
+    monkeypatch.setattr(supervisor, "LOG_MAX_BYTES", 1000)
+    log = supervisor._RotatingLog(tmp_path / "engine.log")
+    for index in range(60):  # 60 lines of 100 bytes: six files' worth
+        log.write(f"line {index:03d} ".ljust(99, ".").encode() + b"\n")
+    log.close()
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["engine.log", "engine.log.1", "engine.log.2", "engine.log.3"]  # three backups, no more
+    assert all(p.stat().st_size <= 1000 for p in tmp_path.iterdir())
+    assert (tmp_path / "engine.log").read_text().splitlines()[-1].startswith("line 059")
+    assert (tmp_path / "engine.log.1").read_text().splitlines()[-1].startswith("line 049")
+    assert (tmp_path / "engine.log.3").read_text().splitlines()[0].startswith("line 020")
+
+
+_APP_WITH_A_WATCHED_ENGINE = """
+import os, sys
+os.environ["SWITCHYARD_ORPHAN_GUARD"] = "watchdog"
+from desktop.core.supervisor import _spawn
+engine, watcher = _spawn([sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ), None)
+print(engine.pid, watcher.pid, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_watchdog_stops_the_engine_when_the_app_is_killed() -> None:
+    """The macOS path (no PDEATHSIG there), run here by choosing it: SIGKILL the app, the engine goes too."""
+    app = subprocess.Popen([sys.executable, "-c", _APP_WITH_A_WATCHED_ENGINE],  # noqa: S603
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert app.stdout is not None
+    engine_pid, watcher_pid = (int(word) for word in app.stdout.readline().split())
+    assert psutil.Process(watcher_pid).cmdline()[-2:] == [str(app.pid), str(engine_pid)]
+    assert psutil.Process(engine_pid).status() != psutil.STATUS_ZOMBIE
+    app.send_signal(signal.SIGKILL)
+    app.wait(10)
+    assert _gone(engine_pid), "the watchdog should have stopped the engine"
+    assert _gone(watcher_pid), "the watchdog should end once its engine is stopped"
+
+
+def test_watchdog_ends_quietly_when_the_engine_exits_first() -> None:
+    from desktop.core import watchdog
+
+    app = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],  # noqa: S603
+                           stdin=subprocess.PIPE)
+    engine = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],  # noqa: S603
+                              stdin=subprocess.PIPE, start_new_session=True)
+    try:
+        watcher = subprocess.Popen(watchdog.command(app.pid, engine.pid))  # noqa: S603
+        assert engine.stdin is not None
+        engine.stdin.close()  # the engine exits on its own
+        engine.wait(10)
+        assert watcher.wait(15) == 0
+        assert app.poll() is None  # the app was left alone
+    finally:
+        assert app.stdin is not None
+        app.stdin.close()
+        app.wait(10)

@@ -1,9 +1,10 @@
 """One object per engine process: spawn it from an argument list, own its process group, stream its log, time
 its cold start in phases, tell when it really serves, explain why it died, and never leave it orphaned.
 
-Orphan protection, in layers: the engine gets PR_SET_PDEATHSIG (Linux) so it dies with the app; every engine
-we start is recorded in a pidfile, and `reap_orphans()` at the next start kills leftovers whose owner is gone;
-`stop()` signals the whole process group (vLLM forks an engine core) and escalates to SIGKILL.
+Orphan protection, in layers: the engine gets PR_SET_PDEATHSIG (Linux) so it dies with the app, or, where the
+kernel offers nothing like it (macOS), a watchdog process (`desktop.core.watchdog`) stops it when the app dies;
+every engine we start is recorded in a pidfile, and `reap_orphans()` at the next start kills leftovers whose owner
+is gone; `stop()` signals the whole process group (vLLM forks an engine core) and escalates to SIGKILL.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import httpx
 import psutil
 
-from desktop.core import pagecache, paths
+from desktop.core import pagecache, paths, watchdog
 from desktop.core.engines.base import EngineAdapter, EngineInstall, FailureReason, LaunchPlan
 from desktop.core.errors import EngineFailed, SwitchyardError
 from desktop.core.ports import ensure_port_free, find_free_port
@@ -39,7 +40,8 @@ from desktop.core.sse import iter_deltas
 log = logging.getLogger("switchyard.supervisor")
 
 LOG_TAIL_LINES = 2000
-LOG_MAX_BYTES = 20 * 1024 * 1024
+LOG_MAX_BYTES = 20 * 1024 * 1024  # per file; then it rotates to .1, .2, .3 (llama-server -lv 4 writes ~7 kB/request)
+LOG_BACKUPS = 3
 
 
 class EngineState(str, Enum):
@@ -101,14 +103,30 @@ _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="switchyard-spaw
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def orphan_guard() -> str:
+    """How engines die with the app here: "pdeathsig" (Linux) or "watchdog" (elsewhere). The environment
+    variable SWITCHYARD_ORPHAN_GUARD picks one explicitly (tests use it to run the watchdog on Linux)."""
+    chosen = os.environ.get("SWITCHYARD_ORPHAN_GUARD", "")
+    if chosen in ("pdeathsig", "watchdog"):
+        return chosen
+    return "pdeathsig" if sys.platform.startswith("linux") else "watchdog"
+
+
+def _new_session() -> None:  # runs in the child between fork and exec
     os.setsid()
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _spawn(argv: list[str], env: dict[str, str], cwd: Path | None) -> subprocess.Popen[bytes]:
+def _new_session_dying_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _spawn(argv: list[str], env: dict[str, str], cwd: Path | None
+           ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes] | None]:
+    """Start the engine in its own session, tied to this process's life. Returns (engine, watchdog or None)."""
+    guard = orphan_guard()
+
     def run() -> subprocess.Popen[bytes]:
         return subprocess.Popen(  # noqa: S603 - argument list from an adapter, never a shell
             argv,
@@ -117,11 +135,21 @@ def _spawn(argv: list[str], env: dict[str, str], cwd: Path | None) -> subprocess
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - needed for setsid + PDEATHSIG
+            preexec_fn=_new_session_dying_with_parent if guard == "pdeathsig" else _new_session,  # noqa: PLW1509
             close_fds=True,
         )
 
-    return _SPAWNER.submit(run).result()
+    engine = _SPAWNER.submit(run).result()
+    if guard != "watchdog":
+        return engine, None
+    try:
+        watcher = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            watchdog.command(os.getpid(), engine.pid), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    except OSError as exc:  # the engine still runs; the pidfile lets the next start reap it if we die
+        log.warning("could not start the engine watchdog (%s): an orphaned engine is reaped at the next start", exc)
+        return engine, None
+    return engine, watcher
 
 
 # --- pidfiles and reaping ------------------------------------------------------------------------------------
@@ -189,6 +217,36 @@ def _kill_group(pid: int, grace: float) -> int | None:
     return None
 
 
+class _RotatingLog:
+    """An engine's log file that rotates at LOG_MAX_BYTES (keeping LOG_BACKUPS older files), so a server that
+    runs for days keeps its latest lines on disk without filling it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._sink = open(path, "ab")  # noqa: SIM115 - closed in close()
+        self._size = self._sink.tell()
+
+    def write(self, block: bytes) -> None:
+        if self._size + len(block) > LOG_MAX_BYTES and self._size > 0:
+            self._rotate()
+        self._sink.write(block)
+        self._sink.flush()
+        self._size += len(block)
+
+    def _rotate(self) -> None:
+        self._sink.close()
+        for index in range(LOG_BACKUPS - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{index}")
+            if older.exists():
+                older.replace(self.path.with_name(f"{self.path.name}.{index + 1}"))
+        self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+        self._sink = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        self._size = 0
+
+    def close(self) -> None:
+        self._sink.close()
+
+
 # --- the engine process ---------------------------------------------------------------------------------------
 class EngineProcess:
     """A supervised engine server. Use as a context manager so it is always stopped."""
@@ -213,10 +271,12 @@ class EngineProcess:
         self._listeners: list[Listener] = []
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._t0 = 0.0
         self._exited = threading.Event()
         self._reader: threading.Thread | None = None
         self._stop_requested = False
+        self._marker_lines_left = 2000
 
     # --- observation ---
     def subscribe(self, listener: Listener) -> None:
@@ -270,7 +330,7 @@ class EngineProcess:
         self._t0 = time.monotonic()
         self.cold_start.spawned_at = time.time()
         try:
-            self._proc = _spawn(command.argv, env, None)
+            self._proc, self._watchdog = _spawn(command.argv, env, None)
         except OSError as exc:
             self._set_state(EngineState.CRASHED)
             raise EngineFailed(f"could not start {self.adapter.display_name}: {exc}",
@@ -294,19 +354,26 @@ class EngineProcess:
         _pidfile(self._proc.pid).write_text(json.dumps(record))
 
     def _read_output(self) -> None:
+        """Copy the engine's output to the log file and subscribers. Reads whole blocks: under load an engine
+        writes thousands of lines a second, and one write per block (not per line) keeps that cheap."""
         assert self._proc is not None and self._proc.stdout is not None
-        with open(self.log_path, "ab") as sink:
-            written = 0
-            for raw in iter(self._proc.stdout.readline, b""):
-                if written < LOG_MAX_BYTES:
-                    sink.write(raw)
-                    sink.flush()
-                    written += len(raw)
-                line = raw.decode("utf-8", "replace").rstrip()
-                self._tail.append(line)
-                self._match_markers(line)
-                self._emit(EngineEvent("log", line=line))
+        fd = self._proc.stdout.fileno()
+        log_file = _RotatingLog(self.log_path)
+        pending = b""
+        try:
+            while block := os.read(fd, 65536):
+                log_file.write(block)
+                *lines, pending = (pending + block).split(b"\n")
+                for raw in lines:
+                    self._line(raw)
+            if pending:
+                self._line(pending)
+        finally:
+            log_file.close()
         code = self._proc.wait()
+        if self._watchdog is not None:  # it sees the engine exit and ends too; collect it
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._watchdog.wait(10)
         self._exited.set()
         _pidfile(self._proc.pid).unlink(missing_ok=True)
         if self._stop_requested:
@@ -317,6 +384,18 @@ class EngineProcess:
             self.outcome = EngineOutcome(EngineState.CRASHED, code, reason, str(self.log_path))
             log.error("%s exited (code %s): %s", self.adapter.name, code, reason.reason)
             self._set_state(EngineState.CRASHED)
+
+    def _line(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace").rstrip()
+        self._tail.append(line)
+        # Cold-start markers come before the engine serves; this thread may still be catching up on them when
+        # health says ready, so it keeps looking for a while (at most a pipe buffer's worth of lines).
+        if self.state in (EngineState.STARTING, EngineState.LOADING):
+            self._match_markers(line)
+        elif self._marker_lines_left > 0:
+            self._marker_lines_left -= 1
+            self._match_markers(line)
+        self._emit(EngineEvent("log", line=line))
 
     def _match_markers(self, line: str) -> None:
         for marker in self.adapter.log_markers:
