@@ -294,3 +294,16 @@ def test_watchdog_ends_quietly_when_the_engine_exits_first() -> None:
         assert app.stdin is not None
         app.stdin.close()
         app.wait(10)
+
+
+def test_each_platform_gets_its_orphan_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    from desktop.core import supervisor
+
+    monkeypatch.delenv("SWITCHYARD_ORPHAN_GUARD", raising=False)
+    for platform, guard in (("linux", "pdeathsig"), ("darwin", "watchdog"), ("freebsd14", "watchdog"),
+                            ("win32", "job")):
+        monkeypatch.setattr(supervisor.sys, "platform", platform)
+        assert supervisor.orphan_guard() == guard
+    monkeypatch.setattr(supervisor.sys, "platform", "linux")
+    monkeypatch.setenv("SWITCHYARD_ORPHAN_GUARD", "watchdog")
+    assert supervisor.orphan_guard() == "watchdog"

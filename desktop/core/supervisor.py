@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import psutil
 
-from desktop.core import pagecache, paths, watchdog
+from desktop.core import pagecache, paths, watchdog, winjob
 from desktop.core.engines.base import EngineAdapter, EngineInstall, FailureReason, LaunchPlan
 from desktop.core.errors import EngineFailed, SwitchyardError
 from desktop.core.ports import ensure_port_free, find_free_port
@@ -104,8 +104,11 @@ _PR_SET_PDEATHSIG = 1
 
 
 def orphan_guard() -> str:
-    """How engines die with the app here: "pdeathsig" (Linux) or "watchdog" (elsewhere). The environment
-    variable SWITCHYARD_ORPHAN_GUARD picks one explicitly (tests use it to run the watchdog on Linux)."""
+    """How engines die with the app here: "pdeathsig" (Linux), "job" (Windows: a kill-on-close Job Object) or
+    "watchdog" (macOS and other POSIX systems). SWITCHYARD_ORPHAN_GUARD picks a POSIX one explicitly (tests use
+    it to run the watchdog on Linux)."""
+    if sys.platform == "win32":
+        return "job"
     chosen = os.environ.get("SWITCHYARD_ORPHAN_GUARD", "")
     if chosen in ("pdeathsig", "watchdog"):
         return chosen
@@ -126,6 +129,15 @@ def _spawn(argv: list[str], env: dict[str, str], cwd: Path | None
            ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes] | None]:
     """Start the engine in its own session, tied to this process's life. Returns (engine, watchdog or None)."""
     guard = orphan_guard()
+    if guard == "job":
+        engine = subprocess.Popen(  # noqa: S603 - argument list from an adapter, never a shell
+            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0), close_fds=True)
+        try:
+            winjob.assign_kill_on_close_job(engine)
+        except OSError as exc:  # the engine still runs; the pidfile lets the next start reap it if we die
+            log.warning("could not tie the engine to the app (%s): an orphan is reaped at the next start", exc)
+        return engine, None
 
     def run() -> subprocess.Popen[bytes]:
         return subprocess.Popen(  # noqa: S603 - argument list from an adapter, never a shell
@@ -199,6 +211,8 @@ def _group_members(pid: int) -> list[psutil.Process]:
 
 def _kill_group(pid: int, grace: float) -> int | None:
     """SIGTERM the engine's process group and descendants, then SIGKILL what is left after `grace` seconds."""
+    if sys.platform == "win32":
+        return _kill_tree_windows(pid, grace)
     members = _group_members(pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGTERM)
@@ -215,6 +229,21 @@ def _kill_group(pid: int, grace: float) -> int | None:
                 proc.kill()
         psutil.wait_procs(alive, timeout=5)
     return None
+
+
+def _kill_tree_windows(pid: int, grace: float) -> None:
+    """Windows has no process groups to signal: CTRL_BREAK to the engine's console group (it was started with
+    CREATE_NEW_PROCESS_GROUP), then TerminateProcess on the whole tree after `grace`."""
+    members = _group_members(pid)
+    if sys.platform == "win32":
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.CTRL_BREAK_EVENT)
+    _gone, alive = psutil.wait_procs(members, timeout=grace)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
+    winjob.release(pid)
 
 
 class _RotatingLog:

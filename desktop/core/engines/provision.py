@@ -8,7 +8,6 @@ run, say) from building the same engine at once.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -19,6 +18,8 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import filelock
 
 from desktop.core import paths
 from desktop.core.engines.base import ProgressCallback, ProgressEvent
@@ -56,13 +57,8 @@ def clear_marker(root: Path) -> None:
 @contextlib.contextmanager
 def install_lock(engine: str) -> Iterator[None]:
     """Hold an exclusive, process-wide lock for installing `engine` (waits for a concurrent install)."""
-    lock_path = paths.engines_dir() / f".{engine}.lock"
-    with open(lock_path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with filelock.FileLock(paths.engines_dir() / f".{engine}.lock"):  # flock on POSIX, LockFileEx on Windows
+        yield
 
 
 def run_streamed(
