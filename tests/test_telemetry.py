@@ -172,11 +172,15 @@ def test_hub_writes_into_the_app_store(tmp_path: Path) -> None:
         assert [(s.ts, s.value) for s in store.samples("llama.cpp@1", "requests_running")] == [(5.0, 2.0)]
 
 
-def _load(base_url: str, requests: int, max_tokens: int) -> list[threading.Thread]:
-    threads = [threading.Thread(target=lambda: list(stream_completion(base_url, "Tell me a story", model="switchyard",
-                                                                      max_tokens=max_tokens,
-                                                                      extra={"ignore_eos": True})))
-               for _ in range(requests)]
+def _load(base_url: str, clients: int, max_tokens: int, until: threading.Event) -> list[threading.Thread]:
+    """`clients` streaming clients that send request after request until `until` is set: a fast engine may
+    finish one round between two scrapes, so the load lasts until the series have seen it."""
+    def client() -> None:
+        while not until.is_set():
+            list(stream_completion(base_url, "Tell me a story", model="switchyard", max_tokens=max_tokens,
+                                   extra={"ignore_eos": True}))
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
     for thread in threads:
         thread.start()
     return threads
@@ -196,10 +200,13 @@ def _collect_during_load(server: Any, tmp_path: Path, max_tokens: int) -> dict[s
 
     hub.subscribe(listen)
     hub.watch(EngineScraper("engine", server.adapter, server.base_url, server.pid))
-    threads = _load(server.base_url, 4, max_tokens)
-    assert seen_running.wait(120), by_series
+    stop = threading.Event()
+    threads = _load(server.base_url, 4, max_tokens, until=stop)
+    seen = seen_running.wait(120)
+    stop.set()
     for thread in threads:
         thread.join(300)
+    assert seen, by_series
     hub.stop()
     assert sink.read("rss_bytes"), "samples reach the SQLite history"
     sink.close()

@@ -12,6 +12,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import psutil
 import pytest
 from PySide6.QtCore import QThreadPool, QTimer
+from shiboken6 import isValid
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -71,7 +72,10 @@ def window(qtbot):  # type: ignore[no-untyped-def]
     win.show()
     yield win
     win.close()
-    qtbot.waitUntil(lambda: not win.isVisible(), timeout=120_000)
+    # pytest-qt closes and deletes registered widgets first; a window still stopping engines may be gone by now.
+    qtbot.waitUntil(lambda: not isValid(win) or not win.isVisible(), timeout=120_000)
+    if not isValid(win):
+        return
     active = [t for t in win.findChildren(QTimer) if t.isActive()]
     assert not active, f"timers still running after close: {active}"
 

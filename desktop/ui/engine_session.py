@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
+from shiboken6 import isValid
 
 from desktop.ui.workers import submit
 
@@ -100,10 +101,10 @@ class EngineSession(QObject):
             proxy = ProxyServer(port=port)
             proxy.start()  # PortBusy (a readable SwitchyardError) when the port is taken
             telemetry = Telemetry()
-            telemetry.subscribe(self.samples.emit)
+            telemetry.subscribe(self._on_samples)
             telemetry.start()
             manager = EndpointManager(proxy, telemetry=telemetry, launcher=self._launcher)
-            manager.subscribe(lambda event: self.endpoint_changed.emit(event.state, event.message))
+            manager.subscribe(self._on_endpoint_event)
             self.proxy, self.telemetry, self.manager = proxy, telemetry, manager
 
     def _launcher(self, spec: Any) -> Any:
@@ -203,6 +204,9 @@ class EngineSession(QObject):
         manager = self.manager
 
         def done(_: Any = None) -> None:
+            if not isValid(self):  # the window went away while engines stopped: finish without Qt
+                self._shutdown_core()
+                return
             self._tick()
             self.log_timer.stop()
             self.stopped.emit()
@@ -213,7 +217,8 @@ class EngineSession(QObject):
             done()
             return
         def failed(message: str) -> None:
-            self.failed.emit(message)
+            if isValid(self):
+                self.failed.emit(message)
             done()
 
         submit(manager.close, on_finished=done, on_error=failed)
@@ -222,14 +227,27 @@ class EngineSession(QObject):
         """Stop engines, telemetry and the endpoint now, on the calling thread (quit path)."""
         self._stop_requested = True
         self.log_timer.stop()
+        self._shutdown_core()
+
+    def _shutdown_core(self) -> None:
+        """The Qt-free part of shutting down, safe even after this QObject was deleted."""
         if self.telemetry is not None:
-            self.telemetry.unsubscribe(self.samples.emit)
+            self.telemetry.unsubscribe(self._on_samples)
         if self.manager is not None:
             self.manager.close()
         if self.telemetry is not None:
             self.telemetry.stop()
         if self.proxy is not None:
             self.proxy.stop()
+
+    # --- callbacks from core threads: dropped once this object is gone (the window closed meanwhile) ---
+    def _on_samples(self, samples: list[Any]) -> None:
+        if isValid(self):
+            self.samples.emit(samples)
+
+    def _on_endpoint_event(self, event: Any) -> None:
+        if isValid(self):
+            self.endpoint_changed.emit(event.state, event.message)
 
     # --- engine events ---
     def _tick(self) -> None:
@@ -262,7 +280,7 @@ class EngineSession(QObject):
                                          "t3_first_request_s": "T3_first_request"}[name], value)
 
     def _on_event(self, process: Any, event: Any) -> None:  # engine log thread
-        if process is not self._watched:
+        if process is not self._watched or not isValid(self):
             return  # an engine we no longer show (e.g. the old one stopping after a switch)
         if event.kind == "log":
             with self._lines_lock:
