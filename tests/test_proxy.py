@@ -450,7 +450,8 @@ def test_http10_client_gets_a_close_delimited_stream(proxy: ProxyServer, engine_
      "request body over"),
 ])
 def test_unreadable_requests_get_a_clear_error_and_a_closed_connection(
-        proxy: ProxyServer, monkeypatch: pytest.MonkeyPatch, payload: bytes, status: int, message: str) -> None:
+        proxy: ProxyServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, payload: bytes,
+        status: int, message: str) -> None:
     import desktop.core.proxy as proxy_module
 
     monkeypatch.setattr(proxy_module, "MAX_BODY_BYTES", 1024)
@@ -458,6 +459,7 @@ def test_unreadable_requests_get_a_clear_error_and_a_closed_connection(
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 %d" % status) and b"Connection: close" in head
     assert message in json.loads(body)["error"]["message"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # a bad client is not our error
 
 
 def test_client_hanging_up_mid_stream_aborts_the_engine_request(proxy: ProxyServer, engine_a: FakeEngine) -> None:
@@ -553,3 +555,28 @@ def test_an_upstream_it_cannot_reach_is_refused_when_set(proxy: ProxyServer) -> 
     with pytest.raises(SwitchyardError, match="over http://"):
         proxy.set_upstream(Upstream("remote", "vllm", "https://example.invalid", "m"))
     assert proxy.active is None
+
+
+def test_a_malformed_engine_answer_becomes_a_502(proxy: ProxyServer) -> None:
+    """An engine that answers garbage: the client gets a clear 502 instead of a dropped connection."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+
+        def answer_garbage() -> None:
+            connection, _ = server.accept()
+            with connection:
+                connection.recv(65536)
+                connection.sendall(b"this is not an HTTP response\r\n\r\n")
+
+        garbage = threading.Thread(target=answer_garbage, daemon=True)
+        garbage.start()
+        records = records_of(proxy)
+        proxy.set_upstream(Upstream("garbage@1", "garbage", f"http://127.0.0.1:{port}", "m"))
+        response = httpx.post(proxy.url + "/v1/completions", json=completion_body(False), trust_env=False,
+                              timeout=10)
+        garbage.join(10)
+    assert response.status_code == 502
+    assert "malformed response" in response.json()["error"]["message"]
+    assert records[-1].status == 502 and proxy.counters["failed"] == 1

@@ -353,12 +353,12 @@ class _ClientConnection(asyncio.Protocol):
         self._url += url
         self._head_size += len(url)
         if self._head_size > MAX_HEAD_BYTES:
-            self._reject(431, "the request line is too long")
+            self._refuse(431, "the request line is too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_size += len(name) + len(value) + 4
         if self._head_size > MAX_HEAD_BYTES:
-            self._reject(431, f"request headers over {MAX_HEAD_BYTES // 1024} KiB")
+            self._refuse(431, f"request headers over {MAX_HEAD_BYTES // 1024} KiB")
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
@@ -370,7 +370,7 @@ class _ClientConnection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
         if self._body_size > MAX_BODY_BYTES:
-            self._reject(413, f"request body over {MAX_BODY_BYTES >> 20} MiB")
+            self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -393,7 +393,11 @@ class _ClientConnection(asyncio.Protocol):
         if not self.busy and self.transport is not None:
             self.write_response(_json_error(status, message, "invalid_request_error"), close=True)
             self.transport.close()
-        raise httptools.HttpParserCallbackError(message)  # stops the parser; caught in data_received
+
+    def _refuse(self, status: int, message: str) -> None:
+        """_reject() from inside a parser callback, which also stops the parser (caught in data_received)."""
+        self._reject(status, message)
+        raise httptools.HttpParserCallbackError(message)
 
     def _next(self) -> None:
         """Answer pending requests in order. Most are answered (or forwarded) right here, inside the callback
@@ -490,9 +494,9 @@ class _UpstreamConnection(asyncio.Protocol):
     def release(self, reusable: bool, now: float) -> None:
         """The exchange is over: back to the pool when the engine left it clean, else closed."""
         self.exchange = None
-        if self.transport is not None and not self.transport.is_reading():
-            self.transport.resume_reading()
-        if reusable and not self.closed and len(self.pool) < POOL_MAX_IDLE:
+        if reusable and not self.closed and self.transport is not None and len(self.pool) < POOL_MAX_IDLE:
+            if not self.transport.is_reading():  # paused for a slow client
+                self.transport.resume_reading()
             self.idle_since = now
             self.pool.append(self)
         else:
@@ -689,6 +693,8 @@ class _Exchange:
         status = self.status
         if client_gone:
             status = 499
+        elif not self.answered and error is not None:  # e.g. a malformed response head: the client gets a 502
+            status = 502
         elif error is None and status >= 400:
             error = f"HTTP {status}"
         elif error is None:
@@ -702,7 +708,10 @@ class _Exchange:
         self.lease.release()  # counted off and published before the client sees the end of its answer
         self.proxy._record(record)
         self._flush()
-        if told is not None:
+        if told is not None and not self.answered:
+            self.request.keep_alive = False
+            self.client.write_response(_json_error(502, told, "upstream_error"), close=True, request=self.request)
+        elif told is not None:
             self._tell_client(told)
         self.done.set_result(record)
 
