@@ -212,7 +212,8 @@ def _group_members(pid: int) -> list[psutil.Process]:
 def _kill_group(pid: int, grace: float) -> int | None:
     """SIGTERM the engine's process group and descendants, then SIGKILL what is left after `grace` seconds."""
     if sys.platform == "win32":
-        return _kill_tree_windows(pid, grace)
+        _kill_tree_windows(pid, grace)
+        return None
     members = _group_members(pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGTERM)

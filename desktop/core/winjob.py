@@ -57,7 +57,7 @@ def assign_kill_on_close_job(process: subprocess.Popen[bytes]) -> None:
         error = ctypes.WinError(ctypes.get_last_error())
         kernel32.CloseHandle(job)
         raise error
-    if not kernel32.AssignProcessToJobObject(job, wintypes.HANDLE(int(process._handle))):
+    if not kernel32.AssignProcessToJobObject(job, wintypes.HANDLE(int(getattr(process, "_handle")))):  # noqa: B009
         error = ctypes.WinError(ctypes.get_last_error())
         kernel32.CloseHandle(job)
         raise error
