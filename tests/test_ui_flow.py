@@ -83,7 +83,10 @@ def test_recommend_serve_llamacpp_charts_and_quit_stops_it(window, qtbot, llama_
     assert url == window.session.endpoint_url and url.endswith("/v1")
     answer = httpx.post(url + "/completions", json={"prompt": "Hello", "max_tokens": 8}, timeout=60, trust_env=False)
     assert answer.status_code == 200 and answer.json()["choices"][0]["text"]
-    qtbot.waitUntil(lambda: serve.charts["Engine process"].curves["cpu_percent"].buffer.count >= 2, timeout=30_000)
+    qtbot.waitUntil(lambda: serve.charts["Utilization"].curves["cpu_percent"].buffer.count >= 2, timeout=30_000)
+    memory = serve.charts["Memory"].curves["rss_gib"].buffer
+    last = memory.last()
+    assert last is not None and 0.01 < last[1] < 64  # GiB, on its own axis
     qtbot.waitUntil(lambda: serve.charts["Latency"].curves["proxy_ttft_ms"].buffer.count >= 1, timeout=30_000)
     assert {"T1_health", "T2_first_token"} <= set(serve.timeline.phases)
     assert serve.state_label.text() == "ready"

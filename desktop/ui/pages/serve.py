@@ -33,8 +33,9 @@ CHARTS: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("Latency", "ms", {"ttft_ms": "TTFT", "tpot_ms": "TPOT / ITL", "proxy_ttft_ms": "TTFT at endpoint"}),
     ("Requests", "requests", {"requests_running": "running", "requests_waiting": "waiting"}),
     ("KV cache", "%", {"kv_cache_percent": "KV cache used"}),
-    ("GPU", "", {"gpu_util": "utilization %", "gpu_mem_used_gib": "memory GiB"}),
-    ("Engine process", "", {"cpu_percent": "CPU %", "rss_gib": "RSS GiB"}),
+    # One unit per chart, so a series in GiB is not flattened under one in percent.
+    ("Utilization", "%", {"cpu_percent": "engine CPU (100 = one core)", "gpu_util": "GPU"}),
+    ("Memory", "GiB", {"rss_gib": "engine RSS (process tree)", "gpu_mem_used_gib": "GPU memory used"}),
 )
 # telemetry series -> (chart series, scale)
 SERIES_MAP: dict[str, tuple[str, float]] = {
@@ -274,7 +275,8 @@ class ServePage(QWidget):
             f" — health OK after {cold.t1_health_s:.2f} s" + (f", first token after {t2:.2f} s" if t2 else ""))
         gpu = getattr(self.session.telemetry, "gpu", None)
         if gpu is None or gpu.unavailable:
-            self.charts["GPU"].plot.getPlotItem().setTitle("GPU — no GPU telemetry on this machine")
+            for title in ("Utilization", "Memory"):
+                self.charts[title].plot.getPlotItem().setTitle(f"{title} — no GPU telemetry on this machine")
         self._update_buttons()
         self.engine_ready.emit(cold)
 
