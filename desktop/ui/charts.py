@@ -107,6 +107,7 @@ class LiveChart(QWidget):
         item.setLabel("bottom", "seconds")
         if unit:
             item.setLabel("left", unit)
+            item.getAxis("left").enableAutoSIPrefix(False)  # "GiB (x0.001)" helps nobody: units are already scaled
         item.addLegend(offset=(5, 5))
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")

@@ -276,7 +276,7 @@ class ServePage(QWidget):
         gpu = getattr(self.session.telemetry, "gpu", None)
         if gpu is None or gpu.unavailable:
             for title in ("Utilization", "Memory"):
-                self.charts[title].plot.getPlotItem().setTitle(f"{title} — no GPU telemetry on this machine")
+                self.charts[title].plot.getPlotItem().setTitle(f"{title} (no GPU telemetry)")
         self._update_buttons()
         self.engine_ready.emit(cold)
 
