@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -467,7 +467,6 @@ class _UpstreamConnection(asyncio.Protocol):
         self.exchange: _Exchange | None = None
         self.closed = False
         self.idle_since = 0.0
-        self.used = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
@@ -488,7 +487,6 @@ class _UpstreamConnection(asyncio.Protocol):
     def begin(self, exchange: _Exchange, request: bytes) -> None:
         assert self.transport is not None
         self.exchange = exchange
-        self.used += 1
         self.transport.write(request)
 
     def release(self, reusable: bool, now: float) -> None:
@@ -743,12 +741,6 @@ class _Lease:
 
 class _Unavailable(Exception):
     """No upstream could take the request before its deadline."""
-
-
-@dataclass
-class _Route:
-    handler: LocalHandler
-    methods: set[str] = field(default_factory=set)
 
 
 class ProxyServer:

@@ -209,27 +209,12 @@ def _group_members(pid: int) -> list[psutil.Process]:
     return members
 
 
-def _kill_group(pid: int, grace: float) -> int | None:
+def _kill_group(pid: int, grace: float) -> None:
     """SIGTERM the engine's process group and descendants, then SIGKILL what is left after `grace` seconds."""
     if sys.platform == "win32":
         _kill_tree_windows(pid, grace)
-        return None
-    members = _group_members(pid)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
-    for proc in members:  # descendants that left the group; one signal each, or llama-server aborts its shutdown
-        with contextlib.suppress(psutil.Error):
-            if os.getpgid(proc.pid) != pid:
-                proc.terminate()
-    _gone, alive = psutil.wait_procs(members, timeout=grace)
-    if alive:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        for proc in alive:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(alive, timeout=5)
-    return None
+    else:
+        watchdog.stop_group(pid, grace)
 
 
 def _kill_tree_windows(pid: int, grace: float) -> None:

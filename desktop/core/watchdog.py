@@ -96,13 +96,19 @@ def _first_to_exit_polling(pids: Sequence[int]) -> int:
 
 
 def stop_group(engine_pid: int, grace: float = GRACE_SECONDS) -> None:
-    """SIGTERM the engine's process group (it leads its own session), SIGKILL whatever is left after `grace`."""
+    """SIGTERM the engine's process group (it leads its own session) and descendants that left it, then SIGKILL
+    whatever is left after `grace` seconds. POSIX; the supervisor uses it too."""
     try:
-        members = [psutil.Process(engine_pid), *psutil.Process(engine_pid).children(recursive=True)]
+        root = psutil.Process(engine_pid)
+        members = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(engine_pid, signal.SIGTERM)
+    for proc in members:  # descendants that left the group; one signal each, or llama-server aborts its shutdown
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(proc.pid) != engine_pid:
+                proc.terminate()
     _gone, alive = psutil.wait_procs(members, timeout=grace)
     if alive:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -110,6 +116,7 @@ def stop_group(engine_pid: int, grace: float = GRACE_SECONDS) -> None:
         for proc in alive:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
+        psutil.wait_procs(alive, timeout=5)
 
 
 def watch(app_pid: int, engine_pid: int) -> bool:
