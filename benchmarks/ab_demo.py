@@ -21,8 +21,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from desktop.commands._common import stderr_progress  # noqa: E402
-from desktop.core.ab import ABConfig, ABResult, run_ab  # noqa: E402
-from desktop.core.reports import write_ab_report  # noqa: E402
+from desktop.core.measure.ab import ABConfig, ABResult, run_ab  # noqa: E402
+from desktop.core.measure.reports import write_ab_report  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "ab"
 

@@ -113,7 +113,7 @@ async def _round(mode: str, url: str, concurrency: int, requests: int, max_token
 
 def _proxy_only(upstream: str, port: int) -> None:
     """Child mode: run the stable endpoint in front of `upstream` until stdin closes."""
-    from desktop.core.proxy import ProxyServer, Upstream
+    from desktop.core.serving.proxy import ProxyServer, Upstream
 
     proxy = ProxyServer(port=port)
     proxy.start()
@@ -162,11 +162,11 @@ def _bootstrap_p50_difference(proxied: list[float], direct: list[float], resampl
 
 def _measure(args: argparse.Namespace, threads: int | None) -> dict[str, Any]:
     """One engine configuration: warm-up, then direct and proxied rounds interleaved, then sequential pairs."""
-    from desktop.core.demo import ensure_demo_model
     from desktop.core.engines import get_adapter
     from desktop.core.engines.base import LaunchPlan
-    from desktop.core.ports import find_free_port
-    from desktop.core.supervisor import EngineProcess
+    from desktop.core.models.demo import ensure_demo_model
+    from desktop.core.runtime.ports import find_free_port
+    from desktop.core.runtime.supervisor import EngineProcess
 
     adapter = get_adapter("llama.cpp")
     install = adapter.find_install() or adapter.install()

@@ -43,10 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402
 
-from desktop.core.demo import ensure_demo_model  # noqa: E402
 from desktop.core.engines import get_adapter  # noqa: E402
 from desktop.core.engines.base import LaunchPlan  # noqa: E402
-from desktop.core.loadgen import (  # noqa: E402
+from desktop.core.measure.loadgen import (  # noqa: E402
     JsonlWorkload,
     LoadConfig,
     RandomWorkload,
@@ -56,7 +55,8 @@ from desktop.core.loadgen import (  # noqa: E402
     tokenizer_counter,
     write_jsonl,
 )
-from desktop.core.supervisor import EngineProcess  # noqa: E402
+from desktop.core.models.demo import ensure_demo_model  # noqa: E402
+from desktop.core.runtime.supervisor import EngineProcess  # noqa: E402
 
 KEYS = ("output_throughput", "output_throughput_exact", "median_ttft_ms", "request_throughput", "mean_ttft_ms", "median_tpot_ms",
         "median_itl_ms", "median_e2el_ms", "total_output_tokens", "completed", "failed", "duration")

@@ -67,7 +67,7 @@ def default_run_dirs(all_users: bool) -> list[Path]:
     user's default data dir (XDG default on Linux, Application Support on macOS)."""
     import platformdirs
 
-    home = os.environ.get("SWITCHYARD_HOME")  # the same override desktop.core.paths honours; nothing is created
+    home = os.environ.get("SWITCHYARD_HOME")  # the same override desktop.core.common.paths honours; nothing is created
     dirs = [(Path(home).expanduser() if home else Path(platformdirs.user_data_dir("switchyard"))) / "run"]
     if all_users and sys.platform != "win32":
         import pwd

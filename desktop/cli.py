@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from desktop import __version__
-from desktop.core.errors import SwitchyardError
+from desktop.core.common.errors import SwitchyardError
 
 COMMAND_MODULES = (
     "desktop.commands.engines",
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["--engine-watchdog"]:  # a frozen app starting an engine's watchdog (see core.watchdog)
-        from desktop.core import watchdog
+        from desktop.core.runtime import watchdog
 
         return watchdog.main(arguments[1:])
     parser = build_parser()

@@ -46,13 +46,13 @@ def vllm_install() -> EngineInstall:
 
 @pytest.fixture(scope="session")
 def demo_model():  # type: ignore[no-untyped-def]
-    from desktop.core.demo import ensure_demo_model
+    from desktop.core.models.demo import ensure_demo_model
 
     return ensure_demo_model()
 
 
 def _running(engine: str, model_path: Path, install: EngineInstall, **plan_args: object) -> Iterator[object]:
-    from desktop.core.supervisor import EngineProcess
+    from desktop.core.runtime.supervisor import EngineProcess
 
     adapter = get_adapter(engine)
     plan = LaunchPlan(engine=adapter.name, model_path=model_path, **plan_args)  # type: ignore[arg-type]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_reports import engine
 
-from desktop.core.ab import ABConfig, amortization_verdict, analyse, cost_per_million
-from desktop.core.errors import SwitchyardError
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.measure.ab import ABConfig, amortization_verdict, analyse, cost_per_million
 
 
 def test_break_even_lifetime() -> None:
@@ -56,8 +56,8 @@ def test_local_development_is_decided_by_the_first_answer_after_a_restart() -> N
 
 
 def test_attached_endpoint_has_no_cold_start_in_verdict_costs_and_report(tmp_path: Path) -> None:
-    from desktop.core.ab import NO_COLD_START, EngineResult, Repetition
-    from desktop.core.reports import write_ab_report
+    from desktop.core.measure.ab import NO_COLD_START, EngineResult, Repetition
+    from desktop.core.measure.reports import write_ab_report
 
     local = engine("llama.cpp", 10.0, 0.05, 30.0)
     remote_rep = engine("x", 20.0, 0.05, 0.0).repetitions[0]

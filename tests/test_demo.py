@@ -15,9 +15,9 @@ import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-from desktop.core import demo
-from desktop.core.engines.base import ProgressEvent
-from desktop.core.errors import SwitchyardError
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.common.progress import ProgressEvent
+from desktop.core.models import demo
 
 # The greedy continuations (16 tokens) both real engines returned for the agreement test's prompts.
 GREEDY_CONTINUATIONS = {

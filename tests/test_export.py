@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from desktop.cli import main
+from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
-from desktop.core.errors import SwitchyardError
-from desktop.core.export import (
+from desktop.core.planning.export import (
     FORMATS,
     ExportPlan,
     ModelShape,

@@ -21,8 +21,8 @@ import keyring.backends.fail
 import pytest
 
 from desktop.cli import main
-from desktop.core.errors import SwitchyardError
-from desktop.core.external import (
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines.external import (
     EndpointStore,
     ExternalEndpoint,
     SecretStore,

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from desktop.core.errors import SwitchyardError
-from desktop.core.fit import FitSettings, estimate, quick_verdict
-from desktop.core.hardware import GIB, MIB, HardwareSnapshot
-from desktop.core.modelinfo import ModelFacts, facts_from_config
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.machine.hardware import GIB, MIB, HardwareSnapshot
+from desktop.core.models.facts import ModelFacts, facts_from_config
+from desktop.core.planning.fit import FitSettings, estimate, quick_verdict
 
 SNAPDIR = Path(__file__).parent / "snapshots"
 SNAPSHOTS = sorted(SNAPDIR.glob("*.json"))

@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 
-from desktop.core import fit
-from desktop.core.hardware import GIB, MIB, CpuInfo, HardwareSnapshot, hypothetical
-from desktop.core.modelinfo import ModelFacts, facts_from_config
+from desktop.core.machine.hardware import GIB, MIB, CpuInfo, HardwareSnapshot, hypothetical
+from desktop.core.models.facts import ModelFacts, facts_from_config
+from desktop.core.planning import fit
 
 POINTS: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "fit_points.json").read_text())
 BASE = HardwareSnapshot(gpus=[], cpu=CpuInfo("test", "x86_64", 16, 32), ram_total_bytes=256 * GIB,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from desktop.core import hardware
-from desktop.core.errors import SwitchyardError
-from desktop.core.gpus import GPU_TABLE, find_gpu, require_gpu
-from desktop.core.hardware import GIB, HardwareSnapshot, detect, hypothetical
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.machine import hardware
+from desktop.core.machine.gpu_catalog import GPU_TABLE, find_gpu, require_gpu
+from desktop.core.machine.hardware import GIB, HardwareSnapshot, detect, hypothetical
 
 SNAPSHOTS = sorted((Path(__file__).parent / "snapshots").glob("*.json"))
 

@@ -302,7 +302,7 @@ def test_interop_with_huggingface_hub_both_ways(env: tuple[FakeHub, Path]) -> No
 
 
 def test_unknown_variant_and_repo_errors(env: tuple[FakeHub, Path]) -> None:
-    from desktop.core.errors import ModelError
+    from desktop.core.common.errors import ModelError
 
     with pytest.raises(ModelError, match="no variant or file 'Q3_K_S'") as info:
         pull(f"{REPO}:Q3_K_S", policy=FAST)

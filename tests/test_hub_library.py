@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fakehub import FakeHub, random_bytes, write_tiny_gguf
 
-from desktop.core.errors import ModelError
+from desktop.core.common.errors import ModelError
 from desktop.core.hub import library
 from desktop.core.hub.download import RetryPolicy, pull
 

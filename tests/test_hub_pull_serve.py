@@ -23,13 +23,13 @@ def _prerequisites() -> Path:
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     if "serve" not in commands:
         pytest.skip("`switchyard serve` does not exist yet")
-    if importlib.util.find_spec("desktop.core.demo") is None:
-        pytest.skip("desktop.core.demo (the tiny valid llama GGUF) does not exist yet")
+    if importlib.util.find_spec("desktop.core.models.demo") is None:
+        pytest.skip("desktop.core.models.demo (the tiny valid llama GGUF) does not exist yet")
     from desktop.core.engines import get_adapter
 
     if get_adapter("llama.cpp").find_install() is None:
         pytest.skip("llama-server is not provisioned: run `switchyard engines install llama.cpp`")
-    from desktop.core.demo import ensure_demo_model
+    from desktop.core.models.demo import ensure_demo_model
 
     return Path(ensure_demo_model().gguf_path)
 

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 from fakehub import FakeHub, random_bytes
 
-from desktop.core.errors import SwitchyardError
+from desktop.core.common.errors import SwitchyardError
 from desktop.core.hub.search import list_variants, search
 from desktop.core.hub.variants import (
     RemoteFile,
-    _local_rule,
     group_variants,
     quant_from_name,
     tag_and_recommend,
@@ -91,16 +90,6 @@ def test_recommendation_prefers_best_full_fit_then_smallest_partial() -> None:
     assert not any(v.recommended for v in variants)
 
 
-def test_local_fallback_rule() -> None:
-    gb = 1_000_000_000
-    assert _local_rule("llama.cpp", 4 * gb, free_vram=8 * gb, free_ram=16 * gb) == "yes"
-    assert _local_rule("llama.cpp", 10 * gb, free_vram=8 * gb, free_ram=16 * gb) == "partial"
-    assert _local_rule("llama.cpp", 30 * gb, free_vram=8 * gb, free_ram=16 * gb) == "no"
-    assert _local_rule("llama.cpp", 10 * gb, free_vram=0, free_ram=16 * gb) == "yes"  # CPU only
-    assert _local_rule("vllm", 10 * gb, free_vram=8 * gb, free_ram=64 * gb) == "no"  # vLLM does not split
-    assert _local_rule("vllm", 4 * gb, free_vram=8 * gb, free_ram=1 * gb) == "yes"
-
-
 @pytest.fixture
 def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
@@ -148,20 +137,13 @@ def test_list_variants_from_fake_hub(hub: FakeHub) -> None:
     assert [(v.format, v.engine, v.quantization, v.dtype) for v in awq] == [("safetensors", "vllm", "AWQ", "I32")]
 
 
-def test_project_fit_module_is_used_when_present(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
-    import types
+def test_project_fit_module_is_used(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    from desktop.core.machine import hardware
+    from desktop.core.planning import fit
 
     calls: list[tuple[str, int]] = []
-    fit = types.ModuleType("desktop.core.fit")
-    fit.quick_verdict = lambda engine, size, config, hw: calls.append((engine, size)) or "no"  # type: ignore[attr-defined]
-    hardware = types.ModuleType("desktop.core.hardware")
-    hardware.detect = lambda: "snapshot"  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "desktop.core.fit", fit)
-    monkeypatch.setitem(sys.modules, "desktop.core.hardware", hardware)
-    import desktop.core
-
-    monkeypatch.setattr(desktop.core, "fit", fit, raising=False)
-    monkeypatch.setattr(desktop.core, "hardware", hardware, raising=False)
+    monkeypatch.setattr(fit, "quick_verdict", lambda engine, size, config, hw: calls.append((engine, size)) or "no")
+    monkeypatch.setattr(hardware, "detect", lambda: "snapshot")
     result = list_variants("bart/Qwen3-8B-GGUF")
     assert {v.fit for v in result.variants} == {"no"}
     assert sorted(calls) == [("llama.cpp", 4000), ("llama.cpp", 7000)]

@@ -25,8 +25,8 @@ import pytest
 
 import desktop
 from desktop import _frozen
+from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines import provision
-from desktop.core.errors import SwitchyardError
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "installers"))

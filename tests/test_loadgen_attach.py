@@ -19,9 +19,9 @@ from test_loadgen_faults import FakeServer, ThreadedServer, stream_tokens
 from desktop.cli import main
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineInstall, LaunchPlan
-from desktop.core.external import EndpointStore
-from desktop.core.store import Store
-from desktop.core.supervisor import EngineProcess
+from desktop.core.engines.external import EndpointStore
+from desktop.core.runtime.supervisor import EngineProcess
+from desktop.core.storage.history import Store
 
 RIGHT_KEY = "sk-attach-right-key-123"
 SMALL = ["--concurrency", "1,2", "--requests", "4", "--input-len", "16", "--output-len", "4"]

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from desktop.cli import main
-from desktop.core.loadgen import LoadConfig, RandomWorkload, Target, run_load, run_sweep, sweep_levels
-from desktop.core.store import Store
+from desktop.core.measure.loadgen import LoadConfig, RandomWorkload, Target, run_load, run_sweep, sweep_levels
+from desktop.core.storage.history import Store
 
 # --- fake servers: raw asyncio on loopback, full control of the bytes ------------------------------------
 Handler = Callable[["FakeServer", dict[str, Any], asyncio.StreamWriter], Awaitable[None]]

@@ -11,7 +11,7 @@ import pytest
 
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import LaunchPlan
-from desktop.core.loadgen import (
+from desktop.core.measure.loadgen import (
     SLO,
     LoadConfig,
     RandomWorkload,
@@ -22,7 +22,7 @@ from desktop.core.loadgen import (
     sweep_levels,
     tokenizer_counter,
 )
-from desktop.core.supervisor import EngineProcess
+from desktop.core.runtime.supervisor import EngineProcess
 
 pytestmark = [pytest.mark.engine, pytest.mark.llamacpp]
 

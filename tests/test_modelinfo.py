@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from desktop.core import modelinfo
-from desktop.core.errors import ModelError, SwitchyardError
-from desktop.core.modelinfo import facts_for, facts_from_config, facts_from_path, read_gguf_header
+from desktop.core.common.errors import ModelError, SwitchyardError
+from desktop.core.models import facts as modelinfo
+from desktop.core.models.facts import facts_for, facts_from_config, facts_from_path, read_gguf_header
 
 LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32,
             "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
@@ -198,7 +198,7 @@ def test_repo_id_fetches_only_the_config_from_a_loopback_hub(tmp_path: Path, mon
 
 
 def test_demo_uses_the_demo_hook_lazily(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from desktop.core import demo
+    from desktop.core.models import demo
 
     gguf_path = write_gguf(tmp_path / "demo.gguf")
     monkeypatch.setattr(demo, "ensure_demo_model", lambda *a, **k: SimpleNamespace(gguf_path=gguf_path,

@@ -15,9 +15,9 @@ import httpx
 import pytest
 from aiohttp import web
 
-from desktop.core.errors import PortBusy
-from desktop.core.ports import find_free_port
-from desktop.core.proxy import ProxyServer, RequestRecord, StreamMeter, Upstream
+from desktop.core.common.errors import PortBusy
+from desktop.core.runtime.ports import find_free_port
+from desktop.core.serving.proxy import ProxyServer, RequestRecord, StreamMeter, Upstream
 
 
 class FakeEngine:
@@ -452,7 +452,7 @@ def test_http10_client_gets_a_close_delimited_stream(proxy: ProxyServer, engine_
 def test_unreadable_requests_get_a_clear_error_and_a_closed_connection(
         proxy: ProxyServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, payload: bytes,
         status: int, message: str) -> None:
-    import desktop.core.proxy as proxy_module
+    import desktop.core.serving.proxy as proxy_module
 
     monkeypatch.setattr(proxy_module, "MAX_BODY_BYTES", 1024)
     answer = raw_http(proxy.port, payload)
@@ -550,7 +550,7 @@ def test_a_kept_alive_connection_closed_by_the_engine_is_retried_unseen(proxy: P
 
 
 def test_an_upstream_it_cannot_reach_is_refused_when_set(proxy: ProxyServer) -> None:
-    from desktop.core.errors import SwitchyardError
+    from desktop.core.common.errors import SwitchyardError
 
     with pytest.raises(SwitchyardError, match="over http://"):
         proxy.set_upstream(Upstream("remote", "vllm", "https://example.invalid", "m"))

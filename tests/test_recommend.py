@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
-from desktop.core.errors import SwitchyardError
-from desktop.core.hardware import HardwareSnapshot, detect
-from desktop.core.modelinfo import facts_from_config
-from desktop.core.recommend import EngineMeasurement, Workload, default_gain, recommend
+from desktop.core.machine.hardware import HardwareSnapshot, detect
+from desktop.core.models.facts import facts_from_config
+from desktop.core.planning.recommend import EngineMeasurement, Workload, default_gain, recommend
 
 SNAPDIR = Path(__file__).parent / "snapshots"
 LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32,

@@ -7,18 +7,18 @@ import json
 import re
 from pathlib import Path
 
-from desktop.core.ab import ABConfig, EngineResult, Repetition, analyse
-from desktop.core.loadgen import LoadConfig, SweepResult, Target
-from desktop.core.loadgen.metrics import RequestResult, summarize
-from desktop.core.loadgen.runner import LoadResult
-from desktop.core.reports import (
+from desktop.core.measure.ab import ABConfig, EngineResult, Repetition, analyse
+from desktop.core.measure.loadgen import LoadConfig, SweepResult, Target
+from desktop.core.measure.loadgen.metrics import RequestResult, summarize
+from desktop.core.measure.loadgen.runner import LoadResult
+from desktop.core.measure.reports import (
     line_chart,
     record_ab,
     record_bench,
     write_ab_report,
     write_bench_report,
 )
-from desktop.core.store import Store
+from desktop.core.storage.history import Store
 
 VLLM_KEYS = ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
              "request_goodput", "output_throughput", "total_token_throughput", "max_output_tokens_per_s",

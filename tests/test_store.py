@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from desktop.core.errors import SwitchyardError
-from desktop.core.store import DB_NAME, MIGRATIONS, SCHEMA_VERSION, RunRecord, Sample, Store
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.storage.history import DB_NAME, MIGRATIONS, SCHEMA_VERSION, RunRecord, Sample, Store
 
 
 def test_default_location_wal_and_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

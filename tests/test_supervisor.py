@@ -17,11 +17,17 @@ import httpx
 import psutil
 import pytest
 
-from desktop.core import paths
+from desktop.core.common import paths
+from desktop.core.common.errors import EngineFailed, PortBusy
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineInstall, LaunchPlan
-from desktop.core.errors import EngineFailed, PortBusy
-from desktop.core.supervisor import EngineEvent, EngineProcess, EngineState, reap_orphans, stream_completion
+from desktop.core.runtime.supervisor import (
+    EngineEvent,
+    EngineProcess,
+    EngineState,
+    reap_orphans,
+    stream_completion,
+)
 
 llama = get_adapter("llama.cpp")
 
@@ -237,7 +243,7 @@ def _free_port() -> int:
 
 
 def test_engine_log_rotates_and_keeps_the_newest_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from desktop.core import supervisor
+    from desktop.core.runtime import supervisor
 
     monkeypatch.setattr(supervisor, "LOG_MAX_BYTES", 1000)
     log = supervisor._RotatingLog(tmp_path / "engine.log")
@@ -255,7 +261,7 @@ def test_engine_log_rotates_and_keeps_the_newest_lines(tmp_path: Path, monkeypat
 _APP_WITH_A_WATCHED_ENGINE = """
 import os, sys
 os.environ["SWITCHYARD_ORPHAN_GUARD"] = "watchdog"
-from desktop.core.supervisor import _spawn
+from desktop.core.runtime.supervisor import _spawn
 engine, watcher = _spawn([sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ), None)
 print(engine.pid, watcher.pid, flush=True)
 sys.stdin.readline()
@@ -277,7 +283,7 @@ def test_watchdog_stops_the_engine_when_the_app_is_killed() -> None:
 
 
 def test_watchdog_ends_quietly_when_the_engine_exits_first() -> None:
-    from desktop.core import watchdog
+    from desktop.core.runtime import watchdog
 
     app = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],  # noqa: S603
                            stdin=subprocess.PIPE)
@@ -297,7 +303,7 @@ def test_watchdog_ends_quietly_when_the_engine_exits_first() -> None:
 
 
 def test_each_platform_gets_its_orphan_guard(monkeypatch: pytest.MonkeyPatch) -> None:
-    from desktop.core import supervisor
+    from desktop.core.runtime import supervisor
 
     monkeypatch.delenv("SWITCHYARD_ORPHAN_GUARD", raising=False)
     for platform, guard in (("linux", "pdeathsig"), ("darwin", "watchdog"), ("freebsd14", "watchdog"),

@@ -21,12 +21,12 @@ import httpx
 import psutil
 import pytest
 
-from desktop.core import control
-from desktop.core.endpoint import EndpointEvent, EndpointManager, EngineSpec, memory_allows_standby
-from desktop.core.errors import EngineFailed, SwitchyardError
-from desktop.core.ports import find_free_port
-from desktop.core.proxy import ProxyServer
-from desktop.core.telemetry import Sample, Telemetry
+from desktop.core.common.errors import EngineFailed, SwitchyardError
+from desktop.core.runtime.ports import find_free_port
+from desktop.core.runtime.telemetry import Sample, Telemetry
+from desktop.core.serving import control
+from desktop.core.serving.endpoint import EndpointEvent, EndpointManager, EngineSpec, memory_allows_standby
+from desktop.core.serving.proxy import ProxyServer
 
 
 # --- control channel ------------------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from desktop.core.engines import get_adapter
-from desktop.core.supervisor import stream_completion
-from desktop.core.telemetry import (
+from desktop.core.runtime.supervisor import stream_completion
+from desktop.core.runtime.telemetry import (
     EngineScraper,
     GpuSampler,
     MetricsDeriver,
@@ -164,7 +164,7 @@ def test_hub_fans_out_and_keeps_history_in_wal_sqlite(tmp_path: Path) -> None:
 
 
 def test_hub_writes_into_the_app_store(tmp_path: Path) -> None:
-    from desktop.core.store import Store
+    from desktop.core.storage.history import Store
 
     with Store(tmp_path / "history.sqlite3") as store:
         hub = Telemetry(sink=store, gpu=False)

@@ -184,7 +184,7 @@ def test_flow_recommend_serve_llamacpp_switch_to_vllm_stop(window, qtbot, llama_
 @pytest.mark.vllm
 def test_compare_ab_llamacpp_vs_vllm_live_results_verdict_and_report(window, qtbot, llama_ready, vllm_ready, demo_model, tmp_path) -> None:  # type: ignore[no-untyped-def]  # noqa: E501, F811
     """The real A/B from the Compare page: both engines start in turn in the child process, live buckets land in
-    per-engine curves, the side-by-side table and verdict come from desktop.core.ab, the report from reports."""
+    per-engine curves, the side-by-side table and verdict come from desktop.core.measure.ab, the report from reports."""
     compare = window.show_page("Compare")
     compare.levels_edit.setText("1, 2")
     compare.requests_spin.setValue(16)  # a few seconds per level even on llama.cpp: live buckets for both

@@ -189,15 +189,15 @@ def test_compare_ab_with_a_bad_model_reports_the_childs_error(window, qtbot) -> 
 
 def test_compare_shows_an_ab_result_side_by_side_and_exports_it(window, qtbot, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The table and verdict from a real ABResult (built by core's analysis from recorded runs), and the
-    report written by desktop.core.reports is exported and opened."""
-    from desktop.core.ab import ABConfig, EngineResult, Repetition, analyse
-    from desktop.core.loadgen import LoadConfig, SweepResult, Target
-    from desktop.core.loadgen.metrics import summarize
-    from desktop.core.loadgen.runner import LoadResult
-    from desktop.core.reports import write_ab_report
+    report written by desktop.core.measure.reports is exported and opened."""
+    from desktop.core.measure.ab import ABConfig, EngineResult, Repetition, analyse
+    from desktop.core.measure.loadgen import LoadConfig, SweepResult, Target
+    from desktop.core.measure.loadgen.metrics import summarize
+    from desktop.core.measure.loadgen.runner import LoadResult
+    from desktop.core.measure.reports import write_ab_report
 
     def engine(name: str, cold: float, tokens_per_s: float) -> EngineResult:
-        from desktop.core.loadgen.metrics import RequestResult
+        from desktop.core.measure.loadgen.metrics import RequestResult
 
         requests = [RequestResult(index=i, start=float(i), success=True, ttft=0.05 * cold, latency=32 / tokens_per_s,
                                   elapsed=32 / tokens_per_s, itl=[1 / tokens_per_s] * 31, output_tokens=32,
@@ -263,7 +263,7 @@ def _release_url_handler() -> Iterator[None]:
 
 
 def test_history_lists_runs_from_the_real_store_and_reopens_reports(window, qtbot, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from desktop.core.store import RunRecord, Store
+    from desktop.core.storage.history import RunRecord, Store
 
     report = tmp_path / "r" / "ab.html"
     report.parent.mkdir()
@@ -353,7 +353,7 @@ def test_serve_export_uses_the_form_when_nothing_runs(window, qtbot) -> None:  #
 
 
 def test_settings_dialog_refuses_bad_values_and_saves_good_ones(window, qtbot) -> None:  # type: ignore[no-untyped-def]
-    from desktop.core import settings as core_settings
+    from desktop.core.storage import settings as core_settings
     from desktop.ui.settings_dialog import SettingsDialog
 
     dialog = SettingsDialog(window)

@@ -11,8 +11,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
 
-from desktop.core import settings as core_settings
-from desktop.core.errors import SwitchyardError
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.storage import settings as core_settings
 
 pytestmark = pytest.mark.qt_log_ignore("propagateSizeHints")
 
@@ -158,7 +158,7 @@ def test_worker_delivers_progress_and_result_on_the_gui_thread(qtbot) -> None:
 
 @pytest.mark.parametrize(("error", "expected"), [
     (SwitchyardError("the port is taken", "pick another"), "the port is taken\nHint: pick another"),
-    (ModuleNotFoundError("x", name="desktop.core.ab"), "not available yet"),
+    (ModuleNotFoundError("x", name="desktop.core.measure.ab"), "not available yet"),
     (RuntimeError("boom"), "Unexpected error: boom (RuntimeError"),
 ])
 def test_errors_become_readable_messages_not_tracebacks(qtbot, error: BaseException, expected: str) -> None:

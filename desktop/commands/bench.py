@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from desktop.commands._common import emit_json, stderr_progress
-from desktop.core import paths
-from desktop.core.errors import EngineNotInstalled, SwitchyardError
-from desktop.core.loadgen import (
+from desktop.core.common import paths
+from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
+from desktop.core.measure.loadgen import (
     SLO,
     JsonlWorkload,
     LoadConfig,
@@ -27,7 +27,7 @@ from desktop.core.loadgen import (
     run_sweep,
     sweep_levels,
 )
-from desktop.core.loadgen.metrics import LiveBucket
+from desktop.core.measure.loadgen.metrics import LiveBucket
 
 
 def _ints(text: str) -> list[int]:
@@ -157,7 +157,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                             "model": args.model, "settings": {"levels": [lvl.to_json() for lvl in levels],
                                                               "workload": workload.to_json(), "api": args.api}}
     if args.endpoint:
-        from desktop.core.external import resolve_endpoint
+        from desktop.core.engines.external import resolve_endpoint
 
         endpoint = resolve_endpoint(args.endpoint)
         target = Target.attached(endpoint, api=args.api, model=args.model, api_key=api_key)
@@ -196,8 +196,8 @@ def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[Loa
                   meta: dict[str, Any]) -> SweepResult:
     from desktop.core.engines import get_adapter
     from desktop.core.engines.base import LaunchPlan
-    from desktop.core.models import resolve_model
-    from desktop.core.supervisor import EngineProcess, reap_orphans
+    from desktop.core.engines.model_path import resolve_model
+    from desktop.core.runtime.supervisor import EngineProcess, reap_orphans
 
     if not args.model:
         raise SwitchyardError("--engine needs --model", "e.g. --model demo")
@@ -227,7 +227,7 @@ def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[Loa
 
 
 def _finish_bench(args: argparse.Namespace, sweep: SweepResult, meta: dict[str, Any]) -> int:
-    from desktop.core.reports import bench_json, record_bench, write_bench_report, write_json
+    from desktop.core.measure.reports import bench_json, record_bench, write_bench_report, write_json
 
     report = None
     if args.report:
@@ -240,7 +240,7 @@ def _finish_bench(args: argparse.Namespace, sweep: SweepResult, meta: dict[str, 
     if args.json != "-":
         _print_table(sweep)
     if not args.no_history:
-        from desktop.core.store import Store
+        from desktop.core.storage.history import Store
 
         with Store() as store:
             record_bench(store, sweep, meta, str(report.html) if report else None)
@@ -266,8 +266,8 @@ def _print_table(sweep: SweepResult) -> None:
 
 # --- ab -------------------------------------------------------------------------------------------------
 def cmd_ab(args: argparse.Namespace) -> int:
-    from desktop.core.ab import ABConfig, run_ab
-    from desktop.core.reports import record_ab, write_ab_report
+    from desktop.core.measure.ab import ABConfig, run_ab
+    from desktop.core.measure.reports import record_ab, write_ab_report
 
     engines = tuple(name.strip() for name in (args.engines or "").split(",") if name.strip())
     if args.endpoint:
@@ -289,7 +289,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     result = run_ab(config, progress=_every_tenth(), allow_install=args.install)
     report = write_ab_report(result, directory)
     if not args.no_history:
-        from desktop.core.store import Store
+        from desktop.core.storage.history import Store
 
         with Store() as store:
             record_ab(store, result, str(report.html))

@@ -10,15 +10,21 @@ from pathlib import Path
 from typing import Any
 
 from desktop.commands._common import emit_json
-from desktop.core.errors import SwitchyardError
-from desktop.core.export import FORMATS, ExportPlan, choose_for_target, export_plan, load_model_config
-from desktop.core.external import (
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines.external import (
     EndpointReport,
     EndpointStore,
     ExternalEndpoint,
     normalize_base_url,
     probe_endpoint,
     resolve_endpoint,
+)
+from desktop.core.planning.export import (
+    FORMATS,
+    ExportPlan,
+    choose_for_target,
+    export_plan,
+    load_model_config,
 )
 
 
@@ -106,7 +112,7 @@ def resolve_plan(args: argparse.Namespace) -> ExportPlan:
             gpu_memory_utilization=fields.get("gpu_memory_utilization"), nodes=nodes)
         fields.update(tensor_parallel_size=choice.tensor_parallel_size,
                       pipeline_parallel_size=choice.pipeline_parallel_size, tp_reason=choice.reason)
-        from desktop.core.gpus import require_gpu
+        from desktop.core.machine.gpu_catalog import require_gpu
 
         fields["gpu_name"] = require_gpu(args.gpu_name).name
     elif args.tensor_parallel_size is not None:

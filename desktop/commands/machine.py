@@ -6,11 +6,11 @@ import argparse
 from typing import Any
 
 from desktop.commands._common import emit_json
-from desktop.core.errors import SwitchyardError
-from desktop.core.fit import FitResult, FitSettings, estimate, normalise_engine
-from desktop.core.hardware import GIB, HardwareSnapshot, detect, hypothetical
-from desktop.core.modelinfo import facts_for
-from desktop.core.recommend import Workload, recommend
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.machine.hardware import GIB, HardwareSnapshot, detect, hypothetical
+from desktop.core.models.facts import facts_for
+from desktop.core.planning.fit import FitResult, FitSettings, estimate, normalise_engine
+from desktop.core.planning.recommend import Workload, recommend
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -17,17 +17,17 @@ from types import FrameType
 from typing import Any
 
 from desktop.commands._common import emit_json, stderr_progress
-from desktop.core import control
-from desktop.core.endpoint import EndpointEvent, EndpointManager, EngineSpec, SwitchResult
+from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import LaunchPlan
-from desktop.core.errors import EngineFailed, EngineNotInstalled, SwitchyardError
-from desktop.core.models import resolve_model
-from desktop.core.ports import ensure_port_free
-from desktop.core.proxy import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT, ProxyServer
-from desktop.core.store import Store
-from desktop.core.supervisor import EngineProcess, reap_orphans, stream_completion
-from desktop.core.telemetry import Telemetry
+from desktop.core.engines.model_path import resolve_model
+from desktop.core.runtime.ports import ensure_port_free
+from desktop.core.runtime.supervisor import EngineProcess, reap_orphans, stream_completion
+from desktop.core.runtime.telemetry import Telemetry
+from desktop.core.serving import control
+from desktop.core.serving.endpoint import EndpointEvent, EndpointManager, EngineSpec, SwitchResult
+from desktop.core.serving.proxy import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT, ProxyServer
+from desktop.core.storage.history import Store
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -77,15 +77,15 @@ def _watch_stdin(stop: threading.Event, interrupt: bool) -> None:
 def _report_dir(job: dict[str, Any], kind: str) -> Path:
     if job.get("report_dir"):
         return Path(job["report_dir"])
-    from desktop.core import paths
+    from desktop.core.common import paths
 
     return paths.data_dir() / "reports" / time.strftime(f"{kind}-%Y%m%d-%H%M%S")
 
 
 def run_ab_job(job: dict[str, Any], emit: Emitter) -> None:
-    from desktop.core.ab import ABConfig, run_ab
     from desktop.core.engines import get_adapter
-    from desktop.core.reports import record_ab, write_ab_report
+    from desktop.core.measure.ab import ABConfig, run_ab
+    from desktop.core.measure.reports import record_ab, write_ab_report
 
     raw = dict(job["config"])
     raw["engines"] = tuple(raw.get("engines", ("llama.cpp", "vllm")))
@@ -111,7 +111,7 @@ def run_ab_job(job: dict[str, Any], emit: Emitter) -> None:
     report = write_ab_report(result, _report_dir(job, "ab"))
     run_id = None
     if job.get("record", True):
-        from desktop.core.store import Store
+        from desktop.core.storage.history import Store
 
         with Store() as store:
             run_id = record_ab(store, result, str(report.html))
@@ -119,8 +119,8 @@ def run_ab_job(job: dict[str, Any], emit: Emitter) -> None:
 
 
 def run_sweep_job(job: dict[str, Any], emit: Emitter, stop: threading.Event) -> None:
-    from desktop.core.loadgen import LoadConfig, RandomWorkload, Target, run_sweep_sync, sweep_levels
-    from desktop.core.reports import record_bench, write_bench_report
+    from desktop.core.measure.loadgen import LoadConfig, RandomWorkload, Target, run_sweep_sync, sweep_levels
+    from desktop.core.measure.reports import record_bench, write_bench_report
 
     levels = [int(level) for level in job["levels"]]
     requests = int(job.get("requests", 32))
@@ -142,7 +142,7 @@ def run_sweep_job(job: dict[str, Any], emit: Emitter, stop: threading.Event) -> 
     report = write_bench_report(sweep, meta, _report_dir(job, "bench"))
     run_id = None
     if job.get("record", True):
-        from desktop.core.store import Store
+        from desktop.core.storage.history import Store
 
         with Store() as store:
             run_id = record_bench(store, sweep, meta, str(report.html))
@@ -154,7 +154,7 @@ def main(job_text: str) -> int:
     events = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints (ours or a library's) go to stderr
     emit = Emitter(events)
-    from desktop.core.errors import SwitchyardError
+    from desktop.core.common.errors import SwitchyardError
 
     try:
         job = json.loads(job_text)

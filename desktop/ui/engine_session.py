@@ -1,4 +1,4 @@
-"""The GUI's handle on what it serves: the stable endpoint (`desktop.core.proxy` + `endpoint`), its engines and
+"""The GUI's handle on what it serves: the stable endpoint (`desktop.core.serving.proxy` + `endpoint`), its engines and
 their telemetry, driven through thread-pool workers.
 
 Core calls block (install, wait until ready, switch with drain), so each runs in a worker. Supervisor and
@@ -92,10 +92,10 @@ class EngineSession(QObject):
         with self._setup_lock:
             if self.manager is not None:
                 return
-            from desktop.core import settings as core_settings
-            from desktop.core.endpoint import EndpointManager
-            from desktop.core.proxy import ProxyServer
-            from desktop.core.telemetry import Telemetry
+            from desktop.core.runtime.telemetry import Telemetry
+            from desktop.core.serving.endpoint import EndpointManager
+            from desktop.core.serving.proxy import ProxyServer
+            from desktop.core.storage import settings as core_settings
 
             port = self.endpoint_port if self.endpoint_port is not None else core_settings.load().endpoint_port
             proxy = ProxyServer(port=port)
@@ -111,8 +111,8 @@ class EngineSession(QObject):
         """Like endpoint.default_launcher, but installs a missing engine (with progress) instead of failing."""
         from desktop.core.engines import get_adapter
         from desktop.core.engines.base import LaunchPlan
-        from desktop.core.models import resolve_model
-        from desktop.core.supervisor import reap_orphans
+        from desktop.core.engines.model_path import resolve_model
+        from desktop.core.runtime.supervisor import reap_orphans
 
         adapter = get_adapter(spec.engine)
         model_path = resolve_model(spec.model, adapter, self._progress)
@@ -145,7 +145,7 @@ class EngineSession(QObject):
         submit(self._start, request, on_finished=self._on_ready, on_error=self._on_error)
 
     def _start(self, request: LaunchRequest) -> Any:
-        from desktop.core.endpoint import EngineSpec
+        from desktop.core.serving.endpoint import EngineSpec
 
         self._ensure_endpoint()
         self.manager.ready_timeout = request.ready_timeout_s

@@ -1,5 +1,5 @@
 """Export a launch plan as something a person deploys elsewhere: a shell command, `docker run`, Compose,
-Kubernetes, Ray or Helm (desktop.core.export), shown as text with Copy and Save."""
+Kubernetes, Ray or Helm (desktop.core.planning.export), shown as text with Copy and Save."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class ExportDialog(QDialog):
 
     def __init__(self, plan: Any, model: str | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        from desktop.core.export import FORMATS
+        from desktop.core.planning.export import FORMATS
 
         self.setWindowTitle("Export the launch plan")
         self.resize(760, 520)
@@ -83,8 +83,8 @@ class ExportDialog(QDialog):
 
     def show_export(self) -> str:
         """Show the plan in the chosen format; a plan the format cannot express shows why instead."""
-        from desktop.core.errors import SwitchyardError
-        from desktop.core.export import ExportPlan, export_plan
+        from desktop.core.common.errors import SwitchyardError
+        from desktop.core.planning.export import ExportPlan, export_plan
 
         try:
             export = ExportPlan.from_launch_plan(self.plan, model=self.model_edit.text().strip() or None)
@@ -110,7 +110,7 @@ class ExportDialog(QDialog):
         self.notice.show_message(f"{FORMAT_LABELS.get(self.fmt, self.fmt)} copied to the clipboard")
 
     def save(self, path: Path) -> Path:
-        from desktop.core.errors import SwitchyardError
+        from desktop.core.common.errors import SwitchyardError
 
         try:
             path.write_text(self.text.toPlainText(), encoding="utf-8")
@@ -119,7 +119,7 @@ class ExportDialog(QDialog):
         return path
 
     def save_dialog(self) -> None:
-        from desktop.core.errors import SwitchyardError
+        from desktop.core.common.errors import SwitchyardError
 
         suggested = f"switchyard-{self.plan.engine.replace('.', '')}-{self.fmt}{SUFFIXES.get(self.fmt, '.txt')}"
         name, _ = QFileDialog.getSaveFileName(self, "Save the export", str(Path.home() / suggested))

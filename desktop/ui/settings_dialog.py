@@ -1,4 +1,4 @@
-"""File → Settings: edit the typed settings (desktop.core.settings); bad values are explained, nothing is lost."""
+"""File → Settings: edit the typed settings (desktop.core.storage.settings); bad values are explained, nothing is lost."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from desktop.ui.widgets import Notice
 class SettingsDialog(QDialog):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        from desktop.core import settings as core_settings
+        from desktop.core.storage import settings as core_settings
 
         self.core = core_settings
         self.setWindowTitle("Settings")
@@ -63,7 +63,7 @@ class SettingsDialog(QDialog):
                        notes=())
 
     def save(self) -> bool:
-        from desktop.core.errors import SwitchyardError
+        from desktop.core.common.errors import SwitchyardError
 
         try:
             self.core.save(self.values())

@@ -27,7 +27,7 @@ class WorkerSignals(QObject):
 
 def readable_error(exc: BaseException) -> str:
     """What the user sees for an exception: SwitchyardError's message and hint; anything else in one line."""
-    from desktop.core.errors import SwitchyardError
+    from desktop.core.common.errors import SwitchyardError
 
     if isinstance(exc, SwitchyardError):
         return exc.message + (f"\nHint: {exc.hint}" if exc.hint else "")
@@ -67,7 +67,7 @@ class Worker(QRunnable):
 
 
 def _is_expected(exc: BaseException) -> bool:
-    from desktop.core.errors import SwitchyardError
+    from desktop.core.common.errors import SwitchyardError
 
     return isinstance(exc, SwitchyardError | ModuleNotFoundError)
 

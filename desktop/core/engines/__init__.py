@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from desktop.core.engines.llamacpp import LlamaCppAdapter
 from desktop.core.engines.vllm import VllmAdapter
-from desktop.core.errors import SwitchyardError
 
 ADAPTERS: dict[str, EngineAdapter] = {adapter.name: adapter for adapter in (LlamaCppAdapter(), VllmAdapter())}
 ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "llama": "llama.cpp", "llama-server": "llama.cpp"}

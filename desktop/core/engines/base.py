@@ -10,27 +10,14 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from desktop.core.common.progress import ProgressCallback, no_progress
+
 ModelFormat = Literal["gguf", "hf"]
-
-
-@dataclass(frozen=True)
-class ProgressEvent:
-    """One step of a long operation (install, download): a line of text and an optional fraction."""
-
-    message: str
-    fraction: float | None = None
-
-
-ProgressCallback = Callable[[ProgressEvent], None]
-
-
-def no_progress(_event: ProgressEvent) -> None:
-    """Default progress sink."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
+from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
+from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
 from desktop.core.engines import provision
 from desktop.core.engines.base import (
     CommandLine,
@@ -22,13 +24,9 @@ from desktop.core.engines.base import (
     EngineAdapter,
     EngineInstall,
     LaunchPlan,
-    ProgressCallback,
-    ProgressEvent,
     failure_rule,
     log_marker,
-    no_progress,
 )
-from desktop.core.errors import EngineNotInstalled, SwitchyardError
 
 log = logging.getLogger("switchyard.engines.llamacpp")
 

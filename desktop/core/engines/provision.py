@@ -21,9 +21,9 @@ from typing import Any
 
 import filelock
 
-from desktop.core import paths
-from desktop.core.engines.base import ProgressCallback, ProgressEvent
-from desktop.core.errors import SwitchyardError
+from desktop.core.common import paths
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.common.progress import ProgressCallback, ProgressEvent
 
 log = logging.getLogger("switchyard.engines")
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, urljoin, urlsplit
 
-from desktop.core.errors import ModelError, SwitchyardError
+from desktop.core.common.errors import ModelError, SwitchyardError
 from desktop.core.hub import cache
 from desktop.core.hub.search import gated_message, repo_listing
 from desktop.core.hub.tokens import get_token, redact

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from desktop.core import paths
-from desktop.core.errors import ModelError
+from desktop.core.common import paths
+from desktop.core.common.errors import ModelError
 from desktop.core.hub import cache
 from desktop.core.hub.variants import RemoteFile, Variant, group_variants
 

@@ -19,7 +19,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from desktop.core.errors import ModelError, SwitchyardError
+from desktop.core.common.errors import ModelError, SwitchyardError
 from desktop.core.hub.cache import hf_endpoint
 from desktop.core.hub.tokens import get_token, redact
 from desktop.core.hub.variants import FitTagger, RemoteFile, VariantList, default_tagger, group_variants

@@ -51,7 +51,7 @@ def get_token() -> str | None:
 
 def set_token(token: str) -> None:
     """Keep a token in the OS keyring (Secret Service, Keychain, Windows Credential Locker)."""
-    from desktop.core.errors import SwitchyardError
+    from desktop.core.common.errors import SwitchyardError
 
     token = token.strip()
     if not token:

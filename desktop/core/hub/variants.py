@@ -240,57 +240,14 @@ def tag_and_recommend(variants: list[Variant], tagger: FitTagger, config: dict[s
 # --------------------------------------------------------------------------- fit verdicts
 
 
-def _local_rule(engine: str, weights_bytes: int, free_vram: int, free_ram: int) -> str:
-    need = weights_bytes * 1.2
-    if engine == "vllm":
-        budget = free_vram if free_vram > 0 else free_ram
-        return "yes" if need <= budget else "no"
-    if need <= free_vram:
-        return "yes"
-    if need <= free_vram + free_ram:
-        return "partial" if free_vram > 0 else "yes"
-    return "no"
-
-
-def _free_memory() -> tuple[int, int]:
-    """(free VRAM summed over NVIDIA GPUs, available RAM); 0 VRAM when there is no NVIDIA driver."""
-    import psutil
-
-    free_ram = int(psutil.virtual_memory().available)
-    free_vram = 0
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                free_vram += int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).free)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no driver / no library: CPU only
-        free_vram = 0
-    return free_vram, free_ram
-
-
 def default_tagger() -> FitTagger:
-    """The project's fit estimator when present (desktop.core.fit), else weights x1.2 vs free VRAM/RAM."""
-    try:
-        from desktop.core import fit as fit_module
-        from desktop.core import hardware as hardware_module
+    """The fit estimator (desktop.core.planning.fit) against this machine as detected now: the one sizing function."""
+    from desktop.core.machine import hardware
+    from desktop.core.planning import fit
 
-        snapshot = hardware_module.detect()
-        quick_verdict = fit_module.quick_verdict
+    snapshot = hardware.detect()
 
-        def project_tagger(engine: str, weights_bytes: int, config: dict[str, Any] | None) -> str:
-            return str(quick_verdict(engine, weights_bytes, config, snapshot))
+    def project_tagger(engine: str, weights_bytes: int, config: dict[str, Any] | None) -> str:
+        return str(fit.quick_verdict(engine, weights_bytes, config, snapshot))
 
-        return project_tagger
-    except (ImportError, AttributeError) as exc:
-        log.debug("fit estimator not available (%s); using the local rule", exc)
-
-    free_vram, free_ram = _free_memory()
-
-    def local_tagger(engine: str, weights_bytes: int, config: dict[str, Any] | None) -> str:
-        return _local_rule(engine, weights_bytes, free_vram, free_ram)
-
-    return local_tagger
+    return project_tagger

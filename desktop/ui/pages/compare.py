@@ -1,7 +1,7 @@
-"""Compare: an engine-vs-engine A/B on one model (desktop.core.ab: cold start in phases, a concurrency sweep on
+"""Compare: an engine-vs-engine A/B on one model (desktop.core.measure.ab: cold start in phases, a concurrency sweep on
 each engine in turn, ratios and the amortization verdict), or a sweep against whatever the stable endpoint
 serves now. Live buckets feed the charts; results appear side by side; the report (JSON, CSV, HTML from
-desktop.core.reports) can be exported and opened.
+desktop.core.measure.reports) can be exported and opened.
 
 The benchmark runs in a child process (workers.BenchJob) so the load generator never competes with painting.
 """
@@ -50,7 +50,7 @@ LEVEL_METRICS = (("output_throughput", "output tok/s", 1), ("median_ttft_ms", "T
 
 def parse_levels(text: str) -> list[int]:
     """'1, 4, 16' → [1, 4, 16]; anything else is a readable SwitchyardError."""
-    from desktop.core.errors import SwitchyardError
+    from desktop.core.common.errors import SwitchyardError
 
     try:
         levels = [int(part) for part in text.replace(";", ",").split(",") if part.strip()]
@@ -249,7 +249,7 @@ class ComparePage(QWidget):
 
     def job_for_inputs(self) -> dict[str, Any]:
         """The child-process job for what the form says (raises SwitchyardError on bad input)."""
-        from desktop.core.errors import SwitchyardError
+        from desktop.core.common.errors import SwitchyardError
 
         levels = parse_levels(self.levels_edit.text())
         if self.endpoint_radio.isChecked():
@@ -269,7 +269,7 @@ class ComparePage(QWidget):
 
     # --- running ---
     def start(self, job: dict[str, Any] | None = None) -> bool:
-        from desktop.core.errors import SwitchyardError
+        from desktop.core.common.errors import SwitchyardError
 
         if self.running:
             return False
@@ -374,8 +374,8 @@ class ComparePage(QWidget):
 
     # --- report ---
     def export_to(self, directory: Path) -> list[Path]:
-        """Copy the report files (JSON, CSV, HTML, written by desktop.core.reports) into `directory`."""
-        from desktop.core.errors import SwitchyardError
+        """Copy the report files (JSON, CSV, HTML, written by desktop.core.measure.reports) into `directory`."""
+        from desktop.core.common.errors import SwitchyardError
 
         if not self.report:
             raise SwitchyardError("there is no report yet", "run a comparison first")
@@ -392,7 +392,7 @@ class ComparePage(QWidget):
         return written
 
     def export_dialog(self) -> None:
-        from desktop.core.errors import SwitchyardError
+        from desktop.core.common.errors import SwitchyardError
 
         name = QFileDialog.getExistingDirectory(self, "Export the report into a folder", str(Path.home()))
         if not name:

@@ -1,4 +1,4 @@
-"""History: past benchmark and A/B runs from the SQLite history (desktop.core.store), newest first, and
+"""History: past benchmark and A/B runs from the SQLite history (desktop.core.storage.history), newest first, and
 re-opening their reports (the HTML in the browser, or the folder with JSON and CSV)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ HEADERS = ["When", "Kind", "What", "Model", "Summary", "Report"]
 
 def load_runs(limit: int = 200) -> list[Any]:
     """The newest runs (RunRecord) from the history under SWITCHYARD_HOME / the data dir."""
-    from desktop.core.store import Store
+    from desktop.core.storage.history import Store
 
     with Store() as store:
         return store.runs(limit=limit)

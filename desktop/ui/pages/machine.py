@@ -23,8 +23,8 @@ REFRESH_MS = 2000
 
 
 def detect_hardware() -> Any:
-    from desktop.core import settings as settings_module
-    from desktop.core.hardware import detect
+    from desktop.core.machine.hardware import detect
+    from desktop.core.storage import settings as settings_module
 
     models_dir = settings_module.load().models_dir or None
     return detect(models_dir)

@@ -51,8 +51,8 @@ def _fill(table: QTableWidget, rows: list[list[str]]) -> None:
 
 def local_library() -> list[Any]:
     """The models on disk plus the embedded demo model pair (always available)."""
-    from desktop.core.demo import ensure_demo_model
     from desktop.core.hub import list_local
+    from desktop.core.models.demo import ensure_demo_model
 
     demo = ensure_demo_model()
     rows: list[Any] = [

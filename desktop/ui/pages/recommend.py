@@ -1,5 +1,5 @@
 """Recommend: a few questions about the workload → engine + quantization + settings with reasons and the
-runner-up (desktop.core.recommend); one click launches it on the Serve page."""
+runner-up (desktop.core.planning.recommend); one click launches it on the Serve page."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from desktop.ui.workers import submit
 
 def compute_recommendation(model: str, concurrency: int, prompt_len: int, output_len: int,
                            lifetime_hours: float, restarts_per_day: float) -> Any:
-    from desktop.core.hardware import detect
-    from desktop.core.modelinfo import facts_for
-    from desktop.core.recommend import Workload, recommend
+    from desktop.core.machine.hardware import detect
+    from desktop.core.models.facts import facts_for
+    from desktop.core.planning.recommend import Workload, recommend
 
     workload = Workload(concurrency=concurrency, prompt_len=prompt_len, output_len=output_len,
                         lifetime_hours=lifetime_hours, restarts_per_day=restarts_per_day)
@@ -99,7 +99,7 @@ class RecommendPage(QWidget):
     def _apply_default_workload(self) -> None:
         """Pre-fill the questions from the default workload in settings."""
         try:
-            from desktop.core import settings as core_settings
+            from desktop.core.storage import settings as core_settings
 
             workload = core_settings.load().default_workload
         except Exception:  # settings problems are shown by the settings dialog

@@ -58,7 +58,7 @@ def plan_for_form(engine: str, model: str, ctx: int, parallel: int) -> Any:
     """The LaunchPlan the Start button would use (without installing or starting anything)."""
     from desktop.core.engines import get_adapter
     from desktop.core.engines.base import LaunchPlan
-    from desktop.core.models import resolve_model
+    from desktop.core.engines.model_path import resolve_model
 
     adapter = get_adapter(engine)
     return LaunchPlan(engine=adapter.name, model_path=resolve_model(model, adapter), ctx=ctx, parallel=parallel)

@@ -1,0 +1,1 @@
+"""What every room uses: user-facing errors, where files live, progress events and the SSE decoder."""

@@ -1,0 +1,47 @@
+"""Turn what the user typed as a model (`demo`, a GGUF file, a Hugging Face folder) into a path the engine can
+load, or a clear error saying why not and what to pick instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from desktop.core.common.errors import ModelError
+from desktop.core.common.progress import ProgressCallback, no_progress
+from desktop.core.engines.base import EngineAdapter
+
+GGUF_MAGIC = b"GGUF"
+DEMO = "demo"
+
+
+def detect_format(path: Path) -> str | None:
+    """'gguf' for a GGUF file, 'hf' for a folder with config.json, None for anything else."""
+    if path.is_dir():
+        return "hf" if (path / "config.json").is_file() else None
+    if path.is_file():
+        with open(path, "rb") as handle:
+            return "gguf" if handle.read(4) == GGUF_MAGIC else None
+    return None
+
+
+def resolve_model(spec: str, adapter: EngineAdapter, progress: ProgressCallback = no_progress) -> Path:
+    if spec == DEMO:
+        from desktop.core.models.demo import ensure_demo_model
+
+        return ensure_demo_model(progress).path_for(adapter.model_format)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ModelError(f"model path does not exist: {path}",
+                         "give a GGUF file, a Hugging Face model folder, or `demo`")
+    fmt = detect_format(path)
+    if fmt is None:
+        if path.is_dir():
+            raise ModelError(f"{path} is not a model folder (no config.json)",
+                             "point at a Hugging Face model folder or a .gguf file")
+        raise ModelError(f"{path} is not a model file (not GGUF)",
+                         "pick a .gguf file for llama.cpp, or a Hugging Face folder for vLLM")
+    if fmt != adapter.model_format:
+        wanted = "a GGUF file" if adapter.model_format == "gguf" else "a Hugging Face model folder (config.json + safetensors)"
+        other = "vllm" if fmt == "hf" else "llama.cpp"
+        raise ModelError(f"{adapter.display_name} needs {wanted}, but {path.name} is {'GGUF' if fmt == 'gguf' else 'a Hugging Face folder'}",
+                         f"use --engine {other} for this model, or `--model demo`")
+    return path.resolve()

@@ -1,0 +1,419 @@
+"""What this machine can run models on: GPUs (NVIDIA via NVML, AMD via amdsmi/rocm-smi, Apple Silicon), CPU
+features, RAM, free disk where models live, and the OS.
+
+Every probe is optional: a missing library or driver becomes "none found" plus a note saying why, never an
+exception. Snapshots serialize to JSON so tests (and bug reports) can replay any machine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from desktop.core.common.errors import SwitchyardError
+
+log = logging.getLogger("switchyard.hardware")
+
+GIB = 1024**3
+MIB = 1024**2
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One accelerator. Memory in bytes as the driver reports it; `free` is what a new process can get now."""
+
+    index: int
+    name: str
+    vendor: str  # nvidia | amd | apple | intel
+    backend: str  # cuda | rocm | metal | sycl | vulkan
+    memory_total_bytes: int
+    memory_free_bytes: int
+    memory_used_bytes: int = 0
+    other_processes_bytes: int = 0  # used by processes other than ours (other apps, a running engine)
+    compute_capability: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    utilization_percent: float | None = None
+    unified_memory: bool = False  # Apple Silicon: GPU memory is the system RAM
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GpuInfo:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str
+    arch: str
+    physical_cores: int
+    logical_cores: int
+    avx2: bool = False
+    avx512: bool = False
+    amx: bool = False
+    neon: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class HardwareSnapshot:
+    gpus: list[GpuInfo]
+    cpu: CpuInfo
+    ram_total_bytes: int
+    ram_available_bytes: int
+    disk_free_bytes: int | None
+    os: str
+    models_dir: str | None = None
+    notes: list[str] = field(default_factory=list)
+    label: str | None = None  # e.g. "RTX 4090 workstation" for recorded snapshots
+
+    # --- derived views ------------------------------------------------------------------------------
+    @property
+    def cuda_gpus(self) -> list[GpuInfo]:
+        """GPUs vLLM can use (CUDA or ROCm)."""
+        return [g for g in self.gpus if g.backend in ("cuda", "rocm")]
+
+    @property
+    def has_unified_memory(self) -> bool:
+        return any(g.unified_memory for g in self.gpus)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": SNAPSHOT_VERSION,
+            "label": self.label,
+            "gpus": [g.to_json() for g in self.gpus],
+            "cpu": self.cpu.to_json(),
+            "ram_total_bytes": self.ram_total_bytes,
+            "ram_available_bytes": self.ram_available_bytes,
+            "disk_free_bytes": self.disk_free_bytes,
+            "models_dir": self.models_dir,
+            "os": self.os,
+            "notes": list(self.notes),
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | str) -> HardwareSnapshot:
+        """Rebuild a snapshot from `to_json()` output (a dict or its JSON text)."""
+        try:
+            raw: Any = json.loads(data) if isinstance(data, str) else data
+            cpu_raw: dict[str, Any] = dict(raw.get("cpu") or {})
+            cpu = CpuInfo(
+                model=str(cpu_raw.get("model", "unknown")),
+                arch=str(cpu_raw.get("arch", "unknown")),
+                physical_cores=int(cpu_raw.get("physical_cores", 1)),
+                logical_cores=int(cpu_raw.get("logical_cores", cpu_raw.get("physical_cores", 1))),
+                avx2=bool(cpu_raw.get("avx2", False)),
+                avx512=bool(cpu_raw.get("avx512", False)),
+                amx=bool(cpu_raw.get("amx", False)),
+                neon=bool(cpu_raw.get("neon", False)),
+            )
+            snapshot = cls(
+                gpus=[GpuInfo.from_json(g) for g in raw.get("gpus", [])],
+                cpu=cpu,
+                ram_total_bytes=int(raw["ram_total_bytes"]),
+                ram_available_bytes=int(raw["ram_available_bytes"]),
+                disk_free_bytes=None if raw.get("disk_free_bytes") is None else int(raw["disk_free_bytes"]),
+                os=str(raw.get("os", "unknown")),
+                models_dir=raw.get("models_dir"),
+                notes=[str(n) for n in raw.get("notes", [])],
+                label=raw.get("label"),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SwitchyardError(f"not a hardware snapshot: {exc}", "pass the output of `switchyard detect --json`") from exc
+        validate(snapshot)
+        return snapshot
+
+    @classmethod
+    def load(cls, path: str | Path) -> HardwareSnapshot:
+        try:
+            return cls.from_json(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise SwitchyardError(f"cannot read hardware snapshot {path}: {exc.strerror}") from exc
+
+
+def validate(snapshot: HardwareSnapshot) -> None:
+    """Reject impossible numbers (negative memory, free above total) with a clear error."""
+    if snapshot.ram_total_bytes < 0 or snapshot.ram_available_bytes < 0:
+        raise SwitchyardError("memory sizes cannot be negative", "check the snapshot's ram_* fields")
+    for gpu in snapshot.gpus:
+        if gpu.memory_total_bytes <= 0 or gpu.memory_free_bytes < 0 or gpu.memory_used_bytes < 0:
+            raise SwitchyardError(f"GPU {gpu.index} ({gpu.name}) reports impossible memory sizes",
+                                  "GPU memory must be positive and free memory cannot be negative")
+        if gpu.memory_free_bytes > gpu.memory_total_bytes:
+            raise SwitchyardError(f"GPU {gpu.index} ({gpu.name}) has more free than total memory")
+
+
+# --- probes ---------------------------------------------------------------------------------------------
+
+def _probe_nvidia(notes: list[str]) -> list[GpuInfo]:
+    try:
+        import pynvml
+    except ImportError:
+        notes.append("NVIDIA: none found (nvidia-ml-py is not installed)")
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        notes.append(f"NVIDIA: none found (NVML unavailable: {exc}; no NVIDIA driver?)")
+        return []
+    gpus: list[GpuInfo] = []
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        try:
+            cuda_raw = int(pynvml.nvmlSystemGetCudaDriverVersion())
+            cuda = f"{cuda_raw // 1000}.{(cuda_raw % 1000) // 10}"
+        except pynvml.NVMLError:
+            cuda = None
+        own_pid = os.getpid()
+        for index in range(int(pynvml.nvmlDeviceGetCount())):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+                capability: str | None = f"{major}.{minor}"
+            except pynvml.NVMLError:
+                capability = None
+            try:
+                utilization: float | None = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except pynvml.NVMLError:
+                utilization = None
+            others = 0
+            try:
+                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if proc.pid != own_pid and proc.usedGpuMemory:
+                        others += int(proc.usedGpuMemory)
+            except pynvml.NVMLError:
+                others = int(memory.used)
+            gpus.append(GpuInfo(
+                index=index, name=_text(pynvml.nvmlDeviceGetName(handle)), vendor="nvidia", backend="cuda",
+                memory_total_bytes=int(memory.total), memory_free_bytes=int(memory.free),
+                memory_used_bytes=int(memory.used), other_processes_bytes=others,
+                compute_capability=capability, driver_version=driver, cuda_version=cuda,
+                utilization_percent=utilization,
+            ))
+    except pynvml.NVMLError as exc:
+        notes.append(f"NVIDIA: probing failed part-way ({exc})")
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+    if not gpus:
+        notes.append("NVIDIA: driver present but no GPUs visible (check CUDA_VISIBLE_DEVICES)")
+    return gpus
+
+
+def _probe_amd(notes: list[str]) -> list[GpuInfo]:
+    try:
+        import amdsmi
+    except ImportError:
+        amdsmi = None
+    if amdsmi is not None:
+        try:
+            amdsmi.amdsmi_init()
+            gpus = []
+            for index, handle in enumerate(amdsmi.amdsmi_get_processor_handles()):
+                total = int(amdsmi.amdsmi_get_gpu_memory_total(handle, amdsmi.AmdSmiMemoryType.VRAM))
+                used = int(amdsmi.amdsmi_get_gpu_memory_usage(handle, amdsmi.AmdSmiMemoryType.VRAM))
+                info = amdsmi.amdsmi_get_gpu_asic_info(handle)
+                gpus.append(GpuInfo(index=index, name=str(info.get("market_name", "AMD GPU")), vendor="amd",
+                                    backend="rocm", memory_total_bytes=total, memory_free_bytes=max(0, total - used),
+                                    memory_used_bytes=used, other_processes_bytes=used,
+                                    compute_capability=str(info.get("target_graphics_version") or "") or None))
+            amdsmi.amdsmi_shut_down()
+            return gpus
+        except Exception as exc:  # amdsmi raises its own exception types; any failure means "not usable"
+            notes.append(f"AMD: amdsmi failed ({exc})")
+            return []
+    rocm_smi = shutil.which("rocm-smi")
+    if not rocm_smi:
+        notes.append("AMD: none found (neither amdsmi nor rocm-smi is present)")
+        return []
+    try:
+        out = subprocess.run([rocm_smi, "--showmeminfo", "vram", "--showproductname", "--json"],
+                             capture_output=True, text=True, timeout=10, check=False).stdout
+        data = json.loads(out or "{}")
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+        notes.append(f"AMD: rocm-smi failed ({exc})")
+        return []
+    gpus = []
+    for index, (key, card) in enumerate(sorted(data.items())):
+        if not key.startswith("card") or not isinstance(card, dict):
+            continue
+        total = int(card.get("VRAM Total Memory (B)", 0) or 0)
+        used = int(card.get("VRAM Total Used Memory (B)", 0) or 0)
+        if total <= 0:
+            continue
+        gpus.append(GpuInfo(index=index, name=str(card.get("Card Series") or card.get("Card model") or "AMD GPU"),
+                            vendor="amd", backend="rocm", memory_total_bytes=total,
+                            memory_free_bytes=max(0, total - used), memory_used_bytes=used,
+                            other_processes_bytes=used, compute_capability=card.get("GFX Version")))
+    if not gpus:
+        notes.append("AMD: rocm-smi found no GPUs")
+    return gpus
+
+
+def _probe_apple(notes: list[str], ram_total: int, ram_available: int) -> list[GpuInfo]:
+    if sys.platform != "darwin" or platform.machine() != "arm64":
+        return []
+    chip = _sysctl("machdep.cpu.brand_string") or "Apple Silicon"
+    # Metal lets the GPU wire about 2/3 of RAM up to 36 GB machines and about 3/4 above (recommendedMaxWorkingSetSize).
+    share = 0.75 if ram_total > 36 * GIB else 0.67
+    budget = int(ram_total * share)
+    return [GpuInfo(index=0, name=chip, vendor="apple", backend="metal", memory_total_bytes=budget,
+                    memory_free_bytes=min(budget, ram_available), memory_used_bytes=max(0, budget - ram_available),
+                    unified_memory=True)]
+
+
+def _probe_intel(notes: list[str]) -> list[GpuInfo]:
+    """Intel dGPUs only when xpu-smi is around (cheap to ask); integrated graphics are left to llama.cpp's CPU path."""
+    xpu = shutil.which("xpu-smi")
+    if not xpu:
+        return []
+    try:
+        data = json.loads(subprocess.run([xpu, "discovery", "-j"], capture_output=True, text=True, timeout=10,
+                                         check=False).stdout or "{}")
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+        notes.append(f"Intel: xpu-smi failed ({exc})")
+        return []
+    gpus = []
+    for index, dev in enumerate(data.get("device_list", [])):
+        total = int(dev.get("memory_physical_size_byte", 0) or 0)
+        if total > 0:
+            gpus.append(GpuInfo(index=index, name=str(dev.get("device_name", "Intel GPU")), vendor="intel",
+                                backend="sycl", memory_total_bytes=total, memory_free_bytes=total))
+    return gpus
+
+
+def _cpu_info() -> CpuInfo:
+    model = platform.processor() or "unknown"
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("model name") and model in ("unknown", "", platform.machine()):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith(("flags", "Features")):
+                    flags.update(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        model = _sysctl("machdep.cpu.brand_string") or model
+        for key, flag in (("hw.optional.avx2_0", "avx2"), ("hw.optional.avx512f", "avx512f")):
+            if _sysctl(key) == "1":
+                flags.add(flag)
+    arch = platform.machine() or "unknown"
+    return CpuInfo(
+        model=model, arch=arch,
+        physical_cores=psutil.cpu_count(logical=False) or os.cpu_count() or 1,
+        logical_cores=psutil.cpu_count(logical=True) or os.cpu_count() or 1,
+        avx2="avx2" in flags, avx512="avx512f" in flags, amx="amx_tile" in flags,
+        neon=arch in ("arm64", "aarch64"),
+    )
+
+
+def _sysctl(key: str) -> str | None:
+    exe = shutil.which("sysctl")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "-n", key], capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _disk_free(directory: Path) -> int | None:
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None
+
+
+def default_models_dir() -> Path:
+    """Where downloaded weights go: the Hugging Face cache unless HF_HOME / HF_HUB_CACHE point elsewhere."""
+    hub_cache = os.environ.get("HF_HUB_CACHE")
+    if hub_cache:
+        return Path(hub_cache).expanduser()
+    hf_home = os.environ.get("HF_HOME")
+    return Path(hf_home).expanduser() / "hub" if hf_home else Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def detect(models_dir: str | Path | None = None) -> HardwareSnapshot:
+    """Probe this machine. Never raises for missing drivers: the snapshot's notes say what was not found and why."""
+    notes: list[str] = []
+    memory = psutil.virtual_memory()
+    gpus = _probe_nvidia(notes)
+    gpus += _probe_amd(notes) if sys.platform.startswith("linux") else []
+    gpus += _probe_apple(notes, int(memory.total), int(memory.available))
+    gpus += _probe_intel(notes)
+    if not gpus:
+        notes.append("no GPU found: models run on the CPU (llama.cpp)")
+    directory = Path(models_dir) if models_dir else default_models_dir()
+    return HardwareSnapshot(
+        gpus=[replace(g, index=i) for i, g in enumerate(gpus)],
+        cpu=_cpu_info(),
+        ram_total_bytes=int(memory.total),
+        ram_available_bytes=int(memory.available),
+        disk_free_bytes=_disk_free(directory),
+        os=f"{platform.system()} {platform.release()}".strip(),
+        models_dir=str(directory),
+        notes=notes,
+    )
+
+
+def hypothetical(base: HardwareSnapshot, gpu_name: str | None = None, gpu_count: int = 1,
+                 gpu_mem_gib: float | None = None) -> HardwareSnapshot:
+    """`base` with its GPUs replaced by `gpu_count` idle GPUs from the table or of `gpu_mem_gib` each.
+
+    Answers "would it fit on an H100?" for hardware the user does not have; CPU, RAM and disk stay as detected.
+    """
+    from desktop.core.machine.gpu_catalog import require_gpu
+
+    if gpu_count < 1 or gpu_count > 64:
+        raise SwitchyardError(f"--gpus must be between 1 and 64, not {gpu_count}")
+    if gpu_mem_gib is not None and not (0 < gpu_mem_gib <= 4096):
+        raise SwitchyardError(f"GPU memory must be a positive number of GiB, not {gpu_mem_gib}")
+    if gpu_name:
+        spec = require_gpu(gpu_name)
+        total = int(gpu_mem_gib * GIB) if gpu_mem_gib else spec.memory_mib * MIB
+        template = GpuInfo(index=0, name=spec.name, vendor=spec.vendor,
+                           backend={"nvidia": "cuda", "amd": "rocm", "apple": "metal"}.get(spec.vendor, "vulkan"),
+                           memory_total_bytes=total, memory_free_bytes=total,
+                           compute_capability=spec.compute_capability, unified_memory=spec.vendor == "apple")
+    elif gpu_mem_gib is not None:
+        total = int(gpu_mem_gib * GIB)
+        template = GpuInfo(index=0, name=f"hypothetical {gpu_mem_gib:g} GiB GPU", vendor="nvidia", backend="cuda",
+                           memory_total_bytes=total, memory_free_bytes=total, compute_capability="8.9")
+    else:
+        return base
+    gpus = [replace(template, index=i) for i in range(gpu_count)]
+    label = f"{gpu_count}x {template.name}"
+    return replace(base, gpus=gpus, label=label, notes=[*base.notes, f"hypothetical hardware: {label}"])

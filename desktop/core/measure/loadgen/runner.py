@@ -1,0 +1,415 @@
+"""Load shapes: closed loop (fixed concurrency) or open loop (constant, Poisson or gamma arrivals), bounded by a
+request count or a duration, with warm-up and cool-down requests sent but left out of the numbers, and sweeps
+over concurrency or rate.
+
+Cool-down requests keep the load steady while the last measured requests finish (so the tail of a closed-loop
+run is not measured at a falling concurrency); they are cancelled as soon as every measured request is done.
+The event loop's own CPU time is measured: when it nears a full core the client, not the server, may be the
+bottleneck, and the result says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
+from desktop.core.measure.loadgen.client import CONNECT_ERROR, Target, discover_model, send_request
+from desktop.core.measure.loadgen.metrics import SLO, BenchmarkSummary, LiveBucket, RequestResult, summarize
+from desktop.core.measure.loadgen.workload import RequestSpec, TokenCounter, Workload, generate
+
+Arrival = Literal["constant", "poisson", "gamma"]
+BucketCallback = Callable[[LiveBucket], None]
+AbortCheck = Callable[[], str | None]
+
+DEFAULT_CONCURRENCY = (1, 8, 32, 64)
+CPU_SATURATION = 0.85
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """One load level. Closed loop at `concurrency` when `rate` is None; else open loop at `rate` req/s."""
+
+    concurrency: int | None = 1
+    rate: float | None = None
+    arrival: Arrival = "poisson"
+    burstiness: float = 1.0  # gamma shape: 1 = Poisson, < 1 burstier, > 1 more regular
+    num_requests: int | None = 64
+    duration_s: float | None = None  # bounds the run by time instead of count
+    warmup_requests: int = 0
+    cooldown_requests: int = 0
+    warmup_s: float = 0.0
+    cooldown_s: float = 0.0
+    request_timeout_s: float = 300.0
+    abort_after_connect_errors: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rate is None and (self.concurrency is None or self.concurrency < 1):
+            raise SwitchyardError("a closed-loop run needs a concurrency of at least 1", "e.g. --concurrency 8")
+        if self.rate is not None and self.rate <= 0:
+            raise SwitchyardError(f"request rate must be positive, got {self.rate}", "e.g. --rate 4")
+        if self.num_requests is None and self.duration_s is None:
+            raise SwitchyardError("a run needs a request count or a duration", "give --requests N or --duration S")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise SwitchyardError(f"request count must be at least 1, got {self.num_requests}")
+        if self.burstiness <= 0:
+            raise SwitchyardError(f"burstiness must be positive, got {self.burstiness}")
+
+    @property
+    def label(self) -> str:
+        if self.rate is not None:
+            return f"rate {self.rate:g}/s"
+        return f"concurrency {self.concurrency}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LoadResult:
+    """One load level's full outcome: summary, per-request records, live buckets, client health."""
+
+    config: LoadConfig
+    target: Target
+    workload: dict[str, Any]
+    model: str | None
+    summary: BenchmarkSummary
+    requests: list[RequestResult]
+    buckets: list[LiveBucket]
+    client_cpu: float  # event-loop CPU seconds / wall seconds over the run (1.0 = a full core)
+    warnings: list[str] = field(default_factory=list)
+    aborted: str | None = None
+    started_at: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.config.label
+
+    def to_json(self, include_requests: bool = False) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "label": self.label,
+            "config": self.config.to_json(),
+            "target": self.target.to_json(),
+            "workload": self.workload,
+            "model_id": self.model,
+            "started_at": self.started_at,
+            **self.summary.to_json(),
+            "max_concurrency": self.config.concurrency if self.config.rate is None else None,
+            "request_rate": self.config.rate if self.config.rate is not None else "inf",
+            "burstiness": self.config.burstiness,
+            "client_cpu": self.client_cpu,
+            "warnings": list(self.warnings),
+            "aborted": self.aborted,
+            "buckets": [b.to_json() for b in self.buckets],
+        }
+        if include_requests:
+            data["requests"] = [r.to_json() for r in self.requests]
+        return data
+
+
+@dataclass
+class SweepResult:
+    levels: list[LoadResult]
+
+    @property
+    def aborted(self) -> str | None:
+        return next((level.aborted for level in self.levels if level.aborted), None)
+
+    def to_json(self, include_requests: bool = False) -> dict[str, Any]:
+        return {"levels": [level.to_json(include_requests) for level in self.levels]}
+
+
+def sweep_levels(base: LoadConfig, concurrency: list[int] | None = None,
+                 rates: list[float] | None = None) -> list[LoadConfig]:
+    """Load levels for a sweep over concurrency (closed loop) or request rate (open loop)."""
+    if rates:
+        return [replace(base, rate=rate) for rate in rates]
+    return [replace(base, concurrency=c, rate=None) for c in (concurrency or list(DEFAULT_CONCURRENCY))]
+
+
+class _Live:
+    """Counters the 1-second ticker turns into LiveBuckets."""
+
+    def __init__(self) -> None:
+        self.completed = self.failed = self.tokens = self.in_flight = 0
+        self.ttfts: list[float] = []
+
+    def on_chunk(self, result: RequestResult, first: bool) -> None:
+        self.tokens += 1
+        if first:
+            self.ttfts.append(result.ttft)
+
+    def take(self, second: int, cpu: float) -> LiveBucket:
+        p50 = p95 = None
+        if self.ttfts:
+            p50, p95 = (float(v) * 1000.0 for v in np.percentile(self.ttfts, (50, 95)))
+        bucket = LiveBucket(second, self.completed, self.failed, self.tokens, self.in_flight, p50, p95,
+                            round(cpu, 3))
+        self.completed = self.failed = self.tokens = 0
+        self.ttfts = []
+        return bucket
+
+
+def _arrival_gaps(config: LoadConfig) -> Iterator[float]:
+    rng = np.random.default_rng(config.seed)
+    assert config.rate is not None
+    while True:
+        if config.arrival == "constant":
+            yield 1.0 / config.rate
+        else:
+            shape = 1.0 if config.arrival == "poisson" else config.burstiness
+            yield float(rng.gamma(shape, 1.0 / (config.rate * shape)))
+
+
+def _spec_stream(workload: Workload, config: LoadConfig, counter: TokenCounter | None) -> Iterator[RequestSpec]:
+    if config.num_requests is not None and config.duration_s is None:
+        yield from generate(workload, config.warmup_requests + config.num_requests + config.cooldown_requests,
+                            counter)
+        return
+    batch = generate(workload, 512, counter)
+    while True:
+        yield from batch
+
+
+async def run_load(
+    target: Target,
+    workload: Workload,
+    config: LoadConfig,
+    *,
+    slo: SLO | None = None,
+    on_bucket: BucketCallback | None = None,
+    progress: ProgressCallback = no_progress,
+    token_counter: TokenCounter | None = None,
+    abort_check: AbortCheck | None = None,
+    stop: asyncio.Event | None = None,
+) -> LoadResult:
+    """Run one load level and summarize it. Never raises for server failures: see `aborted` and `failed`."""
+    live = _Live()
+    results: list[RequestResult] = []
+    measured_tasks: set[asyncio.Task[RequestResult]] = set()
+    other_tasks: set[asyncio.Task[RequestResult]] = set()
+    measured_done = asyncio.Event()
+    abort_reason: list[str] = []
+    consecutive_refused = 0
+    limit = config.concurrency  # closed loop: the level; open loop: an optional cap on requests in flight
+    slots = asyncio.Semaphore(limit) if limit else None
+    started_at = time.time()
+    clock_zero = time.perf_counter()
+    cpu_zero = time.thread_time()
+    buckets: list[LiveBucket] = []
+    count_mode = config.duration_s is None
+    total = (config.warmup_requests + (config.num_requests or 0) + config.cooldown_requests) if count_mode else None
+
+    def phase_of(index: int, now: float) -> str:
+        if count_mode:
+            if index < config.warmup_requests:
+                return "warmup"
+            if index < config.warmup_requests + (config.num_requests or 0):
+                return "measure"
+            return "cooldown"
+        assert config.duration_s is not None
+        if now < config.warmup_s:
+            return "warmup"
+        return "measure" if now < config.warmup_s + config.duration_s else "cooldown"
+
+    async def one(client: httpx.AsyncClient, spec: RequestSpec, index: int, phase: str, model: str | None
+                  ) -> RequestResult:
+        nonlocal consecutive_refused
+        live.in_flight += 1
+        try:
+            result = await send_request(client, target, spec, index=index, model=model, clock_zero=clock_zero,
+                                        timeout=config.request_timeout_s, phase=phase, on_chunk=live.on_chunk)
+        finally:
+            live.in_flight -= 1
+            if slots:
+                slots.release()
+        results.append(result)
+        if result.success:
+            live.completed += 1
+            consecutive_refused = 0
+        else:
+            live.failed += 1
+            if (result.error or "").startswith(CONNECT_ERROR):
+                consecutive_refused += 1
+                if consecutive_refused >= config.abort_after_connect_errors and not abort_reason:
+                    abort_reason.append(f"the server at {target.base_url} stopped accepting connections "
+                                        f"({result.error})")
+        done = sum(1 for r in results if r.phase == "measure")
+        if total:
+            progress(ProgressEvent(f"{config.label}: {done}/{config.num_requests} requests", done / max(1, config.num_requests or 1)))
+        return result
+
+    async def ticker() -> None:
+        second = 0
+        last_cpu, last_wall = time.thread_time(), time.perf_counter()
+        while True:
+            await asyncio.sleep(max(0.0, clock_zero + second + 1 - time.perf_counter()))
+            second += 1
+            cpu, wall = time.thread_time(), time.perf_counter()
+            bucket = live.take(second, (cpu - last_cpu) / max(1e-6, wall - last_wall))
+            last_cpu, last_wall = cpu, wall
+            buckets.append(bucket)
+            if on_bucket:
+                on_bucket(bucket)
+
+    def should_stop(now: float) -> bool:
+        if stop is not None and stop.is_set():
+            if not abort_reason:
+                abort_reason.append("stopped by the user")
+            return True
+        if abort_reason:
+            return True
+        if abort_check is not None:
+            reason = abort_check()
+            if reason:
+                abort_reason.append(reason)
+                return True
+        if not count_mode:
+            assert config.duration_s is not None
+            end = config.warmup_s + config.duration_s + config.cooldown_s
+            if now >= end:
+                return True
+        return False
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(64, (limit or 0) * 2))
+    timeout = httpx.Timeout(config.request_timeout_s, connect=10.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, verify=target.verify_tls,
+                                 follow_redirects=False) as client:
+        model = target.model or await discover_model(client, target)
+        measuring_over = False
+
+        def check_measured_done() -> None:
+            if measuring_over and all(task.done() for task in measured_tasks):
+                measured_done.set()
+
+        tick = asyncio.create_task(ticker())
+        gaps = _arrival_gaps(config) if config.rate is not None else None
+        next_send = 0.0
+        try:
+            for index, spec in enumerate(_spec_stream(workload, config, token_counter)):
+                if gaps is not None:
+                    next_send += next(gaps)
+                    delay = clock_zero + next_send - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                phase = phase_of(index, time.perf_counter() - clock_zero)
+                if phase == "cooldown" and not measuring_over:
+                    measuring_over = True
+                    check_measured_done()
+                if slots and not await _acquire_unless(slots, measured_done if phase == "cooldown" else None):
+                    break
+                now = time.perf_counter() - clock_zero
+                phase = phase_of(index, now)
+                if should_stop(now) or (phase == "cooldown" and measured_done.is_set()):
+                    if slots:
+                        slots.release()
+                    break
+                task = asyncio.create_task(one(client, spec, index, phase, model))
+                if phase == "measure":
+                    measured_tasks.add(task)
+                    task.add_done_callback(lambda _task: check_measured_done())
+                else:
+                    other_tasks.add(task)
+            if measured_tasks:
+                await asyncio.wait(measured_tasks)
+            warmups = [t for t in other_tasks if not t.done()]
+            for task in warmups:
+                task.cancel()
+            for task in warmups:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        finally:
+            tick.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await tick
+            for task in measured_tasks | other_tasks:
+                task.cancel()
+    wall = time.perf_counter() - clock_zero
+    client_cpu = (time.thread_time() - cpu_zero) / max(1e-6, wall)
+    measured = [r for r in results if r.phase == "measure"]
+    if measured:
+        window = max(r.start + r.elapsed for r in measured) - min(r.start for r in measured)
+    else:
+        window = wall
+    results.sort(key=lambda r: r.index)
+    summary = summarize(results, window, slo)
+    warnings = []
+    if client_cpu >= CPU_SATURATION:
+        warnings.append(f"the load generator used {client_cpu:.0%} of a CPU core: the client may be the "
+                        "bottleneck; lower the concurrency or run the client on another machine")
+    if summary.tokens_estimated:
+        warnings.append("the server sent no usage: output tokens are counted from stream chunks (estimated)")
+    if summary.not_streamed:
+        warnings.append(f"{summary.not_streamed} responses were not streamed: their TTFT equals their E2E latency")
+    aborted = abort_reason[0] if abort_reason else None
+    if not aborted and measured and summary.completed == 0:
+        first = next((r.error for r in measured if r.error), "unknown error")
+        aborted = f"all {len(measured)} requests failed; first error: {first}"
+    return LoadResult(config, target, workload.to_json(), model, summary, results, buckets,
+                      round(client_cpu, 3), warnings, aborted, started_at)
+
+
+async def run_sweep(
+    target: Target,
+    workload: Workload,
+    levels: list[LoadConfig],
+    *,
+    slo: SLO | None = None,
+    on_bucket: BucketCallback | None = None,
+    progress: ProgressCallback = no_progress,
+    token_counter: TokenCounter | None = None,
+    abort_check: AbortCheck | None = None,
+) -> SweepResult:
+    """Run levels in order; stop at the first level that aborted (a dead server), keeping what was measured."""
+    sweep = SweepResult([])
+    for position, level in enumerate(levels):
+        progress(ProgressEvent(f"level {position + 1}/{len(levels)}: {level.label}"))
+        result = await run_load(target, workload, level, slo=slo, on_bucket=on_bucket, progress=progress,
+                                token_counter=token_counter, abort_check=abort_check)
+        sweep.levels.append(result)
+        if result.aborted:
+            break
+    return sweep
+
+
+async def _acquire_unless(slots: asyncio.Semaphore, event: asyncio.Event | None) -> bool:
+    """Take a slot, or give up (False) as soon as `event` is set."""
+    if event is None:
+        await slots.acquire()
+        return True
+    if event.is_set():
+        return False
+    acquire = asyncio.ensure_future(slots.acquire())
+    waiter = asyncio.ensure_future(event.wait())
+    await asyncio.wait({acquire, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if acquire.done() and not acquire.cancelled():
+        return True
+    acquire.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await acquire
+    if acquire.done() and not acquire.cancelled():  # won the race after all
+        slots.release()
+    return False
+
+
+def run_load_sync(target: Target, workload: Workload, config: LoadConfig, **kwargs: Any) -> LoadResult:
+    """`run_load` for callers without an event loop (CLI, A/B runner, GUI worker threads)."""
+    return asyncio.run(run_load(target, workload, config, **kwargs))
+
+
+def run_sweep_sync(target: Target, workload: Workload, levels: list[LoadConfig], **kwargs: Any) -> SweepResult:
+    return asyncio.run(run_sweep(target, workload, levels, **kwargs))
+
+
+__all__ = ["DEFAULT_CONCURRENCY", "LoadConfig", "LoadResult", "SweepResult", "run_load",
+           "run_load_sync", "run_sweep", "run_sweep_sync", "sweep_levels"]

@@ -1,0 +1,527 @@
+"""Will this model run, and how: per-engine memory accounting checked against the memory that is FREE now.
+
+llama.cpp: weights from the GGUF's real tensor bytes (or a bits-per-weight table when only a config is known),
+KV cache for the whole context shared by all slots at the chosen KV type, compute buffers (the logits and
+attention-score scratch, which depend on n_ubatch and, without flash attention, on the context), and the CUDA
+context; when it does not fit, the number of layers that do (`-ngl`) and the RAM the rest needs.
+
+vLLM: its own budget, total x gpu_memory_utilization, minus weights, the activation peak it profiles with
+max_num_batched_tokens tokens, non-torch memory and CUDA graphs; what is left is the KV cache, in 16-token
+blocks. It refuses to start when free memory is below the budget, or when the KV cache cannot hold one
+max_model_len request.
+
+The constants below were fitted to published startup logs (see tests/test_fit_accuracy.py, which cites them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.machine.hardware import GIB, MIB, GpuInfo, HardwareSnapshot
+from desktop.core.models.facts import ModelFacts, facts_from_config, hf_weight_bytes
+
+Verdict = Literal["yes", "partial", "no"]
+ENGINES = ("llama.cpp", "vllm")
+ENGINE_ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "llama": "llama.cpp",
+                  "llama-server": "llama.cpp", "vllm": "vllm", "llama.cpp": "llama.cpp"}
+
+MAX_CTX = 16 * 1024 * 1024
+
+# Bits per weight over the whole file (embeddings included) for llama.cpp quantizations of Llama-like models.
+GGUF_BPW: dict[str, float] = {
+    "F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q6_K": 6.56, "Q5_K_M": 5.69, "Q5_K_S": 5.54,
+    "Q5_0": 5.5, "Q4_K_M": 4.89, "Q4_K_S": 4.58, "Q4_0": 4.55, "IQ4_NL": 4.5, "IQ4_XS": 4.25, "Q3_K_L": 4.27,
+    "Q3_K_M": 3.91, "Q3_K_S": 3.5, "IQ3_M": 3.66, "IQ3_XS": 3.3, "Q2_K": 3.35, "IQ2_M": 2.7, "IQ2_XS": 2.31,
+}
+GGUF_LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M")
+
+# llama.cpp KV cache element sizes (bytes per element; quantized types include their block scales).
+KV_TYPE_BYTES: dict[str, float] = {
+    "f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+    "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32,
+}
+
+# vLLM quantization choices for config-only models: name -> (weight bits, vLLM --quantization value or None).
+VLLM_QUANTS: dict[str, tuple[float | None, str | None]] = {
+    "bf16": (None, None), "fp16": (None, None), "auto": (None, None), "fp8": (8.0, "fp8"),
+    "int8": (8.0, None), "awq": (4.0, "awq"), "gptq": (4.0, "gptq"), "int4": (4.0, None), "w4a16": (4.0, None),
+}
+
+LLAMA_CUDA_CONTEXT_BYTES = 350 * MIB  # CUDA context + cuBLAS handles per GPU; not in llama.cpp's logs
+LLAMA_ROCM_CONTEXT_BYTES = 450 * MIB
+VLLM_DRIVER_RESERVED_BYTES = int(0.45 * GIB)  # NVML total minus what torch/cudaMemGetInfo reports as total
+VLLM_NON_TORCH_BYTES = int(0.30 * GIB)  # CUDA context/cuBLAS beyond torch's allocator (0.03-0.35 GiB in logs)
+VLLM_NON_TORCH_TP_EXTRA_BYTES = int(0.10 * GIB)  # NCCL and custom all-reduce buffers per rank
+VLLM_BLOCK_SIZE = 16
+VLLM_BIG_GPU_BYTES = 70 * GIB  # from here vLLM's serve default max_num_batched_tokens is 8192 instead of 2048
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """Launch settings that change memory. None means "the engine's default for this model and machine"."""
+
+    ctx: int | None = None  # llama.cpp total context (all slots); vLLM max_model_len
+    parallel: int = 1  # llama.cpp slots (-np)
+    kv_type: str = "f16"  # llama.cpp --cache-type-k/v
+    gpu_layers: int | None = None  # llama.cpp -ngl; None = as many as fit
+    ubatch: int = 512
+    flash_attn: bool | None = None  # None = auto (on with a GPU)
+    quant: str | None = None  # "what if" quantization: a GGUF type (Q4_K_M) or a vLLM one (fp8, awq)
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    tensor_parallel: int = 1
+    enforce_eager: bool = False
+    kv_cache_dtype: str = "auto"  # vLLM: auto | fp8
+    cuda_graphs_in_budget: bool = True  # newer vLLM subtracts its CUDA-graph estimate from the KV budget
+    cpu_kv_cache_gib: float = 4.0  # vLLM CPU backend's VLLM_CPU_KVCACHE_SPACE
+
+    def validate(self) -> None:
+        if self.ctx is not None and not (0 < self.ctx <= MAX_CTX):
+            raise SwitchyardError(f"context length {self.ctx} is out of range",
+                                  f"pass a ctx between 1 and {MAX_CTX:,} tokens")
+        if not (1 <= self.parallel <= 1024):
+            raise SwitchyardError(f"parallel slots must be between 1 and 1024, not {self.parallel}")
+        if self.kv_type.lower() not in KV_TYPE_BYTES:
+            raise SwitchyardError(f"unknown KV cache type '{self.kv_type}'", f"use one of: {', '.join(KV_TYPE_BYTES)}")
+        if self.gpu_layers is not None and self.gpu_layers < 0:
+            raise SwitchyardError("GPU layers cannot be negative", "use 0 for CPU only, or leave it unset for auto")
+        if not (0.0 < self.gpu_memory_utilization <= 1.0):
+            raise SwitchyardError(f"gpu_memory_utilization must be in (0, 1], not {self.gpu_memory_utilization}")
+        if not (1 <= self.tensor_parallel <= 64):
+            raise SwitchyardError(f"tensor parallel size must be between 1 and 64, not {self.tensor_parallel}")
+        if not (1 <= self.max_num_seqs <= 65536) or not (1 <= self.ubatch <= 65536):
+            raise SwitchyardError("max_num_seqs and ubatch must be positive")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise SwitchyardError("max_num_batched_tokens must be positive")
+        if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"):
+            raise SwitchyardError(f"unknown vLLM kv_cache_dtype '{self.kv_cache_dtype}'", "use auto or fp8")
+        if self.cpu_kv_cache_gib <= 0:
+            raise SwitchyardError("the CPU KV cache size must be positive")
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """The verdict and the numbers behind it. GiB throughout; for vLLM with tensor parallel, per GPU."""
+
+    engine: str
+    fits: Verdict
+    weights_gib: float
+    kv_cache_gib: float
+    overhead_gib: float
+    total_gib: float
+    available_gib: float
+    headroom_gib: float
+    device: str  # what it runs on: "1x NVIDIA GeForce RTX 4090", "CPU", ...
+    ctx: int
+    gpu_layers: int | None = None
+    total_layers: int | None = None
+    cpu_ram_gib: float = 0.0  # host memory the engine needs besides the GPU part
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    quant: str | None = None
+    breakdown: dict[str, float] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def normalise_engine(engine: str) -> str:
+    key = ENGINE_ALIASES.get(engine.strip().lower())
+    if key is None:
+        raise SwitchyardError(f"unknown engine '{engine}'", "choose llama.cpp or vllm")
+    return key
+
+
+def _gib(value: float) -> float:
+    return round(value / GIB, 3)
+
+
+# --- shared model arithmetic --------------------------------------------------------------------------
+
+def _kv_width(facts: ModelFacts) -> int:
+    """K plus V elements per token per layer."""
+    if facts.kv_lora_rank:
+        return facts.kv_lora_rank + (facts.qk_rope_head_dim or 64)
+    return 2 * facts.n_kv_heads * facts.head_dim
+
+
+def _gguf_quant_label(label: str | None) -> str | None:
+    if not label:
+        return None
+    upper = label.upper()
+    return upper if upper in GGUF_BPW else None
+
+
+def llama_weight_bytes(facts: ModelFacts, quant: str | None) -> tuple[int, str]:
+    """Weights as llama.cpp will load them: the GGUF's real tensor bytes, or params x bits-per-weight."""
+    wanted = _gguf_quant_label(quant)
+    if quant and not wanted:
+        raise SwitchyardError(f"unknown GGUF quantization '{quant}'", f"use one of: {', '.join(GGUF_BPW)}")
+    current = _gguf_quant_label(facts.gguf_type)
+    if facts.is_gguf and facts.weights_bytes and (wanted is None or wanted == current):
+        return facts.weights_bytes, current or (facts.gguf_type or "gguf")
+    params = facts.params or 0
+    if not params:
+        raise SwitchyardError(f"cannot size {facts.name}: parameter count unknown")
+    if wanted:
+        label = wanted
+    elif facts.quant_bits:
+        label = "Q4_K_M" if facts.quant_bits <= 4.5 else "Q8_0"
+    else:
+        label = "BF16" if facts.dtype == "bfloat16" else "F16"
+    return int(params * GGUF_BPW[label] / 8), label
+
+
+# --- llama.cpp ------------------------------------------------------------------------------------------
+
+def _llama_kv_bytes(facts: ModelFacts, ctx: int, parallel: int, ubatch: int, kv_type: str) -> int:
+    cells = -(-ctx // 256) * 256
+    per_cell_layer = _kv_width(facts) * KV_TYPE_BYTES[kv_type]
+    swa = min(facts.swa_layers, facts.n_layers) if facts.sliding_window else 0
+    full_layers = facts.n_layers - swa
+    swa_cells = min(cells, -(-((facts.sliding_window or 0) * parallel + ubatch) // 256) * 256) if swa else 0
+    return int(per_cell_layer * (full_layers * cells + swa * swa_cells))
+
+
+def _llama_compute_bytes(facts: ModelFacts, ctx: int, ubatch: int, flash_attn: bool) -> int:
+    """Scratch for one ubatch: logits (ubatch x vocab, f32) or, without flash attention, the KQ scores
+    (ubatch x ctx x heads, f32). Matches llama.cpp's logged compute buffer within a few percent."""
+    ub = min(ubatch, max(ctx, 1))
+    h = facts.hidden_size
+    logits = 4 * ub * (h + facts.vocab_size)
+    if flash_attn:
+        ffn = 4 * ub * (2 * (facts.intermediate_size or 4 * h) + h)
+        return int(max(logits, ffn))
+    scores = 4 * ub * (1 + 4 * h + ctx * (1 + facts.n_heads))
+    return int(max(logits, scores))
+
+
+def _context_bytes(gpu: GpuInfo) -> int:
+    if gpu.unified_memory or gpu.backend == "metal":
+        return 0
+    return LLAMA_ROCM_CONTEXT_BYTES if gpu.backend == "rocm" else LLAMA_CUDA_CONTEXT_BYTES
+
+
+def _device_label(gpus: list[GpuInfo]) -> str:
+    if not gpus:
+        return "CPU"
+    names = sorted({g.name for g in gpus})
+    return f"{len(gpus)}x {' + '.join(names)}"
+
+
+def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> FitResult:
+    notes: list[str] = []
+    ctx = s.ctx or min(facts.context_length, 4096)
+    if s.ctx is None:
+        notes.append(f"ctx not given: assumed {ctx} (pass --ctx; llama-server's -c 0 would take the model's "
+                     f"{facts.context_length:,})")
+    if ctx > facts.context_length:
+        notes.append(f"ctx {ctx:,} is beyond the model's trained {facts.context_length:,} tokens: quality may drop")
+    kv_type = s.kv_type.lower()
+    gpus = [g for g in hw.gpus if g.memory_total_bytes > 0]
+    use_gpu = bool(gpus) and s.gpu_layers != 0
+    flash = s.flash_attn if s.flash_attn is not None else use_gpu
+    if kv_type != "f16" and kv_type not in ("f32", "bf16") and not flash:
+        notes.append("a quantized V cache needs flash attention (-fa on)")
+    weights, quant = llama_weight_bytes(facts, s.quant)
+    kv = _llama_kv_bytes(facts, ctx, s.parallel, s.ubatch, kv_type)
+    compute = _llama_compute_bytes(facts, ctx, s.ubatch, flash)
+    n_layers = facts.n_layers
+    embed = facts.embedding_bytes or int(facts.vocab_size * facts.hidden_size * weights / max(facts.params or 1, 1))
+    tied = facts.tie_word_embeddings or not facts.has_output_tensor
+    nonrep = facts.nonrepeating_bytes or (embed if tied else 2 * embed)
+    output = embed if tied else max(nonrep - embed, 0)  # the head on the GPU: a copy of the embedding when tied
+    per_layer_w = max(weights - nonrep, 0) / n_layers
+    per_layer_kv = kv / n_layers
+    settings = {"ctx": ctx, "parallel": s.parallel, "kv_type": kv_type, "flash_attn": flash, "ubatch": s.ubatch,
+                "ctx_per_slot": ctx // s.parallel}
+    if s.parallel > 1:
+        notes.append(f"{s.parallel} slots share the {ctx:,}-token context: {ctx // s.parallel:,} tokens each")
+    breakdown = {"weights": _gib(weights), "kv_cache": _gib(kv), "compute_buffers": _gib(compute)}
+
+    if not use_gpu:
+        ram = hw.ram_available_bytes
+        need = weights + kv + compute
+        verdict: Verdict = "yes" if need <= ram else "no"
+        if not gpus:
+            notes.append("no GPU: runs on the CPU (memory-bandwidth bound; smaller quantizations are faster)")
+        if verdict == "no":
+            notes.append("not enough free RAM: pick a smaller quantization or a shorter context")
+        return FitResult("llama.cpp", verdict, _gib(weights), _gib(kv), _gib(compute), _gib(need), _gib(ram),
+                         _gib(ram - need), "CPU", ctx, gpu_layers=0, total_layers=n_layers + 1,
+                         cpu_ram_gib=_gib(need), quant=quant, breakdown=breakdown, settings=settings, notes=notes)
+
+    context = sum(_context_bytes(g) for g in gpus)
+    fixed = compute + context
+    gpu_free = sum(g.memory_free_bytes for g in gpus)
+    if len(gpus) > 1:
+        notes.append(f"layers are split across {len(gpus)} GPUs (llama.cpp --split-mode layer)")
+    others = sum(g.other_processes_bytes for g in gpus)
+    if others > GIB // 2:
+        notes.append(f"{_gib(others):.1f} GiB of GPU memory is already used by other processes")
+    full_gpu = (weights - nonrep) + output + kv + fixed
+    breakdown.update({"gpu_context": _gib(context), "host_embeddings": _gib(embed)})
+
+    def layers_that_fit() -> int:
+        room = gpu_free - fixed
+        return max(0, min(n_layers, math.floor(room / (per_layer_w + per_layer_kv)))) if room > 0 else 0
+
+    if s.gpu_layers is not None:
+        layers = min(s.gpu_layers, n_layers + 1)
+    else:
+        layers = n_layers + 1 if full_gpu <= gpu_free else layers_that_fit()
+    on_gpu_layers = min(layers, n_layers)
+    gpu_used = int(on_gpu_layers * (per_layer_w + per_layer_kv) + fixed + (output if layers > n_layers else 0))
+    cpu_part = int((n_layers - on_gpu_layers) * (per_layer_w + per_layer_kv) + embed
+                   + (output if layers <= n_layers else 0))
+    breakdown.update({"gpu_used": _gib(gpu_used), "cpu_ram": _gib(cpu_part)})
+    if gpu_used > gpu_free:
+        verdict = "no"
+        notes.append(f"-ngl {layers} needs {_gib(gpu_used):.2f} GiB of GPU memory but {_gib(gpu_free):.2f} GiB is "
+                     f"free: at most {layers_that_fit()} layers fit")
+    elif layers > n_layers:
+        verdict = "yes"
+    elif cpu_part > hw.ram_available_bytes:
+        verdict = "no"
+        notes.append("the layers left on the CPU do not fit in free RAM either")
+    elif layers == 0:
+        verdict = "partial"
+        notes.append("no layer fits on the GPU: runs on the CPU (the GPU still speeds up prompt processing)")
+    else:
+        verdict = "partial"
+        notes.append(f"{on_gpu_layers}/{n_layers} layers fit on the GPU (-ngl {on_gpu_layers}); the rest run on the "
+                     "CPU, so generation is much slower than fully offloaded")
+    return FitResult("llama.cpp", verdict, _gib(weights), _gib(kv), _gib(fixed), _gib(weights + kv + fixed),
+                     _gib(gpu_free), _gib(gpu_free - gpu_used), _device_label(gpus), ctx, gpu_layers=layers,
+                     total_layers=n_layers + 1, cpu_ram_gib=_gib(cpu_part), quant=quant, breakdown=breakdown,
+                     settings=settings, notes=notes)
+
+
+# --- vLLM -----------------------------------------------------------------------------------------------
+
+def vllm_weight_bytes(facts: ModelFacts, quant: str | None) -> tuple[int, str]:
+    """Bytes vLLM loads: the checkpoint's own size, or params at the requested quantization."""
+    if quant is None:
+        if facts.is_gguf:
+            # vLLM would load the HF checkpoint of this architecture in BF16 (its GGUF path is experimental).
+            bf16 = replace(facts, quant_bits=None, quantization=None, dtype="bfloat16")
+            return hf_weight_bytes(bf16, facts.params), "bf16"
+        label = facts.quantization or (facts.dtype or "bf16").replace("bfloat16", "bf16").replace("float16", "fp16")
+        return facts.weights_bytes or hf_weight_bytes(facts), label
+    key = quant.lower()
+    if key not in VLLM_QUANTS:
+        raise SwitchyardError(f"unknown vLLM quantization '{quant}'", f"use one of: {', '.join(VLLM_QUANTS)}")
+    bits, _flag = VLLM_QUANTS[key]
+    if facts.quantization and not facts.is_gguf and facts.weights_bytes:
+        if bits == facts.quant_bits or (bits is None and facts.quant_bits is None):
+            return facts.weights_bytes, key
+    variant = replace(facts, quant_bits=bits, quantization=key if bits else None,
+                      dtype="bfloat16" if bits is None else facts.dtype)
+    return hf_weight_bytes(variant, facts.params), key
+
+
+def vllm_kv_bytes_per_token(facts: ModelFacts, tp: int, kv_cache_dtype: str, max_model_len: int) -> float:
+    """KV bytes per token per GPU as vLLM pages it (heads split across ranks, replicated below one head)."""
+    elem = 1.0 if kv_cache_dtype.startswith("fp8") else 2.0
+    if facts.kv_lora_rank:
+        per_layer = (facts.kv_lora_rank + (facts.qk_rope_head_dim or 64)) * elem
+    else:
+        heads = max(1, facts.n_kv_heads // tp)
+        per_layer = 2 * heads * facts.head_dim * elem
+    swa = min(facts.swa_layers, facts.n_layers) if facts.sliding_window else 0
+    share = min(1.0, (facts.sliding_window or 0) / max(max_model_len, 1)) if swa else 0.0
+    return per_layer * ((facts.n_layers - swa) + swa * share)
+
+
+def _vllm_activation_bytes(facts: ModelFacts, batched: int, max_num_seqs: int, tp: int) -> int:
+    """The profiled peak: ~3 bf16 copies of the (hidden + MLP) activations per batched token, plus the
+    sampler's f32 logits for max_num_seqs sequences. Fitted to vLLM's "activation peak" log lines."""
+    if facts.is_moe:
+        inter = (facts.moe_intermediate_size or facts.intermediate_size or 4 * facts.hidden_size) * \
+            (facts.n_experts_active or 2)
+    else:
+        inter = facts.intermediate_size or 4 * facts.hidden_size
+    per_token = 3 * 2 * (facts.hidden_size + inter / tp)
+    sampler = min(max_num_seqs, batched) * facts.vocab_size * 4
+    return int(batched * per_token + sampler)
+
+
+def _vllm_cuda_graph_bytes(facts: ModelFacts) -> int:
+    return int((0.3 + 0.006 * facts.n_layers) * GIB)
+
+
+def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> FitResult:
+    notes: list[str] = []
+    max_len = s.ctx or facts.context_length
+    if s.ctx is None:
+        notes.append(f"max_model_len not given: vLLM defaults to the model's {max_len:,} tokens")
+    weights, quant = vllm_weight_bytes(facts, s.quant)
+    if facts.is_gguf and s.quant is None:
+        notes.append("sized for the model's Hugging Face BF16 checkpoint: vLLM serves safetensors "
+                     "(its GGUF support is experimental)")
+    tp = s.tensor_parallel
+    gpus = hw.cuda_gpus
+    settings: dict[str, Any] = {"max_model_len": max_len, "gpu_memory_utilization": s.gpu_memory_utilization,
+                                "tensor_parallel": tp, "max_num_seqs": s.max_num_seqs,
+                                "kv_cache_dtype": s.kv_cache_dtype, "enforce_eager": s.enforce_eager}
+    per_token = vllm_kv_bytes_per_token(facts, tp, s.kv_cache_dtype, max_len)
+
+    if not gpus:
+        # vLLM's CPU backend: weights in RAM plus a fixed KV space (VLLM_CPU_KVCACHE_SPACE).
+        kv_space = int(s.cpu_kv_cache_gib * GIB)
+        tokens = int(kv_space // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE
+        need = weights + kv_space + int(1.0 * GIB)
+        ram = hw.ram_available_bytes
+        verdict: Verdict = "yes" if need <= ram and tokens >= max_len else "no"
+        notes.append("no CUDA/ROCm GPU: vLLM would use its CPU backend, which is far slower than llama.cpp here")
+        if hw.has_unified_memory or any(g.backend == "metal" for g in hw.gpus):
+            verdict = "no"
+            notes.append("vLLM has no Metal backend: use llama.cpp on Apple Silicon")
+        if tokens < max_len:
+            notes.append(f"the CPU KV space holds {tokens:,} tokens, less than one {max_len:,}-token request")
+        settings["kv_cache_gib"] = s.cpu_kv_cache_gib
+        return FitResult("vllm", verdict, _gib(weights), _gib(kv_space), _gib(GIB), _gib(need), _gib(ram),
+                         _gib(ram - need), "CPU", max_len, kv_cache_tokens=tokens,
+                         max_concurrency=round(tokens / max_len, 2), cpu_ram_gib=_gib(need), quant=quant,
+                         breakdown={"weights": _gib(weights), "kv_cache": _gib(kv_space)},
+                         settings=settings, notes=notes)
+
+    if tp > len(gpus):
+        raise SwitchyardError(f"tensor parallel {tp} needs {tp} GPUs; this machine has {len(gpus)}",
+                              "lower --tp, or answer for other hardware with --gpu NAME --gpus N")
+    group = sorted(gpus, key=lambda g: g.memory_free_bytes)[:tp] if tp < len(gpus) else gpus
+    gpu = min(group, key=lambda g: g.memory_free_bytes)  # vLLM sizes every rank like the tightest one
+    total = gpu.memory_total_bytes - min(VLLM_DRIVER_RESERVED_BYTES, gpu.memory_total_bytes // 20)
+    free = max(0, gpu.memory_free_bytes - min(VLLM_DRIVER_RESERVED_BYTES, gpu.memory_total_bytes // 20))
+    budget = int(total * s.gpu_memory_utilization)
+    batched = s.max_num_batched_tokens or (8192 if gpu.memory_total_bytes >= VLLM_BIG_GPU_BYTES else 2048)
+    batched = max(batched, min(s.max_num_seqs, 8192))
+    settings["max_num_batched_tokens"] = batched
+    per_gpu_weights = weights // tp
+    activation = _vllm_activation_bytes(facts, batched, s.max_num_seqs, tp)
+    non_torch = VLLM_NON_TORCH_BYTES + (VLLM_NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
+    graphs = 0 if s.enforce_eager else _vllm_cuda_graph_bytes(facts)
+    in_budget_graphs = graphs if s.cuda_graphs_in_budget else 0
+    kv = budget - per_gpu_weights - activation - non_torch - in_budget_graphs
+    tokens = max(0, int(kv // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE) if kv > 0 else 0
+    overhead = activation + non_torch + graphs
+    used = budget + (graphs - in_budget_graphs)
+    breakdown = {"budget": _gib(budget), "weights": _gib(per_gpu_weights), "activation_peak": _gib(activation),
+                 "non_torch": _gib(non_torch), "cuda_graphs": _gib(graphs), "kv_cache": _gib(max(kv, 0)),
+                 "kv_bytes_per_token": round(per_token, 1)}
+    verdict = "yes"
+    if per_gpu_weights + activation + non_torch >= budget:
+        verdict = "no"
+        notes.append(f"the weights alone ({_gib(per_gpu_weights):.2f} GiB per GPU) leave no room in the "
+                     f"{_gib(budget):.2f} GiB budget: use a smaller quantization (fp8, AWQ) or more GPUs (--tp)")
+    elif tokens < max_len:
+        verdict = "no"
+        notes.append(f"vLLM would refuse to start: the KV cache holds {tokens:,} tokens, less than one "
+                     f"{max_len:,}-token request; lower max_model_len to {max(tokens - tokens % 256, 0):,} or "
+                     "raise gpu_memory_utilization")
+    if free < budget:
+        verdict = "no"
+        fraction = math.floor((free / total - 0.01) * 100) / 100 if total else 0
+        notes.append(f"only {_gib(free):.2f} GiB of {_gib(total):.2f} GiB is free now (other processes hold "
+                     f"{_gib(gpu.other_processes_bytes):.2f} GiB); vLLM refuses to start below its budget of "
+                     f"{_gib(budget):.2f} GiB" + (f": lower gpu_memory_utilization to {fraction:.2f}"
+                                                   if fraction > 0.05 else ""))
+    if s.kv_cache_dtype.startswith("fp8"):
+        notes.append("fp8 KV cache halves KV memory; accuracy loss is usually small")
+    concurrency = round(tokens / max_len, 2) if max_len else None
+    if verdict == "yes" and concurrency is not None and concurrency < 2:
+        notes.append(f"only {concurrency:.2f} full-length requests fit at once: lower max_model_len for more "
+                     "concurrency")
+    return FitResult("vllm", verdict, _gib(per_gpu_weights), _gib(max(kv, 0)), _gib(overhead), _gib(used),
+                     _gib(free), _gib(free - used), _device_label(group), max_len, kv_cache_tokens=tokens,
+                     max_concurrency=concurrency, quant=quant, breakdown=breakdown, settings=settings, notes=notes)
+
+
+def estimate(facts: ModelFacts, engine: str, hardware: HardwareSnapshot,
+             settings: FitSettings | None = None) -> FitResult:
+    """Memory breakdown and verdict for running `facts` on `engine` with `settings` on `hardware` now."""
+    chosen = settings or FitSettings()
+    chosen.validate()
+    key = normalise_engine(engine)
+    return _estimate_llama(facts, hardware, chosen) if key == "llama.cpp" else _estimate_vllm(facts, hardware, chosen)
+
+
+def quick_verdict(engine: str, weights_bytes: int, config: dict[str, Any] | None, hardware: HardwareSnapshot) -> str:
+    """A fast fits/partial/no tag for a Hub listing: exact accounting when a config is known, else weights x 1.2."""
+    key = normalise_engine(engine)
+    if weights_bytes <= 0:
+        raise SwitchyardError("weights size must be positive")
+    if config:
+        facts = replace(facts_from_config(config), weights_bytes=weights_bytes)
+        if key == "llama.cpp":
+            facts = replace(facts, source="gguf", quantization="gguf:custom", embedding_bytes=None,
+                            nonrepeating_bytes=None)
+        try:
+            return estimate(facts, key, hardware, FitSettings(ctx=min(facts.context_length, 4096))).fits
+        except SwitchyardError:
+            return "no"
+    need = weights_bytes * 1.2 + GIB // 2
+    gpus = hardware.cuda_gpus if key == "vllm" else hardware.gpus
+    gpu_free = sum(g.memory_free_bytes for g in gpus)
+    if key == "vllm":
+        budget = sum(g.memory_total_bytes for g in gpus) * 0.9
+        return "yes" if gpus and need <= min(budget, gpu_free) else "no"
+    if gpus and need <= gpu_free:
+        return "yes"
+    return "partial" if need <= gpu_free + hardware.ram_available_bytes else "no"
+
+
+def vllm_kv_tokens(facts: ModelFacts, kv_bytes: float, tensor_parallel: int = 1, kv_cache_dtype: str = "auto",
+                   max_model_len: int | None = None) -> int:
+    """Tokens a vLLM KV cache of `kv_bytes` per GPU holds (whole 16-token blocks), as its log reports them."""
+    per_token = vllm_kv_bytes_per_token(facts, tensor_parallel, kv_cache_dtype, max_model_len or facts.context_length)
+    return max(0, int(kv_bytes // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE)
+
+
+@dataclass(frozen=True)
+class TensorParallelChoice:
+    tensor_parallel_size: int
+    reason: str
+    fit: FitResult | None
+
+
+def choose_tensor_parallel(model_config: dict[str, Any], gpu_spec: Any, gpus: int, *, max_model_len: int = 8192,
+                           min_concurrency: float = 8.0) -> TensorParallelChoice:
+    """The smallest vLLM tensor-parallel size (a power of two dividing the attention heads, at most `gpus`) whose
+    KV cache holds `min_concurrency` requests of `max_model_len`; else the smallest size that starts at all.
+
+    A server that merely starts, with room for two long requests, is no production launch plan: that is why the
+    concurrency floor decides, and the reason says which rule chose.
+    """
+    from desktop.core.machine.hardware import CpuInfo, hypothetical
+
+    facts = facts_from_config(model_config)
+    base = HardwareSnapshot(gpus=[], cpu=CpuInfo("target host", "x86_64", 64, 128), ram_total_bytes=1024 * GIB,
+                            ram_available_bytes=1024 * GIB, disk_free_bytes=None, os="Linux", label="target")
+    heads = facts.n_heads or 1
+    sizes = [tp for tp in (1, 2, 4, 8, 16, 32, 64) if tp <= gpus and heads % tp == 0]
+    starts: list[tuple[int, FitResult]] = []
+    for tp in sizes:
+        target = hypothetical(base, gpu_name=gpu_spec.name, gpu_count=tp)
+        result = estimate(facts, "vllm", target, FitSettings(ctx=max_model_len, tensor_parallel=tp))
+        if result.fits != "yes":
+            continue
+        starts.append((tp, result))
+        if (result.max_concurrency or 0) >= min_concurrency:
+            return TensorParallelChoice(tp, (
+                f"TP {tp} on {gpu_spec.name}: {result.weights_gib:.1f} GiB weights per GPU leave KV for "
+                f"{result.max_concurrency:.1f} concurrent {max_model_len}-token requests (≥ {min_concurrency:g})"), result)
+    if starts:
+        tp, result = starts[0]
+        return TensorParallelChoice(tp, (
+            f"TP {tp} on {gpu_spec.name}: the smallest size that starts; only {result.max_concurrency or 0:.1f} "
+            f"concurrent {max_model_len}-token requests fit (no size up to {gpus} GPUs reaches {min_concurrency:g})"),
+            result)
+    raise SwitchyardError(f"the model does not fit on {gpus}x {gpu_spec.name} with vLLM at max_model_len {max_model_len}",
+                          "use more or larger GPUs, a quantized variant, or a shorter max_model_len")

@@ -1,0 +1,556 @@
+"""One object per engine process: spawn it from an argument list, own its process group, stream its log, time
+its cold start in phases, tell when it really serves, explain why it died, and never leave it orphaned.
+
+Orphan protection, in layers: the engine gets PR_SET_PDEATHSIG (Linux) so it dies with the app, or, where the
+kernel offers nothing like it (macOS), a watchdog process (`desktop.core.runtime.watchdog`) stops it when the app dies;
+every engine we start is recorded in a pidfile, and `reap_orphans()` at the next start kills leftovers whose owner
+is gone; `stop()` signals the whole process group (vLLM forks an engine core) and escalates to SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from desktop.core.common import paths
+from desktop.core.common.errors import EngineFailed, SwitchyardError
+from desktop.core.common.sse import iter_deltas
+from desktop.core.engines.base import EngineAdapter, EngineInstall, FailureReason, LaunchPlan
+from desktop.core.runtime import pagecache, watchdog, winjob
+from desktop.core.runtime.ports import ensure_port_free, find_free_port
+
+log = logging.getLogger("switchyard.supervisor")
+
+LOG_TAIL_LINES = 2000
+LOG_MAX_BYTES = 20 * 1024 * 1024  # per file; then it rotates to .1, .2, .3 (llama-server -lv 4 writes ~7 kB/request)
+LOG_BACKUPS = 3
+
+
+class EngineState(str, Enum):
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+
+
+@dataclass
+class ColdStart:
+    """Cold-start phases in seconds since spawn (T0). T1 health OK, T2 first token, T3 first request done."""
+
+    spawned_at: float = 0.0  # wall clock (epoch) of T0
+    t1_health_s: float | None = None
+    t2_first_token_s: float | None = None
+    t3_first_request_s: float | None = None
+    markers: dict[str, float] = field(default_factory=dict)  # log marker name -> seconds since T0
+    facts: dict[str, str] = field(default_factory=dict)  # values captured from log markers (KV size, ...)
+    page_cache_resident: float | None = None  # fraction of model bytes cached before spawn
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class EngineEvent:
+    """What subscribers (CLI, GUI) hear: a state change, a log line, or a phase reached."""
+
+    kind: str  # "state" | "log" | "phase"
+    state: EngineState | None = None
+    line: str = ""
+    phase: str = ""
+    seconds: float | None = None
+
+
+Listener = Callable[[EngineEvent], None]
+
+
+@dataclass
+class EngineOutcome:
+    """How the engine's life ended, recorded for history and shown to the user."""
+
+    state: EngineState
+    exit_code: int | None
+    reason: FailureReason | None
+    log_path: str
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["state"] = self.state.value
+        return data
+
+
+# --- spawning: from one long-lived thread, because PDEATHSIG fires when the *thread* that forked exits -------
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="switchyard-spawner")
+_PR_SET_PDEATHSIG = 1
+
+
+def orphan_guard() -> str:
+    """How engines die with the app here: "pdeathsig" (Linux), "job" (Windows: a kill-on-close Job Object) or
+    "watchdog" (macOS and other POSIX systems). SWITCHYARD_ORPHAN_GUARD picks a POSIX one explicitly (tests use
+    it to run the watchdog on Linux)."""
+    if sys.platform == "win32":
+        return "job"
+    chosen = os.environ.get("SWITCHYARD_ORPHAN_GUARD", "")
+    if chosen in ("pdeathsig", "watchdog"):
+        return chosen
+    return "pdeathsig" if sys.platform.startswith("linux") else "watchdog"
+
+
+def _new_session() -> None:  # runs in the child between fork and exec
+    os.setsid()
+
+
+def _new_session_dying_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _spawn(argv: list[str], env: dict[str, str], cwd: Path | None
+           ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes] | None]:
+    """Start the engine in its own session, tied to this process's life. Returns (engine, watchdog or None)."""
+    guard = orphan_guard()
+    if guard == "job":
+        engine = subprocess.Popen(  # noqa: S603 - argument list from an adapter, never a shell
+            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0), close_fds=True)
+        try:
+            winjob.assign_kill_on_close_job(engine)
+        except OSError as exc:  # the engine still runs; the pidfile lets the next start reap it if we die
+            log.warning("could not tie the engine to the app (%s): an orphan is reaped at the next start", exc)
+        return engine, None
+
+    def run() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(  # noqa: S603 - argument list from an adapter, never a shell
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_new_session_dying_with_parent if guard == "pdeathsig" else _new_session,  # noqa: PLW1509
+            close_fds=True,
+        )
+
+    engine = _SPAWNER.submit(run).result()
+    if guard != "watchdog":
+        return engine, None
+    try:
+        watcher = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            watchdog.command(os.getpid(), engine.pid), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    except OSError as exc:  # the engine still runs; the pidfile lets the next start reap it if we die
+        log.warning("could not start the engine watchdog (%s): an orphaned engine is reaped at the next start", exc)
+        return engine, None
+    return engine, watcher
+
+
+# --- pidfiles and reaping ------------------------------------------------------------------------------------
+def _pidfile(pid: int) -> Path:
+    return paths.run_dir() / f"engine-{pid}.json"
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def _same_process(pid: int, created: float | None) -> bool:
+    actual = _create_time(pid)
+    return actual is not None and created is not None and abs(actual - created) < 1.0
+
+
+def reap_orphans() -> list[int]:
+    """Kill engines recorded by a Switchyard process that no longer runs. Returns the pids killed."""
+    killed: list[int] = []
+    for file in paths.run_dir().glob("engine-*.json"):
+        try:
+            record = json.loads(file.read_text())
+        except (OSError, ValueError):
+            file.unlink(missing_ok=True)
+            continue
+        if _same_process(int(record.get("owner_pid", 0)), record.get("owner_created")):
+            continue  # its owner is alive: not an orphan
+        pid = int(record.get("pid", 0))
+        if _same_process(pid, record.get("created")):
+            log.warning("reaping orphaned %s engine pid %s (owner gone)", record.get("engine"), pid)
+            _kill_group(pid, grace=5.0)
+            killed.append(pid)
+        file.unlink(missing_ok=True)
+    return killed
+
+
+def _group_members(pid: int) -> list[psutil.Process]:
+    members: list[psutil.Process] = []
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        members = [root, *root.children(recursive=True)]
+    return members
+
+
+def _kill_group(pid: int, grace: float) -> None:
+    """SIGTERM the engine's process group and descendants, then SIGKILL what is left after `grace` seconds."""
+    if sys.platform == "win32":
+        _kill_tree_windows(pid, grace)
+    else:
+        watchdog.stop_group(pid, grace)
+
+
+def _kill_tree_windows(pid: int, grace: float) -> None:
+    """Windows has no process groups to signal: CTRL_BREAK to the engine's console group (it was started with
+    CREATE_NEW_PROCESS_GROUP), then TerminateProcess on the whole tree after `grace`."""
+    members = _group_members(pid)
+    if sys.platform == "win32":
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.CTRL_BREAK_EVENT)
+    _gone, alive = psutil.wait_procs(members, timeout=grace)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
+    winjob.release(pid)
+
+
+class _RotatingLog:
+    """An engine's log file that rotates at LOG_MAX_BYTES (keeping LOG_BACKUPS older files), so a server that
+    runs for days keeps its latest lines on disk without filling it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._sink = open(path, "ab")  # noqa: SIM115 - closed in close()
+        self._size = self._sink.tell()
+
+    def write(self, block: bytes) -> None:
+        if self._size + len(block) > LOG_MAX_BYTES and self._size > 0:
+            self._rotate()
+        self._sink.write(block)
+        self._sink.flush()
+        self._size += len(block)
+
+    def _rotate(self) -> None:
+        self._sink.close()
+        for index in range(LOG_BACKUPS - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{index}")
+            if older.exists():
+                older.replace(self.path.with_name(f"{self.path.name}.{index + 1}"))
+        self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+        self._sink = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        self._size = 0
+
+    def close(self) -> None:
+        self._sink.close()
+
+
+# --- the engine process ---------------------------------------------------------------------------------------
+class EngineProcess:
+    """A supervised engine server. Use as a context manager so it is always stopped."""
+
+    def __init__(
+        self,
+        adapter: EngineAdapter,
+        plan: LaunchPlan,
+        install: EngineInstall,
+        *,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.adapter = adapter
+        self.install = install
+        self.plan = plan
+        self.cold_start = ColdStart()
+        self.state = EngineState.STOPPED
+        self.outcome: EngineOutcome | None = None
+        self._log_dir = log_dir or paths.logs_dir()
+        self.log_path = self._log_dir / f"{adapter.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        self._tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self._listeners: list[Listener] = []
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._t0 = 0.0
+        self._exited = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._stop_requested = False
+        self._marker_lines_left = 2000
+
+    # --- observation ---
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def _emit(self, event: EngineEvent) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:  # a broken subscriber must not kill supervision
+                log.exception("engine event listener failed")
+
+    def _set_state(self, state: EngineState) -> None:
+        with self._lock:
+            if self.state == state:
+                return
+            self.state = state
+        log.info("%s %s", self.adapter.name, state.value)
+        self._emit(EngineEvent("state", state=state))
+
+    def log_tail(self, lines: int = 200) -> list[str]:
+        return list(self._tail)[-lines:]
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.plan.host}:{self.plan.port}"
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    # --- lifecycle ---
+    def start(self) -> None:
+        """Validate the port, spawn the engine and start streaming its log. Returns immediately."""
+        if self._proc is not None:
+            raise SwitchyardError("this engine process was already started")
+        if self.plan.host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("binding %s to non-loopback host %s at the user's request", self.adapter.name, self.plan.host)
+        if self.plan.port == 0:
+            self.plan = replace(self.plan, port=find_free_port(self.plan.host))
+        else:
+            ensure_port_free(self.plan.port, self.plan.host)
+        command = self.adapter.build_command(self.plan, self.install)
+        env = {**os.environ, **command.env}
+        self.cold_start.page_cache_resident = pagecache.resident_fraction(self.plan.model_path)
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._set_state(EngineState.STARTING)
+        self._t0 = time.monotonic()
+        self.cold_start.spawned_at = time.time()
+        try:
+            self._proc, self._watchdog = _spawn(command.argv, env, None)
+        except OSError as exc:
+            self._set_state(EngineState.CRASHED)
+            raise EngineFailed(f"could not start {self.adapter.display_name}: {exc}",
+                               "check the engine install: switchyard engines doctor") from exc
+        self._write_pidfile()
+        self._reader = threading.Thread(target=self._read_output, name=f"{self.adapter.name}-log", daemon=True)
+        self._reader.start()
+        self._set_state(EngineState.LOADING)
+
+    def _write_pidfile(self) -> None:
+        assert self._proc is not None
+        record = {
+            "pid": self._proc.pid,
+            "created": _create_time(self._proc.pid),
+            "owner_pid": os.getpid(),
+            "owner_created": _create_time(os.getpid()),
+            "engine": self.adapter.name,
+            "port": self.plan.port,
+            "log": str(self.log_path),
+        }
+        _pidfile(self._proc.pid).write_text(json.dumps(record))
+
+    def _read_output(self) -> None:
+        """Copy the engine's output to the log file and subscribers. Reads whole blocks: under load an engine
+        writes thousands of lines a second, and one write per block (not per line) keeps that cheap."""
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        log_file = _RotatingLog(self.log_path)
+        pending = b""
+        try:
+            while block := os.read(fd, 65536):
+                log_file.write(block)
+                *lines, pending = (pending + block).split(b"\n")
+                for raw in lines:
+                    self._line(raw)
+            if pending:
+                self._line(pending)
+        finally:
+            log_file.close()
+        code = self._proc.wait()
+        if self._watchdog is not None:  # it sees the engine exit and ends too; collect it
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._watchdog.wait(10)
+        self._exited.set()
+        _pidfile(self._proc.pid).unlink(missing_ok=True)
+        if self._stop_requested:
+            self.outcome = EngineOutcome(EngineState.STOPPED, code, None, str(self.log_path))
+            self._set_state(EngineState.STOPPED)
+        else:
+            reason = self.adapter.explain_failure(code, self.log_tail(80))
+            self.outcome = EngineOutcome(EngineState.CRASHED, code, reason, str(self.log_path))
+            log.error("%s exited (code %s): %s", self.adapter.name, code, reason.reason)
+            self._set_state(EngineState.CRASHED)
+
+    def _line(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace").rstrip()
+        self._tail.append(line)
+        # Cold-start markers come before the engine serves; this thread may still be catching up on them when
+        # health says ready, so it keeps looking for a while (at most a pipe buffer's worth of lines).
+        if self.state in (EngineState.STARTING, EngineState.LOADING):
+            self._match_markers(line)
+        elif self._marker_lines_left > 0:
+            self._marker_lines_left -= 1
+            self._match_markers(line)
+        self._emit(EngineEvent("log", line=line))
+
+    def _match_markers(self, line: str) -> None:
+        for marker in self.adapter.log_markers:
+            match = marker.match(line)
+            if not match:
+                continue
+            seconds = round(self.elapsed(), 3)
+            self.cold_start.markers.setdefault(marker.name, seconds)
+            for key, value in match.groupdict().items():
+                if value is not None:
+                    self.cold_start.facts[f"{marker.name}.{key}"] = value
+            self._emit(EngineEvent("phase", phase=marker.name, seconds=seconds))
+
+    def _join_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+    def is_running(self) -> bool:
+        return self._proc is not None and not self._exited.is_set()
+
+    def failure(self) -> EngineFailed:
+        reason = self.outcome.reason if self.outcome else None
+        code = self.outcome.exit_code if self.outcome else None
+        message = f"{self.adapter.display_name} stopped before it was ready"
+        if reason:
+            message = f"{self.adapter.display_name} failed: {reason.reason}"
+        hint = f"{reason.suggestion}; log: {self.log_path}" if reason else f"exit code {code}; log: {self.log_path}"
+        return EngineFailed(message, hint)
+
+    def wait_ready(self, timeout: float = 600.0, first_request: bool = True) -> ColdStart:
+        """Block until health says ready (T1) and, by default, a real first request streams (T2) and ends (T3).
+
+        Raises EngineFailed with an explained reason when the engine dies or the timeout passes.
+        """
+        deadline = time.monotonic() + timeout
+        health_url = self.base_url + self.adapter.health_path
+        with httpx.Client(timeout=httpx.Timeout(5.0, connect=1.0), trust_env=False) as client:
+            while True:
+                if self._exited.is_set():
+                    self._join_reader()
+                    raise self.failure()
+                if time.monotonic() > deadline:
+                    raise EngineFailed(
+                        f"{self.adapter.display_name} was not ready after {timeout:.0f} s",
+                        f"last log line: {(self.log_tail(1) or ['(none)'])[0][:200]}; log: {self.log_path}",
+                    )
+                try:
+                    response = client.get(health_url, headers=self._auth_headers())
+                    status: int | None = response.status_code
+                    body = response.text
+                except httpx.HTTPError:
+                    status, body = None, ""
+                if self.adapter.health_state(status, body) == "ready":
+                    break
+                self._exited.wait(0.1)  # wakes at once if the engine dies
+        self.cold_start.t1_health_s = round(self.elapsed(), 3)
+        self._emit(EngineEvent("phase", phase="T1_health", seconds=self.cold_start.t1_health_s))
+        if first_request:
+            self._first_request(deadline)
+        self._set_state(EngineState.READY)
+        return self.cold_start
+
+    def _auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.plan.api_key}"} if self.plan.api_key else {}
+
+    def _first_request(self, deadline: float) -> None:
+        """T2/T3: one short real completion, proving the server serves (not only that a port is open)."""
+        first_token: float | None = None
+        try:
+            for delta in stream_completion(self.base_url, "Hello", max_tokens=8, model=self.plan.served_model_name,
+                                           api_key=self.plan.api_key, timeout=max(5.0, deadline - time.monotonic())):
+                if delta.error:
+                    raise EngineFailed(f"{self.adapter.display_name} answered the first request with an error: "
+                                       f"{delta.error}", f"log: {self.log_path}")
+                if delta.has_token and first_token is None:
+                    first_token = self.elapsed()
+        except httpx.HTTPError as exc:
+            if self._exited.is_set():
+                self._join_reader()
+                raise self.failure() from exc
+            raise EngineFailed(f"{self.adapter.display_name} did not answer a first request: {exc}",
+                               f"log: {self.log_path}") from exc
+        done = self.elapsed()
+        self.cold_start.t2_first_token_s = round(first_token if first_token is not None else done, 3)
+        self.cold_start.t3_first_request_s = round(done, 3)
+        self._emit(EngineEvent("phase", phase="T2_first_token", seconds=self.cold_start.t2_first_token_s))
+        self._emit(EngineEvent("phase", phase="T3_first_request", seconds=self.cold_start.t3_first_request_s))
+
+    def stop(self, grace: float = 15.0) -> EngineOutcome | None:
+        """Stop the engine and everything it forked; idempotent."""
+        if self._proc is None:
+            return self.outcome
+        if not self._exited.is_set():
+            self._stop_requested = True
+            self._set_state(EngineState.STOPPING)
+            _kill_group(self._proc.pid, grace)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=10)
+        if self._reader:
+            self._reader.join(timeout=10)
+        _pidfile(self._proc.pid).unlink(missing_ok=True)
+        if self._proc.stdout:
+            self._proc.stdout.close()
+        return self.outcome
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stream_completion(
+    base_url: str,
+    prompt: str,
+    *,
+    max_tokens: int = 32,
+    model: str | None = None,
+    api_key: str | None = None,
+    timeout: float = 120.0,
+    temperature: float = 0.0,
+    extra: dict[str, Any] | None = None,
+) -> Iterator[Any]:
+    """Stream one /v1/completions request, yielding `StreamDelta`s (synchronous; for CLI and readiness)."""
+    body: dict[str, Any] = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if model:
+        body["model"] = model
+    body.update(extra or {})
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False) as client, \
+            client.stream("POST", base_url + "/v1/completions", json=body, headers=headers) as response:
+        if response.status_code != 200:
+            response.read()
+            raise httpx.HTTPStatusError(f"HTTP {response.status_code}: {response.text[:300]}",
+                                        request=response.request, response=response)
+        yield from iter_deltas(response.iter_bytes())

@@ -1,0 +1,201 @@
+"""SQLite history: every benchmark run and every telemetry sample, in one file under `paths.data_dir()`.
+
+WAL mode lets the GUI read while telemetry writes. The schema version lives in `PRAGMA user_version`;
+`MIGRATIONS[i]` upgrades version i to i + 1, so an old history file is upgraded in place and never lost.
+One connection per Store, guarded by a lock, so telemetry threads and the GUI thread can share it.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from desktop.core.common import paths
+from desktop.core.common.errors import SwitchyardError
+
+DB_NAME = "history.sqlite3"
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (  # 0 -> 1
+        """CREATE TABLE runs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            created_at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            machine TEXT NOT NULL,
+            engine TEXT,
+            engine_version TEXT,
+            model TEXT,
+            settings_json TEXT NOT NULL DEFAULT '{}',
+            summary_json TEXT NOT NULL DEFAULT '{}',
+            report_path TEXT
+        )""",
+        "CREATE INDEX runs_created ON runs (created_at)",
+        """CREATE TABLE samples (
+            ts REAL NOT NULL,
+            source TEXT NOT NULL,
+            series TEXT NOT NULL,
+            value REAL NOT NULL
+        )""",
+        "CREATE INDEX samples_lookup ON samples (source, series, ts)",
+    ),
+    (  # 1 -> 2: runs can be labelled (e.g. "A/B llama.cpp vs vllm")
+        "ALTER TABLE runs ADD COLUMN label TEXT",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def machine_name() -> str:
+    return f"{platform.node()} ({platform.system()} {platform.machine()})"
+
+
+@dataclass
+class RunRecord:
+    """One stored run. `summary` and `settings` are the JSON the reports also use."""
+
+    kind: str  # "bench" | "ab"
+    engine: str | None = None
+    engine_version: str | None = None
+    model: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    report_path: str | None = None
+    label: str | None = None
+    machine: str = field(default_factory=machine_name)
+    created_at: float = field(default_factory=time.time)
+    id: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One telemetry value: when, from where (e.g. "llama.cpp:8080"), which series, how much."""
+
+    ts: float
+    source: str
+    series: str
+    value: float
+
+
+class Store:
+    """The history database. Use as a context manager, or call `close()`."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = Path(path) if path else paths.data_dir() / DB_NAME
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=10.0)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise SwitchyardError(f"cannot open the history database {self.path}: {exc}",
+                                  "move the file aside to start a fresh history") from exc
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        version = self.schema_version
+        if version > SCHEMA_VERSION:
+            raise SwitchyardError(f"the history database {self.path} is from a newer Switchyard "
+                                  f"(schema {version} > {SCHEMA_VERSION})", "update Switchyard")
+        for target in range(version, SCHEMA_VERSION):
+            with self._db:  # one transaction per step: a failed step leaves the previous version intact
+                for statement in MIGRATIONS[target]:
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {target + 1}")
+
+    # --- runs -------------------------------------------------------------------------------------------
+    def add_run(self, run: RunRecord) -> int:
+        with self._lock, self._db:
+            cursor = self._db.execute(
+                "INSERT INTO runs (created_at, kind, machine, engine, engine_version, model, settings_json, "
+                "summary_json, report_path, label) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run.created_at, run.kind, run.machine, run.engine, run.engine_version, run.model,
+                 json.dumps(run.settings, default=str), json.dumps(run.summary, default=str), run.report_path,
+                 run.label),
+            )
+        run.id = int(cursor.lastrowid or 0)
+        return run.id
+
+    def set_report_path(self, run_id: int, report_path: str) -> None:
+        with self._lock, self._db:
+            self._db.execute("UPDATE runs SET report_path = ? WHERE id = ?", (report_path, run_id))
+
+    def runs(self, limit: int = 100, kind: str | None = None, engine: str | None = None) -> list[RunRecord]:
+        """Newest first."""
+        query = ("SELECT id, created_at, kind, machine, engine, engine_version, model, settings_json, "
+                 "summary_json, report_path, label FROM runs")
+        clauses, args = [], []
+        if kind:
+            clauses.append("kind = ?")
+            args.append(kind)
+        if engine:
+            clauses.append("engine = ?")
+            args.append(engine)
+        if clauses:
+            query += " WHERE " + " AND ".join(clauses)
+        query += " ORDER BY created_at DESC, id DESC LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(query, (*args, limit)).fetchall()
+        return [self._run(row) for row in rows]
+
+    def get_run(self, run_id: int) -> RunRecord | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id, created_at, kind, machine, engine, engine_version, model, settings_json, "
+                "summary_json, report_path, label FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return self._run(row) if row else None
+
+    @staticmethod
+    def _run(row: Sequence[Any]) -> RunRecord:
+        return RunRecord(id=row[0], created_at=row[1], kind=row[2], machine=row[3], engine=row[4],
+                         engine_version=row[5], model=row[6], settings=json.loads(row[7]),
+                         summary=json.loads(row[8]), report_path=row[9], label=row[10])
+
+    # --- telemetry samples ------------------------------------------------------------------------------
+    def add_samples(self, rows: Iterable[Sample | tuple[float, str, str, float]]) -> int:
+        """Append samples in one transaction; returns how many were written."""
+        values = [(float(r[0]), str(r[1]), str(r[2]), float(r[3])) if isinstance(r, tuple)
+                  else (r.ts, r.source, r.series, r.value) for r in rows]
+        with self._lock, self._db:
+            self._db.executemany("INSERT INTO samples (ts, source, series, value) VALUES (?, ?, ?, ?)", values)
+        return len(values)
+
+    def samples(self, source: str, series: str, since: float = 0.0, until: float | None = None) -> list[Sample]:
+        """Samples of one series from one source with `since <= ts (< until)`, oldest first."""
+        query = "SELECT ts, source, series, value FROM samples WHERE source = ? AND series = ? AND ts >= ?"
+        args: list[Any] = [source, series, since]
+        if until is not None:
+            query += " AND ts < ?"
+            args.append(until)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY ts", args).fetchall()
+        return [Sample(*row) for row in rows]
+
+    def prune_samples(self, before: float) -> int:
+        """Drop samples older than `before` (telemetry retention)."""
+        with self._lock, self._db:
+            return self._db.execute("DELETE FROM samples WHERE ts < ?", (before,)).rowcount
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
