@@ -33,7 +33,6 @@ from desktop.core.engines.runtimes import BuildChoice, release_api_base, server_
 
 log = logging.getLogger("switchyard.engines.release")
 
-CHUNK = 1 << 16
 ATTEMPTS = 3
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
@@ -154,7 +153,8 @@ def _transfer(asset: RemoteAsset, part: Path, progress: ProgressCallback, client
         have = 0
     if asset.size is not None and have == asset.size:
         return  # complete already: the checksum decides
-    headers = {"Range": f"bytes={have}-"} if have else {}
+    # Identity encoding: the bytes on disk are the bytes of the file, so a Range offset means the same on both ends.
+    headers = {"Accept-Encoding": "identity", **({"Range": f"bytes={have}-"} if have else {})}
     try:
         with client.stream("GET", asset.url, headers=headers) as response:
             if response.status_code == 416 and have:
@@ -177,7 +177,7 @@ def _transfer(asset: RemoteAsset, part: Path, progress: ProgressCallback, client
             total = asset.size or (have + int(response.headers.get("Content-Length", 0) or 0)) or None
             with open(part, "ab" if have else "wb") as fh:
                 last_tenth = -1
-                for block in response.iter_bytes(CHUNK):
+                for block in response.iter_raw():  # as it arrives: nothing held back if the connection drops
                     fh.write(block)
                     have += len(block)
                     if total:
