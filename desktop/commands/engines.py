@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from desktop.commands._common import emit_json, stderr_progress
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.engines import ADAPTERS, get_adapter
-from desktop.core.engines.runtimes import VARIANTS, engine_supported
+from desktop.core.engines import ADAPTERS, engine_builds, get_adapter
+from desktop.core.engines.runtimes import VARIANTS
 from desktop.core.machine.hardware import HardwareSnapshot, detect
 
 
@@ -49,45 +48,25 @@ def _hardware(args: argparse.Namespace) -> HardwareSnapshot:
     return HardwareSnapshot.load(args.hardware) if args.hardware else detect()
 
 
-def _build_json(adapter: Any, hardware: HardwareSnapshot) -> dict[str, Any]:
-    """The build `install` would make here, or the blocker with its fix."""
-    try:
-        return {"ok": True, **adapter.install_plan(hardware).to_json()}
-    except SwitchyardError as exc:
-        return {"ok": False, "engine": adapter.name, "reason": exc.message, "fix": exc.hint}
-
-
 def cmd_list(args: argparse.Namespace) -> int:
-    hardware = _hardware(args)
-    rows: list[dict[str, Any]] = []
-    for adapter in ADAPTERS.values():
-        install = adapter.find_install()
-        support = engine_supported(adapter.name, hardware)
-        rows.append({
-            "name": adapter.name,
-            "display_name": adapter.display_name,
-            "model_format": adapter.model_format,
-            "supported": support.ok,
-            "support": {"reason": support.reason, "fix": support.fix or None},
-            "build": _build_json(adapter, hardware),
-            "installed": install is not None,
-            "installed_variant": install.details.get("backend") if install else None,
-            "install": install.to_json() if install else None,
-        })
+    builds = engine_builds(_hardware(args))
+    rows = [{**build.to_json(), "model_format": ADAPTERS[build.engine].model_format} for build in builds]
     if args.json:
         emit_json(rows)
         return 0
-    for row in rows:
-        found = row["install"]
-        state = (f"{found['version']} ({row['installed_variant'] or 'unknown'} build, {found['source']}: "
-                 f"{found['executable']})" if found else "not installed")
-        print(f"{row['name']:10} {state}")
-        build = row["build"]
-        if build["ok"]:
-            print(f"{'':10} for this machine: {build['variant']} build ({build['source']}) - {build['reason']}")
+    for build in builds:
+        found = build.install
+        state = (f"{found.version} ({build.installed_variant or 'unknown'} build, {found.source}: "
+                 f"{found.executable})" if found else "not installed")
+        print(f"{build.engine:10} {state}")
+        if build.build:
+            print(f"{'':10} for this machine: {build.build.variant} build ({build.build.source}) - {build.build.reason}")
         else:
-            print(f"{'':10} not for this machine: {build['reason']}")
-            print(f"{'':10} instead: {build['fix']}")
+            print(f"{'':10} not for this machine: {build.blocker}")
+            print(f"{'':10} instead: {build.fix}")
+        if build.warning:
+            print(f"{'':10} warning: {build.warning}")
+            print(f"{'':10} fix: {build.warning_fix}")
     return 0
 
 
