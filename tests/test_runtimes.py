@@ -568,3 +568,25 @@ def test_machine_page_shows_each_engines_build_and_warns_about_a_cpu_build(qtbot
     finally:
         page.shutdown()
         assert QThreadPool.globalInstance().waitForDone(30_000)
+
+
+@pytest.mark.parametrize(("devices", "backend", "flagged"), [
+    ("  (none)", "cpu", True),
+    ("  CUDA0: NVIDIA GeForce RTX 4090 (24080 MiB, 23000 MiB free)", "cuda", False),
+    ("  Vulkan0: NVIDIA GeForce RTX 4090 (24080 MiB, 23000 MiB free)", "vulkan", False),
+])
+def test_doctor_probes_a_configured_llama_server_for_its_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  devices: str, backend: str, flagged: bool) -> None:
+    from desktop.core.engines.llamacpp import _probe_backend
+
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\nif [ \"$1\" = --list-devices ]; then printf 'Available devices:\\n%s\\n' "
+                      f"'{devices}'; else echo 'version: 1 (x)' >&2; fi\n")
+    binary.chmod(0o755)
+    assert _probe_backend(binary) == backend
+    monkeypatch.setenv("SWITCHYARD_LLAMA_SERVER", str(binary))
+    monkeypatch.setenv("SWITCHYARD_ENGINES_DIR", str(tmp_path / "engines"))
+    findings = get_adapter("llama.cpp").doctor(rtx4090())
+    gpu = [f for f in findings if f.check == "GPU build"]
+    assert bool(gpu) == flagged
+    assert f"{backend} build" in findings[0].detail

@@ -406,8 +406,9 @@ def missing_tools(choice: BuildChoice, toolchain: Toolchain) -> list[str]:
 
 
 def cpu_build_on_gpu_machine(hardware: HardwareSnapshot, backend: str | None) -> str | None:
-    """Why a CPU-only llama.cpp build is wrong here (None when it is fine): `-ngl` would offload nothing."""
-    if backend not in (None, "cpu"):
+    """Why a CPU-only llama.cpp build is wrong here (None when it is fine or the backend is unknown): `-ngl`
+    would offload nothing."""
+    if backend != "cpu":
         return None
     gpu = primary_gpu(hardware)
     if gpu is None:
@@ -415,8 +416,8 @@ def cpu_build_on_gpu_machine(hardware: HardwareSnapshot, backend: str | None) ->
     plat = Platform.of(hardware)
     if plat.os == "macos" and plat.arch != "arm64":
         return None
-    state = "a CPU-only build" if backend == "cpu" else "a build with no GPU backend"
-    return (f"this machine has {gpu.name} ({gpu.memory_total_bytes / 1024**3:.0f} GiB) but llama-server is {state}: "
+    return (f"this machine has {gpu.name} ({gpu.memory_total_bytes / 1024**3:.0f} GiB) but llama-server is a "
+            "CPU-only build: "
             "--n-gpu-layers offloads nothing and every token is computed on the CPU")
 
 
