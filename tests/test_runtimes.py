@@ -467,8 +467,7 @@ def write_snapshot(tmp_path: Path, name: str, hardware: HardwareSnapshot) -> str
 
 def test_dry_run_prints_the_variant_and_its_source_and_changes_nothing(tmp_path: Path) -> None:
     engines = tmp_path / "engines"
-    env = {"SWITCHYARD_ENGINES_DIR": str(engines), "PATH": "/usr/bin:/bin"}
-    env.pop(runtimes.RELEASES_ENV, None)
+    env = {"SWITCHYARD_ENGINES_DIR": str(engines), "PATH": "/usr/bin:/bin", runtimes.RELEASES_ENV: ""}
     mac = run_cli("engines", "install", "llama.cpp", "--hardware", str(SNAPSHOTS / "m2max_32gb.json"),
                   "--dry-run", "--json", env=env)
     assert mac.returncode == 0, mac.stderr
@@ -480,6 +479,10 @@ def test_dry_run_prints_the_variant_and_its_source_and_changes_nothing(tmp_path:
                    "--variant", "cuda", "--dry-run", "--json", env=env)
     [plan] = json.loads(cuda.stdout)
     assert plan["source"] == "source" and "-DGGML_CUDA=ON" in plan["cmake_flags"]
+    assert not any(engines.rglob("*")) if engines.exists() else True
+    for_elsewhere = run_cli("engines", "install", "llama.cpp", "--hardware", str(SNAPSHOTS / "m2max_32gb.json"),
+                            env=env)
+    assert for_elsewhere.returncode == 2 and "add --dry-run" in for_elsewhere.stderr
     assert not any(engines.rglob("*")) if engines.exists() else True
 
 
