@@ -79,6 +79,39 @@ def test_orphans_of_a_dead_owner_are_reaped_and_live_owners_left_alone() -> None
         (paths.run_dir() / f"engine-{kept.pid}.json").unlink(missing_ok=True)
 
 
+_LEADER_WITH_A_CHILD = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(child.pid, flush=True)
+"""
+
+
+def test_the_next_start_reaps_an_engines_group_after_its_leader_died() -> None:
+    """vLLM's EngineCore and workers share the API server's process group and outlive it: the pidfile records
+    the group, and the next start stops what is left of it although the recorded pid is gone."""
+    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])  # noqa: S603
+    dead_owner.wait()
+    leader = subprocess.Popen([sys.executable, "-c", _LEADER_WITH_A_CHILD],  # noqa: S603
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert leader.stdout is not None
+    child_pid = int(leader.stdout.readline())
+    created = psutil.Process(leader.pid).create_time()
+    leader.wait(10)  # the leader exits; its child lives on in its group
+    child = psutil.Process(child_pid)
+    try:
+        assert os.getpgid(child_pid) == leader.pid
+        record = {"pid": leader.pid, "created": created, "pgid": leader.pid, "owner_pid": dead_owner.pid,
+                  "owner_created": 1.0, "engine": "vllm", "port": 1, "log": ""}
+        pidfile = paths.run_dir() / f"engine-{leader.pid}.json"
+        pidfile.write_text(json.dumps(record))
+        assert reap_orphans() == [leader.pid]
+        assert _gone(child_pid, 10)
+        assert not pidfile.exists()
+    finally:
+        if child.is_running():
+            child.kill()
+
+
 def test_missing_binary_is_a_clear_crash(tmp_path: Path) -> None:
     install = EngineInstall("llama.cpp", "test", "configured", tmp_path / "no-such-llama-server")
     model = tmp_path / "m.gguf"
