@@ -346,3 +346,62 @@ def test_each_platform_gets_its_orphan_guard(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(supervisor.sys, "platform", "linux")
     monkeypatch.setenv("SWITCHYARD_ORPHAN_GUARD", "watchdog")
     assert supervisor.orphan_guard() == "watchdog"
+
+
+def _wait_for(condition: Any, timeout: float, step: float = 0.1) -> Any:
+    """Poll `condition` until it returns something truthy or `timeout` passes (then its last value)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(step)
+
+
+@pytest.mark.engine
+@pytest.mark.vllm
+@pytest.mark.parametrize("moment", ["serving", "loading"])
+def test_sigkill_of_switchyard_leaves_no_vllm_process(moment: str, vllm_install: EngineInstall,
+                                                     demo_model: Any) -> None:
+    """vLLM's EngineCore, workers and resource tracker share the API server's group, which PDEATHSIG does not
+    reach: the watchdog stops the group when the app dies (and the next start would reap what is left)."""
+    from desktop.core.runtime import proctree
+
+    before = set(_engine_pids())
+    proc = subprocess.Popen(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "desktop", "serve", "--engine", "vllm", "--model", "demo", "--no-install",
+         "--ctx", "2048"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def engine_pid() -> int | None:
+            for pid in set(_engine_pids()) - before:
+                record = json.loads((paths.run_dir() / f"engine-{pid}.json").read_text())
+                if record["owner_pid"] == proc.pid:
+                    return pid
+            return None
+
+        pid = _wait_for(engine_pid, 120)
+        assert pid is not None, "no engine was recorded"
+        record = json.loads((paths.run_dir() / f"engine-{pid}.json").read_text())
+        assert record["pgid"] == pid
+        if moment == "serving":
+            assert proc.stderr is not None
+            assert any(line.startswith("ready:") for line in proc.stderr), "vLLM never became ready"
+        else:  # loading: the engine core has been forked, the server is not ready yet
+            assert _wait_for(lambda: len(proctree.group_members(pid)) >= 2, 300), "vLLM forked no engine core"
+        members = proctree.members_of(proctree.Recorded(pid, record["created"], pid))
+        names = {m.name() for m in members if m.is_running()}
+        assert len(members) >= 2, names
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        started = time.monotonic()
+        left = _wait_for(lambda: [m for m in members if m.is_running() and m.status() != psutil.STATUS_ZOMBIE], 5.0)
+        print(f"vLLM ({moment}) tree of {len(members)} {sorted(names)} gone after "
+              f"{time.monotonic() - started:.2f} s; left after 5 s: {len(left)}")
+        if left:
+            reap_orphans()  # the next start
+        assert not [m for m in members if m.is_running() and m.status() != psutil.STATUS_ZOMBIE]
+        assert not proctree.group_members(pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
