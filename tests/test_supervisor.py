@@ -348,6 +348,13 @@ def test_each_platform_gets_its_orphan_guard(monkeypatch: pytest.MonkeyPatch) ->
     assert supervisor.orphan_guard() == "watchdog"
 
 
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _wait_for(condition: Any, timeout: float, step: float = 0.1) -> Any:
     """Poll `condition` until it returns something truthy or `timeout` passes (then its last value)."""
     deadline = time.monotonic() + timeout
@@ -393,15 +400,43 @@ def test_sigkill_of_switchyard_leaves_no_vllm_process(moment: str, vllm_install:
         assert len(members) >= 2, names
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
+        def alive() -> list[psutil.Process]:
+            return [m for m in members if _running(m)]
+
         started = time.monotonic()
-        left = _wait_for(lambda: [m for m in members if m.is_running() and m.status() != psutil.STATUS_ZOMBIE], 5.0)
-        print(f"vLLM ({moment}) tree of {len(members)} {sorted(names)} gone after "
-              f"{time.monotonic() - started:.2f} s; left after 5 s: {len(left)}")
-        if left:
+        gone = _wait_for(lambda: not alive(), 5.0)
+        print(f"vLLM ({moment}) tree of {len(members)} {sorted(names)}: "
+              f"{'gone after' if gone else 'still there after'} {time.monotonic() - started:.2f} s")
+        if not gone:
             reap_orphans()  # the next start
-        assert not [m for m in members if m.is_running() and m.status() != psutil.STATUS_ZOMBIE]
+        assert not alive(), [m.pid for m in alive()]
         assert not proctree.group_members(pid)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_restart_on_the_same_proxy_port_right_after_a_kill_with_a_client_connected(
+        llama_install: EngineInstall, demo_model: Any) -> None:
+    """The killed endpoint's connection lingers in TIME-WAIT on the proxy port; the new one must start at once."""
+    port = _free_port()
+    first, _lines = _serve_until_ready("--endpoint", "--proxy-port", str(port))
+    client = socket.create_connection(("127.0.0.1", port))
+    try:
+        client.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # a kept-alive client
+        assert client.recv(65536).startswith(b"HTTP/1.1")
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        assert client.recv(65536) == b""  # the kernel closed the endpoint's side first
+    finally:
+        client.close()
+    second, lines = _serve_until_ready("--endpoint", "--proxy-port", str(port))
+    try:
+        assert f":{port}" in lines[-1]
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10, trust_env=False).status_code == 200
+    finally:
+        second.send_signal(signal.SIGINT)
+        second.wait(30)
