@@ -26,7 +26,7 @@ import psutil
 
 from desktop.core.runtime import proctree
 
-GRACE_SECONDS = 3.0  # the app is gone: nobody waits for a graceful shutdown
+GRACE_SECONDS = 2.0  # the app is gone: nobody waits for a graceful shutdown
 FLAG = "--engine-watchdog"
 
 
