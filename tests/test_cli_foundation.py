@@ -139,3 +139,13 @@ def test_serve_with_negative_parallel_starts_nothing() -> None:
     assert result.stderr.strip() == ("switchyard serve: error: argument --parallel: must be at least 1, got -3 "
                                      "(see switchyard serve --help)")
     assert set(Path(os.environ.get("SWITCHYARD_HOME", ".")).glob("run/engine-*.json")) == before
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_an_absurd_context_says_why_the_engine_refused_it(llama_install: object, demo_model: object) -> None:
+    """llama-server's cause is its first line (then usage text): the user sees that line, not "run with -h"."""
+    result = run_cli("serve", "--engine", "llama.cpp", "--model", "demo", "--ctx", "1000000000", "--no-install")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    error = next(line for line in result.stderr.splitlines() if line.startswith("switchyard: error:"))
+    assert "--ctx-size" in error and "run with -h" not in error, result.stderr

@@ -52,6 +52,45 @@ def test_oom_log_lines_are_explained() -> None:
     assert "out of" in vllm_reason.reason.lower() and "gpu_memory_utilization" in vllm_reason.suggestion
 
 
+LLAMA_BAD_CTX_LOG = [
+    'error while handling argument "--ctx-size": stoi',
+    "",
+    "usage:",
+    "-c,    --ctx-size N                     size of the prompt context (default: 0, 0 = loaded from model)",
+    "                                        (env: LLAMA_ARG_CTX_SIZE)",
+    "",
+    "",
+    "to show complete usage, run with -h",
+]
+
+
+def test_llama_argument_errors_are_explained_by_their_first_line_not_the_usage_text() -> None:
+    reason = llama.explain_failure(1, LLAMA_BAD_CTX_LOG)
+    assert "--ctx-size" in reason.reason and "32-bit" in reason.reason, reason
+    other = llama.explain_failure(1, ['error while handling argument "--cache-type-k": unsupported type: q9',
+                                      "usage:", "to show complete usage, run with -h"])
+    assert "--cache-type-k" in other.reason and "q9" in other.reason
+    unknown = llama.explain_failure(1, ["main: error: something new went wrong", "", "to show complete usage"])
+    assert "something new went wrong" in unknown.reason
+
+
+def test_vllm_validation_errors_are_explained_by_their_message_not_the_pydantic_link() -> None:
+    """Lines recorded from the real vLLM CPU build started with --ctx 1000000000 (cheaper than starting it)."""
+    recorded = (Path(__file__).parent / "data" / "vllm-max-model-len-too-long.log").read_text().splitlines()
+    assert recorded[-1].strip().startswith("For further information visit")
+    reason = get_adapter("vllm").explain_failure(1, recorded)
+    assert "1000000000" in reason.reason and "max_position_embeddings=4096" in reason.reason, reason
+    assert "--ctx" in reason.suggestion
+    other = get_adapter("vllm").explain_failure(1, [
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig",
+        "  Value error, max_num_batched_tokens (16) must be greater than or equal to max_num_seqs (64). "
+        "[type=value_error, input_value=ArgsKwargs((), {}), input_type=ArgsKwargs]",
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error"])
+    assert "max_num_batched_tokens (16)" in other.reason and "errors.pydantic.dev" not in other.reason
+    fallback = get_adapter("vllm").explain_failure(1, ["RuntimeError: something new", "    For further information"])
+    assert "RuntimeError: something new" in fallback.reason
+
+
 def test_orphans_of_a_dead_owner_are_reaped_and_live_owners_left_alone() -> None:
     dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])  # noqa: S603
     dead_owner.wait()
