@@ -1,11 +1,12 @@
 """One object per engine process: spawn it from an argument list, own its process group, stream its log, time
 its cold start in phases, tell when it really serves, explain why it died, and never leave it orphaned.
 
-Orphan protection, in layers: the engine gets PR_SET_PDEATHSIG (Linux) so it dies with the app, or, where the
-kernel offers nothing like it (macOS), a watchdog process (`desktop.core.runtime.watchdog`) stops it when the app dies;
-every engine we start is recorded in a pidfile, and `reap_orphans()` at the next start kills leftovers whose owner
-is gone; `stop()` signals the whole process group (vLLM forks an engine core) and escalates to SIGKILL.
-"""
+Orphan protection, in layers: the engine gets PR_SET_PDEATHSIG (Linux) so it dies with the app, and on every POSIX
+system a watchdog process (`desktop.core.runtime.watchdog`) stops its whole process group when the app dies
+(PDEATHSIG reaches the engine's first process only; vLLM's EngineCore and workers share its group); Windows uses
+a kill-on-close Job Object. Every engine we start is recorded in a pidfile with its process group, and
+`reap_orphans()` at the next start stops leftovers whose owner is gone, by group, even when the recorded pid is
+already dead. `stop()` and all of these stop a tree the one way `desktop.core.runtime.proctree` knows."""
 
 from __future__ import annotations
 
