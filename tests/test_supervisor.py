@@ -3,6 +3,7 @@ GGUF, missing binary, busy port, out of memory, killed mid-request), orphan reap
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -432,10 +433,19 @@ def test_sigkill_of_switchyard_leaves_no_vllm_process(moment: str, vllm_install:
         if moment == "serving":
             assert proc.stderr is not None
             assert any(line.startswith("ready:") for line in proc.stderr), "vLLM never became ready"
-        else:  # loading: the engine core has been forked, the server is not ready yet
-            assert _wait_for(lambda: len(proctree.group_members(pid)) >= 2, 300), "vLLM forked no engine core"
+        else:  # loading: the engine core (or multiprocessing's helpers) has been forked, the server is not ready
+
+            def forked() -> bool:
+                for member in proctree.group_members(pid):
+                    with contextlib.suppress(psutil.Error):
+                        if member.pid != pid and ("VLLM::" in member.name()
+                                                  or "multiprocessing" in " ".join(member.cmdline())):
+                            return True
+                return False
+
+            assert _wait_for(forked, 300), "vLLM forked no engine core"
         members = proctree.members_of(proctree.Recorded(pid, record["created"], pid))
-        names = {m.name() for m in members if m.is_running()}
+        names = {m.name() for m in members if _running(m)}
         assert len(members) >= 2, names
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
