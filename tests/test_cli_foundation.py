@@ -142,10 +142,19 @@ def test_serve_with_negative_parallel_starts_nothing() -> None:
 
 
 @pytest.mark.engine
-@pytest.mark.llamacpp
-def test_an_absurd_context_says_why_the_engine_refused_it(llama_install: object, demo_model: object) -> None:
-    """llama-server's cause is its first line (then usage text): the user sees that line, not "run with -h"."""
-    result = run_cli("serve", "--engine", "llama.cpp", "--model", "demo", "--ctx", "1000000000", "--no-install")
+@pytest.mark.parametrize(("engine", "cause"), [
+    pytest.param("llama.cpp", "--ctx-size", marks=pytest.mark.llamacpp),
+    pytest.param("vllm", "longer than the model allows", marks=pytest.mark.vllm),  # fails in ~20 s: cheap
+])
+def test_an_absurd_context_says_why_the_engine_refused_it(engine: str, cause: str,
+                                                          request: pytest.FixtureRequest) -> None:
+    """The engine's cause, not its last line: llama-server prints usage text after it ("run with -h"), vLLM a
+    pydantic link."""
+    request.getfixturevalue("llama_install" if engine == "llama.cpp" else "vllm_install")
+    request.getfixturevalue("demo_model")
+    result = run_cli("serve", "--engine", engine, "--model", "demo", "--ctx", "1000000000", "--no-install",
+                     timeout=600)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     error = next(line for line in result.stderr.splitlines() if line.startswith("switchyard: error:"))
-    assert "--ctx-size" in error and "run with -h" not in error, result.stderr
+    assert cause in error and "run with -h" not in error and "pydantic.dev" not in error, result.stderr
+    assert "1000000000" in error or engine == "llama.cpp"
