@@ -28,6 +28,7 @@ from desktop.core.runtime.telemetry import Telemetry
 from desktop.core.serving import control
 from desktop.core.serving.endpoint import EndpointEvent, EndpointManager, EngineSpec, SwitchResult
 from desktop.core.serving.proxy import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT, ProxyServer
+from desktop.core.serving.requestlog import RequestLog
 from desktop.core.storage.history import Store
 
 
@@ -57,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                           help="after a switch keep the old engine warm when memory allows")
     endpoint.add_argument("--failover", action="store_true",
                           help="when the active engine dies, move to the warm standby")
+    endpoint.add_argument("--capture-bodies", action="store_true",
+                          help="keep request and response bodies in the request log (`switchyard requests`); "
+                               "not with --api-key-env")
     parser.set_defaults(func=cmd_serve)
 
     status = subparsers.add_parser("status", help="show the running stable endpoint and its engines")
@@ -219,6 +223,9 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
         if not api_key:
             raise SwitchyardError(f"the environment variable {args.api_key_env} is empty or not set",
                                   "export it with the API key clients must send")
+    if api_key and args.capture_bodies:
+        raise SwitchyardError("--capture-bodies is not available on an endpoint with an API key",
+                              "drop --capture-bodies (or --api-key-env)")
     resolve_model(args.model, adapter, stderr_progress)  # a bad model fails here, before anything starts
     if adapter.find_install() is None:
         if args.no_install:
@@ -236,15 +243,19 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
     reap_orphans()
     spec = EngineSpec(adapter.name, args.model, ctx=args.ctx, parallel=args.parallel, port=args.port)
 
-    proxy = ProxyServer(port=port, model_name=args.model_name, api_key=api_key, wait_timeout=args.wait_timeout)
+    proxy = ProxyServer(port=port, model_name=args.model_name, api_key=api_key, wait_timeout=args.wait_timeout,
+                        capture_bodies=args.capture_bodies)
     store = _history_store()
     telemetry = Telemetry(sink=store)
+    request_log = RequestLog(sink=store)
+    request_log.attach(proxy)
     manager = EndpointManager(proxy, telemetry=telemetry, ready_timeout=args.ready_timeout,
                               keep_standby=args.keep_standby or bool(args.standby), failover=args.failover)
     manager.subscribe(lambda event: _print_event(event, args.json))
     target = _ServeControl(manager)
     token = control.new_token()
     proxy.add_routes(control.control_routes(target, token))
+    proxy.add_routes(control.request_routes(request_log, token, lambda: proxy.capture_bodies))
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         raise _Terminate(signum)
@@ -295,6 +306,7 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
         manager.close()
         telemetry.stop()
         proxy.stop()
+        request_log.stop()
         if store is not None:
             store.close()
 

@@ -151,6 +151,9 @@ class EngineAdapter(ABC):
     metrics_path: str = "/metrics"
     log_markers: Sequence[LogMarker] = ()
     failure_rules: Sequence[FailureRule] = ()
+    # The server answers the Anthropic Messages API (`/v1/messages`, streaming and not): the endpoint forwards
+    # such requests to it, and answers 501 for engines without it.
+    anthropic_messages: bool = False
 
     # --- provisioning -------------------------------------------------------------------------------
     @abstractmethod

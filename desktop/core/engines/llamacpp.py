@@ -54,6 +54,7 @@ class LlamaCppAdapter(EngineAdapter):
     name = "llama.cpp"
     display_name = "llama.cpp (llama-server)"
     model_format = "gguf"
+    anthropic_messages = True  # llama-server's /v1/messages (this build)
     log_markers = (
         log_marker("loading_model", r"llama_model_loader: loaded meta data|loading model"),
         log_marker("model_buffer", r"model buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),

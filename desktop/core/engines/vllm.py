@@ -61,6 +61,7 @@ class VllmAdapter(EngineAdapter):
     name = "vllm"
     display_name = "vLLM"
     model_format = "hf"
+    anthropic_messages = True  # vLLM's /v1/messages (vllm/entrypoints/anthropic, 0.32)
     log_markers = (
         log_marker("loading_weights", r"Loading weights took\s*(?P<seconds>[\d.]+)"),
         log_marker("model_loading", r"Model loading took\s*(?P<gib>[\d.]+)\s*GiB"),

@@ -34,10 +34,11 @@ from desktop.core.serving.http1 import (
     LocalRequest,
     LocalResponse,
     LocalRoute,
+    anthropic_error,
     json_error,
     new_event_loop,
 )
-from desktop.core.serving.metering import RequestListener, RequestRecord
+from desktop.core.serving.metering import CapturingMeter, RequestListener, RequestRecord, request_model
 from desktop.core.serving.router import Lease, Router, Unavailable, Upstream
 from desktop.core.serving.upstream import Exchange, Target, UpstreamConnection, UpstreamPool
 
@@ -48,6 +49,7 @@ log = logging.getLogger("switchyard.proxy")
 DEFAULT_PROXY_PORT = 8800
 DEFAULT_WAIT_TIMEOUT = 600.0
 CONTROL_PREFIX = "/switchyard/"
+MESSAGES_PATH = "/v1/messages"  # Anthropic Messages: forwarded only to engines that answer it
 T = TypeVar("T")
 
 
@@ -63,6 +65,7 @@ class ProxyServer:
         api_key: str | None = None,
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
         retry_window: float = 30.0,
+        capture_bodies: bool = False,
     ) -> None:
         self.host = host
         self.port = port
@@ -72,6 +75,9 @@ class ProxyServer:
         self.retry_window = retry_window
         self.started_at = time.time()
         self._listeners: list[RequestListener] = []
+        self._started: list[RequestListener] = []
+        self.capture_bodies = False
+        self.set_capture_bodies(capture_bodies)
         self._routes: dict[str, dict[str, LocalHandler]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -84,6 +90,18 @@ class ProxyServer:
     # --- configuration (before start) ---
     def subscribe(self, listener: RequestListener) -> None:
         self._listeners.append(listener)
+
+    def subscribe_started(self, listener: RequestListener) -> None:
+        """Also tell `listener` when a request arrives (a record with status 0), for views of what is in flight."""
+        self._started.append(listener)
+
+    def set_capture_bodies(self, on: bool) -> None:
+        """Keep request and response bodies in the request records (off by default; never with an API key:
+        the endpoint is then shared, and its clients' prompts are not the local user's to read)."""
+        if on and self.api_key:
+            raise SwitchyardError("body capture is not available on an endpoint with an API key",
+                                  "serve without --api-key-env to capture bodies")
+        self.capture_bodies = on
 
     def add_routes(self, routes: Iterable[LocalRoute]) -> None:
         """Extra routes (the control channel under /switchyard/) served on the same port; call before start()."""
@@ -236,7 +254,14 @@ class ProxyServer:
         loop = asyncio.get_running_loop()
         arrived, wall = loop.time(), time.time()
         self.counters["requests"] += 1
+        request.seq = self.counters["requests"]
+        if self._started:
+            self._announce(request, client, wall)
         upstream = self.router.try_acquire(None)
+        if upstream is not None and not upstream.messages_api and request.path.startswith(MESSAGES_PATH):
+            self.router.release(upstream)
+            client.request_done(self._unsupported(request, client, wall, arrived, upstream))
+            return
         connection = self.upstreams.pooled(upstream.base_url, arrived) if upstream is not None else None
         if upstream is None or connection is None:
             if upstream is not None:
@@ -282,7 +307,8 @@ class ProxyServer:
             return await self._forward_with_retries(request, client, arrived, wall, deadline, avoid, refused)
         except asyncio.CancelledError:  # the client left while its request waited (an exchange records itself)
             self._record(RequestRecord(wall, request.method, request.path, None, 499, False, None,
-                                       loop.time() - arrived, None, "the client disconnected"))
+                                       loop.time() - arrived, None, "the client disconnected",
+                                       model=request_model(request.body), client=client.peer, seq=request.seq))
             raise
 
     async def _forward_with_retries(self, request: Incoming, client: ClientConnection, arrived: float,
@@ -296,6 +322,9 @@ class ProxyServer:
                     upstream = await self.router.acquire(deadline, avoid)
                 except Unavailable as exc:
                     return self._fail(request, client, wall, arrived, None, 503, f"no engine is serving: {exc}")
+            if not upstream.messages_api and request.path.startswith(MESSAGES_PATH):
+                self.router.release(upstream)
+                return self._unsupported(request, client, wall, arrived, upstream)
             lease = Lease(self.router, upstream)
             try:
                 record, reused = await self._exchange(request, client, lease, wall, arrived)
@@ -334,6 +363,8 @@ class ProxyServer:
         upstream = lease.upstream
         target = self.upstreams.target(upstream.base_url)
         exchange = Exchange(self._record, client, request, lease, arrived, wall, connection)
+        if self.capture_bodies:
+            exchange.meter = CapturingMeter(arrived, request.body)
         if client.closed:
             exchange.client_gone()
         else:
@@ -372,9 +403,29 @@ class ProxyServer:
               upstream: Upstream | None, status: int, message: str) -> bool:
         now = asyncio.get_running_loop().time()
         self._record(RequestRecord(wall, request.method, request.path, upstream.name if upstream else None,
-                                   status, False, None, now - arrived, None, message))
-        client.write_response(json_error(status, message, "upstream_unavailable"), request=request)
+                                   status, False, None, now - arrived, None, message,
+                                   model=request_model(request.body), engine=upstream.engine if upstream else None,
+                                   client=client.peer, seq=request.seq))
+        error = anthropic_error(status, message) if request.path.startswith(MESSAGES_PATH) else \
+            json_error(status, message, "upstream_unavailable")
+        client.write_response(error, request=request)
         return True
+
+    def _unsupported(self, request: Incoming, client: ClientConnection, wall: float, arrived: float,
+                     upstream: Upstream) -> bool:
+        return self._fail(request, client, wall, arrived, upstream, 501,
+                          f"the engine {upstream.engine} does not support the Anthropic Messages API "
+                          f"({request.path}); use /v1/chat/completions, or switch to an engine that has it")
+
+    def _announce(self, request: Incoming, client: ClientConnection, wall: float) -> None:
+        """Tell the "started" listeners about a request that just arrived (only when someone listens)."""
+        record = RequestRecord(wall, request.method, request.path, None, 0, False, None, 0.0, None,
+                               model=request_model(request.body), client=client.peer, seq=request.seq)
+        for listener in list(self._started):
+            try:
+                listener(record)
+            except Exception:
+                log.exception("request listener failed")
 
     def _record(self, record: RequestRecord) -> None:
         if record.status != 499 and (record.error is not None or record.status >= 500):

@@ -25,6 +25,7 @@ class Upstream:
     served_model_name: str
     api_key: str | None = None
     model: str = ""  # what it serves, for /v1/models
+    messages_api: bool = False  # answers Anthropic Messages (/v1/messages): EngineAdapter.anthropic_messages
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

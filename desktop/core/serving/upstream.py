@@ -15,7 +15,13 @@ import httptools
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error
-from desktop.core.serving.metering import RequestListener, RequestRecord, StreamMeter, count_json_tokens
+from desktop.core.serving.metering import (
+    RequestListener,
+    RequestRecord,
+    StreamMeter,
+    count_json_tokens,
+    request_model,
+)
 from desktop.core.serving.router import Lease
 
 log = logging.getLogger("switchyard.proxy")
@@ -313,6 +319,7 @@ class Exchange:
             self.meter.finish(done)
         elif self.kept:
             count_json_tokens(self.meter, b"".join(self.kept), done)
+        request_body, response_body = self.meter.bodies(self.kept)
         status = self.status
         if client_gone:
             status = 499
@@ -327,7 +334,9 @@ class Exchange:
             status=status, streamed=self.streamed,
             ttft_s=(self.meter.first_token_at - self.arrived) if self.meter.first_token_at else None,
             e2e_s=done - self.arrived, output_tokens=self.meter.output_tokens if status < 400 else None,
-            error=error)
+            error=error, prompt_tokens=self.meter.prompt_tokens, model=request_model(self.request.body),
+            engine=self.upstream.engine, client=self.client.peer, seq=self.request.seq,
+            request_body=request_body, response_body=response_body)
         self.lease.release()  # counted off and published before the client sees the end of its answer
         self.record(record)
         self._flush()
