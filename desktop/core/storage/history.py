@@ -221,7 +221,8 @@ class Store:
     # --- the endpoint's request log --------------------------------------------------------------------
     def add_requests(self, rows: Iterable[Mapping[str, Any]]) -> int:
         """Append finished requests (dicts keyed by REQUEST_COLUMNS; missing keys are NULL) in one transaction."""
-        values = [tuple(row.get(column) for column in REQUEST_COLUMNS) for row in rows]
+        defaults: dict[str, Any] = {"seq": 0, "streamed": False}
+        values = [tuple(row.get(column, defaults.get(column)) for column in REQUEST_COLUMNS) for row in rows]
         placeholders = ", ".join("?" for _ in REQUEST_COLUMNS)
         with self._lock, self._db:
             self._db.executemany(f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) VALUES ({placeholders})",
