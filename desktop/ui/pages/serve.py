@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from desktop.ui.charts import ChartBoard, LiveChart, pause_checkbox
 from desktop.ui.engine_session import EngineSession, LaunchRequest
+from desktop.ui.requests_panel import RequestsPanel
 from desktop.ui.widgets import LogPane, Notice, PhaseTimeline
 from desktop.ui.workers import submit
 
@@ -168,6 +169,9 @@ class ServePage(QWidget):
         splitter.addWidget(self.log_pane)
         splitter.setStretchFactor(0, 4)
         splitter.setStretchFactor(1, 1)
+        self.requests_panel = RequestsPanel(session)  # the request log, live (desktop/ui/requests_panel.py)
+        splitter.addWidget(self.requests_panel)
+        splitter.setStretchFactor(2, 1)
         layout = QVBoxLayout(self)
         layout.addWidget(splitter)
 
@@ -324,3 +328,4 @@ class ServePage(QWidget):
 
     def shutdown(self) -> None:
         self.board.stop()
+        self.requests_panel.shutdown()
