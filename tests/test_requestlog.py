@@ -360,6 +360,62 @@ def test_the_requests_route_long_polls_for_the_next_finished_request(
     assert denied.status_code == 403
 
 
+def test_follow_prints_each_request_once_as_it_finishes_until_the_endpoint_stops(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from desktop.commands.requests import _follow
+
+    def record(seq: int) -> dict[str, Any]:
+        return RequestRecord(float(seq), "POST", "/v1/messages", "u", 200, True, 0.1, 0.5, 8, prompt_tokens=3,
+                             seq=seq).to_json()
+
+    class Client:  # the control client: one long poll answers seq 3, the next finds the endpoint gone
+        def __init__(self) -> None:
+            self.afters: list[int] = []
+
+        def requests(self, limit: int, after: int, wait: float) -> dict[str, Any]:
+            self.afters.append(after)
+            if len(self.afters) == 1:
+                return {"requests": [record(3)], "inflight": []}
+            raise SwitchyardError("could not reach the endpoint")
+
+    client = Client()
+    assert _follow(argparse.Namespace(json=True), client, {"requests": [record(1), record(2)]}) == 0
+    printed = [json.loads(line)["seq"] for line in capsys.readouterr().out.splitlines()]
+    assert printed == [1, 2, 3] and client.afters == [2, 3]
+
+
+@pytest.mark.engine
+@pytest.mark.vllm
+def test_anthropic_messages_through_the_endpoint_to_vllm(proxy_for_vllm: Any) -> None:
+    proxy, request_log = proxy_for_vllm
+    body = {"model": "stable", "max_tokens": 8, "messages": [{"role": "user", "content": "Hello"}]}
+    plain = httpx.post(proxy.url + "/v1/messages", json=body, trust_env=False, timeout=120)
+    assert plain.status_code == 200 and plain.json()["usage"]["output_tokens"] == 8, plain.text
+    with httpx.stream("POST", proxy.url + "/v1/messages", json={**body, "stream": True}, trust_env=False,
+                      timeout=120) as response:
+        events = sse_events(response)
+    assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
+    for record in request_log.recent():
+        assert record.status == 200 and record.engine == "vllm" and record.output_tokens == 8
+        assert record.prompt_tokens == plain.json()["usage"]["input_tokens"] and record.ttft_s is not None
+
+
+@pytest.fixture
+def proxy_for_vllm(vllm_server: Any) -> Iterator[tuple[ProxyServer, RequestLog]]:
+    from desktop.core.engines import get_adapter
+
+    proxy = ProxyServer(port=find_free_port(), model_name="stable", wait_timeout=60)
+    request_log = RequestLog()
+    request_log.attach(proxy)
+    proxy.start()
+    proxy.set_upstream(Upstream("vllm@real", "vllm", vllm_server.base_url, vllm_server.plan.served_model_name,
+                                messages_api=get_adapter("vllm").anthropic_messages))
+    yield proxy, request_log
+    proxy.stop()
+
+
 # --- the real llama-server behind the endpoint ------------------------------------------------------------------
 @pytest.mark.engine
 @pytest.mark.llamacpp
