@@ -4,7 +4,6 @@ bodies; offscreen, fed by the core's RequestLog, and with the real llama-server 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +11,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import httpx
 import pytest
-from PySide6.QtCore import QThreadPool
-from shiboken6 import isValid
+from test_ui_pages import llama_ready, no_leaks, window  # noqa: F401 - shared fixtures (no leaks, no timers left)
 
 from desktop.core.serving.metering import RequestRecord
 from desktop.core.serving.requestlog import RequestLog
@@ -43,7 +41,7 @@ def test_the_panel_shows_in_flight_requests_live_then_their_results(qtbot) -> No
     assert row["Status"] == "…" and row["Engine"] == "waiting" and row["Duration s"].endswith("…")
     assert row["Model"] == "stable" and row["Client"] == "127.0.0.1:5000" and row["Request"] == "POST /v1/messages"
     assert panel.ticker.isActive()  # the in-flight duration counts up
-    assert "1 in flight" in panel.summary.text()
+    assert "1 in flight" in panel.summary.text() and panel.title == "Requests (1 in flight)"
 
     done = RequestRecord(1000.0, "POST", "/v1/messages", "llama.cpp@1", 200, True, 0.25, 1.5, 8, prompt_tokens=22,
                          model="stable", engine="llama.cpp", client="127.0.0.1:5000", seq=1,
@@ -66,25 +64,10 @@ def test_the_panel_shows_in_flight_requests_live_then_their_results(qtbot) -> No
     panel.shutdown()
 
 
-@pytest.fixture
-def window(qtbot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    from desktop.ui.main_window import MainWindow
-
-    monkeypatch.setenv("SWITCHYARD_HOME", str(tmp_path / "home"))
-    win = MainWindow()
-    win.session.endpoint_port = 0
-    qtbot.addWidget(win)
-    win.show()
-    yield win
-    win.close()
-    qtbot.waitUntil(lambda: not isValid(win) or not win.isVisible(), timeout=120_000)
-    assert QThreadPool.globalInstance().waitForDone(60_000)
-
-
 @pytest.mark.engine
 @pytest.mark.llamacpp
-def test_requests_through_the_guis_endpoint_appear_on_the_serve_page(  # type: ignore[no-untyped-def]
-        window, qtbot, llama_install: Any, tmp_path: Path) -> None:
+def test_requests_through_the_guis_endpoint_appear_on_the_serve_page(  # type: ignore[no-untyped-def]  # noqa: E501
+        window, qtbot, llama_ready, tmp_path: Path) -> None:  # noqa: F811
     from desktop.ui.engine_session import LaunchRequest
     from desktop.ui.screenshots import save_requests_panel
 

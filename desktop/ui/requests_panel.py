@@ -8,12 +8,11 @@ import json
 import time
 from typing import Any
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
-    QGroupBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -51,12 +50,15 @@ def row_for(record: Any, now: float) -> list[str]:
     ]
 
 
-class RequestsPanel(QGroupBox):
+class RequestsPanel(QWidget):
     """Requests through the endpoint. Fed by EngineSession.requests_changed (coalesced), never polled."""
 
+    title_changed = Signal(str)  # "Requests" or "Requests (N in flight)", for the tab that holds the panel
+
     def __init__(self, session: Any, parent: QWidget | None = None) -> None:
-        super().__init__("Requests", parent)
+        super().__init__(parent)
         self.session = session
+        self.title = "Requests"
         self.records: list[Any] = []  # as shown: in flight first (newest first), then finished (newest first)
         self.table = QTableWidget(0, len(HEADERS))
         self.table.setHorizontalHeaderLabels(HEADERS)
@@ -84,6 +86,7 @@ class RequestsPanel(QGroupBox):
         top.addWidget(self.summary, 1)
         top.addWidget(self.capture_box)
         layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(top)
         layout.addWidget(self.table, 1)
         layout.addWidget(self.details)
@@ -114,6 +117,10 @@ class RequestsPanel(QGroupBox):
                 self.table.selectRow(row)
         self.table.setUpdatesEnabled(True)
         self._summarize(inflight, finished)
+        title = f"Requests ({len(inflight)} in flight)" if inflight else "Requests"
+        if title != self.title:
+            self.title = title
+            self.title_changed.emit(title)
         if inflight and not self.ticker.isActive():
             self.ticker.start()
         elif not inflight:

@@ -38,13 +38,17 @@ def _save(window: Any, out: Path, index: int, name: str) -> Path:
 
 
 def save_requests_panel(window: Any, out: Path, index: str = "4b") -> Path:
-    """The Serve page's request log on its own (the Serve shot shows it small)."""
+    """The Serve page with its Requests tab shown (the engine log's tab is the default)."""
     serve = window.show_page("Serve")
+    tabs = serve.bottom_tabs
+    shown = tabs.currentIndex()
+    tabs.setCurrentWidget(serve.requests_panel)
     serve.requests_panel.refresh()
-    wait_until(lambda: False, 0.3)
+    wait_until(lambda: False, 0.4)
     path = out / f"{index}-serve-requests.png"
-    serve.requests_panel.grab().save(str(path))
+    window.grab().save(str(path))
     print(f"saved {path}", file=sys.stderr, flush=True)
+    tabs.setCurrentIndex(shown)
     return path
 
 

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSpinBox,
     QSplitter,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -166,12 +167,15 @@ class ServePage(QWidget):
         upper_layout.addWidget(charts_box, 1)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(upper)
-        splitter.addWidget(self.log_pane)
+        self.requests_panel = RequestsPanel(session)  # the request log, live (desktop/ui/requests_panel.py)
+        self.bottom_tabs = QTabWidget()
+        self.bottom_tabs.addTab(self.log_pane, "Engine &log")
+        self.bottom_tabs.addTab(self.requests_panel, self.requests_panel.title)
+        self.requests_panel.title_changed.connect(
+            lambda title: self.bottom_tabs.setTabText(self.bottom_tabs.indexOf(self.requests_panel), title))
+        splitter.addWidget(self.bottom_tabs)
         splitter.setStretchFactor(0, 4)
         splitter.setStretchFactor(1, 1)
-        self.requests_panel = RequestsPanel(session)  # the request log, live (desktop/ui/requests_panel.py)
-        splitter.addWidget(self.requests_panel)
-        splitter.setStretchFactor(2, 1)
         layout = QVBoxLayout(self)
         layout.addWidget(splitter)
 
