@@ -5,10 +5,11 @@ RequestLog (desktop.core.serving.requestlog), redrawn when the session says the 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from typing import Any
 
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -17,6 +18,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QPlainTextEdit,
+    QSplitter,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -79,7 +81,6 @@ class RequestsPanel(QWidget):
         self.capture_box.toggled.connect(self._capture_toggled)
         self.details = QPlainTextEdit()
         self.details.setReadOnly(True)
-        self.details.setMaximumHeight(110)
         self.details.setPlaceholderText("Select a request for its details (bodies only when captured)")
         self.details.setAccessibleName("Request details")
         top = QHBoxLayout()
@@ -88,8 +89,12 @@ class RequestsPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(top)
-        layout.addWidget(self.table, 1)
-        layout.addWidget(self.details)
+        split = QSplitter(Qt.Orientation.Horizontal)  # the table keeps the height; details sit beside it
+        split.addWidget(self.table)
+        split.addWidget(self.details)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 1)
+        layout.addWidget(split, 1)
         self.ticker = QTimer(self)  # only while requests are in flight: their durations count up
         self.ticker.setInterval(TICK_MS)
         self.ticker.timeout.connect(self.refresh)
@@ -129,9 +134,9 @@ class RequestsPanel(QWidget):
     def _summarize(self, inflight: list[Any], finished: list[Any]) -> None:
         if not inflight and not finished:
             return
-        ttfts = sorted(r.ttft_s for r in finished if r.ttft_s is not None)
+        ttfts = [r.ttft_s for r in finished if r.ttft_s is not None]
         failed = sum(1 for r in finished if r.status >= 400 or r.error)
-        median = f", median TTFT {ttfts[len(ttfts) // 2] * 1000:.0f} ms" if ttfts else ""
+        median = f", median TTFT {statistics.median(ttfts) * 1000:.0f} ms" if ttfts else ""
         self.summary.setText(f"{len(inflight)} in flight · last {len(finished)} finished{median}, {failed} failed")
 
     def _selected_seq(self) -> int | None:
@@ -147,7 +152,7 @@ class RequestsPanel(QWidget):
             return
         record = self.records[rows[0].row()]
         data = {k: v for k, v in record.to_json().items() if k not in ("request_body", "response_body")}
-        text = json.dumps(data)
+        text = json.dumps(data, indent=1)
         if record.request_body is not None:
             text += f"\n\n▶ request\n{record.request_body}\n\n◀ response\n{record.response_body or ''}"
         self.details.setPlainText(text)

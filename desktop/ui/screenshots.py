@@ -38,17 +38,21 @@ def _save(window: Any, out: Path, index: int, name: str) -> Path:
 
 
 def save_requests_panel(window: Any, out: Path, index: str = "4b") -> Path:
-    """The Serve page with its Requests tab shown (the engine log's tab is the default)."""
+    """The Serve page with its Requests tab shown (the engine log's tab is the default), given more height."""
     serve = window.show_page("Serve")
     tabs = serve.bottom_tabs
     shown = tabs.currentIndex()
     tabs.setCurrentWidget(serve.requests_panel)
+    splitter = tabs.parentWidget()
+    sizes = splitter.sizes()
+    splitter.setSizes([sizes[0] - 220, sizes[1] + 220])
     serve.requests_panel.refresh()
     wait_until(lambda: False, 0.4)
     path = out / f"{index}-serve-requests.png"
     window.grab().save(str(path))
     print(f"saved {path}", file=sys.stderr, flush=True)
     tabs.setCurrentIndex(shown)
+    splitter.setSizes(sizes)
     return path
 
 
