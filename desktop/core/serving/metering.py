@@ -73,8 +73,11 @@ def request_model(body: bytes) -> str | None:
     match = _MODEL.search(body) if body else None
     if match is None:
         return None
+    raw = match.group(1)
+    if b"\\" not in raw:
+        return raw.decode("utf-8", "replace")
     try:
-        value = json.loads(b'"' + match.group(1) + b'"')
+        value = json.loads(b'"' + raw + b'"')
     except ValueError:
         return None
     return value if isinstance(value, str) else None
