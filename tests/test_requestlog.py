@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -469,3 +472,74 @@ def test_anthropic_client_through_the_endpoint_to_llama_server_and_switchyard_re
             manager.close()
             proxy.stop()
             request_log.stop()
+
+
+# --- the CLI end to end: `switchyard serve --endpoint` in its own process, `switchyard requests` from another ------
+def _cli(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "desktop", *args], capture_output=True, text=True,  # noqa: S603
+                          timeout=timeout, env={**os.environ, "SWITCHYARD_HOME": str(home)})
+
+
+def test_capture_is_refused_for_an_endpoint_with_an_api_key(tmp_path: Path) -> None:
+    result = subprocess.run(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp", "--model", "demo", "--proxy-port",
+         str(find_free_port()), "--api-key-env", "SWITCHYARD_TEST_KEY", "--capture-bodies"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "SWITCHYARD_HOME": str(tmp_path), "SWITCHYARD_TEST_KEY": "k"})
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("switchyard: error: --capture-bodies is not available on an endpoint with an "
+                                    "API key")
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_cli_serve_then_switchyard_requests_live_and_from_history(llama_install: Any, demo_model: Any,
+                                                                  tmp_path: Path) -> None:
+    home, port = tmp_path / "home", find_free_port()
+    proc = subprocess.Popen(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp", "--model", "demo",
+         "--proxy-port", str(port), "--parallel", "2", "--capture-bodies"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "SWITCHYARD_HOME": str(home)})
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("ready:"):
+                break
+        assert lines and lines[-1].startswith(f"ready: http://127.0.0.1:{port}/v1"), "".join(lines)
+        url = f"http://127.0.0.1:{port}"
+        body = {"model": "switchyard", "max_tokens": 8, "messages": [{"role": "user", "content": "captured prompt"}]}
+        assert httpx.post(url + "/v1/messages", json=body, trust_env=False, timeout=120).status_code == 200
+        with httpx.stream("POST", url + "/v1/messages", json={**body, "stream": True}, trust_env=False,
+                          timeout=120) as response:
+            assert response.status_code == 200
+            response.read()
+        chat = httpx.post(url + "/v1/chat/completions", json=body, trust_env=False, timeout=120)
+        assert chat.status_code == 200
+
+        live = _cli(home, "requests", "--json", "--port", str(port))
+        assert live.returncode == 0, live.stderr
+        data = json.loads(live.stdout)
+        assert data["source"] == "endpoint" and data["capture_bodies"] is True
+        listed = data["requests"]
+        assert [r["path"] for r in listed] == ["/v1/messages", "/v1/messages", "/v1/chat/completions"]
+        for record in listed:
+            assert record["ttft_s"] > 0 and record["output_tokens"] == 8 and record["prompt_tokens"] > 0
+            assert record["engine"] == "llama.cpp" and record["client"].startswith("127.0.0.1:")
+            assert "captured prompt" in record["request_body"]
+        table = _cli(home, "requests", "--port", str(port)).stdout.splitlines()
+        assert len(table) == 4 and all("llama.cpp" in line for line in table[1:])
+
+        assert _cli(home, "stop", "--port", str(port)).returncode == 0
+        assert proc.wait(30) == 0
+        stored = _cli(home, "requests", "--json")  # nothing runs now: the history answers, the same requests
+        assert stored.returncode == 0, stored.stderr
+        from_history = json.loads(stored.stdout)
+        assert from_history["source"] == "history"
+        assert [(r["seq"], r["output_tokens"], r["ttft_s"]) for r in from_history["requests"]] == \
+            [(r["seq"], r["output_tokens"], r["ttft_s"]) for r in listed]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
