@@ -543,3 +543,13 @@ def test_cli_serve_then_switchyard_requests_live_and_from_history(llama_install:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_bad_limit_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from desktop.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["requests", "--limit", "0"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "argument -n/--limit: must be at least 1" in err

@@ -10,14 +10,16 @@ import sys
 import time
 from typing import Any
 
+from desktop.commands import _numbers as N
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("requests", help="the endpoint's last requests (TTFT, tokens, status, client)")
-    parser.add_argument("-n", "--limit", type=int, default=20, help="how many of the last requests (default 20)")
+    parser.add_argument("-n", "--limit", type=N.whole(1, 1000), default=20, help="how many of the last requests (default 20)")
     parser.add_argument("--follow", "-f", action="store_true",
                         help="keep printing requests as they finish (needs a running endpoint)")
     parser.add_argument("--history", action="store_true", help="read history even when an endpoint runs")
-    parser.add_argument("--port", type=int, help="which endpoint, when several run")
+    parser.add_argument("--port", type=N.port, help="which endpoint, when several run")
     parser.add_argument("--json", action="store_true",
                         help="machine-readable output (with --follow: one JSON object per line)")
     parser.set_defaults(func=cmd_requests)
@@ -27,8 +29,6 @@ def cmd_requests(args: argparse.Namespace) -> int:
     from desktop.core.common.errors import SwitchyardError
     from desktop.core.serving import control
 
-    if args.limit < 1:
-        raise SwitchyardError(f"--limit must be at least 1, not {args.limit}")
     discovery = None
     if not args.history:
         try:
