@@ -104,8 +104,12 @@ class EngineSession(QObject):
 
             port = self.endpoint_port if self.endpoint_port is not None else core_settings.load().endpoint_port
             proxy = ProxyServer(port=port)
-            proxy.start()  # PortBusy (a readable SwitchyardError) when the port is taken
-            self._attach_request_log(proxy)
+            self._attach_request_log(proxy)  # before start: its control route (if any) is added before start too
+            try:
+                proxy.start()  # PortBusy (a readable SwitchyardError) when the port is taken
+            except BaseException:
+                self._close_request_log()
+                raise
             telemetry = Telemetry()
             telemetry.subscribe(self._on_samples)
             telemetry.start()
@@ -256,6 +260,10 @@ class EngineSession(QObject):
             self.telemetry.stop()
         if self.proxy is not None:
             self.proxy.stop()
+        self._close_request_log()
+
+    def _close_request_log(self) -> None:
+        """Store what the request log still holds, then close the history (idempotent)."""
         if self.request_log is not None:
             self.request_log.stop()
         if self._history is not None:
