@@ -4,6 +4,7 @@ bodies; offscreen, fed by the core's RequestLog, and with the real llama-server 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,22 @@ def test_requests_through_the_guis_endpoint_appear_on_the_serve_page(  # type: i
 
     with Store() as history:  # the GUI's endpoint keeps its requests in history like `switchyard serve`
         assert [r["path"] for r in history.requests()] == ["/v1/chat/completions", "/v1/messages"]
+
+
+def test_a_busy_endpoint_port_leaves_no_request_log_writer_or_history_open(qtbot) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    from desktop.ui.engine_session import EngineSession, LaunchRequest
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        session = EngineSession(endpoint_port=holder.getsockname()[1])
+        failures: list[str] = []
+        session.failed.connect(failures.append)
+        session.start(LaunchRequest("llama.cpp", "demo"))
+        qtbot.waitUntil(lambda: bool(failures), timeout=30_000)
+    assert "cannot listen" in failures[0]
+    assert session.proxy is None and session._history is None
+    assert not any(t.name == "switchyard-requestlog" for t in threading.enumerate())
+    session.shutdown()
