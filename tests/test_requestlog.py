@@ -326,7 +326,8 @@ def test_switchyard_requests_json_from_the_running_endpoint_then_from_history(
     assert data["source"] == "endpoint" and data["inflight"] == []
     assert [r["streamed"] for r in data["requests"]] == [False, True]
     for record in data["requests"]:
-        assert record["ttft_s"] > 0 and record["output_tokens"] == 8 and record["prompt_tokens"] == 22
+        # the fake answers at once: its TTFT may be under the loop clock's millisecond (0.0), never missing
+        assert record["ttft_s"] >= 0 and record["output_tokens"] == 8 and record["prompt_tokens"] == 22
         assert record["model"] == "stable" and record["status"] == 200
 
     assert main(["requests"]) == 0
@@ -339,7 +340,8 @@ def test_switchyard_requests_json_from_the_running_endpoint_then_from_history(
     assert main(["requests", "--json", "--limit", "1"]) == 0
     from_history = json.loads(capsys.readouterr().out)
     assert from_history["source"] == "history"
-    assert [(r["seq"], r["ttft_s"] > 0, r["output_tokens"]) for r in from_history["requests"]] == [(2, True, 8)]
+    assert [(r["seq"], r["ttft_s"] is not None, r["output_tokens"]) for r in from_history["requests"]] == \
+        [(2, True, 8)]
 
     assert main(["requests", "--follow"]) != 0
     assert "--follow needs a running endpoint" in capsys.readouterr().err
