@@ -38,7 +38,7 @@ from desktop.core.serving.http1 import (
     new_event_loop,
 )
 from desktop.core.serving.metering import RequestListener, RequestRecord
-from desktop.core.serving.router import Lease, Router, Unavailable, Upstream
+from desktop.core.serving.router import Lease, OnDemand, Route, Router, Unavailable, Upstream
 from desktop.core.serving.upstream import Exchange, Target, UpstreamConnection, UpstreamPool
 
 __all__ = ["CONTROL_PREFIX", "DEFAULT_PROXY_PORT", "DEFAULT_WAIT_TIMEOUT", "ProxyServer", "RequestRecord", "Upstream"]
@@ -169,13 +169,48 @@ class ProxyServer:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(function()))
 
+    def set_models(self, models: dict[str, dict[str, Any]], on_demand: OnDemand | None = None,
+                   loading_status: Iterable[str] = ()) -> None:
+        """Serve several models (call before start): requests are routed by their JSON `model` field to the
+        route of that name, an unknown name gets a 404 naming the ones that exist, /v1/models lists them all.
+        `on_demand(name)` is called (on the endpoint's loop: it must not block) when a request finds its model
+        unloaded; names in `loading_status` tell waiting streaming clients that their model loads."""
+        shown = set(loading_status)
+        self.router.routes = {name: Route(info=dict(info), loading_status=name in shown)
+                              for name, info in models.items()}
+        self.router.on_demand = on_demand
+
     # --- routing (thread-safe) ---
-    def set_upstream(self, upstream: Upstream | None, down_reason: str | None = None) -> None:
-        """Send new requests to `upstream` from now on. None makes them wait (starting or switching) or, with
-        `down_reason`, fail at once with that reason (no engine will come)."""
+    def set_upstream(self, upstream: Upstream | None, down_reason: str | None = None, model: str | None = None,
+                     idle: bool = False) -> None:
+        """Send new requests (for `model`, in multi-model mode) to `upstream` from now on. None makes them wait
+        (starting or switching) or, with `down_reason`, fail at once with that reason (no engine will come);
+        `idle` marks the model unloaded: the next request for it asks for a load."""
         if upstream is not None:
             Target.parse(upstream.base_url)  # a URL the endpoint cannot forward to fails here, in the caller
-        self.call(self.router.set_upstream(upstream, down_reason), timeout=10)
+        self.call(self.router.set_upstream(upstream, down_reason, model, idle), timeout=10)
+
+    def mark_loading(self, model: str | None) -> None:
+        """A load of `model` began (thread-safe): waiting streaming clients may be told how long it has taken."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.router.mark_loading, model)
+
+    def settle(self, model: str, timeout: float) -> bool:
+        """Wait until the requests that waited for `model`'s engine have all been let in (see Router.settle)."""
+        return self.call(self.router.settle(model, timeout), timeout=timeout + 10)
+
+    def cut(self, upstream: Upstream, message: str) -> int:
+        """End the requests still in flight on `upstream` with a clear, retryable error (503 + Retry-After before
+        the answer began, an SSE error event in a stream); the number cut."""
+        async def run() -> int:
+            cut = 0
+            for connection in list(self.connections):
+                exchange = connection.exchange
+                if exchange is not None and exchange.upstream is upstream and not exchange.finished:
+                    exchange.cut(message)
+                    cut += 1
+            return cut
+        return self.call(run(), timeout=10)
 
     @property
     def active(self) -> Upstream | None:
@@ -216,9 +251,18 @@ class ProxyServer:
                                   request=request)
         elif path == "/v1/models" and request.method in ("GET", "HEAD"):
             client.write_response(self._models(), request=request)
-        else:
-            self._forward_now(request, client)
+        elif not self.router.multi:
+            self._forward_now(request, client, self.router.default)
             return
+        else:
+            name = _requested_model(request.body)
+            route = self.router.route(name)
+            if route is None:
+                client.write_response(self._unknown_model(name), request=request)
+            else:
+                self._forward_now(request, client, route, name if name in self.router.routes else
+                                  next(iter(self.router.routes)))
+                return
         client.request_done(True)
 
     async def _local(self, handler: LocalHandler, request: Incoming, client: ClientConnection) -> bool:
@@ -231,17 +275,18 @@ class ProxyServer:
         client.write_response(response, request=request)
         return True
 
-    def _forward_now(self, request: Incoming, client: ClientConnection) -> None:
+    def _forward_now(self, request: Incoming, client: ClientConnection, route: Route,
+                     model: str | None = None) -> None:
         """The common case without a task: an engine is active and an idle connection to it is at hand."""
         loop = asyncio.get_running_loop()
         arrived, wall = loop.time(), time.time()
         self.counters["requests"] += 1
-        upstream = self.router.try_acquire(None)
+        upstream = self.router.try_acquire(None, route)
         connection = self.upstreams.pooled(upstream.base_url, arrived) if upstream is not None else None
         if upstream is None or connection is None:
             if upstream is not None:
                 self.router.release(upstream)
-            client.wait_in(self._forward(request, client, arrived, wall))
+            client.wait_in(self._forward(request, client, arrived, wall, route, model))
             return
         lease = Lease(self.router, upstream)
         exchange = self._begin(request, client, lease, connection, arrived, wall)
@@ -254,7 +299,7 @@ class ProxyServer:
             elif client.closed:
                 client.request_done(False)
             else:  # the kept-alive connection had just been closed by the engine: the careful path retries
-                client.wait_in(self._forward(request, client, arrived, wall))
+                client.wait_in(self._forward(request, client, arrived, wall, route, model))
 
         exchange.done.add_done_callback(answered)
 
@@ -264,6 +309,14 @@ class ProxyServer:
         return LocalResponse.json({"status": "unavailable", "reason": self.router.down_reason or "starting"}, status=503)
 
     def _models(self) -> LocalResponse:
+        if self.router.multi:
+            data = []
+            for name, route in self.router.routes.items():
+                state = "loaded" if route.active else "loading" if route.loading_since else \
+                    "down" if route.down_reason else "unloaded"
+                data.append({"id": name, "object": "model", "created": int(self.started_at),
+                             "owned_by": "switchyard", "switchyard": {**route.info, "state": state}})
+            return LocalResponse.json({"object": "list", "data": data})
         active = self.router.active
         entry: dict[str, Any] = {"id": self.model_name, "object": "model", "created": int(self.started_at),
                                  "owned_by": "switchyard"}
@@ -271,7 +324,17 @@ class ProxyServer:
             entry["switchyard"] = {"engine": active.engine, "model": active.model}
         return LocalResponse.json({"object": "list", "data": [entry]})
 
-    async def _forward(self, request: Incoming, client: ClientConnection, arrived: float, wall: float) -> bool:
+    def _unknown_model(self, name: str | None) -> LocalResponse:
+        """OpenAI's answer for a model it does not have, naming the ones this endpoint does have."""
+        names = ", ".join(self.router.routes)
+        message = (f"The model '{name}' does not exist on this endpoint; available: {names}" if name is not None
+                   else f"the request names no model; this endpoint serves several: {names}")
+        return LocalResponse.json({"error": {"message": message, "type": "invalid_request_error", "param": "model",
+                                             "code": "model_not_found" if name is not None else "model_required"}},
+                                  status=404 if name is not None else 400)
+
+    async def _forward(self, request: Incoming, client: ClientConnection, arrived: float, wall: float,
+                       route: Route, model: str | None = None) -> bool:
         """Forward with waiting: for an engine to become active, for a fresh connection, and retrying once
         on another engine when the first refuses. Returns `keep` (False when the answer was cut short)."""
         loop = asyncio.get_running_loop()
@@ -279,7 +342,8 @@ class ProxyServer:
         avoid: Upstream | None = None
         refused: dict[str, int] = {}
         try:
-            return await self._forward_with_retries(request, client, arrived, wall, deadline, avoid, refused)
+            return await self._forward_with_retries(request, client, arrived, wall, deadline, avoid, refused,
+                                                    route, model)
         except asyncio.CancelledError:  # the client left while its request waited (an exchange records itself)
             self._record(RequestRecord(wall, request.method, request.path, None, 499, False, None,
                                        loop.time() - arrived, None, "the client disconnected"))
@@ -287,15 +351,16 @@ class ProxyServer:
 
     async def _forward_with_retries(self, request: Incoming, client: ClientConnection, arrived: float,
                                     wall: float, deadline: float, avoid: Upstream | None,
-                                    refused: dict[str, int]) -> bool:
+                                    refused: dict[str, int], route: Route, model: str | None) -> bool:
         loop = asyncio.get_running_loop()
         while True:
-            upstream = self.router.try_acquire(avoid)
+            upstream = self.router.try_acquire(avoid, route)
             if upstream is None:
                 try:
-                    upstream = await self.router.acquire(deadline, avoid)
+                    upstream = await self.router.acquire(deadline, avoid, route, model)
                 except Unavailable as exc:
-                    return self._fail(request, client, wall, arrived, None, 503, f"no engine is serving: {exc}")
+                    what = f"model '{model}'" if model is not None and self.router.multi else "engine"
+                    return self._fail(request, client, wall, arrived, None, 503, f"no {what} is serving: {exc}")
             lease = Lease(self.router, upstream)
             try:
                 record, reused = await self._exchange(request, client, lease, wall, arrived)
@@ -384,3 +449,15 @@ class ProxyServer:
                 listener(record)
             except Exception:
                 log.exception("request listener failed")
+
+
+def _requested_model(body: bytes) -> str | None:
+    """The JSON body's `model` field (what multi-model mode routes on), or None."""
+    if not body or b'"model"' not in body:
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) else None

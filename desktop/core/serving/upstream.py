@@ -169,6 +169,7 @@ class Exchange:
         self.kept_size = 0
         self.now = 0.0
         self.paused = False
+        self.cut_reason: str | None = None  # the endpoint took the engine away (see cut())
 
     # --- from the upstream connection ---
     def data_received(self, data: bytes) -> None:
@@ -290,6 +291,13 @@ class Exchange:
             self.paused = False
             transport.resume_reading()
 
+    def cut(self, message: str) -> None:
+        """The endpoint takes this engine away (a switch's drain deadline passed): end the request with a clear,
+        retryable error: a 503 with Retry-After when nothing was answered yet, else an SSE error event."""
+        if not self.finished:
+            self.cut_reason = message
+            self._finish(message)
+
     def client_gone(self) -> None:
         """The client hung up: abort the upstream request so the engine stops working on it."""
         if not self.finished:
@@ -317,7 +325,7 @@ class Exchange:
         if client_gone:
             status = 499
         elif not self.answered and error is not None:  # e.g. a malformed response head: the client gets a 502
-            status = 502
+            status = 503 if self.cut_reason else 502
         elif error is None and status >= 400:
             error = f"HTTP {status}"
         elif error is None:
@@ -331,7 +339,11 @@ class Exchange:
         self.lease.release()  # counted off and published before the client sees the end of its answer
         self.record(record)
         self._flush()
-        if told is not None and not self.answered:
+        if told is not None and not self.answered and self.cut_reason:
+            response = json_error(503, told, "engine_switch")
+            response.headers = (("Retry-After", "1"),)
+            self.client.write_response(response, request=self.request)
+        elif told is not None and not self.answered:
             self.request.keep_alive = False
             self.client.write_response(json_error(502, told, "upstream_error"), close=True, request=self.request)
         elif told is not None:
@@ -343,6 +355,7 @@ class Exchange:
         which is how HTTP says "truncated"."""
         self.request.keep_alive = False
         if self.framing == "chunked" and self.streamed and not self.client.closed and self.client.transport:
-            event = {"error": {"message": error, "type": "upstream_disconnected", "code": 502}}
+            kind, code = ("engine_switch", 503) if self.cut_reason else ("upstream_disconnected", 502)
+            event = {"error": {"message": error, "type": kind, "code": code, "retryable": bool(self.cut_reason)}}
             payload = f"data: {json.dumps(event)}\n\n".encode()
             self.client.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload))
