@@ -206,7 +206,7 @@ class ProxyServer:
             cut = 0
             for connection in list(self.connections):
                 exchange = connection.exchange
-                if exchange is not None and exchange.upstream is upstream and not exchange.finished:
+                if isinstance(exchange, Exchange) and exchange.upstream is upstream and not exchange.finished:
                     exchange.cut(message)
                     cut += 1
             return cut
