@@ -212,7 +212,8 @@ class ServePage(QWidget):
 
     def switch_clicked(self) -> None:
         target = self.other_engine()
-        self.switch_label.setText(f"Switching to {target}… (the current engine keeps serving meanwhile)")
+        preview = self.session.switch_preview(target)
+        self.switch_label.setText(f"Switching to {target}… ({preview or 'the current engine keeps serving meanwhile'})")
         self.session.switch_to(target)
         index = self.engine_box.findData(target)
         self.engine_box.setCurrentIndex(index)
@@ -301,6 +302,14 @@ class ServePage(QWidget):
 
     def on_switched(self, result: Any) -> None:
         failed = getattr(result, "failed_requests", 0)
+        if getattr(result, "kind", "warm") == "stop-first":
+            self.switch_label.setText(
+                f"Switched {result.from_engine} → {result.to_engine} stop-first in {result.seconds:.1f} s (both did "
+                f"not fit in memory): no engine served for {result.gap_s:.1f} s while requests waited; clients saw "
+                f"{failed} failed request{'s' if failed != 1 else ''}"
+                + (f"; {result.from_engine} sleeps for a quick switch back" if result.old_sleeping else ""))
+            self._update_buttons()
+            return
         self.switch_label.setText(
             f"Switched {result.from_engine} → {result.to_engine} in {result.seconds:.1f} s behind the same URL; "
             f"clients saw {failed} failed request{'s' if failed != 1 else ''} "
