@@ -359,3 +359,56 @@ def test_the_drain_is_bounded_and_what_is_left_gets_a_retryable_error(proxy: Pro
     finally:
         hold.unlink(missing_ok=True)
         manager.close()
+
+
+# --- real engines ---------------------------------------------------------------------------------------------
+@pytest.mark.engine
+@pytest.mark.llamacpp
+@pytest.mark.vllm
+def test_two_models_on_llamacpp_and_vllm_through_one_endpoint_with_the_openai_client(
+        llama_install: Any, vllm_install: Any, demo_model: Any, tmp_path: Path) -> None:
+    """The Done-when of issue 17 item 1 and 2: the official `openai` client gets answers from both models through
+    one endpoint, /v1/models lists both, an unknown name is a 404; with ttl 5 the idle engine process is gone
+    after ~5 s and the next request brings it back."""
+    openai = pytest.importorskip("openai")
+    from desktop.core.serving.endpoint import make_launcher
+
+    config_file = tmp_path / "models.yaml"
+    config_file.write_text("models:\n"
+                           "  - {name: chat, engine: llama.cpp, model: demo, ctx: 1024, parallel: 2, ttl: 5}\n"
+                           "  - {name: big, engine: vllm, model: demo, ctx: 1024, parallel: 2}\n")
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=600)
+    proxy.start()
+    fleet = Fleet(proxy, load_models_config(config_file), launcher=make_launcher(vllm_eager=True),
+                  ready_timeout=900)
+    events = Events()
+    fleet.subscribe(events)
+    try:
+        fleet.start()
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        assert [m.id for m in client.models.list().data] == ["chat", "big"]
+        for name in ("chat", "big"):
+            answer = client.chat.completions.create(model=name, max_tokens=8, temperature=0,
+                                                    messages=[{"role": "user", "content": "Say hi"}])
+            assert answer.choices[0].message.content, name
+            streamed = client.completions.create(model=name, prompt="Once upon a time", max_tokens=8,
+                                                 stream=True)
+            assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices), name
+        assert fleet.lanes["chat"].active is not None and fleet.lanes["chat"].active.upstream.engine == "llama.cpp"
+        assert fleet.lanes["big"].active is not None and fleet.lanes["big"].active.upstream.engine == "vllm"
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.completions.create(model="nope", prompt="hi", max_tokens=2)
+        assert "chat, big" in str(caught.value)
+        # ttl 5: the llama.cpp engine stops after ~5 s without requests; vLLM (no ttl) stays.
+        chat = fleet.lanes["chat"].active
+        assert chat is not None and chat.process.pid is not None
+        assert events.wait_for("idle", timeout=60)
+        assert not psutil.pid_exists(chat.process.pid) or psutil.Process(chat.process.pid).status() == "zombie"
+        assert fleet.lanes["big"].loaded
+        again = client.completions.create(model="chat", prompt="Hello", max_tokens=4)  # brings it back
+        assert again.choices[0].text is not None
+        assert fleet.lanes["chat"].active is not None and fleet.lanes["chat"].active is not chat
+        assert proxy.counters["failed"] == 0
+    finally:
+        fleet.close()
+        proxy.stop()

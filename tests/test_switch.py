@@ -292,6 +292,52 @@ def test_switch_llamacpp_vllm_llamacpp_under_load_zero_failures(llama_install: A
         _close(proxy, manager)
 
 
+@pytest.mark.engine
+@pytest.mark.llamacpp
+@pytest.mark.vllm
+def test_single_gpu_switch_is_stop_first_under_load_with_zero_failures(llama_install: Any, vllm_install: Any,
+                                                                       demo_model: Any) -> None:
+    """Issue 14 item 6 on this CPU box: a simulated VRAM budget, from the fit's memory for both engines, where
+    one fits but not both, so each switch stops the old engine first; requests wait at the endpoint, none fail,
+    and the switch reports the gap."""
+    from desktop.core.machine.hardware import detect
+    from desktop.core.planning.swap import engine_need_bytes
+    from desktop.core.serving.endpoint import MemoryBudget, make_launcher
+
+    hardware = detect()
+    llama = EngineSpec("llama.cpp", "demo", parallel=8)
+    needs = [engine_need_bytes(spec.engine, spec.model, spec.ctx, spec.parallel, hardware)
+             for spec in (llama, EngineSpec("vllm", "demo", parallel=8))]
+    budget = MemoryBudget(free_bytes=max(needs) * 1.2, hardware=hardware)  # "VRAM": one engine, not two
+    assert not budget.fits([llama, EngineSpec("vllm", "demo", parallel=8)])
+    proxy, manager, events, _samples = _manager(budget=budget, launcher=make_launcher(vllm_eager=True),
+                                                drain_timeout=300)
+    try:
+        manager.start(llama)
+        first = manager.active
+        assert first is not None and first.process.pid is not None
+        with StreamingLoad(proxy.url, concurrency=8, max_tokens=16) as load:
+            assert load.started_ok.wait(120)
+            to_vllm = manager.switch("vllm")
+            assert not psutil.pid_exists(first.process.pid) or first.process.state.value == "stopped"
+            assert manager.active is not None and manager.active.upstream.engine == "vllm"
+            ok_on_vllm = load.result.ok
+            back = manager.switch("llama.cpp")
+            assert manager.active is not None and manager.active.upstream.engine == "llama.cpp"
+            assert load.started_ok.wait(1)
+        assert load.result.failed == [], load.result.failed[:3]
+        assert load.result.ok > ok_on_vllm > 0
+        for result in (to_vllm, back):
+            assert result.kind == "stop-first" and result.drained and result.cut_requests == 0
+            assert 0 < result.gap_s <= result.seconds
+        print(f"\nstop-first gaps: llama.cpp → vLLM {to_vllm.gap_s:.1f} s, vLLM → llama.cpp {back.gap_s:.1f} s; "
+              f"{load.result.ok} requests ok, {len(load.result.failed)} failed")
+        assert "stop-first" in next(e.message for e in events if e.state == "switching")
+        assert proxy.counters["failed"] == 0
+    finally:
+        _close(proxy, manager)
+
+
 # --- CLI ------------------------------------------------------------------------------------------------------
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "desktop", *args], capture_output=True, text=True,  # noqa: S603
