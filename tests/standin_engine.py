@@ -23,12 +23,14 @@ def main() -> int:
     parser.add_argument("--calls", help="append every sleep/wake call to this file")
     parser.add_argument("--chunks", type=int, default=4)
     parser.add_argument("--hold-file", help="while this file exists, streams pause after their first chunk")
+    parser.add_argument("--load-seconds", type=float, default=0.0, help="how long 'loading the model' takes")
     args, _rest = parser.parse_known_args()
 
     print(f"{args.name}: loading model (ctx {args.ctx})", flush=True)
     if args.fail_ctx_above and args.ctx > args.fail_ctx_above:
         print(args.oom_line, flush=True)
         return 1
+    threading.Event().wait(args.load_seconds)  # the stand-in's "load" (the test decides how long)
     sleeping = threading.Event()
     dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
 

@@ -225,6 +225,31 @@ def test_models_that_do_not_fit_together_are_swapped_and_no_request_fails(proxy:
         fleet.close()
 
 
+def test_a_waiting_streaming_client_is_told_that_its_model_loads(proxy: ProxyServer, tmp_path: Path) -> None:
+    config = two_models(alpha={"loading_status": True})
+    fleet = Fleet(proxy, config, launcher=standin_launcher(tmp_path, lambda s: ["--load-seconds", "5"]),
+                  ready_timeout=60)
+    try:
+        fleet.start(preload=False)  # nothing loaded: the first request loads its model
+        lines: list[str] = []
+        with httpx.stream("POST", proxy.url + "/v1/completions", trust_env=False, timeout=60,
+                          json={"model": "alpha", "prompt": "hi", "stream": True}) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            lines = [line for line in response.iter_lines() if line]
+        notes = [line for line in lines if line.startswith(":")]
+        assert notes and all(line.startswith(": loading model alpha (") and line.endswith(" s)") for line in notes)
+        data = [line for line in lines if line.startswith("data: ")]
+        assert data[-1] == "data: [DONE]" and "llama.cpp:demo" in data[0]
+        assert lines.index(notes[-1]) < lines.index(data[0])  # the notes came before the answer
+        # beta has no loading_status: its waiting client hears nothing until the answer
+        quiet = ask(proxy, "beta", stream=True)
+        assert served_by(quiet) == "vllm:other-vllm.bin" and not quiet.text.startswith(":")
+        assert proxy.counters["failed"] == 0
+    finally:
+        fleet.close()
+
+
 # --- out of memory --------------------------------------------------------------------------------------------
 def fails_above(limit: int) -> Callable[[EngineSpec], list[str]]:
     return lambda spec: ["--fail-ctx-above", str(limit)]

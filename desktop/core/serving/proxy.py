@@ -47,6 +47,9 @@ log = logging.getLogger("switchyard.proxy")
 
 DEFAULT_PROXY_PORT = 8800
 DEFAULT_WAIT_TIMEOUT = 600.0
+LOADING_NOTE_EVERY = 2.0  # seconds between ": loading model X (12 s)" comments to a waiting streaming client
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" \
+              b"Transfer-Encoding: chunked\r\n\r\n"
 CONTROL_PREFIX = "/switchyard/"
 T = TypeVar("T")
 
@@ -353,17 +356,26 @@ class ProxyServer:
                                     wall: float, deadline: float, avoid: Upstream | None,
                                     refused: dict[str, int], route: Route, model: str | None) -> bool:
         loop = asyncio.get_running_loop()
+        told = False  # a loading note went out: the client already has a 200 event-stream head
         while True:
             upstream = self.router.try_acquire(avoid, route)
             if upstream is None:
                 try:
-                    upstream = await self.router.acquire(deadline, avoid, route, model)
+                    if route.loading_status and model is not None and not request.http10 and \
+                            _wants_stream(request.body):
+                        upstream, told = await self._acquire_telling(request, client, route, model, deadline,
+                                                                     avoid, told)
+                    else:
+                        upstream = await self.router.acquire(deadline, avoid, route, model)
                 except Unavailable as exc:
                     what = f"model '{model}'" if model is not None and self.router.multi else "engine"
-                    return self._fail(request, client, wall, arrived, None, 503, f"no {what} is serving: {exc}")
+                    message = f"no {what} is serving: {exc}"
+                    if told:
+                        return self._fail_stream(request, client, wall, arrived, message)
+                    return self._fail(request, client, wall, arrived, None, 503, message)
             lease = Lease(self.router, upstream)
             try:
-                record, reused = await self._exchange(request, client, lease, wall, arrived)
+                record, reused = await self._exchange(request, client, lease, wall, arrived, told)
             finally:
                 lease.release()
             if record is not None:
@@ -377,8 +389,42 @@ class ProxyServer:
                 avoid = upstream
                 deadline = min(arrived + self.wait_timeout, loop.time() + self.retry_window)
 
+    async def _acquire_telling(self, request: Incoming, client: ClientConnection, route: Route, model: str,
+                               deadline: float, avoid: Upstream | None, told: bool) -> tuple[Upstream, bool]:
+        """Wait for the model's engine like acquire(), and meanwhile tell the streaming client every few seconds
+        that its model loads, as SSE comment lines (`: loading model X (12 s)`) that OpenAI clients ignore."""
+        waiting = asyncio.ensure_future(self.router.acquire(deadline, avoid, route, model))
+        try:
+            while True:
+                done, _pending = await asyncio.wait({waiting}, timeout=LOADING_NOTE_EVERY)
+                if done:
+                    return waiting.result(), told
+                if client.closed or client.transport is None:
+                    continue
+                since = route.loading_since
+                note = f": loading model {model} ({time.monotonic() - since:.0f} s)\n\n" if since is not None \
+                    else f": waiting for model {model}\n\n"
+                payload = note.encode()
+                client.transport.write((b"" if told else STREAM_HEAD) + b"%x\r\n%b\r\n" % (len(payload), payload))
+                told = True
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+
+    def _fail_stream(self, request: Incoming, client: ClientConnection, wall: float, arrived: float,
+                     message: str) -> bool:
+        """A stream that was told its model loads, and then none came: end it with an SSE error event."""
+        now = asyncio.get_running_loop().time()
+        self._record(RequestRecord(wall, request.method, request.path, None, 503, True, None, now - arrived, None,
+                                   message))
+        if not client.closed and client.transport is not None:
+            event = json.dumps({"error": {"message": message, "type": "upstream_unavailable", "code": 503}})
+            payload = f"data: {event}\n\n".encode()
+            client.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(payload), payload))
+        return True
+
     async def _exchange(self, request: Incoming, client: ClientConnection, lease: Lease, wall: float,
-                        arrived: float) -> tuple[RequestRecord | None, bool]:
+                        arrived: float, told: bool = False) -> tuple[RequestRecord | None, bool]:
         """Forward once: (record, reused). A None record means "nothing reached the client": the caller may
         retry; `reused` says it failed on a kept-alive connection (retry at once) rather than a fresh one."""
         loop = asyncio.get_running_loop()
@@ -391,14 +437,14 @@ class ProxyServer:
             except (OSError, TimeoutError) as exc:
                 log.info("%s refused a request (%s): retrying", upstream.name, exc or type(exc).__name__)
                 return None, False
-        exchange = self._begin(request, client, lease, connection, arrived, wall)
+        exchange = self._begin(request, client, lease, connection, arrived, wall, told)
         return await exchange.done, reused
 
     def _begin(self, request: Incoming, client: ClientConnection, lease: Lease,
-               connection: UpstreamConnection, arrived: float, wall: float) -> Exchange:
+               connection: UpstreamConnection, arrived: float, wall: float, told: bool = False) -> Exchange:
         upstream = lease.upstream
         target = self.upstreams.target(upstream.base_url)
-        exchange = Exchange(self._record, client, request, lease, arrived, wall, connection)
+        exchange = Exchange(self._record, client, request, lease, arrived, wall, connection, head_sent=told)
         if client.closed:
             exchange.client_gone()
         else:
@@ -449,6 +495,16 @@ class ProxyServer:
                 listener(record)
             except Exception:
                 log.exception("request listener failed")
+
+
+def _wants_stream(body: bytes) -> bool:
+    if b'"stream"' not in body:
+        return False
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("stream") is True
 
 
 def _requested_model(body: bytes) -> str | None:

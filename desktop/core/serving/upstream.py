@@ -141,7 +141,7 @@ class Exchange:
     """
 
     def __init__(self, record: RequestListener, client: ClientConnection, request: Incoming, lease: Lease,
-                 arrived: float, wall: float, connection: UpstreamConnection) -> None:
+                 arrived: float, wall: float, connection: UpstreamConnection, *, head_sent: bool = False) -> None:
         self.record = record
         self.client = client
         self.connection = connection
@@ -170,6 +170,10 @@ class Exchange:
         self.now = 0.0
         self.paused = False
         self.cut_reason: str | None = None  # the endpoint took the engine away (see cut())
+        # The endpoint already sent a 200 event-stream head (it told the client its model loads): the engine's
+        # head is not passed on, its body is chunked, and an engine error becomes an SSE error event.
+        self.head_sent = head_sent
+        self.engine_error = False
 
     # --- from the upstream connection ---
     def data_received(self, data: bytes) -> None:
@@ -210,6 +214,13 @@ class Exchange:
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         request = self.request
+        if self.head_sent:
+            self.streamed = any(n.lower() == b"content-type" and b"text/event-stream" in v for n, v in self.headers)
+            self.engine_error = self.status >= 400
+            self.framing = "chunked"
+            self.upstream_framed = any(n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers)
+            self.answered = True
+            return
         lines = [b"HTTP/1.1 %d %s" % (self.status, self.reason or b"Status")]
         length: bytes | None = None
         chunked = False
@@ -251,6 +262,9 @@ class Exchange:
     def on_body(self, body: bytes) -> None:
         if self.complete:
             return
+        if self.engine_error:  # said as one SSE error event when the body is complete
+            self.kept.append(body)
+            return
         if self.streamed:
             self.meter.feed(body, self.now)
         elif self.kept_size < KEPT_BODY_BYTES:
@@ -266,6 +280,12 @@ class Exchange:
             return
         self.complete = True
         self.upstream_keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the callback returns
+        if self.engine_error:
+            text = b"".join(self.kept).decode("utf-8", "replace")[:2000]
+            event = {"error": {"message": f"the engine answered HTTP {self.status}: {text}", "type": "upstream_error",
+                               "code": self.status}}
+            payload = f"data: {json.dumps(event)}\n\n".encode()
+            self.out.append(b"%x\r\n%b\r\n" % (len(payload), payload))
         if self.framing == "chunked":
             self.out.append(b"0\r\n\r\n")
 
