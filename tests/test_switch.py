@@ -392,3 +392,65 @@ def test_cli_endpoint_status_switch_stop(llama_install: Any, demo_model: Any, se
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_cli_serve_config_errors_are_one_clear_line(tmp_path: Path) -> None:
+    bad = tmp_path / "models.yaml"
+    bad.write_text("models:\n  - {name: chat, engine: llama.cpp, model: demo, parallel: 0}\n")
+    result = _cli("serve", "--config", str(bad), "--proxy-port", str(find_free_port()))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "models[0] ('chat'): parallel must be a whole number from 1 to 1,024, not 0" in result.stderr
+    both = _cli("serve", "--config", str(bad), "--engine", "vllm")
+    assert both.returncode != 0 and "--config takes the engines and models from the file" in both.stderr
+    neither = _cli("serve")
+    assert neither.returncode != 0 and "--engine and --model" in neither.stderr
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_cli_serve_config_routes_two_models_and_switches_one(llama_install: Any, demo_model: Any,
+                                                            second_gguf: Path, tmp_path: Path) -> None:
+    config = tmp_path / "models.yaml"
+    config.write_text(f"models:\n  - {{name: small, engine: llama.cpp, model: demo, parallel: 2}}\n"
+                      f"  - {{name: copy, engine: llama.cpp, model: '{second_gguf}', parallel: 2}}\n")
+    port = find_free_port()
+    proc = subprocess.Popen(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "desktop", "serve", "--config", str(config), "--proxy-port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("ready:"):
+                break
+        assert lines and lines[-1].startswith(f"ready: http://127.0.0.1:{port}/v1 serves small, copy"), \
+            "".join(lines)
+        url = f"http://127.0.0.1:{port}/v1"
+        assert [m["id"] for m in httpx.get(url + "/models", trust_env=False).json()["data"]] == ["small", "copy"]
+        for name in ("small", "copy"):
+            answer = httpx.post(url + "/completions", trust_env=False, timeout=60,
+                                json={"model": name, "prompt": "Hi", "max_tokens": 4})
+            assert answer.status_code == 200, answer.text
+        missing = httpx.post(url + "/completions", trust_env=False, timeout=60,
+                             json={"model": "gpt-4", "prompt": "Hi", "max_tokens": 4})
+        assert missing.status_code == 404 and "small, copy" in missing.json()["error"]["message"]
+        status = json.loads(_cli("status", "--json", "--port", str(port)).stdout)
+        assert set(status["models"]) == {"small", "copy"} and status["models"]["copy"]["loaded"]
+        human = _cli("status", "--port", str(port)).stdout
+        assert "model small" in human and "model copy" in human
+        unnamed = _cli("switch", "--to", "llama.cpp", "--model", "demo", "--port", str(port))
+        assert unnamed.returncode != 0 and "say which one to switch" in unnamed.stderr
+        switched = _cli("switch", "--to", "llama.cpp", "--model", str(demo_model.gguf_path), "--name", "copy",
+                        "--port", str(port), timeout=300)
+        assert switched.returncode == 0, switched.stderr
+        assert "warm switch" in switched.stdout and "gap: 0.0 s" in switched.stdout
+        pids = [m["active"]["pid"] for m in
+                json.loads(_cli("status", "--json", "--port", str(port)).stdout)["models"].values()]
+        assert _cli("stop", "--port", str(port)).returncode == 0
+        assert proc.wait(30) == 0
+        assert not any(psutil.pid_exists(pid) for pid in pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
