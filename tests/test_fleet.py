@@ -177,10 +177,11 @@ def test_idle_ttl_stops_the_engine_and_the_next_request_loads_it(proxy: ProxySer
         fleet.start()
         first = fleet.lanes["alpha"].active
         assert first is not None and first.process.pid is not None
+        first_process = psutil.Process(first.process.pid)
         assert served_by(ask(proxy, "alpha")) == "llama.cpp:demo-llama.cpp.bin"
         assert events.wait_for("idle", timeout=30)  # alpha's ttl passed without requests
         assert not fleet.lanes["alpha"].loaded and fleet.lanes["beta"].loaded  # beta has no ttl
-        assert first.process.state.value == "stopped" and not psutil.pid_exists(first.process.pid)
+        assert first.process.state.value == "stopped" and not first_process.is_running()
         listed = {m["id"]: m["switchyard"]["state"] for m in httpx.get(proxy.url + "/v1/models").json()["data"]}
         assert listed == {"alpha": "unloaded", "beta": "loaded"}
         again = ask(proxy, "alpha")  # waits while alpha loads again
@@ -427,8 +428,9 @@ def test_two_models_on_llamacpp_and_vllm_through_one_endpoint_with_the_openai_cl
         # ttl 5: the llama.cpp engine stops after ~5 s without requests; vLLM (no ttl) stays.
         chat = fleet.lanes["chat"].active
         assert chat is not None and chat.process.pid is not None
+        chat_process = psutil.Process(chat.process.pid)  # is_running() below also sees a pid reused meanwhile
         assert events.wait_for("idle", timeout=60)
-        assert not psutil.pid_exists(chat.process.pid) or psutil.Process(chat.process.pid).status() == "zombie"
+        assert chat.process.state.value == "stopped" and not chat_process.is_running()
         assert fleet.lanes["big"].loaded
         again = client.completions.create(model="chat", prompt="Hello", max_tokens=4)  # brings it back
         assert again.choices[0].text is not None
