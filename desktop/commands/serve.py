@@ -27,6 +27,7 @@ from desktop.core.runtime.supervisor import EngineProcess, reap_orphans, stream_
 from desktop.core.runtime.telemetry import Telemetry
 from desktop.core.serving import control
 from desktop.core.serving.endpoint import (
+    DEFAULT_DRAIN_TIMEOUT,
     EndpointEvent,
     EndpointManager,
     EngineSpec,
@@ -70,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     endpoint.add_argument("--auto-fit", action="store_true",
                           help="when an engine fails to load for lack of memory, retry once with the fit's next "
                                "smaller plan (and say what changed)")
-    endpoint.add_argument("--drain-timeout", type=N.seconds, default=120.0,
+    endpoint.add_argument("--drain-timeout", type=N.seconds, default=DEFAULT_DRAIN_TIMEOUT,
                           help="how long a switch lets in-flight requests finish before ending them with a "
                                "retryable error (seconds)")
     parser.set_defaults(func=cmd_serve)

@@ -33,6 +33,10 @@ from desktop.core.serving.router import Upstream
 
 log = logging.getLogger("switchyard.endpoint")
 
+# How long a switch lets requests on the old engine finish before ending them with a retryable error: long enough
+# for a long answer on a busy CPU box (streams caught at a switch took up to ~330 s there), and a bound all the same.
+DEFAULT_DRAIN_TIMEOUT = 300.0
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -240,7 +244,7 @@ class EndpointManager:
         telemetry: Telemetry | None = None,
         launcher: Launcher = default_launcher,
         ready_timeout: float = 900.0,
-        drain_timeout: float = 120.0,
+        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         keep_standby: bool = False,
         failover: bool = False,
         budget: MemoryBudget | None = None,

@@ -25,6 +25,7 @@ from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.planning.fit import MAX_CTX
 from desktop.core.runtime.telemetry import Telemetry
 from desktop.core.serving.endpoint import (
+    DEFAULT_DRAIN_TIMEOUT,
     EndpointListener,
     EndpointManager,
     EngineSpec,
@@ -165,7 +166,7 @@ class Fleet:
         telemetry: Telemetry | None = None,
         launcher: Launcher = default_launcher,
         ready_timeout: float = 900.0,
-        drain_timeout: float = 120.0,
+        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         budget: MemoryBudget | None = None,
         auto_fit: bool = False,
         hardware: HardwareSnapshot | None = None,
