@@ -164,6 +164,8 @@ def test_requests_are_routed_by_model_and_unknown_names_get_a_404(proxy: ProxySe
         listed = httpx.get(proxy.url + "/v1/models", trust_env=False).json()["data"]
         assert [m["id"] for m in listed] == ["alpha", "beta"]
         assert {m["switchyard"]["state"] for m in listed} == {"loaded"}
+        health = httpx.get(proxy.url + "/health", trust_env=False)
+        assert health.status_code == 200 and health.json()["models"] == {"alpha": "loaded", "beta": "loaded"}
         assert fleet.status()["models"]["beta"]["active"]["engine"] == "vllm"
     finally:
         fleet.close()

@@ -307,6 +307,10 @@ class ProxyServer:
         exchange.done.add_done_callback(answered)
 
     def _health(self) -> LocalResponse:
+        if self.router.multi:  # serving: every model is loaded, or loads on its next request
+            models = {name: "loaded" if route.active else route.down_reason or "unloaded"
+                      for name, route in self.router.routes.items()}
+            return LocalResponse.json({"status": "ok", "models": models})
         if self.router.active is not None:
             return LocalResponse.json({"status": "ok", "engine": self.router.active.engine})
         return LocalResponse.json({"status": "unavailable", "reason": self.router.down_reason or "starting"}, status=503)
