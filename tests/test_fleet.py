@@ -316,6 +316,20 @@ def test_smaller_plan_on_a_gpu_uses_q8_kv_and_fewer_layers() -> None:
     assert smaller_plan("vllm", "demo", 256, 4, hardware) is None  # nothing left to shrink
 
 
+def test_the_machine_budget_is_free_vram_and_needs_come_from_the_fit() -> None:
+    from desktop.core.serving.endpoint import machine_budget
+
+    cpu = HardwareSnapshot.from_json((SNAPSHOTS / "cpu_laptop.json").read_text())
+    assert machine_budget(cpu) is None  # CPU only: engines share RAM, switches stay warm as before
+    gpu = HardwareSnapshot.from_json((SNAPSHOTS / "rtx4060_8gb.json").read_text())
+    budget = machine_budget(gpu)
+    assert budget is not None and budget.free_bytes == sum(g.memory_free_bytes for g in gpu.gpus)
+    llama, vllm = EngineSpec("llama.cpp", "demo", ctx=2048, parallel=4), EngineSpec("vllm", "demo")
+    assert 0 < budget.need_of(llama) < budget.need_of(vllm) <= budget.free_bytes  # vLLM takes its util share
+    assert not budget.fits([llama, vllm])  # so a switch between them on this GPU is stop-first
+    assert "GiB of free GPU memory" in budget.describe([llama, vllm])
+
+
 # --- stop-first switch ----------------------------------------------------------------------------------------
 def test_vllm_sleep_mode_env_is_part_of_the_command() -> None:
     install = EngineInstall("vllm", "x", "cache", Path(sys.executable))
