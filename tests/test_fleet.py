@@ -105,9 +105,16 @@ class Events:
             self.seen.append(event)
             self._changed.notify_all()
 
-    def wait_for(self, state: str, count: int = 1, timeout: float = 30) -> bool:
+    def count(self, state: str) -> int:
         with self._changed:
-            return self._changed.wait_for(lambda: sum(e.state == state for e in self.seen) >= count, timeout)
+            return sum(e.state == state for e in self.seen)
+
+    def wait_for(self, state: str, count: int = 1, timeout: float = 30, also: Callable[[], bool] = lambda: True
+                 ) -> bool:
+        """Until `count` events of `state` were seen and `also()` holds (checked at each event)."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: sum(e.state == state for e in self.seen) >= count and also(), timeout)
 
 
 def two_models(**overrides: Any) -> ModelsConfig:
@@ -180,9 +187,9 @@ def test_idle_ttl_stops_the_engine_and_the_next_request_loads_it(proxy: ProxySer
         first = fleet.lanes["alpha"].active
         assert first is not None and first.process.pid is not None
         first_process = psutil.Process(first.process.pid)
+        idled = events.count("idle")  # alpha may idle (and the request below load it again) at any point
         assert served_by(ask(proxy, "alpha")) == "llama.cpp:demo-llama.cpp.bin"
-        idled = sum(e.state == "idle" for e in events.seen)  # alpha may have idled already while beta loaded
-        assert events.wait_for("idle", count=idled + 1, timeout=30)  # alpha's ttl passed without requests
+        assert events.wait_for("idle", idled + 1, also=lambda: not fleet.lanes["alpha"].loaded)  # ttl passed
         assert not fleet.lanes["alpha"].loaded and fleet.lanes["beta"].loaded  # beta has no ttl
         assert first.process.state.value == "stopped" and not first_process.is_running()
         listed = {m["id"]: m["switchyard"]["state"] for m in httpx.get(proxy.url + "/v1/models").json()["data"]}
@@ -443,11 +450,12 @@ def test_two_models_on_llamacpp_and_vllm_through_one_endpoint_with_the_openai_cl
             client.completions.create(model="nope", prompt="hi", max_tokens=2)
         assert "chat, big" in str(caught.value)
         # ttl 5: the llama.cpp engine stops after ~5 s without requests; vLLM (no ttl) stays.
+        idled = events.count("idle")  # chat may have idled already while vLLM loaded
+        client.completions.create(model="chat", prompt="Hi", max_tokens=2)  # (re)loads it, and counts as use
         chat = fleet.lanes["chat"].active
         assert chat is not None and chat.process.pid is not None
         chat_process = psutil.Process(chat.process.pid)  # is_running() below also sees a pid reused meanwhile
-        idled = sum(e.state == "idle" for e in events.seen)  # chat may have idled already while vLLM loaded
-        assert events.wait_for("idle", count=idled + 1, timeout=60)
+        assert events.wait_for("idle", idled + 1, timeout=60, also=lambda: not fleet.lanes["chat"].loaded)
         assert chat.process.state.value == "stopped" and not chat_process.is_running()
         assert fleet.lanes["big"].loaded
         again = client.completions.create(model="chat", prompt="Hello", max_tokens=4)  # brings it back
