@@ -279,7 +279,13 @@ class ServePage(QWidget):
             for title in ("Utilization", "Memory"):
                 self.charts[title].plot.getPlotItem().setTitle(f"{title} (no GPU telemetry)")
         self._update_buttons()
+        self._preview_switch()
         self.engine_ready.emit(cold)
+
+    def _preview_switch(self) -> None:
+        """Say on the switch button which kind of switch it will be and how long it should take."""
+        preview = self.session.switch_preview(self.other_engine())
+        self.switch_button.setToolTip(f"Switch to {self.other_engine()}: {preview}" if preview else "")
 
     def on_failed(self, message: str) -> None:
         if "endpoint cannot listen" in message:
@@ -309,6 +315,7 @@ class ServePage(QWidget):
                 f"{failed} failed request{'s' if failed != 1 else ''}"
                 + (f"; {result.from_engine} sleeps for a quick switch back" if result.old_sleeping else ""))
             self._update_buttons()
+            self._preview_switch()
             return
         self.switch_label.setText(
             f"Switched {result.from_engine} → {result.to_engine} in {result.seconds:.1f} s behind the same URL; "
@@ -316,6 +323,7 @@ class ServePage(QWidget):
             f"(requests kept going to {result.from_engine} until {result.to_engine} served"
             + ("; in-flight requests drained)" if result.drained else ")"))
         self._update_buttons()
+        self._preview_switch()
 
     def on_endpoint(self, state: str, message: str) -> None:
         self.endpoint_state = state
