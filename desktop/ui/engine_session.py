@@ -98,7 +98,7 @@ class EngineSession(QObject):
             if self.manager is not None:
                 return
             from desktop.core.runtime.telemetry import Telemetry
-            from desktop.core.serving.endpoint import EndpointManager, make_launcher
+            from desktop.core.serving.endpoint import EndpointManager, machine_budget, make_launcher
             from desktop.core.serving.proxy import ProxyServer
             from desktop.core.storage import settings as core_settings
 
@@ -114,7 +114,7 @@ class EngineSession(QObject):
             telemetry.subscribe(self._on_samples)
             telemetry.start()
             manager = EndpointManager(proxy, telemetry=telemetry, launcher=lambda spec: make_launcher(
-                self._progress, install_missing=True, vllm_eager=self.vllm_eager)(spec))
+                self._progress, install_missing=True, vllm_eager=self.vllm_eager)(spec), budget=machine_budget())
             manager.subscribe(self._on_endpoint_event)
             self.proxy, self.telemetry, self.manager = proxy, telemetry, manager
 
@@ -199,6 +199,17 @@ class EngineSession(QObject):
         self._stop_requested = False
         self.progress.emit(f"Switching to {engine}: starting it while the current engine keeps serving")
         submit(self._switch, engine, on_finished=self._on_switched, on_error=self._on_error)
+
+    def switch_preview(self, engine: str) -> str | None:
+        """Which kind of switch it will be (warm, stop-first, wake) and how long it should take, in words."""
+        if self.manager is None or self.manager.active is None:
+            return None
+        from desktop.core.common.errors import SwitchyardError
+
+        try:
+            return str(self.manager.switch_preview(engine)["message"])
+        except SwitchyardError:
+            return None
 
     def _switch(self, engine: str) -> Any:
         failed_before = self.proxy.counters.get("failed", 0)

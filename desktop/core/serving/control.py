@@ -128,7 +128,7 @@ class ControlTarget(Protocol):
 
     def status(self) -> dict[str, Any]: ...
 
-    def switch(self, engine: str, model: str | None) -> dict[str, Any]: ...
+    def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]: ...
 
     def request_stop(self) -> None: ...
 
@@ -166,10 +166,12 @@ def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
             body = request.json()
             engine = str(body["engine"])
             model = body.get("model")
+            name = body.get("name")
         except (ValueError, KeyError, TypeError, AttributeError):
             return LocalResponse.json({"error": 'expected JSON {"engine": ..., "model": ...}'}, status=400)
         try:
-            result = await asyncio.to_thread(target.switch, engine, str(model) if model else None)
+            named = {"name": str(name)} if name else {}  # only for an endpoint of several models
+            result = await asyncio.to_thread(target.switch, engine, str(model) if model else None, **named)
         except SwitchyardError as exc:
             return _error(409, exc)
         except Exception as exc:  # reported to the client instead of dropping the connection
@@ -266,8 +268,12 @@ class ControlClient:
         request newer than `after` finishes (or `wait` seconds pass)."""
         return self._request("GET", "requests", 10.0 + wait, params={"limit": limit, "after": after, "wait": wait})
 
-    def switch(self, engine: str, model: str | None = None, timeout: float = 1800.0) -> dict[str, Any]:
-        return self._request("POST", "switch", timeout, {"engine": engine, "model": model})
+    def switch(self, engine: str, model: str | None = None, name: str | None = None, timeout: float = 1800.0
+               ) -> dict[str, Any]:
+        body: dict[str, Any] = {"engine": engine, "model": model}
+        if name:
+            body["name"] = name
+        return self._request("POST", "switch", timeout, body)
 
     def stop(self, wait: float = 60.0) -> bool:
         """Ask the instance to stop and wait until its process is gone. True when it exited in time."""

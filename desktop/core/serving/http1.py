@@ -79,6 +79,7 @@ class LocalResponse:
     status: int
     body: bytes
     content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()  # extra ones, e.g. Retry-After
 
     @classmethod
     def json(cls, data: Any, status: int = 200) -> LocalResponse:
@@ -316,6 +317,7 @@ class ClientConnection(asyncio.Protocol):
             return
         head = [f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Status')}",
                 f"Content-Type: {response.content_type}", f"Content-Length: {len(response.body)}"]
+        head += [f"{name}: {value}" for name, value in response.headers]
         if close or (request is not None and not request.keep_alive):
             head.append("Connection: close")
         body = b"" if request is not None and request.method == "HEAD" else response.body
