@@ -144,7 +144,7 @@ def test_recommend_page_explains_its_pick_for_the_demo_model(window, qtbot) -> N
     text = page.result_label.text()
     assert page.recommendation.engine in text and "Why:" in text and "Runner-up" in text
     request = page.launch_request()
-    assert request is not None and request.engine == page.recommendation.engine and request.ctx >= 256
+    assert request is not None and request.engine == page.recommendation.engine and request.ctx_per_request >= 256
     assert request.model == "demo"  # kept as typed, so a switch to the other engine finds its format
 
 

@@ -209,7 +209,7 @@ def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[Loa
                                  f"run `switchyard engines install {adapter.name}`")
     reap_orphans()
     top = max(level.concurrency or 1 for level in levels)
-    plan = LaunchPlan(engine=adapter.name, model_path=model_path, ctx=args.ctx, parallel=args.parallel or top)
+    plan = LaunchPlan(engine=adapter.name, model_path=model_path, ctx_per_request=args.ctx, slots=args.parallel or top)
     meta.update(engine=adapter.name, engine_version=install.version, model=str(model_path))
     meta["settings"]["plan"] = plan.to_json()
     with EngineProcess(adapter, plan, install) as engine:

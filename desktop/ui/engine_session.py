@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -27,14 +27,24 @@ LOG_DRAIN_MS = 100
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """What the user asked to serve: an engine, a model spec (`demo`, a path) and the main settings."""
+    """What the user asked to serve: an engine, a model spec (`demo`, a path) and either the form's two knobs or
+    a whole launch plan (the Recommend page's, checked by the fit), which is then launched as is."""
 
     engine: str
     model: str = "demo"
-    ctx: int = 2048
-    parallel: int = 4
+    ctx_per_request: int = 2048
+    slots: int = 4
     extra_args: tuple[str, ...] = ()
     ready_timeout_s: float = 900.0
+    plan: Any = None  # desktop.core.engines.base.LaunchPlan
+
+    @property
+    def shown_ctx(self) -> int:
+        return int(self.plan.ctx_per_request) if self.plan is not None else self.ctx_per_request
+
+    @property
+    def shown_slots(self) -> int:
+        return int(self.plan.slots) if self.plan is not None else self.slots
 
 
 class EngineSession(QObject):
@@ -110,7 +120,6 @@ class EngineSession(QObject):
     def _launcher(self, spec: Any) -> Any:
         """Like endpoint.default_launcher, but installs a missing engine (with progress) instead of failing."""
         from desktop.core.engines import get_adapter
-        from desktop.core.engines.base import LaunchPlan
         from desktop.core.engines.model_path import resolve_model
         from desktop.core.runtime.supervisor import reap_orphans
 
@@ -122,9 +131,9 @@ class EngineSession(QObject):
             install = adapter.install(self._progress)
         reap_orphans()
         self.progress.emit(f"Starting {adapter.display_name} on {model_path.name}; waiting until it serves")
-        plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=spec.port, ctx=spec.ctx,
-                          parallel=spec.parallel, extra_args=spec.extra_args,
-                          eager=self.vllm_eager and adapter.name == "vllm")
+        plan = spec.launch_plan(adapter.name, model_path)
+        if self.vllm_eager and adapter.name == "vllm":
+            plan = replace(plan, eager=True)
         return adapter, plan, install
 
     def _progress(self, event: Any) -> None:
@@ -149,8 +158,8 @@ class EngineSession(QObject):
 
         self._ensure_endpoint()
         self.manager.ready_timeout = request.ready_timeout_s
-        return self.manager.start(EngineSpec(request.engine, request.model, ctx=request.ctx,
-                                             parallel=request.parallel, extra_args=request.extra_args))
+        return self.manager.start(EngineSpec(request.engine, request.model, ctx_per_request=request.ctx_per_request,
+                                             slots=request.slots, extra_args=request.extra_args, plan=request.plan))
 
     def _on_ready(self, cold: Any) -> None:
         self.busy = False

@@ -162,6 +162,12 @@ def sizing_plan(engine: str, **fields: Any) -> LaunchPlan:
                       **fields)
 
 
+def launch_dtype(engine: str, *, demo: bool, cuda: bool) -> str:
+    """`auto` (the checkpoint's own dtype) everywhere, except the demo's float32 weights on vLLM's CPU backend,
+    where "auto" would cast them to a 16-bit type the CPU may only emulate. The one place float32 is chosen."""
+    return "float32" if normalise_engine(engine) == "vllm" and demo and not cuda else "auto"
+
+
 def default_ctx(facts: ModelFacts, engine: str) -> int:
     """The per-request context when none is given: vLLM takes the model's; for llama.cpp 4096 at most."""
     return facts.context_length if normalise_engine(engine) == "vllm" else min(facts.context_length, 4096)
@@ -524,10 +530,8 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
     validate_plan(plan)
     key = normalise_engine(plan.engine)
     plan = replace(plan, engine=key)
-    if key == "vllm" and plan.dtype == "auto" and facts.source == "demo" and not hardware.cuda_gpus:
-        # The demo's float32 weights on vLLM's CPU backend: "auto" would cast them to a 16-bit type the CPU
-        # may only emulate. This is the one place float32 is chosen.
-        plan = replace(plan, dtype="float32")
+    if plan.dtype == "auto":
+        plan = replace(plan, dtype=launch_dtype(key, demo=facts.source == "demo", cuda=bool(hardware.cuda_gpus)))
     settings = FitSettings.of(plan, quant, cuda_graphs_in_budget)
     settings.validate()
     if key == "llama.cpp":

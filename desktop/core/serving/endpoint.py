@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -21,6 +22,8 @@ from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from desktop.core.engines.model_path import resolve_model
+from desktop.core.engines.vllm import has_cuda
+from desktop.core.planning.fit import launch_dtype
 from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
 from desktop.core.serving.proxy import ProxyServer, Upstream
@@ -30,18 +33,30 @@ log = logging.getLogger("switchyard.endpoint")
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What the user asked to serve: engine, model (as typed: `demo`, a file, a folder) and the launch knobs."""
+    """What the user asked to serve: an engine, the model as typed (`demo`, a file, a folder: `demo` resolves to
+    each engine's format, so a switch works) and the launch plan. With `plan` (e.g. recommend's, checked by the
+    fit) that plan is launched as is, only its model path and port filled in; without one, a plain plan of
+    `ctx_per_request` x `slots`."""
 
     engine: str
     model: str
-    ctx: int = 2048
-    parallel: int = 4
+    ctx_per_request: int = 2048
+    slots: int = 4
     port: int = 0
     extra_args: tuple[str, ...] = ()
+    plan: LaunchPlan | None = None
+
+    def launch_plan(self, engine: str, model_path: Path) -> LaunchPlan:
+        if self.plan is not None:
+            return replace(self.plan, engine=engine, model_path=model_path, port=self.port or self.plan.port)
+        dtype = launch_dtype(engine, demo=self.model == "demo", cuda=has_cuda())
+        return LaunchPlan(engine=engine, model_path=model_path, port=self.port, ctx_per_request=self.ctx_per_request,
+                          slots=self.slots, dtype=dtype, extra_args=self.extra_args)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(replace(self, plan=None))
         data["extra_args"] = list(self.extra_args)
+        data["plan"] = self.plan.to_json() if self.plan else None
         return data
 
 
@@ -56,9 +71,7 @@ def default_launcher(spec: EngineSpec) -> tuple[EngineAdapter, LaunchPlan, Engin
     if install is None:
         raise EngineNotInstalled(f"{adapter.display_name} is not installed",
                                  f"run `switchyard engines install {adapter.name}` first")
-    plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=spec.port, ctx=spec.ctx,
-                      parallel=spec.parallel, extra_args=spec.extra_args)
-    return adapter, plan, install
+    return adapter, spec.launch_plan(adapter.name, model_path), install
 
 
 @dataclass
@@ -279,8 +292,13 @@ class EndpointManager:
         if model is None and base is None:
             raise SwitchyardError("nothing is running to switch from; give --model")
         adapter = get_adapter(engine)
-        spec = replace(base, engine=adapter.name, model=model or base.model, port=0) if base else \
-            EngineSpec(adapter.name, model or "demo")
+        if base is not None:
+            same = base.engine == adapter.name and (model is None or model == base.model)
+            # a plan is per engine and model: another engine or model gets its own plain plan
+            spec = replace(base, engine=adapter.name, model=model or base.model, port=0,
+                           plan=base.plan if same else None)
+        else:
+            spec = EngineSpec(adapter.name, model or "demo")
         if old is not None and old.spec == spec and old.process.state == EngineState.READY:
             raise SwitchyardError(f"{old.upstream.name} already serves {spec.model}", "nothing to switch")
         self._emit("switching", f"switching to {spec.engine} on {spec.model}")
