@@ -544,11 +544,11 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
         vquant = (result.quant or "").lower()
         flag = VLLM_QUANTS.get(vquant, (None, None))[1] if not (facts.quantization and not facts.is_gguf) else None
         if result.device == "CPU":
-            resolved = replace(plan, quantization=flag if flag == "fp8" else plan.quantization,
+            resolved = replace(plan, quantization=flag or plan.quantization,
                                kv_cache_gib=float(result.settings["kv_cache_gib"]), gpu_memory_utilization=None,
                                backend="cpu")
         else:
-            resolved = replace(plan, quantization=flag if flag == "fp8" else plan.quantization,
+            resolved = replace(plan, quantization=flag or plan.quantization,
                                gpu_memory_utilization=settings.gpu_memory_utilization,
                                max_num_batched_tokens=int(result.settings["max_num_batched_tokens"]),
                                backend=backend_for(key, hardware))  # type: ignore[arg-type]
