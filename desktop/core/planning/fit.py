@@ -599,8 +599,9 @@ def size_vllm(facts: ModelFacts, hardware: HardwareSnapshot, base: LaunchPlan, *
     """THE vLLM sizing rule, shared by recommend and export: for each quantization in order (e.g. bf16, fp8,
     4-bit), the smallest tensor-parallel size whose KV cache holds `concurrency` requests of the plan's
     max_model_len. Precision is kept before GPUs are saved: bf16 on 4 GPUs beats fp8 on 2. When no combination
-    holds the concurrency, the one that holds the most (and starts) is returned; None when nothing starts."""
-    best: FitResult | None = None
+    holds the concurrency, the most precise quantization that starts, at the size that holds the most, is
+    returned (the excess requests queue); None when nothing starts."""
+    fallback: FitResult | None = None
     sizes = tensor_parallel_sizes(facts, len(hardware.cuda_gpus))
     for quant in quants:
         for tp in sizes:
@@ -612,9 +613,10 @@ def size_vllm(facts: ModelFacts, hardware: HardwareSnapshot, base: LaunchPlan, *
                 continue
             if (result.max_concurrency or 0) >= concurrency:
                 return result
-            if best is None or (result.max_concurrency or 0) > (best.max_concurrency or 0):
-                best = result
-    return best
+            if fallback is None or (fallback.quant == result.quant
+                                    and (result.max_concurrency or 0) > (fallback.max_concurrency or 0)):
+                fallback = result
+    return fallback
 
 
 @dataclass(frozen=True)
