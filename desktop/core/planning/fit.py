@@ -543,6 +543,9 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
         result = _estimate_vllm(facts, hardware, settings)
         vquant = (result.quant or "").lower()
         flag = VLLM_QUANTS.get(vquant, (None, None))[1] if not (facts.quantization and not facts.is_gguf) else None
+        if quant in ("bf16", "fp16") and plan.dtype == "auto":
+            if vllm_weight_bytes(facts, None)[1] != vquant:  # a cast (bf16 checkpoint served as fp16): say so
+                plan = replace(plan, dtype="bfloat16" if vquant == "bf16" else "float16")
         if result.device == "CPU":
             resolved = replace(plan, quantization=flag or plan.quantization,
                                kv_cache_gib=float(result.settings["kv_cache_gib"]), gpu_memory_utilization=None,

@@ -133,6 +133,11 @@ def _vllm_blocker(facts: ModelFacts, hw: HardwareSnapshot) -> str | None:
         if hw.has_unified_memory:
             return "vLLM has no Metal backend for Apple Silicon"
         return "vLLM needs an NVIDIA or AMD GPU here (its CPU backend is far slower than llama.cpp)"
+    if hw.os.lower().startswith("windows"):
+        return "vLLM has no Windows build (run it under WSL2, or use llama.cpp's CUDA build here)"
+    if all(g.vendor == "amd" for g in hw.cuda_gpus):
+        return ("vLLM on AMD runs from its ROCm container image, which Switchyard does not provision (use "
+                "llama.cpp's ROCm/Vulkan build, or `docker run rocm/vllm`)")
     old = [g for g in hw.cuda_gpus if g.vendor == "nvidia" and g.compute_capability
            and _cc(g.compute_capability) < 7.0]
     if old:
@@ -285,6 +290,9 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
             reasons.append(f"tensor parallel {tp} over {vllm.device.split('x ', 1)[-1]} keeps {vllm.quant} weights "
                            f"({vllm.weights_gib:.1f} GiB per GPU) instead of quantizing further")
         reasons.extend(vllm_notes)
+        if vllm.plan is not None and vllm.plan.quantization in ("awq", "gptq") and not facts.quantization:
+            reasons.append(f"download a {vllm.plan.quantization.upper()} checkpoint of this model and point the plan "
+                           "at it: vLLM cannot quantize to 4-bit while loading")
         if llama is None:
             reasons.append("llama.cpp does not fit this model here")
     else:
