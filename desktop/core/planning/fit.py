@@ -591,6 +591,19 @@ def vllm_kv_tokens(facts: ModelFacts, kv_bytes: float, tensor_parallel: int = 1,
     return max(0, int(kv_bytes // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE)
 
 
+def vllm_utilization(hardware: HardwareSnapshot, wanted: float = VLLM_DEFAULT_UTILIZATION) -> float:
+    """`wanted`, or less when other processes hold GPU memory: vLLM refuses to start when free memory is below
+    total x gpu_memory_utilization, so a plan for a desktop with a browser open asks for what is free."""
+    gpus = hardware.cuda_gpus
+    if not gpus:
+        return wanted
+    gpu = min(gpus, key=lambda g: g.memory_free_bytes)
+    reserved = min(VLLM_DRIVER_RESERVED_BYTES, gpu.memory_total_bytes // 20)
+    total = gpu.memory_total_bytes - reserved
+    fraction = math.floor(((gpu.memory_free_bytes - reserved) / total - 0.01) * 100) / 100 if total > 0 else 0.0
+    return wanted if fraction >= wanted or fraction < 0.5 else fraction
+
+
 def tensor_parallel_sizes(facts: ModelFacts, gpus: int) -> list[int]:
     """vLLM tensor-parallel sizes worth trying: powers of two that divide the attention heads, at most `gpus`."""
     heads = facts.n_heads or 1

@@ -3,6 +3,7 @@ breakdown (`serve --dry-run`, `recommend --json`), and the one refusal of a plan
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,13 @@ def require_fit(result: FitResult, model: str) -> LaunchPlan:
         raise SwitchyardError("the fit returned no plan", "report this as a bug")
     if result.fits == "no":
         why = result.notes[-1] if result.notes else "not enough memory"
+        util = re.search(r"lower gpu_memory_utilization to ([\d.]+)", why)
+        hint = (f"pass --util {util.group(1)}, or free GPU memory" if util else
+                "lower --ctx or --parallel, pick a smaller quantization, or ask `switchyard recommend` for a plan "
+                "that fits")
         raise SwitchyardError(
             f"{model} does not fit with {result.engine} on {result.device}: needs {result.total_gib:.1f} GiB, "
-            f"{result.available_gib:.1f} GiB available ({why})",
-            "lower --ctx or --parallel, pick a smaller quantization, or ask `switchyard recommend` for a plan "
-            "that fits")
+            f"{result.available_gib:.1f} GiB available ({why})", hint)
     return result.plan
 
 

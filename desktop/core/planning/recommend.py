@@ -23,7 +23,7 @@ from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts
-from desktop.core.planning.fit import GGUF_LADDER, FitResult, estimate, size_vllm
+from desktop.core.planning.fit import GGUF_LADDER, FitResult, estimate, size_vllm, vllm_utilization
 
 DEFAULT_COLD_START_S = {"llama.cpp": 20.0, "vllm": 120.0}
 VLLM_MAX_GAIN = 3.0  # at concurrency >= 8
@@ -235,7 +235,7 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
     if blocker is None:
         max_len = _round_ctx(max(need, 4096), facts.context_length)
         vllm_base = LaunchPlan(engine="vllm", model_path=Path(_model_ref(facts, "vllm")), ctx_per_request=max_len,
-                               slots=seqs, prefix_cache=True)
+                               slots=seqs, prefix_cache=True, gpu_memory_utilization=vllm_utilization(hardware))
         vllm = size_vllm(facts, hardware, vllm_base, concurrency=work.concurrency,
                          quants=_vllm_ladder(facts, hardware))
         if vllm is None:
