@@ -91,7 +91,7 @@ class FitSettings:
     kv_type: str = "f16"  # llama.cpp --cache-type-k/v
     gpu_layers: int | None = None  # llama.cpp -ngl; None = as many as fit
     ubatch: int = LLAMA_DEFAULT_UBATCH
-    flash_attn: bool | None = None  # None = auto (on with a GPU)
+    flash_attn: bool | None = None  # None = llama-server's auto, which turns it on (CPU, CUDA, Metal, Vulkan)
     quant: str | None = None  # "what if" quantization: a GGUF type (Q4_K_M) or a vLLM one (fp8, awq)
     dtype: str = "auto"
     gpu_memory_utilization: float = VLLM_DEFAULT_UTILIZATION
@@ -298,7 +298,7 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
     kv_type = s.kv_type.lower()
     gpus = [g for g in hw.gpus if g.memory_total_bytes > 0]
     use_gpu = bool(gpus) and s.gpu_layers != 0
-    flash = s.flash_attn if s.flash_attn is not None else use_gpu
+    flash = s.flash_attn if s.flash_attn is not None else True  # -fa auto: on wherever the backend has it
     if kv_type != "f16" and kv_type not in ("f32", "bf16") and not flash:
         notes.append("a quantized V cache needs flash attention (-fa on)")
     weights, quant = llama_weight_bytes(facts, s.quant)
@@ -536,8 +536,11 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
     settings.validate()
     if key == "llama.cpp":
         result = _estimate_llama(facts, hardware, settings)
-        resolved = replace(plan, gpu_layers=result.gpu_layers, kv_cache_type=str(result.settings["kv_type"]),
-                           flash_attn=bool(result.settings["flash_attn"]),
+        kv_type = str(result.settings["kv_type"])
+        quantized_v = kv_type not in ("f16", "f32", "bf16")
+        # -fa stays auto (on, as the fit assumes) unless set, or a quantized V cache needs it on for certain
+        resolved = replace(plan, gpu_layers=result.gpu_layers, kv_cache_type=kv_type,
+                           flash_attn=plan.flash_attn if plan.flash_attn is not None else (True if quantized_v else None),
                            backend="cpu" if result.device == "CPU" else backend_for(key, hardware))  # type: ignore[arg-type]
     else:
         result = _estimate_vllm(facts, hardware, settings)
