@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.engines import get_adapter
+from desktop.core.engines import get_adapter, runtimes
 from desktop.core.engines.base import CommandLine, EngineInstall, LaunchPlan
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts, facts_for
@@ -82,8 +82,10 @@ def golden_case(snapshot: Path, model: str) -> dict[str, Any]:
 
 
 @pytest.fixture(autouse=True)
-def _no_inherited_library_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def _machine_independent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)  # llama.cpp's env would otherwise carry this machine's
+    # the llama.cpp build a plan needs depends on the compilers here (nvcc: a CUDA source build); none, for golden
+    monkeypatch.setattr(runtimes.Toolchain, "detect", classmethod(lambda cls: cls()))
 
 
 def test_enough_golden_cases() -> None:

@@ -13,9 +13,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from desktop.core.common.progress import ProgressCallback, no_progress
+
+if TYPE_CHECKING:
+    from desktop.core.engines.runtimes import BuildChoice
+    from desktop.core.machine.hardware import HardwareSnapshot
 
 ModelFormat = Literal["gguf", "hf"]
 
@@ -204,12 +208,23 @@ class EngineAdapter(ABC):
         """A usable install (configured, on PATH, or cached), or None. Must be cheap: no builds, no network."""
 
     @abstractmethod
-    def install(self, progress: ProgressCallback = no_progress, force: bool = False) -> EngineInstall:
-        """Provision the engine into the per-user engines dir. Idempotent; never leaves a half install ready."""
+    def install_plan(self, hardware: HardwareSnapshot | None = None, variant: str | None = None,
+                     source: str | None = None, allow_cpu: bool = False) -> BuildChoice:
+        """The build `install` would make for `hardware` (this machine by default), or raise the blocker
+        (e.g. vLLM on macOS, a CPU-only build on a GPU machine without `allow_cpu`). No side effects."""
 
     @abstractmethod
-    def doctor(self) -> list[DoctorFinding]:
-        """What is present, what is missing, and the exact command that fixes it."""
+    def install(self, progress: ProgressCallback = no_progress, force: bool = False, *,
+                hardware: HardwareSnapshot | None = None, variant: str | None = None, source: str | None = None,
+                allow_cpu: bool = False) -> EngineInstall:
+        """Provision the build for this machine (or `variant`/`source`) into the per-user engines dir.
+
+        Idempotent; never leaves a half install ready; refuses a CPU-only build on a GPU machine unless `allow_cpu`.
+        """
+
+    @abstractmethod
+    def doctor(self, hardware: HardwareSnapshot | None = None) -> list[DoctorFinding]:
+        """What is present, what is missing or wrong for this machine, and the exact command that fixes it."""
 
     # --- launching ----------------------------------------------------------------------------------
     @abstractmethod

@@ -68,17 +68,15 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
 def backend_for(engine: str, hardware: HardwareSnapshot) -> str:
-    """Which engine build a plan needs on this hardware: cuda | rocm | vulkan | metal | sycl | cpu.
-    (llama.cpp on an AMD GPU under Windows has no ROCm build: Vulkan. vLLM runs on CUDA/ROCm or its CPU build.)"""
-    gpus = [g for g in hardware.gpus if g.memory_total_bytes > 0]
-    if not gpus:
-        return "cpu"
-    backend = gpus[0].backend
+    """Which engine build a plan needs on this hardware: cuda | rocm | vulkan | metal | cpu. For llama.cpp the
+    provisioning room decides (`runtimes.preferred_variant`, the build `engines install` makes with this machine's
+    compilers); vLLM runs on CUDA, or its CPU build."""
+    from desktop.core.engines import runtimes
+
     if normalise_engine(engine) == "vllm":
-        return backend if backend in ("cuda", "rocm") else "cpu"
-    if backend == "rocm" and hardware.os.lower().startswith("windows"):
-        return "vulkan"
-    return backend
+        return "cuda" if any(g.vendor == "nvidia" for g in hardware.cuda_gpus) else \
+            "rocm" if hardware.cuda_gpus else "cpu"
+    return runtimes.preferred_variant(hardware, runtimes.Toolchain.detect())[0]
 
 
 @dataclass(frozen=True)

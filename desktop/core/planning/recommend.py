@@ -21,6 +21,7 @@ from typing import Any
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
+from desktop.core.engines.runtimes import engine_supported
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts
 from desktop.core.planning.fit import GGUF_LADDER, FitResult, estimate, size_vllm, vllm_utilization
@@ -129,15 +130,13 @@ def _round_ctx(tokens: int, cap: int) -> int:
 
 
 def _vllm_blocker(facts: ModelFacts, hw: HardwareSnapshot) -> str | None:
+    support = engine_supported("vllm", hw)  # the engines room's fact: no vLLM on AMD, Windows or macOS
+    if not support.ok:
+        return f"{support.reason}; {support.fix}"
     if not hw.cuda_gpus:
         if hw.has_unified_memory:
             return "vLLM has no Metal backend for Apple Silicon"
         return "vLLM needs an NVIDIA or AMD GPU here (its CPU backend is far slower than llama.cpp)"
-    if hw.os.lower().startswith("windows"):
-        return "vLLM has no Windows build (run it under WSL2, or use llama.cpp's CUDA build here)"
-    if all(g.vendor == "amd" for g in hw.cuda_gpus):
-        return ("vLLM on AMD runs from its ROCm container image, which Switchyard does not provision (use "
-                "llama.cpp's ROCm/Vulkan build, or `docker run rocm/vllm`)")
     old = [g for g in hw.cuda_gpus if g.vendor == "nvidia" and g.compute_capability
            and _cc(g.compute_capability) < 7.0]
     if old:

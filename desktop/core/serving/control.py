@@ -23,7 +23,7 @@ import psutil
 
 from desktop.core.common import paths
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.serving.proxy import LocalRequest, LocalResponse, LocalRoute
+from desktop.core.serving.http1 import LocalRequest, LocalResponse, LocalRoute
 
 TOKEN_HEADER = "X-Switchyard-Token"
 PREFIX = "/switchyard"
