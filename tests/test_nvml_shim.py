@@ -105,3 +105,17 @@ def test_a_plan_that_does_not_fit_is_one_clear_line(shim_dir: Path) -> None:
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert lines[0].startswith("switchyard: error:") and "does not fit" in lines[0] and "Traceback" not in out.stderr
     assert lines[1].startswith("switchyard: hint:")
+
+
+def test_gpu_telemetry_reads_through_pynvml(shim_dir: Path) -> None:
+    code = ("import json; from desktop.core.runtime.telemetry import GpuSampler; s = GpuSampler(); "
+            "print(json.dumps({'unavailable': s.unavailable, "
+            "'samples': {x.series: x.value for x in s.sample_once(0.0)}}))")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(shim_dir), "PYTHONPATH": str(HERE.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["unavailable"] is None
+    assert data["samples"] == {"gpu_util": 7.0, "gpu_mem_used_bytes": 4.0 * GIB, "gpu_power_w": 61.0,
+                               "gpu_temp_c": 44.0}
