@@ -10,6 +10,9 @@ max_num_batched_tokens tokens, non-torch memory and CUDA graphs; what is left is
 blocks. It refuses to start when free memory is below the budget, or when the KV cache cannot hold one
 max_model_len request.
 
+The input is a LaunchPlan (context per request x slots, KV type, -ngl, utilization, TP, dtype), and the result
+carries that plan back with everything the accounting assumed written into it, so the argv says what was checked.
+
 The constants below were fitted to published startup logs (see tests/test_fit_accuracy.py, which cites them).
 """
 

@@ -8,7 +8,9 @@ Defaults, replaced by measured history when `measurements` are given:
   throughput: vLLM ~1x llama.cpp with one request in flight, rising to ~3x at 8 or more (continuous batching,
   paged KV, CUDA graphs), interpolated on log2(concurrency).
 vLLM is only a candidate on CUDA/ROCm GPUs and for Hugging Face checkpoints; llama.cpp runs everywhere, from a
-GGUF ladder Q8_0 -> Q6_K -> Q5_K_M -> Q4_K_M -> IQ4_XS -> Q3_K_M (first that fits fully wins).
+GGUF ladder Q8_0 -> Q6_K -> Q5_K_M -> Q4_K_M -> IQ4_XS -> Q3_K_M (first that fits fully wins). vLLM is sized by
+`fit.size_vllm`, the rule export uses too: bf16 at the smallest tensor-parallel size whose KV cache holds the
+workload's concurrency, then fp8, then a 4-bit checkpoint. The answer is the fit's checked LaunchPlan.
 """
 
 from __future__ import annotations
