@@ -127,10 +127,11 @@ def test_recommend_and_export_share_the_sizing_function_in_process() -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--engine", "llama.cpp", "--model", "GGUF", "--ctx", "0"), "out of range"),
-    (("--engine", "llama.cpp", "--model", "GGUF", "--parallel", "0"), "parallel slots"),
+    (("--engine", "llama.cpp", "--model", "GGUF", "--ctx", "0"), "argument --ctx: must be at least 1"),
+    (("--engine", "llama.cpp", "--model", "GGUF", "--ctx", "1000000000"), "context length 1000000000 is out of range"),
+    (("--engine", "llama.cpp", "--model", "GGUF", "--parallel", "0"), "argument --parallel: must be at least 1"),
     (("--engine", "llama.cpp", "--model", "GGUF", "--kv-type", "q9_9"), "unknown KV cache type"),
-    (("--engine", "vllm", "--model", "HF70B", "--util", "1.5"), "gpu_memory_utilization"),
+    (("--engine", "vllm", "--model", "HF70B", "--util", "1.5"), "argument --util: must be at most 1"),
     (("--engine", "vllm", "--model", "HF70B", "--dtype", "float128"), "unknown dtype"),
     (("--engine", "tgi", "--model", "GGUF"), "unknown engine"),
     (("--engine", "llama.cpp", "--model", "/nonexistent.gguf"), "does not exist"),

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json, stderr_progress
 from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
 from desktop.core.engines import get_adapter
@@ -40,33 +41,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser("serve", help="run an engine on a model (OpenAI-compatible, 127.0.0.1)")
     parser.add_argument("--engine", required=True, help="llama.cpp or vllm")
     parser.add_argument("--model", required=True, help="`demo`, a GGUF file, or a Hugging Face folder")
-    parser.add_argument("--port", type=int, default=0, help="engine port (default: a free one)")
-    parser.add_argument("--ctx", type=int, default=2048,
+    parser.add_argument("--port", type=N.port_or_free, default=0, help="engine port (default: a free one)")
+    parser.add_argument("--ctx", type=N.count, default=2048,
                         help="context tokens per request (vLLM --max-model-len; llama.cpp's -c is ctx x parallel)")
-    parser.add_argument("--parallel", type=int, default=4, help="requests at once (llama.cpp slots / vLLM "
+    parser.add_argument("--parallel", type=N.count, default=4, help="requests at once (llama.cpp slots / vLLM "
                                                                 "max_num_seqs)")
     plan = parser.add_argument_group("launch plan (default: what the fit finds on this machine)")
-    plan.add_argument("--gpu-layers", type=int, help="llama.cpp -ngl (default: as many as fit)")
+    plan.add_argument("--gpu-layers", type=N.non_negative, help="llama.cpp -ngl (default: as many as fit)")
     plan.add_argument("--kv-type", help="KV cache type: llama.cpp f16/q8_0/q4_0..., vLLM auto/fp8")
-    plan.add_argument("--util", type=float, help="vLLM gpu_memory_utilization (default 0.9)")
-    plan.add_argument("--tp", type=int, default=1, help="vLLM tensor-parallel size")
+    plan.add_argument("--util", type=N.fraction, help="vLLM gpu_memory_utilization (default 0.9)")
+    plan.add_argument("--tp", type=N.count, default=1, help="vLLM tensor-parallel size")
     plan.add_argument("--dtype", default="auto", help="vLLM --dtype (default auto: the checkpoint's)")
     plan.add_argument("--hardware", help="plan for a snapshot from `switchyard detect --json` instead of this machine")
     plan.add_argument("--dry-run", action="store_true",
                       help="print the checked plan, the exact argv and env, and the memory breakdown; start nothing")
     parser.add_argument("--prompt", help="stream one completion for this prompt, print phase times, then stop")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=N.count, default=32)
     parser.add_argument("--no-install", action="store_true", help="fail instead of installing a missing engine")
-    parser.add_argument("--ready-timeout", type=float, default=900.0)
+    parser.add_argument("--ready-timeout", type=N.seconds, default=900.0)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     endpoint = parser.add_argument_group("stable endpoint")
     endpoint.add_argument("--endpoint", action="store_true",
                           help=f"serve through the stable endpoint on 127.0.0.1:{DEFAULT_PROXY_PORT}")
-    endpoint.add_argument("--proxy-port", type=int, help="stable endpoint port (implies --endpoint)")
+    endpoint.add_argument("--proxy-port", type=N.port, help="stable endpoint port (implies --endpoint)")
     endpoint.add_argument("--model-name", default="switchyard", help="the model name clients see")
     endpoint.add_argument("--api-key-env", metavar="VAR",
                           help="require this environment variable's value as the endpoint's API key")
-    endpoint.add_argument("--wait-timeout", type=float, default=DEFAULT_WAIT_TIMEOUT,
+    endpoint.add_argument("--wait-timeout", type=N.seconds, default=DEFAULT_WAIT_TIMEOUT,
                           help="how long a request waits for an engine while none is ready (seconds)")
     endpoint.add_argument("--standby", metavar="ENGINE", help="also start ENGINE and keep it warm")
     endpoint.add_argument("--keep-standby", action="store_true",
@@ -76,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=cmd_serve)
 
     status = subparsers.add_parser("status", help="show the running stable endpoint and its engines")
-    status.add_argument("--port", type=int, help="which endpoint, when several run")
+    status.add_argument("--port", type=N.port, help="which endpoint, when several run")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
 
@@ -84,12 +85,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                                   "failing requests")
     switch.add_argument("--to", required=True, metavar="ENGINE", help="llama.cpp or vllm")
     switch.add_argument("--model", help="model for the new engine (default: the one served now)")
-    switch.add_argument("--port", type=int, help="which endpoint, when several run")
+    switch.add_argument("--port", type=N.port, help="which endpoint, when several run")
     switch.add_argument("--json", action="store_true", help="machine-readable output")
     switch.set_defaults(func=cmd_switch)
 
     stop = subparsers.add_parser("stop", help="stop the running endpoint and its engines")
-    stop.add_argument("--port", type=int, help="which endpoint, when several run")
+    stop.add_argument("--port", type=N.port, help="which endpoint, when several run")
     stop.add_argument("--json", action="store_true", help="machine-readable output")
     stop.set_defaults(func=cmd_stop)
 

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -64,6 +64,13 @@ class LlamaCppAdapter(EngineAdapter):
         log_marker("listening", r"listening on http"),
     )
     failure_rules = (
+        failure_rule(r'error while handling argument "(--[\w-]+)": (stoi|stol|stoul|stof|stod)',
+                     "llama-server could not read the number given to {0} (out of its range; llama.cpp reads the "
+                     "context per slot times the slots into a 32-bit number)",
+                     "lower --ctx (and --parallel) to what the model and this machine can hold"),
+        failure_rule(r'error while handling argument "(--[\w-]+)": (.*)',
+                     "llama-server rejected its {0} argument: {1}",
+                     "fix that setting (llama-server --help lists what it accepts)"),
         failure_rule(r"invalid magic|failed to read magic|gguf_init_from_file.*failed|not a GGUF",
                      "the model file is not a valid GGUF file (corrupt or incomplete download?)",
                      "re-download the file or pick another GGUF"),
@@ -80,6 +87,10 @@ class LlamaCppAdapter(EngineAdapter):
                      "llama-server could not bind its port: another process is using it",
                      "pick another port or stop the process holding it"),
     )
+
+    def error_line(self, log_tail: Sequence[str]) -> str | None:
+        """llama-server names the cause first and then prints usage text: the first error line is the one."""
+        return next((line for line in log_tail if re.search(r"\berror\b|\bfailed\b", line, re.I)), None)
 
     # --- provisioning -------------------------------------------------------------------------------
     def _cached_installs(self) -> list[EngineInstall]:

@@ -73,6 +73,9 @@ class VllmAdapter(EngineAdapter):
         log_marker("listening", r"Application startup complete"),
     )
     failure_rules = (
+        failure_rule(r"max_model_len \((\d+)\) is greater than the derived max_model_len \(([^)]*)\)",
+                     "the context length {0} is longer than the model allows ({1})",
+                     "lower --ctx to the model's limit (or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if you know better)"),
         failure_rule(r"head_?(size|dim).{0,80}(not supported|unsupported)|Head size \d+ is not supported",
                      "vLLM's CPU attention does not support this model's head dimension",
                      "use a model whose head_dim is 64, 80, 96, 112, 128 or 256, or run it with llama.cpp"),
@@ -92,6 +95,9 @@ class VllmAdapter(EngineAdapter):
         failure_rule(r"(ValueError|OSError|RuntimeError): (.*(config\.json|not a valid model|Unrecognized model).*)",
                      "vLLM could not load the model folder",
                      "point at a Hugging Face model folder with config.json, weights and tokenizer"),
+        failure_rule(r"Value error, ([^\n]*?)(?: \[type=value_error|\n|$)",
+                     "vLLM refused its settings: {0}",
+                     "change the setting it names"),
     )
 
     # --- provisioning -------------------------------------------------------------------------------
