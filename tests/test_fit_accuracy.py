@@ -47,9 +47,10 @@ def model(name: str) -> ModelFacts:
 def vllm_case(point: dict[str, Any]) -> tuple[float, fit.FitResult]:
     facts = replace(model(point["model"]), weights_bytes=int(point["weights_gib_per_gpu"] * point["tp"] * GIB))
     hw = hypothetical(BASE, gpu_name=point["gpu"], gpu_count=point["tp"])
-    result = fit.estimate(facts, "vllm", hw, fit.FitSettings(
-        ctx=point["max_model_len"], gpu_memory_utilization=point["util"], tensor_parallel=point["tp"],
-        max_num_batched_tokens=point["max_num_batched_tokens"], cuda_graphs_in_budget=point["cuda_graphs_in_budget"]))
+    result = fit.estimate(facts, hw, fit.sizing_plan(
+        "vllm", ctx_per_request=point["max_model_len"], slots=256, gpu_memory_utilization=point["util"],
+        tensor_parallel=point["tp"], max_num_batched_tokens=point["max_num_batched_tokens"]),
+        cuda_graphs_in_budget=point["cuda_graphs_in_budget"])
     b = result.breakdown
     kv = b["budget"] - b["weights"] - b["activation_peak"] - b["non_torch"]  # before clamping at zero, like the log
     return kv, result
@@ -59,8 +60,8 @@ def llama_case(point: dict[str, Any]) -> tuple[float, float, float, float]:
     facts = replace(model(point["model"]), source="gguf", quantization="gguf:Q4_K_M",
                     weights_bytes=int(point["weights_mib"] * MIB))
     hw = hypothetical(BASE, gpu_mem_gib=256)
-    result = fit.estimate(facts, "llama.cpp", hw, fit.FitSettings(ctx=point["ctx"], ubatch=point["ubatch"],
-                                                                  flash_attn=point["flash_attn"]))
+    result = fit.estimate(facts, hw, fit.sizing_plan("llama.cpp", ctx_per_request=point["ctx"], slots=1,
+                                                     ubatch=point["ubatch"], flash_attn=point["flash_attn"]))
     kv_mib = result.breakdown["kv_cache"] * 1024
     compute_mib = result.breakdown["compute_buffers"] * 1024
     predicted = point["weights_mib"] + kv_mib + compute_mib

@@ -57,7 +57,7 @@ def test_chat_and_shared_prefix_against_llama_server(llama_server: Any) -> None:
 
 def test_real_server_killed_mid_sweep(llama_install: Any, demo_model: Any) -> None:
     adapter = get_adapter("llama.cpp")
-    plan = LaunchPlan(engine=adapter.name, model_path=demo_model.gguf_path, ctx=256, parallel=2)
+    plan = LaunchPlan(engine=adapter.name, model_path=demo_model.gguf_path, ctx_per_request=256, slots=2)
     with EngineProcess(adapter, plan, llama_install) as engine:
         engine.start()
         engine.wait_ready(timeout=120, first_request=False)

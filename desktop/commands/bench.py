@@ -196,9 +196,9 @@ def _every_tenth() -> Any:
 def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[LoadConfig], slo: SLO | None,
                   meta: dict[str, Any]) -> SweepResult:
     from desktop.core.engines import get_adapter
-    from desktop.core.engines.base import LaunchPlan
     from desktop.core.engines.model_path import resolve_model
     from desktop.core.runtime.supervisor import EngineProcess, reap_orphans
+    from desktop.core.serving.endpoint import EngineSpec
 
     if not args.model:
         raise SwitchyardError("--engine needs --model", "e.g. --model demo")
@@ -210,7 +210,8 @@ def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[Loa
                                  f"run `switchyard engines install {adapter.name}`")
     reap_orphans()
     top = max(level.concurrency or 1 for level in levels)
-    plan = LaunchPlan(engine=adapter.name, model_path=model_path, ctx=args.ctx, parallel=args.parallel or top)
+    plan = EngineSpec(adapter.name, args.model, ctx_per_request=args.ctx, slots=args.parallel or top).launch_plan(
+        adapter.name, model_path)  # dtype auto; the demo on vLLM's CPU backend float32
     meta.update(engine=adapter.name, engine_version=install.version, model=str(model_path))
     meta["settings"]["plan"] = plan.to_json()
     with EngineProcess(adapter, plan, install) as engine:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from typing import Any
 
 from desktop.commands import _numbers as N
@@ -10,7 +11,15 @@ from desktop.commands._common import emit_json
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.machine.hardware import GIB, HardwareSnapshot, detect, hypothetical
 from desktop.core.models.facts import facts_for
-from desktop.core.planning.fit import FitResult, FitSettings, estimate, normalise_engine
+from desktop.core.planning.fit import (
+    FitResult,
+    default_ctx,
+    estimate,
+    normalise_engine,
+    sizing_plan,
+    validate_plan,
+)
+from desktop.core.planning.launch import describe
 from desktop.core.planning.recommend import Workload, recommend
 
 
@@ -24,14 +33,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p_fit.add_argument("model", help="a .gguf file, a config.json, a Hugging Face folder, a Hub repo id, or demo")
     p_fit.add_argument("--engine", default="llama.cpp", help="llama.cpp or vllm (default llama.cpp)")
     p_fit.add_argument("--quant", help="answer for another quantization (Q4_K_M, Q8_0 ... or bf16, fp8, awq)")
-    p_fit.add_argument("--ctx", type=N.count, help="context tokens (llama.cpp total over slots; vLLM max_model_len)")
-    p_fit.add_argument("--parallel", type=N.count, default=1, help="llama.cpp slots sharing the context")
-    p_fit.add_argument("--kv-type", default="f16", help="llama.cpp KV cache type: f16, q8_0, q4_0 ...")
+    p_fit.add_argument("--ctx", type=N.count, help="context tokens per request (vLLM max_model_len; llama.cpp's -c is "
+                                                "ctx x parallel)")
+    p_fit.add_argument("--parallel", type=N.count, help="requests at once: llama.cpp slots (default 1), vLLM "
+                                                    "max_num_seqs (default 256)")
+    p_fit.add_argument("--kv-type", help="llama.cpp KV cache type: f16 (default), q8_0, q4_0 ...")
     p_fit.add_argument("--gpu-layers", type=N.non_negative, help="llama.cpp -ngl (default: as many as fit)")
     p_fit.add_argument("--util", type=N.fraction, default=0.9, help="vLLM gpu_memory_utilization (default 0.9)")
-    p_fit.add_argument("--max-num-seqs", type=N.count, default=256, help="vLLM max_num_seqs")
+    p_fit.add_argument("--max-num-seqs", type=N.count, help="vLLM max_num_seqs (same as --parallel)")
     p_fit.add_argument("--max-num-batched-tokens", type=N.count, help="vLLM max_num_batched_tokens")
-    p_fit.add_argument("--kv-cache-dtype", default="auto", help="vLLM kv_cache_dtype: auto or fp8")
+    p_fit.add_argument("--kv-cache-dtype", help="vLLM kv_cache_dtype: auto (default) or fp8")
     p_fit.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs")
     p_fit.add_argument("--tp", type=N.count, default=1, help="vLLM tensor parallel size")
     _hardware_options(p_fit)
@@ -111,14 +122,20 @@ def _print_fit(result: FitResult) -> None:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     engine = normalise_engine(args.engine)
-    settings = FitSettings(ctx=args.ctx, parallel=args.parallel, kv_type=args.kv_type, gpu_layers=args.gpu_layers,
-                           quant=args.quant, gpu_memory_utilization=args.util, max_num_seqs=args.max_num_seqs,
-                           max_num_batched_tokens=args.max_num_batched_tokens, tensor_parallel=args.tp,
-                           enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype)
-    settings.validate()  # before any model download or hardware probe
+    vllm = engine == "vllm"
+    slots = args.parallel or args.max_num_seqs or (256 if vllm else 1)
+    fields: dict[str, Any] = {
+        "slots": slots, "gpu_layers": args.gpu_layers, "kv_cache_type": args.kv_cache_dtype if vllm else args.kv_type,
+        "gpu_memory_utilization": args.util if vllm else None, "tensor_parallel": args.tp,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "eager": args.enforce_eager}
+    validate_plan(sizing_plan(engine, ctx_per_request=args.ctx or 1, **fields))  # before any download or probe
     hardware = _hardware(args)
     facts = facts_for(args.model)
-    result = estimate(facts, engine, hardware, settings)
+    ctx = args.ctx or default_ctx(facts, engine)
+    result = estimate(facts, hardware, sizing_plan(engine, model_path=facts.path or args.model, ctx_per_request=ctx,
+                                                   **fields), quant=args.quant)
+    if not args.ctx:
+        result.notes.insert(0, f"ctx not given: sized for {ctx:,} tokens per request (pass --ctx)")
     if args.json:
         emit_json(result.to_json())
     else:
@@ -133,13 +150,18 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     hardware = _hardware(args)
     facts = facts_for(args.model)
     rec = recommend(facts, hardware, workload)
+    launch = describe(rec.fit) if rec.fit is not None else None
     if args.json:
         data: dict[str, Any] = rec.to_json()
+        if launch is not None:
+            data.update(argv=launch["argv"], env=launch["env"])
         emit_json(data)
         return 0
     print(f"Recommended: {rec.engine} with {rec.quant}")
     for key, value in rec.key_settings.items():
         print(f"  {key}: {value}")
+    if launch is not None:
+        print(f"  command: {shlex.join(launch['argv'])}")
     for reason in rec.reasons:
         print(f"  - {reason}")
     if rec.runner_up:

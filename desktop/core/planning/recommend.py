@@ -8,14 +8,16 @@ Defaults, replaced by measured history when `measurements` are given:
   throughput: vLLM ~1x llama.cpp with one request in flight, rising to ~3x at 8 or more (continuous batching,
   paged KV, CUDA graphs), interpolated on log2(concurrency).
 vLLM is only a candidate on CUDA/ROCm GPUs and for Hugging Face checkpoints; llama.cpp runs everywhere, from a
-GGUF ladder Q8_0 -> Q6_K -> Q5_K_M -> Q4_K_M -> IQ4_XS -> Q3_K_M (first that fits fully wins).
+GGUF ladder Q8_0 -> Q6_K -> Q5_K_M -> Q4_K_M -> IQ4_XS -> Q3_K_M (first that fits fully wins). vLLM is sized by
+`fit.size_vllm`, the rule export uses too: bf16 at the smallest tensor-parallel size whose KV cache holds the
+workload's concurrency, then fp8, then a 4-bit checkpoint. The answer is the fit's checked LaunchPlan.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from desktop.core.engines.base import LaunchPlan
 from desktop.core.engines.runtimes import engine_supported
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts
-from desktop.core.planning.fit import GGUF_LADDER, FitResult, FitSettings, estimate
+from desktop.core.planning.fit import GGUF_LADDER, FitResult, estimate, size_vllm, vllm_utilization
 
 DEFAULT_COLD_START_S = {"llama.cpp": 20.0, "vllm": 120.0}
 VLLM_MAX_GAIN = 3.0  # at concurrency >= 8
@@ -75,23 +77,24 @@ class EngineMeasurement:
 class Recommendation:
     engine: str
     quant: str
-    settings: dict[str, Any]  # LaunchPlan fields: LaunchPlan(**settings) works
+    plan: LaunchPlan  # the plan the fit checked: launch, export and print exactly this
     reasons: list[str]
     numbers: dict[str, Any]
     runner_up: dict[str, Any] | None
     fit: FitResult | None = None
     key_settings: dict[str, Any] = field(default_factory=dict)  # ctx, slots/max_num_seqs, -ngl, util, KV type
 
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The plan as JSON (a view, for readers of the older `settings` dict)."""
+        return self.plan.to_json()
+
     def launch_plan(self) -> LaunchPlan:
-        data = dict(self.settings)
-        data["model_path"] = Path(str(data["model_path"]))
-        if data.get("tokenizer_path"):
-            data["tokenizer_path"] = Path(str(data["tokenizer_path"]))
-        data["extra_args"] = tuple(data.get("extra_args", ()))
-        return LaunchPlan(**data)
+        return self.plan
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(replace(self, fit=None))
+        data["plan"] = self.plan.to_json()
         data["fit"] = self.fit.to_json() if self.fit else None
         return data
 
@@ -158,7 +161,7 @@ def _llama_candidates(facts: ModelFacts) -> list[str | None]:
     return list(GGUF_LADDER)
 
 
-def _best_llama(facts: ModelFacts, hw: HardwareSnapshot, ctx: int, slots: int, notes: list[str]) -> FitResult | None:
+def _best_llama(facts: ModelFacts, hw: HardwareSnapshot, base: LaunchPlan, notes: list[str]) -> FitResult | None:
     partial: FitResult | None = None
     cpu_only = not hw.gpus
     candidates = _llama_candidates(facts)
@@ -169,7 +172,7 @@ def _best_llama(facts: ModelFacts, hw: HardwareSnapshot, ctx: int, slots: int, n
     tight: FitResult | None = None
     for kv_type in ("f16", "q8_0"):
         for quant in candidates:
-            result = estimate(facts, "llama.cpp", hw, FitSettings(ctx=ctx, parallel=slots, kv_type=kv_type, quant=quant))
+            result = estimate(facts, hw, replace(base, kv_cache_type=kv_type), quant=quant)
             if result.fits == "yes":
                 if result.headroom_gib < SAFETY_GIB and hw.gpus:
                     tight = tight or result  # fits, but a browser tab could tip it over: look further first
@@ -182,22 +185,12 @@ def _best_llama(facts: ModelFacts, hw: HardwareSnapshot, ctx: int, slots: int, n
     return tight or partial
 
 
-def _best_vllm(facts: ModelFacts, hw: HardwareSnapshot, max_len: int, seqs: int, tp: int) -> FitResult | None:
-    ladder: list[str | None]
+def _vllm_ladder(facts: ModelFacts, hw: HardwareSnapshot) -> tuple[str | None, ...]:
+    """Precision first, then fewer bytes: bf16 (fp16 before Ampere), fp8 on the fly, then a 4-bit checkpoint."""
     if facts.quantization and not facts.is_gguf:
-        ladder = [None]  # already quantized checkpoint: serve as is
-    else:
-        cc = min((_cc(g.compute_capability or "0") for g in hw.cuda_gpus), default=0.0)
-        ladder = ["bf16" if cc >= 8.0 else "fp16", *(["fp8"] if cc >= 8.0 else []), "awq"]
-    for quant in ladder:
-        try:
-            result = estimate(facts, "vllm", hw, FitSettings(ctx=max_len, max_num_seqs=seqs, tensor_parallel=tp,
-                                                             quant=quant))
-        except SwitchyardError:
-            continue
-        if result.fits == "yes" and (result.max_concurrency or 0) >= 1:
-            return result
-    return None
+        return (None,)  # already quantized checkpoint: serve as is
+    cc = min((_cc(g.compute_capability or "0") for g in hw.cuda_gpus), default=0.0)
+    return ("bf16" if cc >= 8.0 else "fp16", *(("fp8",) if cc >= 8.0 else ()), "awq")
 
 
 def _model_ref(facts: ModelFacts, engine: str) -> str:
@@ -206,34 +199,17 @@ def _model_ref(facts: ModelFacts, engine: str) -> str:
     return facts.path if facts.is_gguf and facts.path else (facts.repo_id or facts.path or facts.name)
 
 
-def _settings(facts: ModelFacts, result: FitResult, slots: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    if result.engine == "llama.cpp":
-        kv_type = str(result.settings.get("kv_type", "f16"))
-        extra: list[str] = []
-        if kv_type != "f16":
-            extra += ["--cache-type-k", kv_type, "--cache-type-v", kv_type, "-fa", "on"]
-        settings = {"engine": "llama.cpp", "model_path": _model_ref(facts, "llama.cpp"), "ctx": result.ctx,
-                    "parallel": slots, "gpu_layers": result.gpu_layers, "dtype": "auto",
-                    "extra_args": extra}
-        key: dict[str, Any] = {"ctx": result.ctx, "slots": slots, "ctx_per_slot": result.ctx // slots,
-               "gpu_layers": result.gpu_layers, "kv_type": kv_type}
-        return settings, key
-    quant = result.quant or "bf16"
-    extra = ["--quantization", "fp8"] if quant == "fp8" and not facts.quantization else []
-    seqs = int(result.settings.get("max_num_seqs", slots))
-    settings = {"engine": "vllm", "model_path": _model_ref(facts, "vllm"), "ctx": result.ctx, "parallel": seqs,
-                "gpu_memory_utilization": float(result.settings.get("gpu_memory_utilization", 0.9)),
-                "dtype": "auto", "prefix_cache": True, "extra_args": extra}
-    tp = int(result.settings.get("tensor_parallel", 1))
-    if tp > 1:
-        settings["extra_args"] = [*extra, "--tensor-parallel-size", str(tp)]
-    if result.device == "CPU":
-        settings["kv_cache_gib"] = result.settings.get("kv_cache_gib", 4.0)
-        settings["dtype"] = "bfloat16"
-    key = {"max_model_len": result.ctx, "max_num_seqs": seqs, "tensor_parallel": tp,
-           "gpu_memory_utilization": settings["gpu_memory_utilization"], "kv_cache_tokens": result.kv_cache_tokens,
-           "max_concurrency": result.max_concurrency}
-    return settings, key
+def _key_settings(result: FitResult) -> dict[str, Any]:
+    """The few settings a person reads first, taken from the plan (never recomputed)."""
+    plan = result.plan
+    assert plan is not None
+    if plan.engine == "llama.cpp":
+        return {"ctx_per_request": plan.ctx_per_request, "slots": plan.slots, "ctx_size": plan.llama_ctx_size,
+                "gpu_layers": plan.gpu_layers, "kv_type": plan.kv_cache_type, "backend": plan.backend}
+    return {"max_model_len": plan.ctx_per_request, "max_num_seqs": plan.slots,
+            "tensor_parallel": plan.tensor_parallel, "gpu_memory_utilization": plan.gpu_memory_utilization,
+            "quantization": plan.quantization, "kv_cache_tokens": result.kv_cache_tokens,
+            "max_concurrency": result.max_concurrency, "backend": plan.backend}
 
 
 def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload | None = None,
@@ -249,20 +225,25 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
     per_request = _round_ctx(need, facts.context_length)
     slots = max(1, min(work.concurrency, MAX_SLOTS))
     llama_notes: list[str] = []
-    llama = _best_llama(facts, hardware, per_request * slots, slots, llama_notes)
+    llama_base = LaunchPlan(engine="llama.cpp", model_path=Path(_model_ref(facts, "llama.cpp")),
+                            ctx_per_request=per_request, slots=slots)
+    llama = _best_llama(facts, hardware, llama_base, llama_notes)
 
     blocker = _vllm_blocker(facts, hardware)
     vllm: FitResult | None = None
+    vllm_notes: list[str] = []
     seqs = max(8, min(256, 2 ** math.ceil(math.log2(max(work.concurrency, 1))) * 2))
     if blocker is None:
         max_len = _round_ctx(max(need, 4096), facts.context_length)
-        gpus = len(hardware.cuda_gpus)
-        for tp in sorted({1, *(n for n in (2, 4, 8) if n <= gpus)}):
-            vllm = _best_vllm(facts, hardware, max_len, seqs, tp)
-            if vllm is not None:
-                break
+        vllm_base = LaunchPlan(engine="vllm", model_path=Path(_model_ref(facts, "vllm")), ctx_per_request=max_len,
+                               slots=seqs, prefix_cache=True, gpu_memory_utilization=vllm_utilization(hardware))
+        vllm = size_vllm(facts, hardware, vllm_base, concurrency=work.concurrency,
+                         quants=_vllm_ladder(facts, hardware))
         if vllm is None:
             blocker = "vLLM does not fit: even AWQ 4-bit leaves no room for one full-length request's KV cache"
+        elif (vllm.max_concurrency or 0) < work.concurrency:
+            vllm_notes.append(f"vLLM's KV cache holds only {vllm.max_concurrency:.1f} of the {work.concurrency} "
+                               f"concurrent {max_len:,}-token requests asked for on this hardware")
 
     cold = {e: DEFAULT_COLD_START_S[e] for e in DEFAULT_COLD_START_S}
     sources = {e: "default" for e in cold}
@@ -305,6 +286,14 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
                        f"{payback_s or 0:.0f} s of a {run_s / 3600:.1f} h run")
         reasons.append(f"{vllm.quant} weights leave {vllm.kv_cache_gib:.1f} GiB of KV cache: {vllm.kv_cache_tokens:,} "
                        f"tokens, {vllm.max_concurrency:.1f} full {vllm.ctx:,}-token requests at once")
+        tp = vllm.plan.tensor_parallel if vllm.plan else 1
+        if tp > 1:
+            reasons.append(f"tensor parallel {tp} over {vllm.device.split('x ', 1)[-1]} keeps {vllm.quant} weights "
+                           f"({vllm.weights_gib:.1f} GiB per GPU) instead of quantizing further")
+        reasons.extend(vllm_notes)
+        if vllm.plan is not None and vllm.plan.quantization in ("awq", "gptq") and not facts.quantization:
+            reasons.append(f"download a {vllm.plan.quantization.upper()} checkpoint of this model and point the plan "
+                           "at it: vLLM cannot quantize to 4-bit while loading")
         if llama is None:
             reasons.append("llama.cpp does not fit this model here")
     else:
@@ -330,7 +319,7 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
             reasons.append(f"{llama.quant} fits fully on the GPU with {llama.headroom_gib:.1f} GiB to spare")
             if llama.headroom_gib < SAFETY_GIB:
                 reasons.append("that is tight: close other GPU apps, or lower ctx if loading fails")
-        kv_type = str(llama.settings.get("kv_type", "f16"))
+        kv_type = (llama.plan.kv_cache_type if llama.plan else None) or "f16"
         if kv_type != "f16" and not any("q8_0" in n for n in llama_notes):
             reasons.append(f"KV cache quantized to {kv_type} (with flash attention) to keep every layer on the GPU")
         reasons.extend(llama_notes)
@@ -338,13 +327,12 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
             reasons.append(f"download a {llama.quant} GGUF of this model for llama.cpp (the Hub search lists them)")
     if any(s == "measured" for s in sources.values()) or gain_source == "measured":
         reasons.append("measured history from this machine replaced the default cold-start/throughput figures")
-    settings, key = _settings(facts, chosen, slots if chosen.engine == "llama.cpp" else seqs)
+    assert chosen.plan is not None
     numbers["fit"] = {"weights_gib": chosen.weights_gib, "kv_cache_gib": chosen.kv_cache_gib,
                       "total_gib": chosen.total_gib, "available_gib": chosen.available_gib,
                       "headroom_gib": chosen.headroom_gib}
     runner_up: dict[str, Any] | None
     if loser is not None:
-        loser_settings, loser_key = _settings(facts, loser, slots if loser.engine == "llama.cpp" else seqs)
         if loser.engine == "vllm":
             why = (f"~{gain:.1f}x throughput at concurrency {work.concurrency} does not repay a "
                    f"{cold['vllm']:.0f} s cold start over {run_s / 60:.0f} min runs (score {score_vllm:.2f} vs "
@@ -352,12 +340,12 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
         else:
             why = (f"~{gain:.1f}x less throughput at concurrency {work.concurrency}; its faster start "
                    f"({cold['llama.cpp']:.0f} s) matters little over {run_s / 3600:.1f} h runs")
-        runner_up = {"engine": loser.engine, "quant": loser.quant, "settings": loser_settings,
-                     "key_settings": loser_key, "fits": loser.fits, "why_lost": why}
+        runner_up = {"engine": loser.engine, "quant": loser.quant,
+                     "plan": loser.plan.to_json() if loser.plan else None,
+                     "key_settings": _key_settings(loser), "fits": loser.fits, "why_lost": why}
     else:
         other = "vllm" if chosen.engine == "llama.cpp" else "llama.cpp"
-        runner_up = {"engine": other, "quant": None, "settings": None, "fits": "no",
+        runner_up = {"engine": other, "quant": None, "plan": None, "fits": "no",
                      "why_lost": blocker or "it does not fit this model here"}
-    return Recommendation(engine=chosen.engine, quant=chosen.quant or "", settings=settings, reasons=reasons,
-                          numbers=numbers, runner_up=runner_up, fit=chosen, key_settings=key)
-
+    return Recommendation(engine=chosen.engine, quant=chosen.quant or "", plan=chosen.plan, reasons=reasons,
+                          numbers=numbers, runner_up=runner_up, fit=chosen, key_settings=_key_settings(chosen))

@@ -146,13 +146,13 @@ class RecommendPage(QWidget):
         rec = self.recommendation
         if rec is None:
             return None
-        settings = rec.settings
+        plan = rec.plan
         typed = self.model_edit.text().strip() or "demo"
         # `demo` stays `demo`: it resolves to each engine's format, so a later switch to the other engine works
-        model = typed if typed == "demo" else str(settings.get("model_path") or typed)
-        return LaunchRequest(engine=rec.engine, model=model,
-                             ctx=int(settings.get("ctx", 2048)), parallel=int(settings.get("parallel", 4)),
-                             extra_args=tuple(settings.get("extra_args") or ()))
+        model = typed if typed == "demo" else str(plan.model_path or typed)
+        # the fit's plan, launched as is: per-request context, slots, -ngl, KV type, util, TP all as checked
+        return LaunchRequest(engine=rec.engine, model=model, ctx_per_request=plan.ctx_per_request, slots=plan.slots,
+                             plan=plan)
 
     def open_export(self, modal: bool = True) -> Any:
         """The export dialog for the recommended launch plan (tests pass modal=False and drive it)."""
