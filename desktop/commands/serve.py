@@ -27,6 +27,7 @@ from desktop.core.runtime.telemetry import Telemetry
 from desktop.core.serving import control
 from desktop.core.serving.endpoint import EndpointEvent, EndpointManager, EngineSpec, SwitchResult
 from desktop.core.serving.proxy import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT, ProxyServer
+from desktop.core.runtime.launches import record_launch
 from desktop.core.storage.history import Store
 
 
@@ -112,6 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cold = engine.wait_ready(timeout=args.ready_timeout, first_request=args.prompt is None)
         if args.prompt is not None:
             return _prompt_once(args, engine)
+        record_launch(engine, args.model, source="serve")
         print(f"ready: {engine.base_url}/v1 serving {model_path.name} as '{plan.served_model_name}' "
               f"(T1 {cold.t1_health_s:.2f} s, first token {cold.t2_first_token_s:.2f} s). Ctrl-C to stop.",
               file=sys.stderr)

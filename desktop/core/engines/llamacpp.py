@@ -209,7 +209,8 @@ class LlamaCppAdapter(EngineAdapter):
             "--metrics",
             "--slots",
             "--no-ui",
-            "-lv", "4",  # info level: model/KV/compute buffer sizes are what the fit estimator learns from
+            # Default verbosity: -lv 4 logged several lines per slot per step (~350k lines for ~700 requests) and
+            # cost throughput. The load memory is taken from the process instead (desktop.core.runtime.launches).
         ]
         if plan.gpu_layers is not None:
             argv += ["--n-gpu-layers", str(plan.gpu_layers)]

@@ -21,6 +21,7 @@ from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from desktop.core.engines.model_path import resolve_model
+from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
 from desktop.core.serving.proxy import ProxyServer, Upstream
@@ -143,8 +144,10 @@ class EndpointManager:
         drain_timeout: float = 600.0,
         keep_standby: bool = False,
         failover: bool = False,
+        record_launches: bool = True,
     ) -> None:
         self.proxy = proxy
+        self.record_launches = record_launches  # each ready engine's cold start and load memory go to history
         self.telemetry = telemetry
         self.launcher = launcher
         self.ready_timeout = ready_timeout
@@ -229,6 +232,8 @@ class EndpointManager:
         if self._closed:  # the endpoint was closed while this engine loaded
             process.stop()
             raise SwitchyardError("the endpoint was stopped while the engine was starting")
+        if self.record_launches:
+            record_launch(process, spec.model, source="endpoint")
         if self.telemetry is not None:
             self.telemetry.watch(EngineScraper(upstream.name, adapter, process.base_url, process.pid,
                                                api_key=process.plan.api_key))
