@@ -21,13 +21,13 @@ from desktop.core.common.errors import EngineFailed, EngineNotInstalled, Switchy
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.engines.model_path import resolve_model
+from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.ports import ensure_port_free
 from desktop.core.runtime.supervisor import EngineProcess, reap_orphans, stream_completion
 from desktop.core.runtime.telemetry import Telemetry
 from desktop.core.serving import control
 from desktop.core.serving.endpoint import EndpointEvent, EndpointManager, EngineSpec, SwitchResult
 from desktop.core.serving.proxy import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT, ProxyServer
-from desktop.core.runtime.launches import record_launch
 from desktop.core.storage.history import Store
 
 
