@@ -163,3 +163,29 @@ def test_from_runs_on_empty_history() -> None:
                                                 "num_hidden_layers": 2, "hidden_size": 64,
                                                 "num_attention_heads": 4, "vocab_size": 100}))
     assert evidence.engines == {} and evidence.gain(8) is None and evidence.consulted
+
+
+def test_recommend_page_shows_figures_and_offers_a_measurement_when_defaults_decide(qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from desktop.ui.pages.recommend import RecommendPage
+
+    page = RecommendPage()
+    qtbot.addWidget(page)
+    demo = facts_for("demo")
+    close = recommend(demo, CPU, Workload(concurrency=8), evidence=Evidence.none("demo"))
+    assert close.numbers["rests_on_defaults"] and close.numbers["close_call"]
+    page.show_recommendation(close)
+    assert not page.measure_button.isHidden() and "min A/B" in page.measure_button.text()
+    assert "default" in page.result_label.text()
+    with qtbot.waitSignal(page.measure_requested) as signal:
+        page.measure_button.click()
+    job = signal.args[0]
+    assert job["kind"] == "ab" and job["config"]["engines"] == ["llama.cpp", "vllm"]
+    assert job["config"]["concurrency"] == [1, 8] and job["config"]["model"] == "demo"
+
+    with Store(tmp_path / "h.sqlite3") as store:
+        run = ab_history(store, llama_speed=10.0, vllm_speed=14.0)
+        measured = recommend(demo, CPU, Workload(concurrency=8), evidence=gather(demo, store))
+    page.show_recommendation(measured)
+    assert page.measure_button.isHidden()  # measured: nothing to offer
+    assert f"run #{run}" in page.result_label.text()

@@ -433,6 +433,21 @@ def corrected_fit(result: FitResult, checks: list[MemoryCheck]) -> FitResult:
                    notes=[*result.notes, note])
 
 
+# --- "measure it here" ---------------------------------------------------------------------------------------
+MEASURE_REQUESTS = 16
+MEASURE_LEVEL_S = 20.0  # a level of 16 short requests on one engine, roughly, on a small machine
+
+
+def measure_job(model: str, concurrency: int, cold_start_s: dict[str, float]) -> tuple[dict[str, Any], float]:
+    """A short A/B (the Compare page's job) that replaces the default figures for this model and workload,
+    and its estimated duration in seconds: both cold starts plus a few short levels per engine."""
+    levels = sorted({1, max(1, min(concurrency, 32))})
+    job = {"kind": "ab", "config": {"model": model, "engines": ["llama.cpp", "vllm"], "concurrency": levels,
+                                    "repetitions": 1, "requests_per_level": MEASURE_REQUESTS, "output_len": 32}}
+    seconds = sum(cold_start_s.values()) + 2 * len(levels) * MEASURE_LEVEL_S
+    return job, seconds
+
+
 __all__ = ["DEFAULT", "MEASURED", "Curve", "EngineEvidence", "Evidence", "Figure", "Gain", "LevelPoint",
-           "LoadMemory", "MemoryCheck", "corrected_fit", "default", "from_runs", "gather", "memory_checks",
+           "LoadMemory", "MemoryCheck", "corrected_fit", "default", "from_runs", "gather", "measure_job", "memory_checks",
            "model_key", "model_keys", "run_date"]
