@@ -189,3 +189,30 @@ def test_recommend_page_shows_figures_and_offers_a_measurement_when_defaults_dec
     page.show_recommendation(measured)
     assert page.measure_button.isHidden()  # measured: nothing to offer
     assert f"run #{run}" in page.result_label.text()
+
+
+def test_endpoint_launches_go_to_history_for_the_next_recommendation(llama_install, demo_model) -> None:  # type: ignore[no-untyped-def]
+    """The GUI and `serve --endpoint` launch through the endpoint manager: each ready engine leaves a launch row
+    (cold start T1-T3, memory) that the next `recommend` reads."""
+    from desktop.core.runtime.ports import find_free_port
+    from desktop.core.serving.endpoint import EndpointManager, EngineSpec
+    from desktop.core.serving.proxy import ProxyServer
+
+    with Store() as store:
+        before = {r.id for r in store.runs(kind="launch")}
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=600)
+    proxy.start()
+    manager = EndpointManager(proxy, ready_timeout=600)
+    try:
+        manager.start(EngineSpec("llama.cpp", "demo", parallel=2))
+    finally:
+        manager.close()
+        proxy.stop()
+    with Store() as store:
+        new = [r for r in store.runs(kind="launch") if r.id not in before]
+        evidence = gather("demo", store)
+    assert len(new) == 1 and new[0].engine == "llama.cpp" and new[0].model == "demo"
+    assert new[0].summary["source"] == "endpoint" and new[0].summary["cold_start"]["t3_first_request_s"] > 0
+    found = evidence.get("llama.cpp")
+    assert found is not None and found.cold_start is not None and found.cold_start.measured
+    assert found.load_memory is not None and found.load_memory.measured["rss_gib"] > 0

@@ -29,6 +29,7 @@ from desktop.core.storage.history import RunRecord, Store, machine_name
 MEASURED = "measured"
 DEFAULT = "default"
 HISTORY_LIMIT = 500  # newest runs read; older ones rarely describe the machine as it is now
+KIND_NAMES = {"ab": "A/B", "bench": "bench run", "launch": "launch"}
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,7 @@ def from_runs(runs: Iterable[RunRecord], facts: ModelFacts | str, machine: str |
             continue
         for engine, seconds in _cold_starts(run).items():
             cold.setdefault(engine, Figure(round(seconds, 3), MEASURED, run.id, run_date(run.created_at),
-                                           f"T3 cold start of a {run.kind}"))
+                                           f"T3 cold start, {KIND_NAMES.get(run.kind, run.kind)}"))
         if run.kind == "ab":
             for engine, curve in _ab_curves(run).items():
                 curves.setdefault(engine, curve)
