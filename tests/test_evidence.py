@@ -216,3 +216,25 @@ def test_endpoint_launches_go_to_history_for_the_next_recommendation(llama_insta
     found = evidence.get("llama.cpp")
     assert found is not None and found.cold_start is not None and found.cold_start.measured
     assert found.load_memory is not None and found.load_memory.measured["rss_gib"] > 0
+
+
+def test_a_launch_that_used_more_memory_than_predicted_corrects_the_next_fit(tmp_path: Path) -> None:
+    from desktop.core.planning.evidence import corrected_fit, memory_checks
+
+    demo = facts_for("demo")
+    settings = {"ctx": 512, "parallel": 4}
+    predicted = estimate(demo, "llama.cpp", CPU, FitSettings(ctx=2048, parallel=4))
+    measured_total = predicted.available_gib + 1.0  # the launch used more than this machine has free now
+    with Store(tmp_path / "h.sqlite3") as store:
+        run = store.add_run(RunRecord(kind="launch", engine="llama.cpp", model="demo", settings=settings,
+                                      summary={"cold_start": {"t3_first_request_s": 0.5},
+                                               "load_memory": {"rss_gib": measured_total}}))
+        found = gather(demo, store).get("llama.cpp")
+    assert found is not None and found.load_memory is not None and found.load_memory.run_id == run
+    checks = memory_checks(demo, CPU, found.load_memory)
+    assert [c.what for c in checks] == ["total (process RSS)"]
+    assert checks[0].predicted_gib == pytest.approx(predicted.total_gib, abs=1e-3)
+    corrected = corrected_fit(predicted, checks)
+    assert corrected.fits == "no" and corrected.total_gib == pytest.approx(measured_total, abs=1e-2)
+    assert any(f"launch #{run}" in note for note in corrected.notes)
+    assert corrected_fit(predicted, []) is predicted
