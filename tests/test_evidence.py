@@ -50,6 +50,9 @@ def test_the_engine_ab_measured_faster_wins_and_flips_with_the_curve(tmp_path: P
             assert figures["cold_start_s"][name] == {**figures["cold_start_s"][name], "source": "measured",
                                                      "run_id": run}
         assert figures["cold_start_s"]["vllm"]["value"] == pytest.approx(57.0)
+        assert figures["ttft_p50_ms"]["vllm"]["source"] == "measured"
+        # the A/B sent 64/32-token prompts/outputs, the workload asks 512/256: the nearest settings, said so
+        assert "nearest settings" in figures["vllm_throughput_gain"]["note"]
         assert any(f"run #{run}" in r for r in rec.reasons)
 
         flipped = ab_history(store, llama_speed=14.0, vllm_speed=10.0)  # newer: the curve flips

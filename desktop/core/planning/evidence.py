@@ -157,21 +157,25 @@ class Evidence:
         found = self.get(engine)
         return found.cold_start if found else None
 
-    def gain(self, concurrency: int, base: str = "llama.cpp", other: str = "vllm") -> Gain | None:
-        """other/base throughput at `concurrency`: this model's curves, else the newest A/B of another model."""
+    def gain(self, concurrency: int, base: str = "llama.cpp", other: str = "vllm",
+             lengths: tuple[int, int] | None = None) -> Gain | None:
+        """other/base throughput at `concurrency`: this model's curves, else the newest A/B of another model.
+        `lengths` (prompt, output tokens of the workload) adds a note when the runs used very different ones."""
         b, o = self.get(base), self.get(other)
         fb = b.throughput_at(concurrency) if b else None
         fo = o.throughput_at(concurrency) if o else None
-        if fb and fo and fb.value > 0:
+        if b and o and b.curve and o.curve and fb and fo and fb.value > 0:
             note = None
-            if b and o and b.curve and o.curve and b.curve.run_id != o.curve.run_id:
+            if b.curve.run_id != o.curve.run_id:
                 note = f"from separate runs (#{b.curve.run_id} and #{o.curve.run_id})"
+            note = _join(note, _length_note(o.curve, lengths))
             return Gain(fo.value / fb.value, {base: fb, other: fo}, note)
         if base in self._nearest_pair and other in self._nearest_pair:
             cb, co = self._nearest_pair[base], self._nearest_pair[other]
             nb, no = _figure(cb, concurrency, "output_tok_s"), _figure(co, concurrency, "output_tok_s")
             if nb and no and nb.value > 0:
-                why = f"nearest measured model: {cb.model} ({self.model} was never run here)"
+                why = _join(f"nearest measured model: {cb.model} ({self.model} was never run here)",
+                            _length_note(co, lengths)) or ""
                 return Gain(no.value / nb.value, {base: replace(nb, note=_join(nb.note, why)),
                                                   other: replace(no, note=_join(no.note, why))}, why)
         return None
@@ -182,6 +186,18 @@ class Evidence:
                                    "curve_run_id": e.curve.run_id if e.curve else None,
                                    "load_memory": e.load_memory.to_json() if e.load_memory else None}
                             for name, e in self.engines.items()}}
+
+
+def _length_note(curve: Curve, lengths: tuple[int, int] | None) -> str | None:
+    """Say so when a curve was measured with prompts/outputs far from the workload's (nearest settings)."""
+    if lengths is None:
+        return None
+    prompt, output = curve.workload.get("input_len"), curve.workload.get("output_len")
+    if not (isinstance(prompt, int) and isinstance(output, int) and prompt > 0 and output > 0):
+        return None
+    far = any(max(m, w) / max(min(m, w), 1) > 2 for m, w in ((prompt, lengths[0]), (output, lengths[1])))
+    return (f"nearest settings: measured with {prompt}/{output}-token prompts/outputs, the workload asks "
+            f"{lengths[0]}/{lengths[1]}") if far else None
 
 
 def _join(*parts: str | None) -> str | None:

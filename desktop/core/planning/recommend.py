@@ -272,7 +272,7 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
             blocker = "vLLM does not fit: even AWQ 4-bit leaves no room for one full-length request's KV cache"
 
     cpu_vllm = not hardware.cuda_gpus
-    figures = _figures(work.concurrency, cpu_vllm, measured, evidence)
+    figures = _figures(work.concurrency, cpu_vllm, measured, evidence, (work.prompt_len, work.output_len))
     cold = {e: figures["cold_start_s"][e].value for e in DEFAULT_COLD_START_S}
     sources = {e: figures["cold_start_s"][e].source for e in cold}
     gain = figures["vllm_throughput_gain"].value
@@ -389,19 +389,25 @@ def _secs(seconds: float) -> str:
 
 
 def _figures(concurrency: int, cpu_vllm: bool, measured: dict[str, EngineMeasurement],
-             evidence: Evidence | None) -> dict[str, Any]:
+             evidence: Evidence | None, lengths: tuple[int, int]) -> dict[str, Any]:
     """Cold starts, throughputs and vLLM's gain, each measured (history, or `measurements`) or default."""
     base_cold = DEFAULT_CPU_COLD_START_S if cpu_vllm else DEFAULT_COLD_START_S
     where = "CPU" if cpu_vllm else "GPU"
     cold: dict[str, Figure] = {e: default(v, f"typical on a {where}") for e, v in base_cold.items()}
     tput: dict[str, Figure] = {}
+    ttft: dict[str, Figure] = {}
     gain = default(default_gain(concurrency, cpu_vllm), f"typical on a {where} at concurrency {concurrency}")
     if evidence is not None:
         for engine in cold:
             found = evidence.cold_start(engine)
             if found is not None and found.value >= 0:
                 cold[engine] = found
-        measured_gain = evidence.gain(concurrency)
+        for engine in cold:
+            found_engine = evidence.get(engine)
+            ttft_figure = found_engine.ttft_at(concurrency) if found_engine else None
+            if ttft_figure is not None:
+                ttft[engine] = ttft_figure
+        measured_gain = evidence.gain(concurrency, lengths=lengths)
         if measured_gain is not None:
             tput = dict(measured_gain.figures)
             runs = sorted({f.run_id for f in tput.values() if f.run_id is not None})
@@ -419,7 +425,7 @@ def _figures(concurrency: int, cpu_vllm: bool, measured: dict[str, EngineMeasure
         gain = Figure(mv.output_tok_s / ml.output_tok_s, "measured", note="given by the caller")
         tput = {"llama.cpp": Figure(ml.output_tok_s, "measured", note="given by the caller"),
                 "vllm": Figure(mv.output_tok_s, "measured", note="given by the caller")}
-    return {"cold_start_s": cold, "throughput_tok_s": tput, "vllm_throughput_gain": gain}
+    return {"cold_start_s": cold, "throughput_tok_s": tput, "ttft_p50_ms": ttft, "vllm_throughput_gain": gain}
 
 
 def _learned(facts: ModelFacts, hardware: HardwareSnapshot, chosen: FitResult, evidence: Evidence | None,

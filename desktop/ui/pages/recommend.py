@@ -57,6 +57,8 @@ def figure_lines(rec: Any) -> list[str]:
     for engine, fig in (figures.get("throughput_tok_s") or {}).items():
         lines.append(f"throughput {engine} at c={rec.numbers.get('concurrency')}: {fig['value']:.1f} tok/s "
                      f"({_tag(fig)})")
+    for engine, fig in (figures.get("ttft_p50_ms") or {}).items():
+        lines.append(f"TTFT p50 {engine} at c={rec.numbers.get('concurrency')}: {fig['value']:.0f} ms ({_tag(fig)})")
     gain = figures.get("vllm_throughput_gain")
     if gain:
         lines.append(f"vLLM / llama.cpp throughput: {gain['value']:.2f}x ({_tag(gain)})")
