@@ -16,6 +16,7 @@ import time
 from types import FrameType
 from typing import Any
 
+from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json, stderr_progress
 from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
 from desktop.core.engines import get_adapter
@@ -35,22 +36,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser("serve", help="run an engine on a model (OpenAI-compatible, 127.0.0.1)")
     parser.add_argument("--engine", required=True, help="llama.cpp or vllm")
     parser.add_argument("--model", required=True, help="`demo`, a GGUF file, or a Hugging Face folder")
-    parser.add_argument("--port", type=int, default=0, help="engine port (default: a free one)")
-    parser.add_argument("--ctx", type=int, default=2048, help="context length per request")
-    parser.add_argument("--parallel", type=int, default=4, help="concurrent sequences (slots / max_num_seqs)")
+    parser.add_argument("--port", type=N.port_or_free, default=0, help="engine port (default: a free one)")
+    parser.add_argument("--ctx", type=N.count, default=2048, help="context length per request")
+    parser.add_argument("--parallel", type=N.count, default=4, help="concurrent sequences (slots / max_num_seqs)")
     parser.add_argument("--prompt", help="stream one completion for this prompt, print phase times, then stop")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=N.count, default=32)
     parser.add_argument("--no-install", action="store_true", help="fail instead of installing a missing engine")
-    parser.add_argument("--ready-timeout", type=float, default=900.0)
+    parser.add_argument("--ready-timeout", type=N.seconds, default=900.0)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     endpoint = parser.add_argument_group("stable endpoint")
     endpoint.add_argument("--endpoint", action="store_true",
                           help=f"serve through the stable endpoint on 127.0.0.1:{DEFAULT_PROXY_PORT}")
-    endpoint.add_argument("--proxy-port", type=int, help="stable endpoint port (implies --endpoint)")
+    endpoint.add_argument("--proxy-port", type=N.port, help="stable endpoint port (implies --endpoint)")
     endpoint.add_argument("--model-name", default="switchyard", help="the model name clients see")
     endpoint.add_argument("--api-key-env", metavar="VAR",
                           help="require this environment variable's value as the endpoint's API key")
-    endpoint.add_argument("--wait-timeout", type=float, default=DEFAULT_WAIT_TIMEOUT,
+    endpoint.add_argument("--wait-timeout", type=N.seconds, default=DEFAULT_WAIT_TIMEOUT,
                           help="how long a request waits for an engine while none is ready (seconds)")
     endpoint.add_argument("--standby", metavar="ENGINE", help="also start ENGINE and keep it warm")
     endpoint.add_argument("--keep-standby", action="store_true",
@@ -60,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=cmd_serve)
 
     status = subparsers.add_parser("status", help="show the running stable endpoint and its engines")
-    status.add_argument("--port", type=int, help="which endpoint, when several run")
+    status.add_argument("--port", type=N.port, help="which endpoint, when several run")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
 
@@ -68,12 +69,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                                   "failing requests")
     switch.add_argument("--to", required=True, metavar="ENGINE", help="llama.cpp or vllm")
     switch.add_argument("--model", help="model for the new engine (default: the one served now)")
-    switch.add_argument("--port", type=int, help="which endpoint, when several run")
+    switch.add_argument("--port", type=N.port, help="which endpoint, when several run")
     switch.add_argument("--json", action="store_true", help="machine-readable output")
     switch.set_defaults(func=cmd_switch)
 
     stop = subparsers.add_parser("stop", help="stop the running endpoint and its engines")
-    stop.add_argument("--port", type=int, help="which endpoint, when several run")
+    stop.add_argument("--port", type=N.port, help="which endpoint, when several run")
     stop.add_argument("--json", action="store_true", help="machine-readable output")
     stop.set_defaults(func=cmd_stop)
 

@@ -93,7 +93,7 @@ class EngineSession(QObject):
             if self.manager is not None:
                 return
             from desktop.core.runtime.telemetry import Telemetry
-            from desktop.core.serving.endpoint import EndpointManager
+            from desktop.core.serving.endpoint import EndpointManager, make_launcher
             from desktop.core.serving.proxy import ProxyServer
             from desktop.core.storage import settings as core_settings
 
@@ -103,29 +103,10 @@ class EngineSession(QObject):
             telemetry = Telemetry()
             telemetry.subscribe(self._on_samples)
             telemetry.start()
-            manager = EndpointManager(proxy, telemetry=telemetry, launcher=self._launcher)
+            manager = EndpointManager(proxy, telemetry=telemetry, launcher=lambda spec: make_launcher(
+                self._progress, install_missing=True, vllm_eager=self.vllm_eager)(spec))
             manager.subscribe(self._on_endpoint_event)
             self.proxy, self.telemetry, self.manager = proxy, telemetry, manager
-
-    def _launcher(self, spec: Any) -> Any:
-        """Like endpoint.default_launcher, but installs a missing engine (with progress) instead of failing."""
-        from desktop.core.engines import get_adapter
-        from desktop.core.engines.base import LaunchPlan
-        from desktop.core.engines.model_path import resolve_model
-        from desktop.core.runtime.supervisor import reap_orphans
-
-        adapter = get_adapter(spec.engine)
-        model_path = resolve_model(spec.model, adapter, self._progress)
-        install = adapter.find_install()
-        if install is None:
-            self.progress.emit(f"{adapter.display_name} is not installed yet: installing it (once, cached)")
-            install = adapter.install(self._progress)
-        reap_orphans()
-        self.progress.emit(f"Starting {adapter.display_name} on {model_path.name}; waiting until it serves")
-        plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=spec.port, ctx=spec.ctx,
-                          parallel=spec.parallel, extra_args=spec.extra_args,
-                          eager=self.vllm_eager and adapter.name == "vllm")
-        return adapter, plan, install
 
     def _progress(self, event: Any) -> None:
         self.progress.emit(getattr(event, "message", str(event)))

@@ -23,7 +23,8 @@ import psutil
 
 from desktop.core.common import paths
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.serving.proxy import LocalRequest, LocalResponse, LocalRoute
+from desktop.core.runtime import proctree
+from desktop.core.serving.http1 import LocalRequest, LocalResponse, LocalRoute
 
 TOKEN_HEADER = "X-Switchyard-Token"
 PREFIX = "/switchyard"
@@ -42,6 +43,7 @@ class Discovery:
     url: str
     token: str
     started_at: float
+    created: float | None = None  # the process's start time: a reused pid is not this instance
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -60,7 +62,8 @@ def new_token() -> str:
 def write_discovery(port: int, url: str, token: str) -> Path:
     """Create the discovery file readable by this user only (created 0600, never widened)."""
     path = discovery_path(port)
-    record = {"pid": os.getpid(), "port": port, "url": url, "token": token, "started_at": time.time()}
+    record = {"pid": os.getpid(), "created": psutil.Process().create_time(), "port": port, "url": url,
+              "token": token, "started_at": time.time()}
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
@@ -72,7 +75,11 @@ def remove_discovery(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, created: float | None = None) -> bool:
+    """Whether the instance still runs: its pid is live, not a zombie, and (when recorded) started when it did,
+    so a pid the system handed to another process after a crash is not taken for the instance."""
+    if created is not None:
+        return proctree.same_process(pid, created) is not None
     with contextlib.suppress(psutil.Error):
         return psutil.Process(pid).is_running() and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     return False
@@ -84,11 +91,13 @@ def find_instances() -> list[Discovery]:
     for file in sorted(paths.run_dir().glob("endpoint-*.json")):
         try:
             record = json.loads(file.read_text())
+            created = record.get("created")
             discovery = Discovery(int(record["pid"]), int(record["port"]), str(record["url"]), str(record["token"]),
-                                  float(record.get("started_at", 0)))
+                                  float(record.get("started_at", 0)),
+                                  float(created) if isinstance(created, int | float) else None)
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if not _alive(discovery.pid):
+        if not _alive(discovery.pid, discovery.created):
             file.unlink(missing_ok=True)
             continue
         found.append(discovery)
@@ -203,6 +212,12 @@ class ControlClient:
     def stop(self, wait: float = 60.0) -> bool:
         """Ask the instance to stop and wait until its process is gone. True when it exited in time."""
         self._request("POST", "stop", 10.0)
+        deadline = time.monotonic() + wait
+        pid, created = self.discovery.pid, self.discovery.created
         with contextlib.suppress(psutil.Error):
-            psutil.Process(self.discovery.pid).wait(wait)
-        return not _alive(self.discovery.pid)
+            process = psutil.Process(pid)
+            while _alive(pid, created) and time.monotonic() < deadline:
+                # psutil's wait on another's process counts a zombie as running: look at the state each step
+                with contextlib.suppress(psutil.TimeoutExpired):
+                    process.wait(0.1)
+        return not _alive(pid, created)

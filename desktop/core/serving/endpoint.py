@@ -18,13 +18,15 @@ from typing import Any
 import psutil
 
 from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
+from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from desktop.core.engines.model_path import resolve_model
 from desktop.core.runtime.launches import record_launch
-from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState
+from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState, reap_orphans
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
-from desktop.core.serving.proxy import ProxyServer, Upstream
+from desktop.core.serving.proxy import ProxyServer
+from desktop.core.serving.router import Upstream
 
 log = logging.getLogger("switchyard.endpoint")
 
@@ -49,17 +51,33 @@ class EngineSpec:
 Launcher = Callable[[EngineSpec], tuple[EngineAdapter, LaunchPlan, EngineInstall]]
 
 
-def default_launcher(spec: EngineSpec) -> tuple[EngineAdapter, LaunchPlan, EngineInstall]:
-    """Resolve an EngineSpec into what the supervisor needs; the engine must be installed already."""
-    adapter = get_adapter(spec.engine)
-    model_path = resolve_model(spec.model, adapter)
-    install = adapter.find_install()
-    if install is None:
-        raise EngineNotInstalled(f"{adapter.display_name} is not installed",
-                                 f"run `switchyard engines install {adapter.name}` first")
-    plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=spec.port, ctx=spec.ctx,
-                      parallel=spec.parallel, extra_args=spec.extra_args)
-    return adapter, plan, install
+def make_launcher(progress: ProgressCallback = no_progress, *, install_missing: bool = False,
+                  vllm_eager: bool = False) -> Launcher:
+    """The one way an EngineSpec becomes what the supervisor needs. The CLI wants a missing engine to be an
+    error with the install command; the GUI installs it (once, cached) with progress and, on request, starts vLLM
+    eager (no torch.compile: a faster start on a CPU box)."""
+
+    def launch(spec: EngineSpec) -> tuple[EngineAdapter, LaunchPlan, EngineInstall]:
+        adapter = get_adapter(spec.engine)
+        model_path = resolve_model(spec.model, adapter, progress)
+        install = adapter.find_install()
+        if install is None and not install_missing:
+            raise EngineNotInstalled(f"{adapter.display_name} is not installed",
+                                     f"run `switchyard engines install {adapter.name}` first")
+        if install is None:
+            progress(ProgressEvent(f"{adapter.display_name} is not installed yet: installing it (once, cached)"))
+            install = adapter.install(progress)
+        reap_orphans()
+        progress(ProgressEvent(f"Starting {adapter.display_name} on {model_path.name}; waiting until it serves"))
+        plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=spec.port, ctx=spec.ctx,
+                          parallel=spec.parallel, extra_args=spec.extra_args,
+                          eager=vllm_eager and adapter.name == "vllm")
+        return adapter, plan, install
+
+    return launch
+
+
+default_launcher = make_launcher()
 
 
 @dataclass
