@@ -19,6 +19,7 @@ from desktop.core.common.errors import SwitchyardError
 COMMAND_MODULES = (
     "desktop.commands.engines",
     "desktop.commands.serve",
+    "desktop.commands.requests",
     "desktop.commands.machine",
     "desktop.commands.hub",
     "desktop.commands.bench",

@@ -49,6 +49,7 @@ class EngineSession(QObject):
     stopped = Signal()
     samples = Signal(list)  # list[telemetry.Sample]
     switched = Signal(object)  # endpoint.SwitchResult (+ .failed_requests)
+    requests_changed = Signal()  # the request log moved: call request_snapshot() (coalesced: one pending at most)
 
     def __init__(self, parent: QObject | None = None, endpoint_port: int | None = None) -> None:
         super().__init__(parent)
@@ -56,6 +57,10 @@ class EngineSession(QObject):
         self.proxy: Any = None
         self.telemetry: Any = None
         self.manager: Any = None
+        self.request_log: Any = None  # serving.requestlog.RequestLog, once the endpoint runs
+        self.capture_bodies = False
+        self._history: Any = None
+        self._requests_pending = False
         self.request: LaunchRequest | None = None
         self.busy = False
         self.switching = False
@@ -93,20 +98,55 @@ class EngineSession(QObject):
             if self.manager is not None:
                 return
             from desktop.core.runtime.telemetry import Telemetry
-            from desktop.core.serving.endpoint import EndpointManager, make_launcher
+            from desktop.core.serving.endpoint import EndpointManager, machine_budget, make_launcher
             from desktop.core.serving.proxy import ProxyServer
             from desktop.core.storage import settings as core_settings
 
             port = self.endpoint_port if self.endpoint_port is not None else core_settings.load().endpoint_port
             proxy = ProxyServer(port=port)
-            proxy.start()  # PortBusy (a readable SwitchyardError) when the port is taken
+            self._attach_request_log(proxy)  # before start: its control route (if any) is added before start too
+            try:
+                proxy.start()  # PortBusy (a readable SwitchyardError) when the port is taken
+            except BaseException:
+                self._close_request_log()
+                raise
             telemetry = Telemetry()
             telemetry.subscribe(self._on_samples)
             telemetry.start()
             manager = EndpointManager(proxy, telemetry=telemetry, launcher=lambda spec: make_launcher(
-                self._progress, install_missing=True, vllm_eager=self.vllm_eager)(spec))
+                self._progress, install_missing=True, vllm_eager=self.vllm_eager)(spec), budget=machine_budget())
             manager.subscribe(self._on_endpoint_event)
             self.proxy, self.telemetry, self.manager = proxy, telemetry, manager
+
+    def _attach_request_log(self, proxy: Any) -> None:
+        """The endpoint's request log, kept in history too (serving goes on without history if it cannot open)."""
+        from desktop.core.common.errors import SwitchyardError
+        from desktop.core.serving.requestlog import RequestLog
+        from desktop.core.storage.history import Store
+
+        try:
+            self._history = Store()
+        except SwitchyardError as exc:
+            log.warning("request history disabled: %s", exc)
+        request_log = RequestLog(sink=self._history)
+        request_log.subscribe(self._on_request)
+        request_log.attach(proxy)
+        proxy.set_capture_bodies(self.capture_bodies)
+        self.request_log = request_log
+
+    def set_capture_bodies(self, on: bool) -> None:
+        """Keep request/response bodies in the request log from now on (the GUI's endpoint has no API key)."""
+        self.capture_bodies = on
+        if self.proxy is not None:
+            self.proxy.set_capture_bodies(on)
+
+    def request_snapshot(self, limit: int = 200) -> tuple[list[Any], list[Any]]:
+        """(in flight, last `limit` finished) for the requests view; re-arms requests_changed."""
+        self._requests_pending = False
+        request_log = self.request_log
+        if request_log is None:
+            return [], []
+        return request_log.inflight(), request_log.recent(limit)
 
     def _progress(self, event: Any) -> None:
         self.progress.emit(getattr(event, "message", str(event)))
@@ -159,6 +199,17 @@ class EngineSession(QObject):
         self._stop_requested = False
         self.progress.emit(f"Switching to {engine}: starting it while the current engine keeps serving")
         submit(self._switch, engine, on_finished=self._on_switched, on_error=self._on_error)
+
+    def switch_preview(self, engine: str) -> str | None:
+        """Which kind of switch it will be (warm, stop-first, wake) and how long it should take, in words."""
+        if self.manager is None or self.manager.active is None:
+            return None
+        from desktop.core.common.errors import SwitchyardError
+
+        try:
+            return str(self.manager.switch_preview(engine)["message"])
+        except SwitchyardError:
+            return None
 
     def _switch(self, engine: str) -> Any:
         failed_before = self.proxy.counters.get("failed", 0)
@@ -220,11 +271,25 @@ class EngineSession(QObject):
             self.telemetry.stop()
         if self.proxy is not None:
             self.proxy.stop()
+        self._close_request_log()
+
+    def _close_request_log(self) -> None:
+        """Store what the request log still holds, then close the history (idempotent)."""
+        if self.request_log is not None:
+            self.request_log.stop()
+        if self._history is not None:
+            self._history.close()
+            self._history = None
 
     # --- callbacks from core threads: dropped once this object is gone (the window closed meanwhile) ---
     def _on_samples(self, samples: list[Any]) -> None:
         if isValid(self):
             self.samples.emit(samples)
+
+    def _on_request(self, _kind: str, _record: Any) -> None:  # the endpoint's loop: one queued signal at most
+        if not self._requests_pending and isValid(self):
+            self._requests_pending = True
+            self.requests_changed.emit()
 
     def _on_endpoint_event(self, event: Any) -> None:
         if isValid(self):

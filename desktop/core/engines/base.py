@@ -102,6 +102,7 @@ class FailureReason:
     reason: str
     suggestion: str
     pattern: str = ""
+    memory: bool = False  # it ran out of memory: a smaller plan may load (the endpoint's --auto-fit retry)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class FailureRule:
     pattern: re.Pattern[str]
     reason: str
     suggestion: str
+    memory: bool = False
 
 
 def log_marker(name: str, pattern: str) -> LogMarker:
@@ -116,8 +118,8 @@ def log_marker(name: str, pattern: str) -> LogMarker:
     return LogMarker(name, re.compile(pattern, re.I))
 
 
-def failure_rule(pattern: str, reason: str, suggestion: str) -> FailureRule:
-    return FailureRule(re.compile(pattern, re.I), reason, suggestion)
+def failure_rule(pattern: str, reason: str, suggestion: str, *, memory: bool = False) -> FailureRule:
+    return FailureRule(re.compile(pattern, re.I), reason, suggestion, memory)
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,9 @@ class EngineAdapter(ABC):
     metrics_path: str = "/metrics"
     log_markers: Sequence[LogMarker] = ()
     failure_rules: Sequence[FailureRule] = ()
+    # The server answers the Anthropic Messages API (`/v1/messages`, streaming and not): the endpoint forwards
+    # such requests to it, and answers 501 for engines without it.
+    anthropic_messages: bool = False
 
     # --- provisioning -------------------------------------------------------------------------------
     @abstractmethod
@@ -200,7 +205,7 @@ class EngineAdapter(ABC):
             if match:
                 groups = [(group or "").strip()[:200] for group in match.groups()]
                 reason = rule.reason.format(*groups) if "{" in rule.reason else rule.reason
-                return FailureReason(reason, rule.suggestion, match.group(0)[:200])
+                return FailureReason(reason, rule.suggestion, match.group(0)[:200], rule.memory)
         if exit_code is not None and exit_code < 0:
             return FailureReason(
                 f"{self.display_name} was killed by signal {-exit_code}",
@@ -236,6 +241,7 @@ COMMON_FAILURE_RULES: tuple[FailureRule, ...] = (
         "the engine ran out of memory while loading",
         "lower the context length, pick a smaller quantization, offload fewer GPU layers "
         "or lower gpu_memory_utilization",
+        memory=True,
     ),
     FailureRule(
         re.compile(r"error while loading shared libraries: (\S+)|ImportError: (lib\S+)", re.I),

@@ -54,6 +54,7 @@ class LlamaCppAdapter(EngineAdapter):
     name = "llama.cpp"
     display_name = "llama.cpp (llama-server)"
     model_format = "gguf"
+    anthropic_messages = True  # llama-server's /v1/messages (this build)
     log_markers = (
         log_marker("loading_model", r"llama_model_loader: loaded meta data|loading model"),
         log_marker("model_buffer", r"model buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
@@ -79,7 +80,7 @@ class LlamaCppAdapter(EngineAdapter):
                      "update llama.cpp or choose a model with a supported architecture"),
         failure_rule(r"failed to allocate|unable to allocate|ggml_backend.*alloc.*failed|cannot allocate memory",
                      "llama.cpp could not allocate memory for the model or its KV cache",
-                     "lower the context (-c), offload fewer GPU layers, or pick a smaller quantization"),
+                     "lower the context (-c), offload fewer GPU layers, or pick a smaller quantization", memory=True),
         failure_rule(r"failed to load model|error loading model",
                      "llama.cpp could not load the model",
                      "check that the file is a complete GGUF for a supported architecture"),

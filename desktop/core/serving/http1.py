@@ -79,6 +79,7 @@ class LocalResponse:
     status: int
     body: bytes
     content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()  # extra ones, e.g. Retry-After
 
     @classmethod
     def json(cls, data: Any, status: int = 200) -> LocalResponse:
@@ -101,9 +102,14 @@ def json_error(status: int, message: str, kind: str = "switchyard_error") -> Loc
     return LocalResponse.json({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
 
+def anthropic_error(status: int, message: str, kind: str = "api_error") -> LocalResponse:
+    """An error as Anthropic Messages clients expect it (`/v1/messages`)."""
+    return LocalResponse.json({"type": "error", "error": {"type": kind, "message": message}}, status=status)
+
+
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
            409: "Conflict", 413: "Content Too Large", 431: "Request Header Fields Too Large",
-           500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
+           500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable"}
 
 
 @dataclass
@@ -118,6 +124,7 @@ class Incoming:
     body: bytes
     keep_alive: bool
     http10: bool
+    seq: int = 0  # the endpoint's number for a forwarded request (the request log's key)
 
 
 class ResponseStream(Protocol):
@@ -145,6 +152,7 @@ class ClientConnection(asyncio.Protocol):
     def __init__(self, handler: RequestHandler) -> None:
         self.handler = handler
         self.transport: asyncio.Transport | None = None
+        self.peer: str | None = None  # the client's address, for the request log
         self.parser = httptools.HttpRequestParser(self)
         self.pending: deque[Incoming] = deque()
         self.worker: asyncio.Task[bool] | None = None  # a request that had to wait (for an engine, a connection)
@@ -163,6 +171,8 @@ class ClientConnection(asyncio.Protocol):
     # --- asyncio.Protocol ---
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else None
         self.handler.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -307,6 +317,7 @@ class ClientConnection(asyncio.Protocol):
             return
         head = [f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Status')}",
                 f"Content-Type: {response.content_type}", f"Content-Length: {len(response.body)}"]
+        head += [f"{name}: {value}" for name, value in response.headers]
         if close or (request is not None and not request.keep_alive):
             head.append("Connection: close")
         body = b"" if request is not None and request.method == "HEAD" else response.body

@@ -1,13 +1,15 @@
-"""OpenAI-specific metering on the endpoint: what one forwarded request measured (time to first token, duration,
-output tokens), found in the response as it streams past without slowing it down."""
+"""Metering on the endpoint: what one forwarded request measured (time to first token, duration, prompt and
+output tokens), found in the response as it streams past without slowing it down. OpenAI streams and Anthropic
+Messages streams are both understood (the SSE parser maps Anthropic events onto the same fields)."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from desktop.core.common.sse import SSEDecoder, StreamDelta, parse_chunk
 from desktop.core.runtime.telemetry import Sample
@@ -27,9 +29,27 @@ class RequestRecord:
     e2e_s: float
     output_tokens: int | None
     error: str | None = None
+    prompt_tokens: int | None = None
+    model: str | None = None  # the `model` the client asked for
+    engine: str | None = None
+    client: str | None = None  # the client's address (host:port)
+    seq: int = 0  # the endpoint's number for this request: a "started" and its finished record share it
+    request_body: str | None = None  # only when body capture is on
+    response_body: str | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        """A "started" record (status 0): the request has not been answered yet."""
+        return self.status == 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RequestRecord:
+        """From to_json() or a history row (extra keys, such as the row id, are ignored)."""
+        names = cls.__dataclass_fields__
+        return cls(**{key: value for key, value in data.items() if key in names})
 
     def to_samples(self, source: str = "proxy") -> list[Sample]:
         samples = [Sample(self.t, source, "proxy_e2e_s", self.e2e_s)]
@@ -43,6 +63,24 @@ class RequestRecord:
 
 
 RequestListener = Callable[[RequestRecord], None]
+
+_MODEL = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){0,256})"')
+CAPTURE_BYTES = 64 * 1024  # of each body, when capture is on
+
+
+def request_model(body: bytes) -> str | None:
+    """The `model` a JSON request body names, found without parsing the whole body (a regex in C)."""
+    match = _MODEL.search(body) if body else None
+    if match is None:
+        return None
+    raw = match.group(1)
+    if b"\\" not in raw:
+        return raw.decode("utf-8", "replace")
+    try:
+        value = json.loads(b'"' + raw + b'"')
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None
 
 
 class StreamMeter:
@@ -60,6 +98,7 @@ class StreamMeter:
         self.first_token_at: float | None = None
         self.payloads = 0
         self.usage_tokens: int | None = None
+        self.prompt_tokens: int | None = None
         self.error: str | None = None
         self._decoder = SSEDecoder()
         self._tail: deque[bytes] = deque()
@@ -105,26 +144,74 @@ class StreamMeter:
             return
         if delta.error:
             self.error = delta.error
-        usage = delta.usage or {}
-        if isinstance(usage.get("completion_tokens"), int):
-            self.usage_tokens = usage["completion_tokens"]
+        if delta.usage:
+            self.read_usage(delta.usage, output=delta.raw.get("type") != "message_start")
         timings = delta.raw.get("timings")
-        if self.usage_tokens is None and isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int):
-            self.usage_tokens = timings["predicted_n"]
+        if isinstance(timings, dict):
+            if self.usage_tokens is None and isinstance(timings.get("predicted_n"), int):
+                self.usage_tokens = timings["predicted_n"]
+            if self.prompt_tokens is None and isinstance(timings.get("prompt_n"), int):
+                self.prompt_tokens = timings["prompt_n"]
+
+    def read_usage(self, usage: dict[str, Any], output: bool = True) -> None:
+        """OpenAI (`prompt_tokens`, `completion_tokens`) or Anthropic (`input_tokens`, `output_tokens`) usage;
+        Anthropic's `message_start` says output_tokens 0 (or 1) before any token, so it gives the prompt only."""
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        if isinstance(prompt, int):
+            self.prompt_tokens = prompt
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
+        if output and isinstance(completion, int):
+            self.usage_tokens = completion
+
+    def bodies(self, kept: list[bytes]) -> tuple[str | None, str | None]:
+        """(request, response) bodies for the request log: none unless capture is on (CapturingMeter)."""
+        return None, None
 
     @property
     def output_tokens(self) -> int:
         return self.usage_tokens if self.usage_tokens is not None else self.payloads
 
 
+class CapturingMeter(StreamMeter):
+    """A StreamMeter that also keeps the bodies (each up to CAPTURE_BYTES) for the request log. Chosen per request
+    only while the user has capture on, so a plain request pays nothing for the feature."""
+
+    LIMIT: ClassVar[int] = CAPTURE_BYTES
+
+    def __init__(self, started: float, request_body: bytes) -> None:
+        super().__init__(started)
+        self.request_body = request_body[:self.LIMIT]
+        self.captured: list[bytes] = []
+        self.captured_size = 0
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        if self.captured_size < self.LIMIT:
+            self.captured.append(chunk)
+            self.captured_size += len(chunk)
+        super().feed(chunk, now)
+
+    def bodies(self, kept: list[bytes]) -> tuple[str | None, str | None]:
+        response = b"".join(self.captured or kept)[:self.LIMIT]
+        return self.request_body.decode("utf-8", "replace"), response.decode("utf-8", "replace")
+
+
 def count_json_tokens(meter: StreamMeter, body: bytes, now: float) -> None:
-    """Non-streamed answers: the whole body is the first (and last) token; take the count from usage."""
+    """Non-streamed answers: the whole body is the first (and last) token; take the counts from usage
+    (OpenAI or Anthropic names) or llama.cpp's timings."""
     try:
         data = json.loads(body) if body else None
     except ValueError:
         return
-    if isinstance(data, dict):
-        usage = data.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            meter.usage_tokens = usage["completion_tokens"]
-            meter.first_token_at = now
+    if not isinstance(data, dict):
+        return
+    usage = data.get("usage")
+    if isinstance(usage, dict):
+        meter.read_usage(usage)
+    timings = data.get("timings")
+    if isinstance(timings, dict):
+        if meter.usage_tokens is None and isinstance(timings.get("predicted_n"), int):
+            meter.usage_tokens = timings["predicted_n"]
+        if meter.prompt_tokens is None and isinstance(timings.get("prompt_n"), int):
+            meter.prompt_tokens = timings["prompt_n"]
+    if meter.usage_tokens is not None:
+        meter.first_token_at = now

@@ -34,11 +34,12 @@ from desktop.core.serving.http1 import (
     LocalRequest,
     LocalResponse,
     LocalRoute,
+    anthropic_error,
     json_error,
     new_event_loop,
 )
-from desktop.core.serving.metering import RequestListener, RequestRecord
-from desktop.core.serving.router import Lease, Router, Unavailable, Upstream
+from desktop.core.serving.metering import CapturingMeter, RequestListener, RequestRecord, request_model
+from desktop.core.serving.router import Lease, OnDemand, Route, Router, Unavailable, Upstream
 from desktop.core.serving.upstream import Exchange, Target, UpstreamConnection, UpstreamPool
 
 __all__ = ["CONTROL_PREFIX", "DEFAULT_PROXY_PORT", "DEFAULT_WAIT_TIMEOUT", "ProxyServer", "RequestRecord", "Upstream"]
@@ -47,7 +48,11 @@ log = logging.getLogger("switchyard.proxy")
 
 DEFAULT_PROXY_PORT = 8800
 DEFAULT_WAIT_TIMEOUT = 600.0
+LOADING_NOTE_EVERY = 2.0  # seconds between ": loading model X (12 s)" comments to a waiting streaming client
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" \
+              b"Transfer-Encoding: chunked\r\n\r\n"
 CONTROL_PREFIX = "/switchyard/"
+MESSAGES_PATH = "/v1/messages"  # Anthropic Messages: forwarded only to engines that answer it
 T = TypeVar("T")
 
 
@@ -63,6 +68,7 @@ class ProxyServer:
         api_key: str | None = None,
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
         retry_window: float = 30.0,
+        capture_bodies: bool = False,
     ) -> None:
         self.host = host
         self.port = port
@@ -72,6 +78,9 @@ class ProxyServer:
         self.retry_window = retry_window
         self.started_at = time.time()
         self._listeners: list[RequestListener] = []
+        self._started: list[RequestListener] = []
+        self.capture_bodies = False
+        self.set_capture_bodies(capture_bodies)
         self._routes: dict[str, dict[str, LocalHandler]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -84,6 +93,18 @@ class ProxyServer:
     # --- configuration (before start) ---
     def subscribe(self, listener: RequestListener) -> None:
         self._listeners.append(listener)
+
+    def subscribe_started(self, listener: RequestListener) -> None:
+        """Also tell `listener` when a request arrives (a record with status 0), for views of what is in flight."""
+        self._started.append(listener)
+
+    def set_capture_bodies(self, on: bool) -> None:
+        """Keep request and response bodies in the request records (off by default; never with an API key:
+        the endpoint is then shared, and its clients' prompts are not the local user's to read)."""
+        if on and self.api_key:
+            raise SwitchyardError("body capture is not available on an endpoint with an API key",
+                                  "serve without --api-key-env to capture bodies")
+        self.capture_bodies = on
 
     def add_routes(self, routes: Iterable[LocalRoute]) -> None:
         """Extra routes (the control channel under /switchyard/) served on the same port; call before start()."""
@@ -169,13 +190,48 @@ class ProxyServer:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(function()))
 
+    def set_models(self, models: dict[str, dict[str, Any]], on_demand: OnDemand | None = None,
+                   loading_status: Iterable[str] = ()) -> None:
+        """Serve several models (call before start): requests are routed by their JSON `model` field to the
+        route of that name, an unknown name gets a 404 naming the ones that exist, /v1/models lists them all.
+        `on_demand(name)` is called (on the endpoint's loop: it must not block) when a request finds its model
+        unloaded; names in `loading_status` tell waiting streaming clients that their model loads."""
+        shown = set(loading_status)
+        self.router.routes = {name: Route(info=dict(info), loading_status=name in shown)
+                              for name, info in models.items()}
+        self.router.on_demand = on_demand
+
     # --- routing (thread-safe) ---
-    def set_upstream(self, upstream: Upstream | None, down_reason: str | None = None) -> None:
-        """Send new requests to `upstream` from now on. None makes them wait (starting or switching) or, with
-        `down_reason`, fail at once with that reason (no engine will come)."""
+    def set_upstream(self, upstream: Upstream | None, down_reason: str | None = None, model: str | None = None,
+                     idle: bool = False) -> None:
+        """Send new requests (for `model`, in multi-model mode) to `upstream` from now on. None makes them wait
+        (starting or switching) or, with `down_reason`, fail at once with that reason (no engine will come);
+        `idle` marks the model unloaded: the next request for it asks for a load."""
         if upstream is not None:
             Target.parse(upstream.base_url)  # a URL the endpoint cannot forward to fails here, in the caller
-        self.call(self.router.set_upstream(upstream, down_reason), timeout=10)
+        self.call(self.router.set_upstream(upstream, down_reason, model, idle), timeout=10)
+
+    def mark_loading(self, model: str | None) -> None:
+        """A load of `model` began (thread-safe): waiting streaming clients may be told how long it has taken."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.router.mark_loading, model)
+
+    def settle(self, model: str, timeout: float) -> bool:
+        """Wait until the requests that waited for `model`'s engine have all been let in (see Router.settle)."""
+        return self.call(self.router.settle(model, timeout), timeout=timeout + 10)
+
+    def cut(self, upstream: Upstream, message: str) -> int:
+        """End the requests still in flight on `upstream` with a clear, retryable error (503 + Retry-After before
+        the answer began, an SSE error event in a stream); the number cut."""
+        async def run() -> int:
+            cut = 0
+            for connection in list(self.connections):
+                exchange = connection.exchange
+                if isinstance(exchange, Exchange) and exchange.upstream is upstream and not exchange.finished:
+                    exchange.cut(message)
+                    cut += 1
+            return cut
+        return self.call(run(), timeout=10)
 
     @property
     def active(self) -> Upstream | None:
@@ -216,9 +272,18 @@ class ProxyServer:
                                   request=request)
         elif path == "/v1/models" and request.method in ("GET", "HEAD"):
             client.write_response(self._models(), request=request)
-        else:
-            self._forward_now(request, client)
+        elif not self.router.multi:
+            self._forward_now(request, client, self.router.default)
             return
+        else:
+            name = _requested_model(request.body)
+            route = self.router.route(name)
+            if route is None:
+                client.write_response(self._unknown_model(name), request=request)
+            else:
+                self._forward_now(request, client, route, name if name in self.router.routes else
+                                  next(iter(self.router.routes)))
+                return
         client.request_done(True)
 
     async def _local(self, handler: LocalHandler, request: Incoming, client: ClientConnection) -> bool:
@@ -231,17 +296,25 @@ class ProxyServer:
         client.write_response(response, request=request)
         return True
 
-    def _forward_now(self, request: Incoming, client: ClientConnection) -> None:
+    def _forward_now(self, request: Incoming, client: ClientConnection, route: Route,
+                     model: str | None = None) -> None:
         """The common case without a task: an engine is active and an idle connection to it is at hand."""
         loop = asyncio.get_running_loop()
         arrived, wall = loop.time(), time.time()
         self.counters["requests"] += 1
-        upstream = self.router.try_acquire(None)
+        request.seq = self.counters["requests"]
+        if self._started:
+            self._announce(request, client, wall)
+        upstream = self.router.try_acquire(None, route)
+        if upstream is not None and not upstream.messages_api and request.path.startswith(MESSAGES_PATH):
+            self.router.release(upstream)
+            client.request_done(self._unsupported(request, client, wall, arrived, upstream))
+            return
         connection = self.upstreams.pooled(upstream.base_url, arrived) if upstream is not None else None
         if upstream is None or connection is None:
             if upstream is not None:
                 self.router.release(upstream)
-            client.wait_in(self._forward(request, client, arrived, wall))
+            client.wait_in(self._forward(request, client, arrived, wall, route, model))
             return
         lease = Lease(self.router, upstream)
         exchange = self._begin(request, client, lease, connection, arrived, wall)
@@ -254,16 +327,28 @@ class ProxyServer:
             elif client.closed:
                 client.request_done(False)
             else:  # the kept-alive connection had just been closed by the engine: the careful path retries
-                client.wait_in(self._forward(request, client, arrived, wall))
+                client.wait_in(self._forward(request, client, arrived, wall, route, model))
 
         exchange.done.add_done_callback(answered)
 
     def _health(self) -> LocalResponse:
+        if self.router.multi:  # serving: every model is loaded, or loads on its next request
+            models = {name: "loaded" if route.active else route.down_reason or "unloaded"
+                      for name, route in self.router.routes.items()}
+            return LocalResponse.json({"status": "ok", "models": models})
         if self.router.active is not None:
             return LocalResponse.json({"status": "ok", "engine": self.router.active.engine})
         return LocalResponse.json({"status": "unavailable", "reason": self.router.down_reason or "starting"}, status=503)
 
     def _models(self) -> LocalResponse:
+        if self.router.multi:
+            data = []
+            for name, route in self.router.routes.items():
+                state = "loaded" if route.active else "loading" if route.loading_since else \
+                    "down" if route.down_reason else "unloaded"
+                data.append({"id": name, "object": "model", "created": int(self.started_at),
+                             "owned_by": "switchyard", "switchyard": {**route.info, "state": state}})
+            return LocalResponse.json({"object": "list", "data": data})
         active = self.router.active
         entry: dict[str, Any] = {"id": self.model_name, "object": "model", "created": int(self.started_at),
                                  "owned_by": "switchyard"}
@@ -271,7 +356,17 @@ class ProxyServer:
             entry["switchyard"] = {"engine": active.engine, "model": active.model}
         return LocalResponse.json({"object": "list", "data": [entry]})
 
-    async def _forward(self, request: Incoming, client: ClientConnection, arrived: float, wall: float) -> bool:
+    def _unknown_model(self, name: str | None) -> LocalResponse:
+        """OpenAI's answer for a model it does not have, naming the ones this endpoint does have."""
+        names = ", ".join(self.router.routes)
+        message = (f"The model '{name}' does not exist on this endpoint; available: {names}" if name is not None
+                   else f"the request names no model; this endpoint serves several: {names}")
+        return LocalResponse.json({"error": {"message": message, "type": "invalid_request_error", "param": "model",
+                                             "code": "model_not_found" if name is not None else "model_required"}},
+                                  status=404 if name is not None else 400)
+
+    async def _forward(self, request: Incoming, client: ClientConnection, arrived: float, wall: float,
+                       route: Route, model: str | None = None) -> bool:
         """Forward with waiting: for an engine to become active, for a fresh connection, and retrying once
         on another engine when the first refuses. Returns `keep` (False when the answer was cut short)."""
         loop = asyncio.get_running_loop()
@@ -279,26 +374,41 @@ class ProxyServer:
         avoid: Upstream | None = None
         refused: dict[str, int] = {}
         try:
-            return await self._forward_with_retries(request, client, arrived, wall, deadline, avoid, refused)
+            return await self._forward_with_retries(request, client, arrived, wall, deadline, avoid, refused,
+                                                    route, model)
         except asyncio.CancelledError:  # the client left while its request waited (an exchange records itself)
             self._record(RequestRecord(wall, request.method, request.path, None, 499, False, None,
-                                       loop.time() - arrived, None, "the client disconnected"))
+                                       loop.time() - arrived, None, "the client disconnected",
+                                       model=request_model(request.body), client=client.peer, seq=request.seq))
             raise
 
     async def _forward_with_retries(self, request: Incoming, client: ClientConnection, arrived: float,
                                     wall: float, deadline: float, avoid: Upstream | None,
-                                    refused: dict[str, int]) -> bool:
+                                    refused: dict[str, int], route: Route, model: str | None) -> bool:
         loop = asyncio.get_running_loop()
+        told = False  # a loading note went out: the client already has a 200 event-stream head
         while True:
-            upstream = self.router.try_acquire(avoid)
+            upstream = self.router.try_acquire(avoid, route)
             if upstream is None:
                 try:
-                    upstream = await self.router.acquire(deadline, avoid)
+                    if route.loading_status and model is not None and not request.http10 and \
+                            _wants_stream(request.body):
+                        upstream, told = await self._acquire_telling(request, client, route, model, deadline,
+                                                                     avoid, told)
+                    else:
+                        upstream = await self.router.acquire(deadline, avoid, route, model)
                 except Unavailable as exc:
-                    return self._fail(request, client, wall, arrived, None, 503, f"no engine is serving: {exc}")
+                    what = f"model '{model}'" if model is not None and self.router.multi else "engine"
+                    message = f"no {what} is serving: {exc}"
+                    if told:
+                        return self._fail_stream(request, client, wall, arrived, message)
+                    return self._fail(request, client, wall, arrived, None, 503, message)
+            if not upstream.messages_api and request.path.startswith(MESSAGES_PATH):
+                self.router.release(upstream)
+                return self._unsupported(request, client, wall, arrived, upstream)
             lease = Lease(self.router, upstream)
             try:
-                record, reused = await self._exchange(request, client, lease, wall, arrived)
+                record, reused = await self._exchange(request, client, lease, wall, arrived, told)
             finally:
                 lease.release()
             if record is not None:
@@ -312,8 +422,42 @@ class ProxyServer:
                 avoid = upstream
                 deadline = min(arrived + self.wait_timeout, loop.time() + self.retry_window)
 
+    async def _acquire_telling(self, request: Incoming, client: ClientConnection, route: Route, model: str,
+                               deadline: float, avoid: Upstream | None, told: bool) -> tuple[Upstream, bool]:
+        """Wait for the model's engine like acquire(), and meanwhile tell the streaming client every few seconds
+        that its model loads, as SSE comment lines (`: loading model X (12 s)`) that OpenAI clients ignore."""
+        waiting = asyncio.ensure_future(self.router.acquire(deadline, avoid, route, model))
+        try:
+            while True:
+                done, _pending = await asyncio.wait({waiting}, timeout=LOADING_NOTE_EVERY)
+                if done:
+                    return waiting.result(), told
+                if client.closed or client.transport is None:
+                    continue
+                since = route.loading_since
+                note = f": loading model {model} ({time.monotonic() - since:.0f} s)\n\n" if since is not None \
+                    else f": waiting for model {model}\n\n"
+                payload = note.encode()
+                client.transport.write((b"" if told else STREAM_HEAD) + b"%x\r\n%b\r\n" % (len(payload), payload))
+                told = True
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+
+    def _fail_stream(self, request: Incoming, client: ClientConnection, wall: float, arrived: float,
+                     message: str) -> bool:
+        """A stream that was told its model loads, and then none came: end it with an SSE error event."""
+        now = asyncio.get_running_loop().time()
+        self._record(RequestRecord(wall, request.method, request.path, None, 503, True, None, now - arrived, None,
+                                   message))
+        if not client.closed and client.transport is not None:
+            event = json.dumps({"error": {"message": message, "type": "upstream_unavailable", "code": 503}})
+            payload = f"data: {event}\n\n".encode()
+            client.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(payload), payload))
+        return True
+
     async def _exchange(self, request: Incoming, client: ClientConnection, lease: Lease, wall: float,
-                        arrived: float) -> tuple[RequestRecord | None, bool]:
+                        arrived: float, told: bool = False) -> tuple[RequestRecord | None, bool]:
         """Forward once: (record, reused). A None record means "nothing reached the client": the caller may
         retry; `reused` says it failed on a kept-alive connection (retry at once) rather than a fresh one."""
         loop = asyncio.get_running_loop()
@@ -326,14 +470,16 @@ class ProxyServer:
             except (OSError, TimeoutError) as exc:
                 log.info("%s refused a request (%s): retrying", upstream.name, exc or type(exc).__name__)
                 return None, False
-        exchange = self._begin(request, client, lease, connection, arrived, wall)
+        exchange = self._begin(request, client, lease, connection, arrived, wall, told)
         return await exchange.done, reused
 
     def _begin(self, request: Incoming, client: ClientConnection, lease: Lease,
-               connection: UpstreamConnection, arrived: float, wall: float) -> Exchange:
+               connection: UpstreamConnection, arrived: float, wall: float, told: bool = False) -> Exchange:
         upstream = lease.upstream
         target = self.upstreams.target(upstream.base_url)
-        exchange = Exchange(self._record, client, request, lease, arrived, wall, connection)
+        exchange = Exchange(self._record, client, request, lease, arrived, wall, connection, head_sent=told)
+        if self.capture_bodies:
+            exchange.meter = CapturingMeter(arrived, request.body)
         if client.closed:
             exchange.client_gone()
         else:
@@ -372,9 +518,29 @@ class ProxyServer:
               upstream: Upstream | None, status: int, message: str) -> bool:
         now = asyncio.get_running_loop().time()
         self._record(RequestRecord(wall, request.method, request.path, upstream.name if upstream else None,
-                                   status, False, None, now - arrived, None, message))
-        client.write_response(json_error(status, message, "upstream_unavailable"), request=request)
+                                   status, False, None, now - arrived, None, message,
+                                   model=request_model(request.body), engine=upstream.engine if upstream else None,
+                                   client=client.peer, seq=request.seq))
+        error = anthropic_error(status, message) if request.path.startswith(MESSAGES_PATH) else \
+            json_error(status, message, "upstream_unavailable")
+        client.write_response(error, request=request)
         return True
+
+    def _unsupported(self, request: Incoming, client: ClientConnection, wall: float, arrived: float,
+                     upstream: Upstream) -> bool:
+        return self._fail(request, client, wall, arrived, upstream, 501,
+                          f"the engine {upstream.engine} does not support the Anthropic Messages API "
+                          f"({request.path}); use /v1/chat/completions, or switch to an engine that has it")
+
+    def _announce(self, request: Incoming, client: ClientConnection, wall: float) -> None:
+        """Tell the "started" listeners about a request that just arrived (only when someone listens)."""
+        record = RequestRecord(wall, request.method, request.path, None, 0, False, None, 0.0, None,
+                               model=request_model(request.body), client=client.peer, seq=request.seq)
+        for listener in list(self._started):
+            try:
+                listener(record)
+            except Exception:
+                log.exception("request listener failed")
 
     def _record(self, record: RequestRecord) -> None:
         if record.status != 499 and (record.error is not None or record.status >= 500):
@@ -384,3 +550,25 @@ class ProxyServer:
                 listener(record)
             except Exception:
                 log.exception("request listener failed")
+
+
+def _wants_stream(body: bytes) -> bool:
+    if b'"stream"' not in body:
+        return False
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("stream") is True
+
+
+def _requested_model(body: bytes) -> str | None:
+    """The JSON body's `model` field (what multi-model mode routes on), or None."""
+    if not body or b'"model"' not in body:
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) else None

@@ -15,7 +15,13 @@ import httptools
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error
-from desktop.core.serving.metering import RequestListener, RequestRecord, StreamMeter, count_json_tokens
+from desktop.core.serving.metering import (
+    RequestListener,
+    RequestRecord,
+    StreamMeter,
+    count_json_tokens,
+    request_model,
+)
 from desktop.core.serving.router import Lease
 
 log = logging.getLogger("switchyard.proxy")
@@ -141,7 +147,7 @@ class Exchange:
     """
 
     def __init__(self, record: RequestListener, client: ClientConnection, request: Incoming, lease: Lease,
-                 arrived: float, wall: float, connection: UpstreamConnection) -> None:
+                 arrived: float, wall: float, connection: UpstreamConnection, *, head_sent: bool = False) -> None:
         self.record = record
         self.client = client
         self.connection = connection
@@ -169,6 +175,11 @@ class Exchange:
         self.kept_size = 0
         self.now = 0.0
         self.paused = False
+        self.cut_reason: str | None = None  # the endpoint took the engine away (see cut())
+        # The endpoint already sent a 200 event-stream head (it told the client its model loads): the engine's
+        # head is not passed on, its body is chunked, and an engine error becomes an SSE error event.
+        self.head_sent = head_sent
+        self.engine_error = False
 
     # --- from the upstream connection ---
     def data_received(self, data: bytes) -> None:
@@ -209,6 +220,13 @@ class Exchange:
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         request = self.request
+        if self.head_sent:
+            self.streamed = any(n.lower() == b"content-type" and b"text/event-stream" in v for n, v in self.headers)
+            self.engine_error = self.status >= 400
+            self.framing = "chunked"
+            self.upstream_framed = any(n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers)
+            self.answered = True
+            return
         lines = [b"HTTP/1.1 %d %s" % (self.status, self.reason or b"Status")]
         length: bytes | None = None
         chunked = False
@@ -250,6 +268,9 @@ class Exchange:
     def on_body(self, body: bytes) -> None:
         if self.complete:
             return
+        if self.engine_error:  # said as one SSE error event when the body is complete
+            self.kept.append(body)
+            return
         if self.streamed:
             self.meter.feed(body, self.now)
         elif self.kept_size < KEPT_BODY_BYTES:
@@ -265,6 +286,12 @@ class Exchange:
             return
         self.complete = True
         self.upstream_keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the callback returns
+        if self.engine_error:
+            text = b"".join(self.kept).decode("utf-8", "replace")[:2000]
+            event = {"error": {"message": f"the engine answered HTTP {self.status}: {text}", "type": "upstream_error",
+                               "code": self.status}}
+            payload = f"data: {json.dumps(event)}\n\n".encode()
+            self.out.append(b"%x\r\n%b\r\n" % (len(payload), payload))
         if self.framing == "chunked":
             self.out.append(b"0\r\n\r\n")
 
@@ -290,6 +317,13 @@ class Exchange:
             self.paused = False
             transport.resume_reading()
 
+    def cut(self, message: str) -> None:
+        """The endpoint takes this engine away (a switch's drain deadline passed): end the request with a clear,
+        retryable error: a 503 with Retry-After when nothing was answered yet, else an SSE error event."""
+        if not self.finished:
+            self.cut_reason = message
+            self._finish(message)
+
     def client_gone(self) -> None:
         """The client hung up: abort the upstream request so the engine stops working on it."""
         if not self.finished:
@@ -313,11 +347,12 @@ class Exchange:
             self.meter.finish(done)
         elif self.kept:
             count_json_tokens(self.meter, b"".join(self.kept), done)
+        request_body, response_body = self.meter.bodies(self.kept)
         status = self.status
         if client_gone:
             status = 499
         elif not self.answered and error is not None:  # e.g. a malformed response head: the client gets a 502
-            status = 502
+            status = 503 if self.cut_reason else 502
         elif error is None and status >= 400:
             error = f"HTTP {status}"
         elif error is None:
@@ -327,11 +362,17 @@ class Exchange:
             status=status, streamed=self.streamed,
             ttft_s=(self.meter.first_token_at - self.arrived) if self.meter.first_token_at else None,
             e2e_s=done - self.arrived, output_tokens=self.meter.output_tokens if status < 400 else None,
-            error=error)
+            error=error, prompt_tokens=self.meter.prompt_tokens, model=request_model(self.request.body),
+            engine=self.upstream.engine, client=self.client.peer, seq=self.request.seq,
+            request_body=request_body, response_body=response_body)
         self.lease.release()  # counted off and published before the client sees the end of its answer
         self.record(record)
         self._flush()
-        if told is not None and not self.answered:
+        if told is not None and not self.answered and self.cut_reason:
+            response = json_error(503, told, "engine_switch")
+            response.headers = (("Retry-After", "1"),)
+            self.client.write_response(response, request=self.request)
+        elif told is not None and not self.answered:
             self.request.keep_alive = False
             self.client.write_response(json_error(502, told, "upstream_error"), close=True, request=self.request)
         elif told is not None:
@@ -343,6 +384,7 @@ class Exchange:
         which is how HTTP says "truncated"."""
         self.request.keep_alive = False
         if self.framing == "chunked" and self.streamed and not self.client.closed and self.client.transport:
-            event = {"error": {"message": error, "type": "upstream_disconnected", "code": 502}}
+            kind, code = ("engine_switch", 503) if self.cut_reason else ("upstream_disconnected", 502)
+            event = {"error": {"message": error, "type": kind, "code": code, "retryable": bool(self.cut_reason)}}
             payload = f"data: {json.dumps(event)}\n\n".encode()
             self.client.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload))
