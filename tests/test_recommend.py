@@ -85,6 +85,7 @@ def test_measurements_replace_the_defaults_and_reasons_say_so() -> None:
 def test_gain_curve() -> None:
     assert default_gain(1) == 1.0 and default_gain(8) == pytest.approx(3.0) and default_gain(64) == pytest.approx(3.0)
     assert 1.0 < default_gain(2) < default_gain(4) < 3.0
+    assert default_gain(1, cpu=True) == pytest.approx(0.4) and default_gain(32, cpu=True) == pytest.approx(0.75)
 
 
 def test_this_machine_recommends_llama_cpp_with_reasons() -> None:
@@ -92,7 +93,10 @@ def test_this_machine_recommends_llama_cpp_with_reasons() -> None:
     rec = recommend(facts_from_config(LLAMA_8B), hw, Workload())
     if not hw.cuda_gpus:
         assert rec.engine == "llama.cpp"
-        assert any("GPU" in r for r in rec.reasons)
+        assert any("CPU" in r for r in rec.reasons)
+        # vLLM's CPU build is a candidate: it loses on the stated default, not to a sentence
+        assert rec.runner_up is not None and rec.runner_up["engine"] == "vllm" and rec.runner_up["fits"] == "yes"
+        assert "default" in rec.runner_up["why_lost"]
 
 
 def test_gguf_models_keep_their_quantization() -> None:

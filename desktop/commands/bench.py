@@ -264,6 +264,12 @@ def _print_table(sweep: SweepResult) -> None:
         s = level.summary
         print(f"{level.label:<18}{s.completed:>6}{s.failed:>6}{s.output_throughput:>11.1f}{s.request_throughput:>8.2f}"
               f"{s.ttft.median:>10.1f}{s.ttft.p95:>10.1f}{s.tpot.median:>10.1f}{s.e2el.median:>10.1f}")
+    measured = [level for level in sweep.levels if level.mean_prompt_tokens is not None]
+    if measured:
+        level = measured[0]
+        sent = f"; sized to {level.sent_prompt_tokens:g}" if level.sent_prompt_tokens is not None else ""
+        print(f"prompt tokens: mean {level.mean_prompt_tokens:g} as the server counted them{sent} "
+              f"({level.prompt_tokens_source})")
 
 
 # --- ab -------------------------------------------------------------------------------------------------

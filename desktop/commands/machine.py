@@ -11,6 +11,7 @@ from desktop.commands._common import emit_json
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.machine.hardware import GIB, HardwareSnapshot, detect, hypothetical
 from desktop.core.models.facts import facts_for
+from desktop.core.planning.evidence import Evidence, corrected_fit, gather, memory_checks
 from desktop.core.planning.fit import (
     FitResult,
     default_ctx,
@@ -46,6 +47,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p_fit.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs")
     p_fit.add_argument("--tp", type=N.count, default=1, help="vLLM tensor parallel size")
     _hardware_options(p_fit)
+    p_fit.add_argument("--no-history", action="store_true",
+                       help="the estimate alone, not corrected by this machine's past launches of the model")
     p_fit.add_argument("--json", action="store_true")
     p_fit.set_defaults(func=cmd_fit)
 
@@ -57,6 +60,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p_rec.add_argument("--lifetime-hours", type=N.seconds, default=8.0, help="how long one server run lives")
     p_rec.add_argument("--restarts-per-day", type=N.non_negative_number, default=0.0, help="restarts (model/setting switches) a day")
     _hardware_options(p_rec)
+    p_rec.add_argument("--no-history", action="store_true",
+                       help="answer from the default figures alone (not from this machine's measured runs)")
     p_rec.add_argument("--json", action="store_true")
     p_rec.set_defaults(func=cmd_recommend)
 
@@ -77,6 +82,20 @@ def _hardware(args: argparse.Namespace) -> HardwareSnapshot:
     if args.gpus != 1:
         raise SwitchyardError("--gpus needs --gpu NAME or --gpu-mem-gib X")
     return base
+
+
+def _this_machine(args: argparse.Namespace) -> bool:
+    """History describes this machine: it is no evidence for a hypothetical GPU or another machine's snapshot."""
+    return not (getattr(args, "hardware", None) or args.gpu or args.gpu_mem_gib is not None)
+
+
+def _evidence(args: argparse.Namespace, facts: Any) -> Evidence:
+    if args.no_history:
+        return Evidence.none(facts.name)
+    if not _this_machine(args):
+        return Evidence.none(facts.name, "another machine (--gpu/--gpu-mem-gib/--hardware): this machine's "
+                                         "history does not apply; default figures")
+    return gather(facts)
 
 
 def _gib(value: int | None) -> str:
@@ -136,6 +155,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
                                                    **fields), quant=args.quant)
     if not args.ctx:
         result.notes.insert(0, f"ctx not given: sized for {ctx:,} tokens per request (pass --ctx)")
+    found = _evidence(args, facts).get(engine)
+    if found is not None and found.load_memory is not None:
+        result = corrected_fit(result, memory_checks(facts, hardware, found.load_memory))
     if args.json:
         emit_json(result.to_json())
     else:
@@ -149,10 +171,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     workload.validate()
     hardware = _hardware(args)
     facts = facts_for(args.model)
-    rec = recommend(facts, hardware, workload)
+    evidence = _evidence(args, facts)
+    rec = recommend(facts, hardware, workload, evidence=evidence)
     launch = describe(rec.fit) if rec.fit is not None else None
     if args.json:
         data: dict[str, Any] = rec.to_json()
+        data["evidence"] = evidence.to_json()
         if launch is not None:
             data.update(argv=launch["argv"], env=launch["env"])
         emit_json(data)
@@ -164,6 +188,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         print(f"  command: {shlex.join(launch['argv'])}")
     for reason in rec.reasons:
         print(f"  - {reason}")
+    for check in rec.numbers.get("memory_checks") or []:
+        print(f"  memory, {check['what']}: predicted {check['predicted_gib']:.2f} GiB, measured "
+              f"{check['measured_gib']:.2f} GiB (launch #{check['run_id']}, {check['run_date']})")
     if rec.runner_up:
         print(f"Runner-up: {rec.runner_up['engine']} ({rec.runner_up.get('quant') or '-'}): {rec.runner_up['why_lost']}")
     return 0

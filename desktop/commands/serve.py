@@ -28,6 +28,7 @@ from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.models.facts import facts_for
 from desktop.core.planning.fit import FitResult, estimate, validate_plan
 from desktop.core.planning.launch import describe, require_fit
+from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.ports import ensure_port_free
 from desktop.core.runtime.supervisor import EngineProcess, reap_orphans, stream_completion
 from desktop.core.runtime.telemetry import Telemetry
@@ -186,6 +187,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cold = engine.wait_ready(timeout=args.ready_timeout, first_request=args.prompt is None)
         if args.prompt is not None:
             return _prompt_once(args, engine)
+        record_launch(engine, args.model, source="serve")
         print(f"ready: {engine.base_url}/v1 serving {model_path.name} as '{plan.served_model_name}' "
               f"(T1 {cold.t1_health_s:.2f} s, first token {cold.t2_first_token_s:.2f} s). Ctrl-C to stop.",
               file=sys.stderr)

@@ -266,7 +266,8 @@ class LlamaCppAdapter(EngineAdapter):
             "--metrics",
             "--slots",
             "--no-ui",
-            "-lv", "4",  # info level: model/KV/compute buffer sizes are what the fit estimator learns from
+            # Default verbosity: -lv 4 logged several lines per slot per step (~350k lines for ~700 requests) and
+            # cost throughput. The load memory is taken from the process instead (desktop.core.runtime.launches).
         ]
         if plan.threads:
             argv += ["--threads", str(plan.threads)]

@@ -69,7 +69,8 @@ class VllmAdapter(EngineAdapter):
         log_marker("kv_memory", r"Available KV cache memory:\s*(?P<gib>[\d.]+)\s*GiB"),
         log_marker("kv_tokens", r"KV cache size:\s*(?P<tokens>[\d,]+)\s*tokens"),
         log_marker("max_concurrency", r"Maximum concurrency for\s*(?P<len>[\d,]+)\s*tokens per request:\s*(?P<x>[\d.]+)"),
-        log_marker("graph_capture", r"Graph capturing finished in"),
+        log_marker("activation_peak", r"(?:activation|torch) peak memory (?:takes|increase:?)\s*(?P<gib>[\d.]+)\s*GiB"),
+        log_marker("graph_capture", r"Graph capturing finished in(?:\s*[\d.]+\s*secs?,\s*took\s*(?P<gib>[\d.]+)\s*GiB)?"),
         log_marker("init_engine", r"init engine .* took\s*(?P<seconds>[\d.]+)"),
         log_marker("listening", r"Application startup complete"),
     )

@@ -456,7 +456,8 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
         need = weights + kv_space + int(1.0 * GIB)
         ram = hw.ram_available_bytes
         verdict: Verdict = "yes" if need <= ram and tokens >= max_len else "no"
-        notes.append("no CUDA/ROCm GPU: vLLM would use its CPU backend, which is far slower than llama.cpp here")
+        notes.append("no CUDA/ROCm GPU: vLLM would use its CPU build (whether it beats llama.cpp here is for an "
+                     "A/B on this machine to say: `switchyard ab`)")
         if hw.has_unified_memory or any(g.backend == "metal" for g in hw.gpus):
             verdict = "no"
             notes.append("vLLM has no Metal backend: use llama.cpp on Apple Silicon")

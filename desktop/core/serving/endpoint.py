@@ -28,6 +28,7 @@ from desktop.core.engines.vllm import SLEEP_MODE_FLAG, has_cuda
 from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.planning.fit import launch_dtype
 from desktop.core.planning.swap import SmallerPlan, engine_need_bytes, smaller_plan
+from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState, reap_orphans
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
 from desktop.core.serving.proxy import ProxyServer
@@ -259,6 +260,7 @@ class EndpointManager:
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         keep_standby: bool = False,
         failover: bool = False,
+        record_launches: bool = True,
         budget: MemoryBudget | None = None,
         auto_fit: bool = False,
         hardware: HardwareSnapshot | None = None,
@@ -266,6 +268,7 @@ class EndpointManager:
         meter: bool = True,
     ) -> None:
         self.proxy = proxy
+        self.record_launches = record_launches  # each ready engine's cold start and load memory go to history
         self.telemetry = telemetry
         self.launcher = launcher
         self.ready_timeout = ready_timeout
@@ -400,6 +403,8 @@ class EndpointManager:
         if self._closed:  # the endpoint was closed while this engine loaded
             process.stop()
             raise SwitchyardError("the endpoint was stopped while the engine was starting")
+        if self.record_launches:
+            record_launch(process, spec.model, source="endpoint")
         if process.cold_start.t1_health_s is not None:
             self.cold_starts[adapter.name] = process.cold_start.t1_health_s
         if self.telemetry is not None:
