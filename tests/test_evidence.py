@@ -207,7 +207,7 @@ def test_endpoint_launches_go_to_history_for_the_next_recommendation(llama_insta
     proxy.start()
     manager = EndpointManager(proxy, ready_timeout=600)
     try:
-        manager.start(EngineSpec("llama.cpp", "demo", parallel=2))
+        manager.start(EngineSpec("llama.cpp", "demo", slots=2))
     finally:
         manager.close()
         proxy.stop()
