@@ -511,7 +511,8 @@ class ProxyServer:
                 note = f": loading model {model} ({time.monotonic() - since:.0f} s)\n\n" if since is not None \
                     else f": waiting for model {model}\n\n"
                 payload = note.encode()
-                client.transport.write((b"" if told else STREAM_HEAD) + b"%x\r\n%b\r\n" % (len(payload), payload))
+                head = b"" if told else STREAM_HEAD[:-2] + request.cors + b"\r\n"
+                client.transport.write(head + b"%x\r\n%b\r\n" % (len(payload), payload))
                 told = True
         finally:
             if not waiting.done():

@@ -520,7 +520,10 @@ class Exchange:
         self.lease.release()  # counted off and published before the client sees the end of its answer
         self.record(record)
         self._flush()
-        if told is not None and not self.answered and self.cut_reason:
+        if told is not None and not self.answered and self.head_sent:
+            self.framing, self.streamed = "chunked", True  # the client has the endpoint's event-stream head
+            self._tell_client(told)
+        elif told is not None and not self.answered and self.cut_reason:
             response = json_error(503, told, "engine_switch")
             response.headers = (("Retry-After", "1"),)
             self.client.write_response(response, request=self.request)
