@@ -415,6 +415,29 @@ def test_engine_port_refuses_requests_without_the_endpoints_key(llama_install: A
         proxy.stop()
 
 
+@pytest.mark.engine
+@pytest.mark.vllm
+def test_vllm_behind_the_endpoint_refuses_v1_without_the_key(vllm_install: Any, demo_model: Any) -> None:
+    """vLLM's key guards /v1 only (its /health, /metrics stay open): the completions it serves need the key."""
+    from desktop.core.serving.endpoint import EndpointManager, EngineSpec, make_launcher
+
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=900)
+    proxy.start()
+    manager = EndpointManager(proxy, ready_timeout=900, launcher=make_launcher(vllm_eager=True))
+    try:
+        manager.start(EngineSpec("vllm", "demo", parallel=1))
+        active = manager.active
+        assert active is not None and active.upstream.api_key
+        body = {"model": "x", "prompt": "Hi", "max_tokens": 2}
+        side_door = httpx.post(active.process.base_url + "/v1/completions", json=body, trust_env=False, timeout=60)
+        assert side_door.status_code == 401
+        through = httpx.post(proxy.url + "/v1/completions", json=body, trust_env=False, timeout=120)
+        assert through.status_code == 200 and through.json()["choices"]
+    finally:
+        manager.close()
+        proxy.stop()
+
+
 # --- timeouts toward the engine ---------------------------------------------------------------------------------
 def test_a_hung_engine_yields_504_and_its_request_is_cancelled(make_proxy: Callable[..., ProxyServer]) -> None:
     cancelled = threading.Event()
