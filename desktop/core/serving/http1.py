@@ -197,6 +197,7 @@ class ClientConnection(asyncio.Protocol):
         self._url = b""
         self._headers: list[tuple[str, str]] = []
         self._head: Headers | None = None
+        self._method = ""
         self._answer: LocalResponse | None = None
         self._cors = b""
         self._answered_early = False
@@ -270,7 +271,7 @@ class ClientConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         """The head is complete: judge it now (origin, API key, queue room), before any body is kept."""
         head = self._head = Headers(self._headers)
-        method = self.parser.get_method().decode("ascii", "replace")
+        method = self._method = self.parser.get_method().decode("ascii", "replace")
         answer, self._cors = self.handler.screen(method, self._url.decode("latin-1").partition("?")[0], head)
         retry_after = (("Retry-After", str(self.limits.retry_after_s)),)
         if answer is None and len(self.pending) >= self.limits.pipelined:
@@ -312,7 +313,7 @@ class ClientConnection(asyncio.Protocol):
         self._body = []
         self._body_size = 0
         self.pending.append(Incoming(
-            method=self.parser.get_method().decode("ascii", "replace"), target=target, path=path, query=query,
+            method=self._method, target=target, path=path, query=query,
             headers=self._head or Headers(self._headers), body=body, keep_alive=self.parser.should_keep_alive(),
             http10=self.parser.get_http_version() == "1.0", answer=self._answer, cors=self._cors))
         self.pending_bytes += len(body)
