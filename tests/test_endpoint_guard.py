@@ -397,7 +397,7 @@ def test_engine_port_refuses_requests_without_the_endpoints_key(llama_install: A
     proxy.start()
     manager = EndpointManager(proxy, ready_timeout=600)
     try:
-        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), parallel=1))
+        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), slots=1))
         active = manager.active
         assert active is not None
         key = active.upstream.api_key
@@ -425,7 +425,7 @@ def test_vllm_behind_the_endpoint_refuses_v1_without_the_key(vllm_install: Any, 
     proxy.start()
     manager = EndpointManager(proxy, ready_timeout=900, launcher=make_launcher(vllm_eager=True))
     try:
-        manager.start(EngineSpec("vllm", "demo", parallel=1))
+        manager.start(EngineSpec("vllm", "demo", slots=1))
         active = manager.active
         assert active is not None and active.upstream.api_key
         body = {"model": "x", "prompt": "Hi", "max_tokens": 2}
