@@ -21,6 +21,7 @@ from typing import Any
 from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json, stderr_progress
 from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
+from desktop.core.common.origins import parse_allowed_origins
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.engines.model_path import resolve_model
@@ -44,6 +45,8 @@ from desktop.core.serving.endpoint import (
 from desktop.core.serving.fleet import Fleet, load_models_config
 from desktop.core.serving.proxy import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT, ProxyServer
 from desktop.core.serving.requestlog import RequestLog
+from desktop.core.serving.upstream import Timeouts
+from desktop.core.storage import settings as core_settings
 from desktop.core.storage.history import Store
 
 
@@ -82,6 +85,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                           help="require this environment variable's value as the endpoint's API key")
     endpoint.add_argument("--wait-timeout", type=N.seconds, default=DEFAULT_WAIT_TIMEOUT,
                           help="how long a request waits for an engine while none is ready (seconds)")
+    endpoint.add_argument("--allowed-origins", metavar="ORIGINS",
+                          help="web pages allowed to call the endpoint besides local ones: comma-separated "
+                               "scheme://host[:port], or * for any (default: the allowed_origins setting)")
+    endpoint.add_argument("--first-byte-timeout", type=N.seconds, default=Timeouts.first_byte,
+                          help="seconds an engine may take before its first response byte (then 504)")
+    endpoint.add_argument("--idle-timeout", type=N.seconds, default=Timeouts.idle,
+                          help="seconds an engine may stay silent mid-answer (then the request is cut)")
     endpoint.add_argument("--standby", metavar="ENGINE", help="also start ENGINE and keep it warm")
     endpoint.add_argument("--keep-standby", action="store_true",
                           help="after a switch keep the old engine warm when memory allows")
@@ -286,6 +296,14 @@ class _ServeControl:
         self.stop_requested.set()
 
 
+def _guard_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The endpoint's origins (the flag, else the setting) and engine timeouts, checked before anything starts."""
+    allowed = parse_allowed_origins([args.allowed_origins]) if args.allowed_origins is not None \
+        else core_settings.load().allowed_origins
+    return {"allowed_origins": allowed, "timeouts": Timeouts(first_byte=args.first_byte_timeout,
+                                                            idle=args.idle_timeout)}
+
+
 def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
     port = args.proxy_port if args.proxy_port is not None else DEFAULT_PROXY_PORT
     ensure_port_free(port)
@@ -300,6 +318,7 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
     if api_key and args.capture_bodies:
         raise SwitchyardError("--capture-bodies is not available on an endpoint with an API key",
                               "drop --capture-bodies (or --api-key-env)")
+    guard = _guard_options(args)
     model_path = resolve_model(args.model, adapter, stderr_progress)  # a bad model fails here, before anything starts
     plan = require_fit(checked_plan(args, adapter, model_path), args.model)
     if adapter.find_install() is None:
@@ -320,7 +339,7 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
                       plan=plan)
 
     proxy = ProxyServer(port=port, model_name=args.model_name, api_key=api_key, wait_timeout=args.wait_timeout,
-                        capture_bodies=args.capture_bodies)
+                        capture_bodies=args.capture_bodies, **guard)
     store = _history_store()
     telemetry = Telemetry(sink=store)
     request_log = RequestLog(sink=store)
@@ -426,8 +445,10 @@ def _serve_fleet(args: argparse.Namespace) -> int:
                 raise EngineNotInstalled(f"{entry_adapter.display_name} (for '{entry.name}') is not installed",
                                          f"run `switchyard engines install {entry_adapter.name}`")
             entry_adapter.install(stderr_progress)
+    guard = _guard_options(args)
     reap_orphans()
-    proxy = ProxyServer(port=port, model_name=config.names()[0], api_key=api_key, wait_timeout=args.wait_timeout)
+    proxy = ProxyServer(port=port, model_name=config.names()[0], api_key=api_key, wait_timeout=args.wait_timeout,
+                        **guard)
     store = _history_store()
     telemetry = Telemetry(sink=store)
     fleet = Fleet(proxy, config, telemetry=telemetry, ready_timeout=args.ready_timeout,
