@@ -103,6 +103,9 @@ run_step() {
 have() { command -v "$1" >/dev/null 2>&1; }
 failed() { [ "$1" -ne 0 ] && [ "$1" -lt 98 ]; }  # run_step's rc: 98/99 mean skipped, not failed
 
+# CUDA toolkits usually live outside PATH: the llama.cpp CUDA build needs nvcc found.
+if ! have nvcc && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+
 # --- 1. machine facts ------------------------------------------------------------------------------------------
 log "gpu_check: budget ${BUDGET}s, steps '$STEPS', output $OUT, repo $REPO ($(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo 'no git'))"
 if have nvidia-smi; then
