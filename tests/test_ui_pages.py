@@ -68,6 +68,7 @@ def window(qtbot):  # type: ignore[no-untyped-def]
 
     win = MainWindow()
     win.session.endpoint_port = 0  # a free port: tests never fight over the configured one
+    win.confirm_quit = lambda: True  # a failed test must not leave a modal "quit anyway?" dialog nobody answers
     qtbot.addWidget(win)
     win.show()
     yield win
