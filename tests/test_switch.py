@@ -346,3 +346,45 @@ def test_cli_endpoint_status_switch_stop(llama_install: Any, demo_model: Any, se
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_plain_serve_is_visible_to_status_and_stop(llama_install: Any, demo_model: Any) -> None:
+    """A `switchyard serve` without the endpoint registers too: `status` shows it, `switch` explains why it cannot,
+    `stop` ends it cleanly (engine gone, discovery file gone)."""
+    proc = subprocess.Popen(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp", "--model", "demo", "--parallel", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("ready:"):
+                break
+        assert lines and lines[-1].startswith("ready: http://127.0.0.1:"), "".join(lines)
+        base_url = lines[-1].split()[1].removesuffix("/v1")
+        port = int(base_url.rsplit(":", 1)[1])
+        result = _cli("status", "--json")
+        assert result.returncode == 0, result.stderr
+        status = json.loads(result.stdout)
+        assert status["kind"] == "engine" and status["pid"] == proc.pid and status["url"] == base_url
+        assert status["active"]["engine"] == "llama.cpp" and status["state"] == "serving"
+        engine_pid = status["active"]["pid"]
+        assert psutil.pid_exists(engine_pid)
+        human = _cli("status")
+        assert human.returncode == 0 and "engine (no stable endpoint)" in human.stdout
+        refused = _cli("switch", "--to", "vllm")
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr
+        assert "without the stable endpoint" in refused.stderr and "--endpoint" in refused.stderr
+        stopped = _cli("stop", "--json")
+        assert stopped.returncode == 0, stopped.stderr
+        assert json.loads(stopped.stdout)["stopped"] is True
+        assert proc.wait(30) == 0
+        assert not psutil.pid_exists(engine_pid)
+        assert not control.discovery_path(port).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -6,7 +6,6 @@ import argparse
 from typing import Any
 
 from desktop.commands._common import emit_json, stderr_progress
-from desktop.core.engines import ADAPTERS, get_adapter
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from desktop.core.engines import ADAPTERS
+
     rows: list[dict[str, Any]] = []
     for adapter in ADAPTERS.values():
         install = adapter.find_install()
@@ -50,6 +51,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
+    from desktop.core.engines import ADAPTERS, get_adapter
+
     names = list(ADAPTERS) if args.engine == ["all"] else args.engine
     adapters = [get_adapter(name) for name in names]  # validate every name before a long install starts
     results = []
@@ -64,6 +67,8 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from desktop.core.engines import ADAPTERS
+
     findings = [finding for adapter in ADAPTERS.values() for finding in adapter.doctor()]
     if args.json:
         emit_json(findings)

@@ -6,26 +6,42 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from desktop.commands._common import emit_json
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.engines.external import (
-    EndpointReport,
-    EndpointStore,
-    ExternalEndpoint,
-    normalize_base_url,
-    probe_endpoint,
-    resolve_endpoint,
-)
-from desktop.core.planning.export import (
-    FORMATS,
-    ExportPlan,
-    choose_for_target,
-    export_plan,
-    load_model_config,
-)
+
+if TYPE_CHECKING:  # the endpoint client (httpx) loads when an endpoints command runs
+    from desktop.core.engines.external import EndpointReport
+    from desktop.core.planning.export import ExportPlan
+
+
+class _Formats(Sequence[str]):
+    """The export formats for `--format` choices, read from the exporter only when the export parser needs them
+    (the exporter loads the engines; `switchyard --help` should not)."""
+
+    def _names(self) -> tuple[str, ...]:
+        from desktop.core.planning.export.formats import FORMATS
+
+        return FORMATS
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._names()
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,7 +57,8 @@ def _register_export(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
                     "fields or, without PLAN, describe the plan. With --gpu and --gpus the tensor-parallel "
                     "size is chosen from the model's size unless --tp is given.")
     p.add_argument("plan", nargs="?", type=Path, help="a plan JSON file (ExportPlan.to_json)")
-    p.add_argument("--format", "-f", choices=FORMATS, default="shell")
+    p.add_argument("--format", "-f", choices=_Formats(), default="shell", metavar="FORMAT",
+                   help="%(choices)s (default: %(default)s)")
     p.add_argument("--out", "-o", type=Path, help="write to this file instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--save-plan", type=Path, help="also write the resolved plan as JSON here")
@@ -87,6 +104,8 @@ _FIELD_FLAGS = ("engine", "model", "served_model_name", "port", "image", "gpu_na
 
 def resolve_plan(args: argparse.Namespace) -> ExportPlan:
     """The plan file (if any) with the flags laid over it, and the tensor-parallel size chosen when needed."""
+    from desktop.core.planning.export import ExportPlan, choose_for_target, load_model_config
+
     fields: dict[str, Any] = ExportPlan.load(args.plan).to_json() if args.plan else {}
     fields.pop("schema", None)
     for key in _FIELD_FLAGS:
@@ -126,6 +145,8 @@ def resolve_plan(args: argparse.Namespace) -> ExportPlan:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from desktop.core.planning.export import export_plan
+
     plan = resolve_plan(args)
     text = export_plan(plan, args.format)
     if args.out:
@@ -203,6 +224,13 @@ def _read_key(args: argparse.Namespace) -> str | None:
 
 
 def cmd_endpoints_add(args: argparse.Namespace) -> int:
+    from desktop.core.engines.external import (
+        EndpointStore,
+        ExternalEndpoint,
+        normalize_base_url,
+        probe_endpoint,
+    )
+
     store = EndpointStore()
     key = _read_key(args)
     report = None
@@ -220,6 +248,8 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
 
 
 def cmd_endpoints_list(args: argparse.Namespace) -> int:
+    from desktop.core.engines.external import EndpointStore
+
     endpoints = EndpointStore().list()
     if args.json:
         emit_json([e.to_json() for e in endpoints])
@@ -234,12 +264,16 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
 
 
 def cmd_endpoints_remove(args: argparse.Namespace) -> int:
+    from desktop.core.engines.external import EndpointStore
+
     EndpointStore().remove(args.name)
     print(f"removed {args.name}")
     return 0
 
 
 def cmd_endpoints_check(args: argparse.Namespace) -> int:
+    from desktop.core.engines.external import probe_endpoint, resolve_endpoint
+
     report = probe_endpoint(resolve_endpoint(args.endpoint))
     if args.json:
         emit_json(report)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from desktop.commands._common import emit_json
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.machine.hardware import GIB, HardwareSnapshot, detect, hypothetical
-from desktop.core.models.facts import facts_for
-from desktop.core.planning.fit import FitResult, FitSettings, estimate, normalise_engine
-from desktop.core.planning.recommend import Workload, recommend
+
+if TYPE_CHECKING:  # hardware probing and the model readers (gguf, numpy) load when a command runs
+    from desktop.core.machine.hardware import HardwareSnapshot
+    from desktop.core.planning.fit import FitResult
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,6 +57,8 @@ def _hardware_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _hardware(args: argparse.Namespace) -> HardwareSnapshot:
+    from desktop.core.machine.hardware import HardwareSnapshot, detect, hypothetical
+
     base = HardwareSnapshot.load(args.hardware) if getattr(args, "hardware", None) else detect()
     if args.gpu_mem_gib is not None and args.gpu_mem_gib <= 0:
         raise SwitchyardError(f"--gpu-mem-gib must be positive, not {args.gpu_mem_gib}")
@@ -68,10 +70,14 @@ def _hardware(args: argparse.Namespace) -> HardwareSnapshot:
 
 
 def _gib(value: int | None) -> str:
+    from desktop.core.machine.hardware import GIB
+
     return "?" if value is None else f"{value / GIB:.1f} GiB"
 
 
 def cmd_detect(args: argparse.Namespace) -> int:
+    from desktop.core.machine.hardware import detect
+
     snapshot = detect(args.models_dir)
     if args.json:
         emit_json(snapshot.to_json())
@@ -109,6 +115,9 @@ def _print_fit(result: FitResult) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    from desktop.core.models.facts import facts_for
+    from desktop.core.planning.fit import FitSettings, estimate, normalise_engine
+
     engine = normalise_engine(args.engine)
     settings = FitSettings(ctx=args.ctx, parallel=args.parallel, kv_type=args.kv_type, gpu_layers=args.gpu_layers,
                            quant=args.quant, gpu_memory_utilization=args.util, max_num_seqs=args.max_num_seqs,
@@ -126,6 +135,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
+    from desktop.core.models.facts import facts_for
+    from desktop.core.planning.recommend import Workload, recommend
+
     workload = Workload(concurrency=args.concurrency, prompt_len=args.prompt_len, output_len=args.output_len,
                         lifetime_hours=args.lifetime_hours, restarts_per_day=args.restarts_per_day)
     workload.validate()

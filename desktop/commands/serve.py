@@ -14,20 +14,16 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from desktop.commands._common import emit_json, stderr_progress
 from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
-from desktop.core.engines import get_adapter
-from desktop.core.engines.base import LaunchPlan
-from desktop.core.engines.model_path import resolve_model
-from desktop.core.runtime.ports import ensure_port_free
-from desktop.core.runtime.supervisor import EngineProcess, reap_orphans, stream_completion
-from desktop.core.runtime.telemetry import Telemetry
-from desktop.core.serving import control
-from desktop.core.serving.endpoint import EndpointEvent, EndpointManager, EngineSpec, SwitchResult
-from desktop.core.serving.proxy import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT, ProxyServer
-from desktop.core.storage.history import Store
+from desktop.core.serving.defaults import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
+
+if TYPE_CHECKING:  # the engines, the proxy and the store load only when a command runs: `status` stays instant
+    from desktop.core.runtime.supervisor import EngineProcess
+    from desktop.core.serving.endpoint import EndpointEvent, EndpointManager
+    from desktop.core.storage.history import Store
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -82,6 +78,13 @@ class _Terminate(Exception):
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.base import LaunchPlan
+    from desktop.core.engines.model_path import resolve_model
+    from desktop.core.runtime.ports import ensure_port_free
+    from desktop.core.runtime.supervisor import EngineProcess, reap_orphans
+    from desktop.core.serving import control
+
     # Validate everything cheap before anything slow starts.
     adapter = get_adapter(args.engine)
     if (args.endpoint or args.proxy_port is not None) and args.prompt is None:
@@ -106,15 +109,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGTERM, on_signal)
     engine = EngineProcess(adapter, plan, install)
+    discovery = None
     try:
         engine.start()
         print(f"starting {adapter.display_name} on {engine.base_url} (log: {engine.log_path})", file=sys.stderr)
         cold = engine.wait_ready(timeout=args.ready_timeout, first_request=args.prompt is None)
         if args.prompt is not None:
             return _prompt_once(args, engine)
+        discovery = control.write_discovery(engine.plan.port, engine.base_url, "", kind="engine",
+                                            info=_engine_status(engine))
         print(f"ready: {engine.base_url}/v1 serving {model_path.name} as '{plan.served_model_name}' "
-              f"(T1 {cold.t1_health_s:.2f} s, first token {cold.t2_first_token_s:.2f} s). Ctrl-C to stop.",
-              file=sys.stderr)
+              f"(T1 {cold.t1_health_s:.2f} s, first token {cold.t2_first_token_s:.2f} s). "
+              "Ctrl-C or `switchyard stop` to stop.", file=sys.stderr)
         stopped = threading.Event()
         engine.subscribe(lambda event: stopped.set() if event.state and event.state.value == "crashed" else None)
         while not stopped.wait(0.5):
@@ -124,11 +130,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("stopping", file=sys.stderr)
         return 0
     finally:
+        if discovery is not None:
+            control.remove_discovery(discovery)
         engine.stop()
         signal.signal(signal.SIGTERM, previous)
 
 
+def _engine_status(engine: EngineProcess) -> dict[str, Any]:
+    """What `switchyard status` shows for a plain serve, shaped like an endpoint's status (it has no channel)."""
+    return {
+        "url": engine.base_url,
+        "openai_base_url": f"{engine.base_url}/v1",
+        "model_name": engine.plan.served_model_name,
+        "state": "serving",
+        "active": {"engine": engine.adapter.name, "state": "serving", "pid": engine.pid,
+                   "base_url": engine.base_url, "model_path": str(engine.plan.model_path)},
+    }
+
+
 def _prompt_once(args: argparse.Namespace, engine: EngineProcess) -> int:
+    from desktop.core.runtime.supervisor import stream_completion
+
     cold = engine.cold_start
     t0 = time.monotonic() - engine.elapsed()
     sent = time.monotonic() - t0
@@ -180,6 +202,8 @@ def _prompt_once(args: argparse.Namespace, engine: EngineProcess) -> int:
 # --- the stable endpoint -------------------------------------------------------------------------------------
 def _history_store() -> Store | None:
     """Telemetry history in the app's SQLite store; serving goes on without it if it cannot be opened."""
+    from desktop.core.storage.history import Store
+
     try:
         return Store()
     except SwitchyardError as exc:
@@ -200,14 +224,22 @@ class _ServeControl:
         return data
 
     def switch(self, engine: str, model: str | None) -> dict[str, Any]:
-        result: SwitchResult = self.manager.switch(engine, model)
-        return result.to_json()
+        return dict(self.manager.switch(engine, model).to_json())
 
     def request_stop(self) -> None:
         self.stop_requested.set()
 
 
 def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.model_path import resolve_model
+    from desktop.core.runtime.ports import ensure_port_free
+    from desktop.core.runtime.supervisor import reap_orphans
+    from desktop.core.runtime.telemetry import Telemetry
+    from desktop.core.serving import control
+    from desktop.core.serving.endpoint import EndpointManager, EngineSpec
+    from desktop.core.serving.proxy import ProxyServer
+
     port = args.proxy_port if args.proxy_port is not None else DEFAULT_PROXY_PORT
     ensure_port_free(port)
     if args.port:
@@ -304,26 +336,33 @@ def _print_event(event: EndpointEvent, as_json: bool) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    client = control.ControlClient(control.find_instance(args.port))
-    data = client.status()
+    from desktop.core.serving import control
+
+    discovery = control.find_instance(args.port)
+    data = {"kind": discovery.kind, **control.ControlClient(discovery).status()}
     if args.json:
         emit_json(data)
         return 0
-    print(f"endpoint {data['openai_base_url']}  model '{data['model_name']}'  state {data['state']}  "
+    what = {"app": "app endpoint", "engine": "engine (no stable endpoint)"}.get(data.get("kind", ""), "endpoint")
+    print(f"{what} {data['openai_base_url']}  model '{data['model_name']}'  state {data['state']}  "
           f"(pid {data.get('pid')})")
     for role in ("active", "standby", "starting"):
         engine = data.get(role)
         if engine:
             print(f"  {role:8} {engine['engine']:10} {engine['state']:8} pid {engine['pid']}  {engine['base_url']}  "
                   f"{engine['model_path']}")
-    requests = data["requests"]
-    print(f"  requests {requests['requests']} total, {requests['failed']} failed, {requests['inflight']} in flight")
+    requests = data.get("requests")
+    if requests:
+        print(f"  requests {requests['requests']} total, {requests['failed']} failed, {requests['inflight']} in flight")
     if data.get("last_error"):
         print(f"  last error: {data['last_error']}")
     return 0
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
+    from desktop.core.engines import get_adapter
+    from desktop.core.serving import control
+
     engine = get_adapter(args.to).name  # an unknown engine fails here, clearly
     client = control.ControlClient(control.find_instance(args.port))
     if not args.json:
@@ -339,6 +378,8 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from desktop.core.serving import control
+
     discovery = control.find_instance(args.port)
     stopped = control.ControlClient(discovery).stop()
     if args.json:
@@ -346,6 +387,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
     elif stopped:
         print(f"stopped the endpoint on port {discovery.port} (pid {discovery.pid})")
     if not stopped:
-        raise SwitchyardError(f"the endpoint (pid {discovery.pid}) did not exit in time",
+        raise SwitchyardError(f"the {'engine' if discovery.kind == 'engine' else 'endpoint'} (pid {discovery.pid}) did not exit in time",
                               f"kill it with `kill {discovery.pid}`")
     return 0

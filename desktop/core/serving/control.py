@@ -7,26 +7,28 @@ token, and removes it on exit. Clients find the instance through that file.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import json
 import os
 import secrets
+import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
 import psutil
 
 from desktop.core.common import paths
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.serving.proxy import LocalRequest, LocalResponse, LocalRoute
+
+if TYPE_CHECKING:
+    from desktop.core.serving.proxy import LocalRequest, LocalResponse, LocalRoute
 
 TOKEN_HEADER = "X-Switchyard-Token"
 PREFIX = "/switchyard"
+KINDS = ("endpoint", "app", "engine")
 
 
 class NoInstance(SwitchyardError):
@@ -42,6 +44,8 @@ class Discovery:
     url: str
     token: str
     started_at: float
+    kind: str = "endpoint"
+    info: dict[str, Any] = field(default_factory=dict)  # kind `engine`: what `status` shows (no channel to ask)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -57,10 +61,14 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def write_discovery(port: int, url: str, token: str) -> Path:
+def write_discovery(port: int, url: str, token: str, kind: str = "endpoint", info: dict[str, Any] | None = None
+                    ) -> Path:
     """Create the discovery file readable by this user only (created 0600, never widened)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown discovery kind {kind!r}")
     path = discovery_path(port)
-    record = {"pid": os.getpid(), "port": port, "url": url, "token": token, "started_at": time.time()}
+    record = {"pid": os.getpid(), "port": port, "url": url, "token": token, "started_at": time.time(),
+              "kind": kind, "info": info or {}}
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
@@ -85,7 +93,8 @@ def find_instances() -> list[Discovery]:
         try:
             record = json.loads(file.read_text())
             discovery = Discovery(int(record["pid"]), int(record["port"]), str(record["url"]), str(record["token"]),
-                                  float(record.get("started_at", 0)))
+                                  float(record.get("started_at", 0)), str(record.get("kind", "endpoint")),
+                                  dict(record.get("info") or {}))
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if not _alive(discovery.pid):
@@ -116,10 +125,14 @@ class ControlTarget(Protocol):
 
     def switch(self, engine: str, model: str | None) -> dict[str, Any]: ...
 
-    def request_stop(self) -> None: ...
+    def request_stop(self) -> bool | None:
+        """Start stopping. False: the process stays (the app) and its engines are already stopped on return."""
+        ...
 
 
 def _error(status: int, exc: Exception) -> LocalResponse:
+    from desktop.core.serving.proxy import LocalResponse
+
     message = exc.message if isinstance(exc, SwitchyardError) else str(exc)
     hint = exc.hint if isinstance(exc, SwitchyardError) else None
     return LocalResponse.json({"error": message, "hint": hint}, status=status)
@@ -127,6 +140,9 @@ def _error(status: int, exc: Exception) -> LocalResponse:
 
 def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
     """Routes under /switchyard/ for the endpoint. Each checks the token; slow work runs in a thread."""
+    import asyncio
+
+    from desktop.core.serving.proxy import LocalResponse, LocalRoute
 
     def allowed(request: LocalRequest) -> bool:
         return hmac.compare_digest(request.headers.get(TOKEN_HEADER).encode(), token.encode())
@@ -158,8 +174,8 @@ def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
     async def stop(request: LocalRequest) -> LocalResponse:
         if not allowed(request):
             return denied
-        target.request_stop()
-        return LocalResponse.json({"stopping": True})
+        exits = await asyncio.to_thread(target.request_stop)  # the app stops its engines before it answers
+        return LocalResponse.json({"stopping": True, "exits": exits is not False})
 
     return [
         LocalRoute("GET", f"{PREFIX}/status", status),
@@ -177,6 +193,8 @@ class ControlClient:
 
     def _request(self, method: str, route: str, timeout: float, body: dict[str, Any] | None = None
                  ) -> dict[str, Any]:
+        import httpx
+
         url = f"{self.discovery.url}{PREFIX}/{route}"
         try:
             with httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False) as client:
@@ -195,14 +213,27 @@ class ControlClient:
         return data
 
     def status(self) -> dict[str, Any]:
+        if self.discovery.kind == "engine":
+            return {**self.discovery.info, "pid": self.discovery.pid}
         return self._request("GET", "status", 10.0)
 
     def switch(self, engine: str, model: str | None = None, timeout: float = 1800.0) -> dict[str, Any]:
+        if self.discovery.kind == "engine":
+            raise SwitchyardError(f"the `switchyard serve` on port {self.discovery.port} runs an engine without the "
+                                  "stable endpoint, so it cannot switch engines",
+                                  "start it with --endpoint (or --proxy-port P) to switch without changing the URL")
         return self._request("POST", "switch", timeout, {"engine": engine, "model": model})
 
     def stop(self, wait: float = 60.0) -> bool:
-        """Ask the instance to stop and wait until its process is gone. True when it exited in time."""
-        self._request("POST", "stop", 10.0)
+        """Ask the instance to stop and wait until its process is gone (the app: until its engines are stopped).
+        True when that happened in time."""
+        if self.discovery.kind == "engine":  # a plain serve stops cleanly on SIGTERM
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.discovery.pid, signal.SIGTERM)
+        else:
+            answer = self._request("POST", "stop", wait)
+            if answer.get("exits") is False:
+                return True
         with contextlib.suppress(psutil.Error):
             psutil.Process(self.discovery.pid).wait(wait)
         return not _alive(self.discovery.pid)
