@@ -65,6 +65,10 @@ class EngineSession(QObject):
         self._pending_lines: deque[str] = deque(maxlen=5000)
         self._lines_lock = threading.Lock()
         self._setup_lock = threading.Lock()
+        from desktop.ui.app_control import AppControl
+
+        self.remote = AppControl(self)  # `switchyard status|switch|stop` from a shell reach this session
+        self._discovery: Any = None
         self.log_timer = QTimer(self)
         self.log_timer.setInterval(LOG_DRAIN_MS)
         self.log_timer.timeout.connect(self._tick)
@@ -93,12 +97,15 @@ class EngineSession(QObject):
             if self.manager is not None:
                 return
             from desktop.core.runtime.telemetry import Telemetry
+            from desktop.core.serving import control
             from desktop.core.serving.endpoint import EndpointManager
             from desktop.core.serving.proxy import ProxyServer
             from desktop.core.storage import settings as core_settings
 
             port = self.endpoint_port if self.endpoint_port is not None else core_settings.load().endpoint_port
             proxy = ProxyServer(port=port)
+            token = control.new_token()
+            proxy.add_routes(control.control_routes(self.remote, token))
             proxy.start()  # PortBusy (a readable SwitchyardError) when the port is taken
             telemetry = Telemetry()
             telemetry.subscribe(self._on_samples)
@@ -106,6 +113,7 @@ class EngineSession(QObject):
             manager = EndpointManager(proxy, telemetry=telemetry, launcher=self._launcher)
             manager.subscribe(self._on_endpoint_event)
             self.proxy, self.telemetry, self.manager = proxy, telemetry, manager
+            self._discovery = control.write_discovery(proxy.port, proxy.url, token, kind="app")
 
     def _launcher(self, spec: Any) -> Any:
         """Like endpoint.default_launcher, but installs a missing engine (with progress) instead of failing."""
@@ -179,14 +187,14 @@ class EngineSession(QObject):
         self.progress.emit(f"Switching to {engine}: starting it while the current engine keeps serving")
         submit(self._switch, engine, on_finished=self._on_switched, on_error=self._on_error)
 
-    def _switch(self, engine: str) -> Any:
+    def _switch(self, engine: str, model: str | None = None) -> Any:
         failed_before = self.proxy.counters.get("failed", 0)
-        result = self.manager.switch(engine)
+        result = self.manager.switch(engine, model)
         result.failed_requests = self.proxy.counters.get("failed", 0) - failed_before
         if self.request is not None:
             from dataclasses import replace
 
-            self.request = replace(self.request, engine=result.to_engine)
+            self.request = replace(self.request, engine=result.to_engine, model=model or self.request.model)
         return result
 
     def _on_switched(self, result: Any) -> None:
@@ -231,6 +239,11 @@ class EngineSession(QObject):
 
     def _shutdown_core(self) -> None:
         """The Qt-free part of shutting down, safe even after this QObject was deleted."""
+        if self._discovery is not None:  # first: `switchyard status` must not find an endpoint going away
+            from desktop.core.serving import control
+
+            control.remove_discovery(self._discovery)
+            self._discovery = None
         if self.telemetry is not None:
             self.telemetry.unsubscribe(self._on_samples)
         if self.manager is not None:

@@ -174,7 +174,10 @@ def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
     async def stop(request: LocalRequest) -> LocalResponse:
         if not allowed(request):
             return denied
-        exits = await asyncio.to_thread(target.request_stop)  # the app stops its engines before it answers
+        try:
+            exits = await asyncio.to_thread(target.request_stop)  # the app stops its engines before it answers
+        except Exception as exc:  # reported to the client instead of dropping the connection
+            return _error(409 if isinstance(exc, SwitchyardError) else 500, exc)
         return LocalResponse.json({"stopping": True, "exits": exits is not False})
 
     return [

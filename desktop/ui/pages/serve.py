@@ -17,11 +17,13 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSpinBox,
     QSplitter,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from desktop.ui.charts import ChartBoard, LiveChart, pause_checkbox
+from desktop.ui.chat import ChatPane
 from desktop.ui.engine_session import EngineSession, LaunchRequest
 from desktop.ui.widgets import LogPane, Notice, PhaseTimeline
 from desktop.ui.workers import submit
@@ -155,6 +157,11 @@ class ServePage(QWidget):
         charts_layout.addLayout(grid)
 
         self.log_pane = LogPane()
+        self.chat = ChatPane()
+        self.lower_tabs = QTabWidget()
+        self.lower_tabs.addTab(self.log_pane, "Engine &log")
+        self.lower_tabs.addTab(self.chat, "Try &it (chat)")
+        self.lower_tabs.setAccessibleName("Engine log and chat")
         upper = QWidget()
         upper_layout = QVBoxLayout(upper)
         upper_layout.setContentsMargins(0, 0, 0, 0)
@@ -165,7 +172,7 @@ class ServePage(QWidget):
         upper_layout.addWidget(charts_box, 1)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(upper)
-        splitter.addWidget(self.log_pane)
+        splitter.addWidget(self.lower_tabs)
         splitter.setStretchFactor(0, 4)
         splitter.setStretchFactor(1, 1)
         layout = QVBoxLayout(self)
@@ -269,6 +276,7 @@ class ServePage(QWidget):
         if process is None:
             return
         self.endpoint_edit.setText(self.session.endpoint_url or f"{process.base_url}/v1")
+        self.chat.set_endpoint(self.endpoint_edit.text(), getattr(self.session.proxy, "model_name", None))
         t2 = cold.t2_first_token_s
         self.notice.show_message(
             f"{process.adapter.display_name} serves {process.plan.model_path.name} (engine at {process.base_url})"
@@ -289,6 +297,8 @@ class ServePage(QWidget):
 
     def on_stopped(self) -> None:
         self.state_label.setText("stopped")
+        self.chat.stop()
+        self.chat.set_endpoint(None)
         if self.notice.level != "error":
             self.notice.show_message("Engine stopped")
         self._update_buttons()
@@ -323,4 +333,5 @@ class ServePage(QWidget):
         self.switch_button.setText(f"S&witch to {self.other_engine()}")
 
     def shutdown(self) -> None:
+        self.chat.shutdown()
         self.board.stop()
