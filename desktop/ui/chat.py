@@ -56,8 +56,8 @@ class ChatPane(QWidget):
         self.max_tokens_spin.setValue(256)
         self.max_tokens_spin.setAccessibleName("Maximum answer tokens")
         settings = QHBoxLayout()
-        for caption, widget, stretch in (("S&ystem:", self.system_edit, 1), ("Te&mperature:", self.temperature_spin, 0),
-                                         ("Max &tokens:", self.max_tokens_spin, 0)):
+        for caption, widget, stretch in (("S&ystem:", self.system_edit, 1), ("Temperat&ure:", self.temperature_spin, 0),
+                                         ("Max to&kens:", self.max_tokens_spin, 0)):
             label = QLabel(caption)
             label.setBuddy(widget)
             settings.addWidget(label)
@@ -73,7 +73,7 @@ class ChatPane(QWidget):
         self.input.setMaximumHeight(70)
         self.send_button = QPushButton("Sen&d")
         self.send_button.clicked.connect(self.send)
-        self.stop_button = QPushButton("Sto&p answer")
+        self.stop_button = QPushButton("Stop &answer")
         self.stop_button.clicked.connect(self.stop)
         self.clear_button = QPushButton("C&lear")
         self.clear_button.setToolTip("Forget the conversation")
