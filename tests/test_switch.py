@@ -61,6 +61,14 @@ def controlled() -> Iterator[tuple[ProxyServer, FakeTarget, control.Discovery]]:
     proxy.stop()
 
 
+def test_endpoint_defaults_are_the_proxys() -> None:
+    """The CLI reads the defaults from a module that imports nothing (fast `--help`); they are the proxy's."""
+    from desktop.core.serving import defaults, proxy
+
+    assert (defaults.DEFAULT_PROXY_PORT, defaults.DEFAULT_WAIT_TIMEOUT) == (proxy.DEFAULT_PROXY_PORT,
+                                                                            proxy.DEFAULT_WAIT_TIMEOUT)
+
+
 def test_discovery_file_is_private_and_found(controlled: tuple[ProxyServer, FakeTarget, control.Discovery]) -> None:
     proxy, _target, discovery = controlled
     mode = stat.S_IMODE(control.discovery_path(proxy.port).stat().st_mode)
