@@ -316,3 +316,29 @@ def test_many_signal_emits_from_threads_do_not_crash_the_app(qtbot) -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,  # noqa: S603
                             env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
     assert result.returncode == 0 and "ok 60000" in result.stdout, result.stderr[-500:]
+
+
+def test_app_control_runs_session_work_on_the_gui_thread_and_hands_back_errors(qtbot) -> None:
+    """Control requests arrive on the endpoint's threads; what touches Qt state must run on the GUI thread."""
+    import threading
+
+    from PySide6.QtCore import QObject
+
+    from desktop.core.common.errors import SwitchyardError
+    from desktop.ui.app_control import AppControl
+
+    owner = QObject()
+    control = AppControl(owner)
+    results: list[object] = []
+
+    def from_another_thread() -> None:
+        results.append(control._on_gui(threading.get_ident))
+        try:
+            control._on_gui(lambda: (_ for _ in ()).throw(SwitchyardError("no engine", "start one")))
+        except SwitchyardError as exc:
+            results.append(exc.hint)
+
+    thread = threading.Thread(target=from_another_thread)
+    thread.start()
+    qtbot.waitUntil(lambda: not thread.is_alive(), timeout=10_000)
+    assert results == [threading.get_ident(), "start one"]

@@ -31,8 +31,7 @@ class AppControl(QObject):
         self.session = session
         self._call.connect(self._run)
 
-    @staticmethod
-    def _run(job: Callable[[], None]) -> None:
+    def _run(self, job: Callable[[], None]) -> None:  # a method of this QObject: queued to the GUI thread
         job()
 
     def _on_gui(self, fn: Callable[[], Any], timeout: float = GUI_CALL_TIMEOUT_S) -> Any:
