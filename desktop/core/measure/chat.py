@@ -4,7 +4,8 @@ The request is built by the load generator's `Target` (same URL, headers and bod
 `stream_options.include_usage`) and decoded by `common.sse`; here the answer stops at the model's end (no
 `ignore_eos`), and its speed is measured from the stream: time to the first token and output tokens per second
 over the generation (first token to last). Blocking: the GUI runs it in a worker and calls `stop()` from its own
-thread, which closes the connection, so a stop is immediate even before the first token.
+thread, which closes the streaming connection (the server then stops generating for it); a stop asked before the
+response has begun takes effect as soon as it begins.
 """
 
 from __future__ import annotations
