@@ -9,7 +9,9 @@ Two things differ when Switchyard runs from a bundle instead of a virtual enviro
 - Uninstallers (the .deb's prerm, Inno Setup's [UninstallRun], the macOS "Uninstall Switchyard" script) call
   `switchyard --uninstall-stop-engines` before removing files, so no engine keeps running (and holding VRAM) from
   an app that no longer exists. It reads the pidfiles the supervisor writes (`<data dir>/run/engine-*.json`),
-  checks each pid still is the recorded process (pids are reused), and stops the engines of this installation:
+  checks each pid still is the recorded process (pids are reused), is owned by the user whose pidfile it is and
+  runs a program from that user's engines folder (pidfiles are user-writable; this runs as root), and stops the
+  engines of this installation (their whole process group and tree, desktop.core.runtime.proctree):
   orphans, and those owned by a running app of this bundle (which is stopped first). Engines that another live
   Switchyard supervises (a source checkout, a pip install) are left alone. With `--all-users` (the .deb's prerm
   runs as root) it walks every local user's default data dir too. User data (settings, history, models, engines)
@@ -21,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
+
+from desktop.core.runtime import proctree
 
 STOP_ENGINES_FLAG = "--uninstall-stop-engines"
 ALL_USERS_FLAG = "--all-users"
@@ -81,36 +84,43 @@ def default_run_dirs(all_users: bool) -> list[Path]:
     return dirs
 
 
-def _matches(pid: int, created: object) -> psutil.Process | None:
-    """The live process `pid` if it is the one recorded (same start time), else None."""
-    try:
-        proc = psutil.Process(pid)
-        started = proc.create_time()
-    except (psutil.Error, ValueError):
-        return None
-    if not isinstance(created, int | float) or abs(started - float(created)) >= 1.0:
-        return None
-    return proc
+def _engine_roots(run_dir: Path, uid: int) -> list[Path]:
+    """Where the engines of the user owning `run_dir` live: beside it (<data dir>/engines) and, for the user
+    running this, the engines folder the app itself uses (SWITCHYARD_ENGINES_DIR or the default)."""
+    roots = [run_dir.parent / "engines"]
+    if os.name != "posix" or uid == os.getuid():
+        import platformdirs
+
+        override = os.environ.get("SWITCHYARD_ENGINES_DIR")
+        roots.append(Path(override).expanduser() if override else
+                     Path(platformdirs.user_data_dir("switchyard")) / "engines")
+    return [root.resolve() for root in roots]
 
 
-def _terminate_tree(proc: psutil.Process, grace: float) -> None:
-    """SIGTERM the process, its process group (engines run in their own session) and its descendants; SIGKILL
-    whatever is left after `grace` seconds."""
+def _runs_from(proc: psutil.Process, roots: Sequence[Path]) -> bool:
+    """Whether the process's program lives under one of `roots`: its executable, or the path it was started as
+    (a vLLM engine runs its venv's python, a link whose target is the system interpreter)."""
+    candidates: list[str] = []
+    with contextlib.suppress(psutil.Error, OSError):
+        candidates.append(proc.exe())
+    with contextlib.suppress(psutil.Error, OSError, IndexError):
+        candidates.append(proc.cmdline()[0])
+    for candidate in candidates:
+        if not candidate or not os.path.isabs(candidate):
+            continue
+        path = Path(os.path.normpath(candidate))
+        if any(path.is_relative_to(root) for root in roots):
+            return True
+    return False
+
+
+def _owned_by(proc: psutil.Process, uid: int | None) -> bool:
+    if uid is None:
+        return True
     try:
-        members = [proc, *proc.children(recursive=True)]
-    except psutil.Error:
-        members = [proc]
-    with contextlib.suppress(OSError):
-        if os.name == "posix" and os.getpgid(proc.pid) == proc.pid:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for member in members:
-        with contextlib.suppress(psutil.Error):
-            member.terminate()
-    _gone, alive = psutil.wait_procs(members, timeout=grace)
-    for member in alive:
-        with contextlib.suppress(psutil.Error):
-            member.kill()
-    psutil.wait_procs(alive, timeout=grace)
+        return int(proc.uids().real) == uid and int(proc.uids().effective) == uid
+    except (psutil.Error, AttributeError):
+        return False
 
 
 def _is_this_bundle(proc: psutil.Process) -> bool:
@@ -122,29 +132,49 @@ def _is_this_bundle(proc: psutil.Process) -> bool:
         return False
 
 
+def _file_owner(path: Path) -> int | None:
+    """The uid owning `path` (None where there are no uids)."""
+    return path.stat().st_uid if os.name == "posix" else None
+
+
 def stop_recorded_engines(run_dirs: Iterable[Path], grace: float = GRACE_SECONDS) -> list[StoppedEngine]:
     """Stop the engines recorded in the pidfiles under `run_dirs` that belong to this installation, and remove
     their pidfiles: orphans (their owner is gone) and those owned by this very bundle, whose app is stopped first
     so it cannot restart them. Engines supervised by another live Switchyard (a source checkout, a pip install)
-    are left alone: that app is not being uninstalled."""
+    are left alone: that app is not being uninstalled.
+
+    Pidfiles are written by their user and read here as root, so nothing in them is trusted: a pidfile counts only
+    if the user owning the run folder owns it, and only processes of that user are touched: the recorded engine
+    must still be the recorded process (same start time) and run a program from that user's engines folder."""
     stopped: list[StoppedEngine] = []
     for run_dir in run_dirs:
+        try:
+            uid = _file_owner(Path(run_dir))
+        except OSError:
+            continue
+        roots = _engine_roots(Path(run_dir), uid if uid is not None else -1)
         for pidfile in sorted(Path(run_dir).glob("engine-*.json")):
             try:
+                if pidfile.is_symlink() or _file_owner(pidfile) != uid:
+                    continue  # not this user's own record: neither trusted nor removed
                 record = json.loads(pidfile.read_text())
                 pid = int(record["pid"])
+                pgid = record.get("pgid")
+                engine_record = proctree.Recorded(pid, record.get("created"), pgid if isinstance(pgid, int) else None)
             except (OSError, ValueError, KeyError, TypeError):
                 pidfile.unlink(missing_ok=True)
                 continue
-            owner = _matches(int(record.get("owner_pid") or 0), record.get("owner_created"))
+            owner = proctree.same_process(int(record.get("owner_pid") or 0), record.get("owner_created"))
             if owner is not None and owner.pid != os.getpid():
-                if not _is_this_bundle(owner):
+                if not (_is_this_bundle(owner) and _owned_by(owner, uid)):
                     continue  # a live Switchyard from elsewhere (a checkout, a pip install) still runs it
-                _terminate_tree(owner, grace)
-            engine = _matches(pid, record.get("created"))
-            if engine is not None:
-                _terminate_tree(engine, grace)
+                proctree.stop_pid(owner.pid, grace, uid=uid)
+            engine = proctree.same_process(pid, engine_record.created)
+            if engine is not None and _owned_by(engine, uid) and _runs_from(engine, roots):
+                proctree.stop(engine_record, grace, uid=uid)
                 stopped.append(StoppedEngine(pid, str(record.get("engine", "?")), str(pidfile)))
+            elif engine is None and engine_record.pgid == pid:
+                proctree.stop(engine_record, grace, uid=uid)  # the leader died; its group's leftovers go
             pidfile.unlink(missing_ok=True)
     return stopped
 

@@ -18,6 +18,7 @@ from desktop.core.common.errors import SwitchyardError
 COMMAND_MODULES = (
     "desktop.commands.engines",
     "desktop.commands.serve",
+    "desktop.commands.requests",
     "desktop.commands.machine",
     "desktop.commands.hub",
     "desktop.commands.bench",
@@ -27,7 +28,10 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The CLI's parser; its errors (a bad number, a missing option) are one line each, exit code 2."""
+    from desktop.commands._numbers import OneLineErrors
+
+    parser = OneLineErrors(
         prog="switchyard",
         description="Pick, launch, watch and A/B llama.cpp and vLLM on this machine. No arguments opens the app.",
     )

@@ -5,4 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/switchyard engines install llama.cpp
+# Opening the window on X11: check Qt's xcb plugin finds its system libraries first (installs them as root,
+# otherwise prints the one apt-get line), instead of Qt's bare "could not load the Qt platform plugin xcb".
+if { [ $# -eq 0 ] || [ "$1" = gui ]; } && [ "${QT_QPA_PLATFORM:-xcb}" = xcb ]; then
+  scripts/check-qt-libs.sh .venv/bin/python
+fi
 exec .venv/bin/switchyard "$@"

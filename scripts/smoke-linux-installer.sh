@@ -89,9 +89,11 @@ record() {  # record PID OWNER_PID OWNER_CREATED
   printf '{"pid": %d, "created": %s, "owner_pid": %d, "owner_created": %s, "engine": "llama.cpp", "port": 1}\n' \
     "$1" "$(start_time "$1")" "$2" "$3" > "$SWITCHYARD_HOME/run/engine-$1.json"
 }
-mkdir -p "$SWITCHYARD_HOME/run"
-setsid sleep 300 & fake_engine=$!
-setsid sleep 300 & kept_engine=$!
+mkdir -p "$SWITCHYARD_HOME/run" "$SWITCHYARD_HOME/engines/llama.cpp/bin"
+fake_server="$SWITCHYARD_HOME/engines/llama.cpp/bin/llama-server"  # the hook stops only programs from there
+cp "$(command -v sleep)" "$fake_server"
+setsid "$fake_server" 300 & fake_engine=$!
+setsid "$fake_server" 300 & kept_engine=$!
 disown "$kept_engine"  # killed in cleanup: no job-control notice
 record "$fake_engine" 0 null
 record "$kept_engine" $$ "$(start_time $$)"

@@ -119,3 +119,63 @@ def test_engine_aliases(alias: str) -> None:
     from desktop.core.engines import get_adapter
 
     assert get_adapter(alias).name == "llama.cpp"
+
+
+BAD_NUMBERS = [
+    ("serve", "--engine", "llama.cpp", "--model", "demo", "--parallel", "-3"),
+    ("serve", "--engine", "llama.cpp", "--model", "demo", "--ctx", "0"),
+    ("serve", "--engine", "llama.cpp", "--model", "demo", "--port", "70000"),
+    ("serve", "--engine", "llama.cpp", "--model", "demo", "--proxy-port", "0"),
+    ("serve", "--engine", "llama.cpp", "--model", "demo", "--ready-timeout", "-1"),
+    ("serve", "--engine", "llama.cpp", "--model", "demo", "--wait-timeout", "nan"),
+    ("serve", "--engine", "llama.cpp", "--model", "demo", "--max-tokens", "lots"),
+    ("bench", "--engine", "llama.cpp", "--model", "demo", "--concurrency", "0"),
+    ("bench", "--engine", "llama.cpp", "--model", "demo", "--requests", "-1"),
+    ("bench", "--engine", "llama.cpp", "--model", "demo", "--timeout", "inf"),
+    ("ab", "--ctx", "-512"),
+    ("export", "--gpu-memory-utilization", "1.5"),
+    ("fit", "demo", "--util", "0"),
+    ("recommend", "demo", "--concurrency", "-2"),
+    ("pull", "x/y", "--retries", "-1"),
+]
+
+
+@pytest.mark.parametrize("args", BAD_NUMBERS, ids=lambda args: " ".join(args[:1] + args[-2:]))
+def test_a_bad_number_is_one_clear_line_before_anything_starts(args: tuple[str, ...],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from desktop.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"argument {args[-2]}:" in err and "Traceback" not in err
+
+
+def test_serve_with_negative_parallel_starts_nothing() -> None:
+    before = set(Path(os.environ.get("SWITCHYARD_HOME", ".")).glob("run/engine-*.json"))
+    result = run_cli("serve", "--engine", "llama.cpp", "--model", "demo", "--parallel", "-3")
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("switchyard serve: error: argument --parallel: must be at least 1, got -3 "
+                                     "(see switchyard serve --help)")
+    assert set(Path(os.environ.get("SWITCHYARD_HOME", ".")).glob("run/engine-*.json")) == before
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(("engine", "cause"), [
+    pytest.param("llama.cpp", "--ctx-size", marks=pytest.mark.llamacpp),
+    pytest.param("vllm", "longer than the model allows", marks=pytest.mark.vllm),  # fails in ~20 s: cheap
+])
+def test_an_absurd_context_says_why_the_engine_refused_it(engine: str, cause: str,
+                                                          request: pytest.FixtureRequest) -> None:
+    """The engine's cause, not its last line: llama-server prints usage text after it ("run with -h"), vLLM a
+    pydantic link."""
+    request.getfixturevalue("llama_install" if engine == "llama.cpp" else "vllm_install")
+    request.getfixturevalue("demo_model")
+    result = run_cli("serve", "--engine", engine, "--model", "demo", "--ctx", "1000000000", "--no-install",
+                     timeout=600)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    error = next(line for line in result.stderr.splitlines() if line.startswith("switchyard: error:"))
+    assert cause in error and "run with -h" not in error and "pydantic.dev" not in error, result.stderr
+    assert "1000000000" in error or engine == "llama.cpp"

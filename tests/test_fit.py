@@ -166,8 +166,8 @@ def test_cli_fit_json_for_hardware_the_user_does_not_have(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("args, message", [
     (("fit", "/nonexistent/model.gguf"), "no such file"),
-    (("fit", "CONFIG", "--ctx", "999999999999"), "out of range"),
-    (("fit", "CONFIG", "--gpu-mem-gib", "-8"), "must be positive"),
+    (("fit", "CONFIG", "--ctx", "999999999999"), "must be at most"),
+    (("fit", "CONFIG", "--gpu-mem-gib", "-8"), "must be greater than 0"),
     (("fit", "CONFIG", "--engine", "tgi"), "unknown engine"),
     (("fit", "NOTGGUF"), "neither a GGUF"),
     (("recommend", "CONFIG", "--concurrency", "0"), "concurrency"),

@@ -318,8 +318,13 @@ def test_every_recipe_reads_the_apps_version() -> None:
 
 
 # --- the uninstall hook and the frozen-app fixes -----------------------------------------------------------------
-def spawn_engine() -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["sleep", "60"], start_new_session=True)  # engines run in their own session
+def spawn_engine(run_dir: Path, **popen: Any) -> subprocess.Popen[bytes]:
+    """A stand-in engine: `sleep` copied into the engines folder beside `run_dir`, in its own session."""
+    program = run_dir.parent / "engines" / "llama.cpp" / "bin" / "llama-server"
+    if not program.exists():
+        program.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(shutil.which("sleep") or "/bin/sleep", program)
+    return subprocess.Popen([str(program), "60"], start_new_session=True, **popen)  # noqa: S603
 
 
 def write_pidfile(run_dir: Path, pid: int, created: float | None, owner_pid: int = 0,
@@ -333,7 +338,7 @@ def write_pidfile(run_dir: Path, pid: int, created: float | None, owner_pid: int
 
 def test_uninstall_hook_stops_orphaned_engines_and_spares_others(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    orphan, supervised, reused = spawn_engine(), spawn_engine(), spawn_engine()
+    orphan, supervised, reused = spawn_engine(run_dir), spawn_engine(run_dir), spawn_engine(run_dir)
     try:
         orphan_file = write_pidfile(run_dir, orphan.pid, psutil.Process(orphan.pid).create_time())
         me = psutil.Process()
@@ -361,12 +366,80 @@ def test_uninstall_hook_stops_orphaned_engines_and_spares_others(tmp_path: Path)
 def test_uninstall_flag_runs_the_hook_on_this_users_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("SWITCHYARD_HOME", str(tmp_path))
-    engine = spawn_engine()
+    engine = spawn_engine(tmp_path / "run")
     try:
         write_pidfile(tmp_path / "run", engine.pid, psutil.Process(engine.pid).create_time())
         assert _frozen.main([_frozen.STOP_ENGINES_FLAG]) == 0
         assert engine.wait(timeout=10) is not None
         assert "1 running engine(s) stopped" in capsys.readouterr().out
+    finally:
+        engine.kill()
+        engine.wait()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX processes")
+def test_uninstall_hook_spares_a_process_that_runs_no_engine_of_this_user(tmp_path: Path) -> None:
+    """A pidfile naming some other program of the same user (its pid and start time right) stops nothing."""
+    run_dir = tmp_path / "run"
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)  # noqa: S607 - not in the engines folder
+    try:
+        pidfile = write_pidfile(run_dir, other.pid, psutil.Process(other.pid).create_time())
+        assert _frozen.stop_recorded_engines([run_dir], grace=1.0) == []
+        assert other.poll() is None and not pidfile.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def _another_user() -> tuple[int, int]:
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as another user")
+    try:
+        entry = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no 'nobody' user here")
+    return entry.pw_uid, entry.pw_gid
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX users")
+def test_uninstall_hook_as_root_does_nothing_to_another_users_process() -> None:
+    """The .deb's prerm runs as root over every user's pidfiles: a pidfile naming another user's process (even one
+    that runs from the engines folder) must not get it killed, nor its group."""
+    import tempfile
+
+    uid, gid = _another_user()
+    base = Path(tempfile.mkdtemp(prefix="switchyard-uninstall-"))  # readable by the other user, unlike tmp_path
+    try:
+        base.chmod(0o755)
+        run_dir = base / "run"
+        victim = spawn_engine(run_dir, user=uid, group=gid, extra_groups=[])
+        try:
+            assert psutil.Process(victim.pid).uids().real == uid
+            record = write_pidfile(run_dir, victim.pid, psutil.Process(victim.pid).create_time())
+            json_record = json.loads(record.read_text())
+            record.write_text(json.dumps({**json_record, "pgid": victim.pid}))
+            assert _frozen.stop_recorded_engines([run_dir], grace=1.0) == []
+            assert victim.poll() is None, "another user's process was signalled"
+        finally:
+            victim.kill()
+            victim.wait()
+    finally:
+        shutil.rmtree(base)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX users")
+def test_uninstall_hook_ignores_a_pidfile_another_user_wrote(tmp_path: Path) -> None:
+    """A pidfile not owned by the user whose run folder holds it (planted there) is neither trusted nor removed."""
+    uid, _gid = _another_user()
+    run_dir = tmp_path / "run"
+    engine = spawn_engine(run_dir)
+    try:
+        pidfile = write_pidfile(run_dir, engine.pid, psutil.Process(engine.pid).create_time())
+        os.chown(pidfile, uid, -1)
+        assert _frozen.stop_recorded_engines([run_dir], grace=1.0) == []
+        assert engine.poll() is None and pidfile.exists()
     finally:
         engine.kill()
         engine.wait()

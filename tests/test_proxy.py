@@ -17,7 +17,8 @@ from aiohttp import web
 
 from desktop.core.common.errors import PortBusy
 from desktop.core.runtime.ports import find_free_port
-from desktop.core.serving.proxy import ProxyServer, RequestRecord, StreamMeter, Upstream
+from desktop.core.serving.metering import RequestRecord, StreamMeter
+from desktop.core.serving.proxy import ProxyServer, Upstream
 
 
 class FakeEngine:
@@ -452,9 +453,9 @@ def test_http10_client_gets_a_close_delimited_stream(proxy: ProxyServer, engine_
 def test_unreadable_requests_get_a_clear_error_and_a_closed_connection(
         proxy: ProxyServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, payload: bytes,
         status: int, message: str) -> None:
-    import desktop.core.serving.proxy as proxy_module
+    import desktop.core.serving.http1 as http1
 
-    monkeypatch.setattr(proxy_module, "MAX_BODY_BYTES", 1024)
+    monkeypatch.setattr(http1, "MAX_BODY_BYTES", 1024)
     answer = raw_http(proxy.port, payload)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 %d" % status) and b"Connection: close" in head

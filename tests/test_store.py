@@ -97,3 +97,32 @@ def test_threads_share_one_store(tmp_path: Path) -> None:
         for thread in threads:
             thread.join()
         assert all(len(store.samples(f"w{n}", "x")) == 50 for n in range(4))
+
+
+def test_a_version_2_history_gains_the_request_log(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    raw = sqlite3.connect(path)
+    for step in MIGRATIONS[:2]:
+        for statement in step:
+            raw.execute(statement)
+    raw.execute("PRAGMA user_version = 2")
+    raw.execute("INSERT INTO runs (created_at, kind, machine, label) VALUES (1.0, 'ab', 'box', 'kept')")
+    raw.commit()
+    raw.close()
+    with Store(path) as store:
+        assert store.schema_version == SCHEMA_VERSION >= 3
+        assert [r.label for r in store.runs()] == ["kept"]
+        assert store.requests() == []
+        written = store.add_requests([
+            {"t": 1.0, "seq": 1, "method": "POST", "path": "/v1/messages", "status": 200, "streamed": True,
+             "prompt_tokens": 22, "output_tokens": 8, "ttft_s": 0.25, "e2e_s": 1.5, "client": "127.0.0.1:5000",
+             "ignored": "keys other than the columns"},
+            {"t": 2.0, "seq": 2, "status": 503, "error": "no engine"},
+        ])
+        assert written == 2
+        first, second = store.requests()
+        assert first["streamed"] is True and first["ttft_s"] == 0.25 and first["prompt_tokens"] == 22
+        assert second["status"] == 503 and second["model"] is None and second["streamed"] is False
+        assert [r["seq"] for r in store.requests(limit=1)] == [2]
+        assert store.prune_requests(keep=1) == 1
+        assert [r["seq"] for r in store.requests()] == [2]

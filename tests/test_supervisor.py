@@ -3,6 +3,7 @@ GGUF, missing binary, busy port, out of memory, killed mid-request), orphan reap
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,6 +53,45 @@ def test_oom_log_lines_are_explained() -> None:
     assert "out of" in vllm_reason.reason.lower() and "gpu_memory_utilization" in vllm_reason.suggestion
 
 
+LLAMA_BAD_CTX_LOG = [
+    'error while handling argument "--ctx-size": stoi',
+    "",
+    "usage:",
+    "-c,    --ctx-size N                     size of the prompt context (default: 0, 0 = loaded from model)",
+    "                                        (env: LLAMA_ARG_CTX_SIZE)",
+    "",
+    "",
+    "to show complete usage, run with -h",
+]
+
+
+def test_llama_argument_errors_are_explained_by_their_first_line_not_the_usage_text() -> None:
+    reason = llama.explain_failure(1, LLAMA_BAD_CTX_LOG)
+    assert "--ctx-size" in reason.reason and "32-bit" in reason.reason, reason
+    other = llama.explain_failure(1, ['error while handling argument "--cache-type-k": unsupported type: q9',
+                                      "usage:", "to show complete usage, run with -h"])
+    assert "--cache-type-k" in other.reason and "q9" in other.reason
+    unknown = llama.explain_failure(1, ["main: error: something new went wrong", "", "to show complete usage"])
+    assert "something new went wrong" in unknown.reason
+
+
+def test_vllm_validation_errors_are_explained_by_their_message_not_the_pydantic_link() -> None:
+    """Lines recorded from the real vLLM CPU build started with --ctx 1000000000 (cheaper than starting it)."""
+    recorded = (Path(__file__).parent / "data" / "vllm-max-model-len-too-long.log").read_text().splitlines()
+    assert recorded[-1].strip().startswith("For further information visit")
+    reason = get_adapter("vllm").explain_failure(1, recorded)
+    assert "1000000000" in reason.reason and "max_position_embeddings=4096" in reason.reason, reason
+    assert "--ctx" in reason.suggestion
+    other = get_adapter("vllm").explain_failure(1, [
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig",
+        "  Value error, max_num_batched_tokens (16) must be greater than or equal to max_num_seqs (64). "
+        "[type=value_error, input_value=ArgsKwargs((), {}), input_type=ArgsKwargs]",
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error"])
+    assert "max_num_batched_tokens (16)" in other.reason and "errors.pydantic.dev" not in other.reason
+    fallback = get_adapter("vllm").explain_failure(1, ["RuntimeError: something new", "    For further information"])
+    assert "RuntimeError: something new" in fallback.reason
+
+
 def test_orphans_of_a_dead_owner_are_reaped_and_live_owners_left_alone() -> None:
     dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])  # noqa: S603
     dead_owner.wait()
@@ -77,6 +117,39 @@ def test_orphans_of_a_dead_owner_are_reaped_and_live_owners_left_alone() -> None
             proc.kill()
             proc.wait()
         (paths.run_dir() / f"engine-{kept.pid}.json").unlink(missing_ok=True)
+
+
+_LEADER_WITH_A_CHILD = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(child.pid, flush=True)
+"""
+
+
+def test_the_next_start_reaps_an_engines_group_after_its_leader_died() -> None:
+    """vLLM's EngineCore and workers share the API server's process group and outlive it: the pidfile records
+    the group, and the next start stops what is left of it although the recorded pid is gone."""
+    dead_owner = subprocess.Popen([sys.executable, "-c", "pass"])  # noqa: S603
+    dead_owner.wait()
+    leader = subprocess.Popen([sys.executable, "-c", _LEADER_WITH_A_CHILD],  # noqa: S603
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert leader.stdout is not None
+    child_pid = int(leader.stdout.readline())
+    created = psutil.Process(leader.pid).create_time()
+    leader.wait(10)  # the leader exits; its child lives on in its group
+    child = psutil.Process(child_pid)
+    try:
+        assert os.getpgid(child_pid) == leader.pid
+        record = {"pid": leader.pid, "created": created, "pgid": leader.pid, "owner_pid": dead_owner.pid,
+                  "owner_created": 1.0, "engine": "vllm", "port": 1, "log": ""}
+        pidfile = paths.run_dir() / f"engine-{leader.pid}.json"
+        pidfile.write_text(json.dumps(record))
+        assert reap_orphans() == [leader.pid]
+        assert _gone(child_pid, 10)
+        assert not pidfile.exists()
+    finally:
+        if child.is_running():
+            child.kill()
 
 
 def test_missing_binary_is_a_clear_crash(tmp_path: Path) -> None:
@@ -313,3 +386,106 @@ def test_each_platform_gets_its_orphan_guard(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(supervisor.sys, "platform", "linux")
     monkeypatch.setenv("SWITCHYARD_ORPHAN_GUARD", "watchdog")
     assert supervisor.orphan_guard() == "watchdog"
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_for(condition: Any, timeout: float, step: float = 0.1) -> Any:
+    """Poll `condition` until it returns something truthy or `timeout` passes (then its last value)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(step)
+
+
+@pytest.mark.engine
+@pytest.mark.vllm
+@pytest.mark.parametrize("moment", ["serving", "loading"])
+def test_sigkill_of_switchyard_leaves_no_vllm_process(moment: str, vllm_install: EngineInstall,
+                                                     demo_model: Any) -> None:
+    """vLLM's EngineCore, workers and resource tracker share the API server's group, which PDEATHSIG does not
+    reach: the watchdog stops the group when the app dies (and the next start would reap what is left)."""
+    from desktop.core.runtime import proctree
+
+    before = set(_engine_pids())
+    proc = subprocess.Popen(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "desktop", "serve", "--engine", "vllm", "--model", "demo", "--no-install",
+         "--ctx", "2048"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def engine_pid() -> int | None:
+            for pid in set(_engine_pids()) - before:
+                record = json.loads((paths.run_dir() / f"engine-{pid}.json").read_text())
+                if record["owner_pid"] == proc.pid:
+                    return pid
+            return None
+
+        pid = _wait_for(engine_pid, 120)
+        assert pid is not None, "no engine was recorded"
+        record = json.loads((paths.run_dir() / f"engine-{pid}.json").read_text())
+        assert record["pgid"] == pid
+        if moment == "serving":
+            assert proc.stderr is not None
+            assert any(line.startswith("ready:") for line in proc.stderr), "vLLM never became ready"
+        else:  # loading: the engine core (or multiprocessing's helpers) has been forked, the server is not ready
+
+            def forked() -> bool:
+                for member in proctree.group_members(pid):
+                    with contextlib.suppress(psutil.Error):
+                        if member.pid != pid and ("VLLM::" in member.name()
+                                                  or "multiprocessing" in " ".join(member.cmdline())):
+                            return True
+                return False
+
+            assert _wait_for(forked, 300), "vLLM forked no engine core"
+        members = proctree.members_of(proctree.Recorded(pid, record["created"], pid))
+        names = {m.name() for m in members if _running(m)}
+        assert len(members) >= 2, names
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        def alive() -> list[psutil.Process]:
+            return [m for m in members if _running(m)]
+
+        started = time.monotonic()
+        gone = _wait_for(lambda: not alive(), 5.0)
+        print(f"vLLM ({moment}) tree of {len(members)} {sorted(names)}: "
+              f"{'gone after' if gone else 'still there after'} {time.monotonic() - started:.2f} s")
+        if not gone:
+            reap_orphans()  # the next start
+        assert not alive(), [m.pid for m in alive()]
+        assert not proctree.group_members(pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_restart_on_the_same_proxy_port_right_after_a_kill_with_a_client_connected(
+        llama_install: EngineInstall, demo_model: Any) -> None:
+    """The killed endpoint's connection lingers in TIME-WAIT on the proxy port; the new one must start at once."""
+    port = _free_port()
+    first, _lines = _serve_until_ready("--endpoint", "--proxy-port", str(port))
+    client = socket.create_connection(("127.0.0.1", port))
+    try:
+        client.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # a kept-alive client
+        assert client.recv(65536).startswith(b"HTTP/1.1")
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        assert client.recv(65536) == b""  # the kernel closed the endpoint's side first
+    finally:
+        client.close()
+    second, lines = _serve_until_ready("--endpoint", "--proxy-port", str(port))
+    try:
+        assert f":{port}" in lines[-1]
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10, trust_env=False).status_code == 200
+    finally:
+        second.send_signal(signal.SIGINT)
+        second.wait(30)

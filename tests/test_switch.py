@@ -63,10 +63,11 @@ def controlled() -> Iterator[tuple[ProxyServer, FakeTarget, control.Discovery]]:
 
 def test_endpoint_defaults_are_the_proxys() -> None:
     """The CLI reads the defaults from a module that imports nothing (fast `--help`); they are the proxy's."""
-    from desktop.core.serving import defaults, proxy
+    from desktop.core.serving import defaults, endpoint, proxy
 
     assert (defaults.DEFAULT_PROXY_PORT, defaults.DEFAULT_WAIT_TIMEOUT) == (proxy.DEFAULT_PROXY_PORT,
                                                                             proxy.DEFAULT_WAIT_TIMEOUT)
+    assert defaults.DEFAULT_DRAIN_TIMEOUT == endpoint.DEFAULT_DRAIN_TIMEOUT
 
 
 def test_discovery_file_is_private_and_found(controlled: tuple[ProxyServer, FakeTarget, control.Discovery]) -> None:
@@ -300,6 +301,52 @@ def test_switch_llamacpp_vllm_llamacpp_under_load_zero_failures(llama_install: A
         _close(proxy, manager)
 
 
+@pytest.mark.engine
+@pytest.mark.llamacpp
+@pytest.mark.vllm
+def test_single_gpu_switch_is_stop_first_under_load_with_zero_failures(llama_install: Any, vllm_install: Any,
+                                                                       demo_model: Any) -> None:
+    """Issue 14 item 6 on this CPU box: a simulated VRAM budget, from the fit's memory for both engines, where
+    one fits but not both, so each switch stops the old engine first; requests wait at the endpoint, none fail,
+    and the switch reports the gap."""
+    from desktop.core.machine.hardware import detect
+    from desktop.core.planning.swap import engine_need_bytes
+    from desktop.core.serving.endpoint import MemoryBudget, make_launcher
+
+    hardware = detect()
+    llama = EngineSpec("llama.cpp", "demo", parallel=8)
+    needs = [engine_need_bytes(spec.engine, spec.model, spec.ctx, spec.parallel, hardware)
+             for spec in (llama, EngineSpec("vllm", "demo", parallel=8))]
+    budget = MemoryBudget(free_bytes=max(needs) + min(needs) / 2, hardware=hardware)  # "VRAM": one, not two
+    assert not budget.fits([llama, EngineSpec("vllm", "demo", parallel=8)])
+    proxy, manager, events, _samples = _manager(budget=budget, launcher=make_launcher(vllm_eager=True),
+                                                drain_timeout=300)
+    try:
+        manager.start(llama)
+        first = manager.active
+        assert first is not None and first.process.pid is not None
+        with StreamingLoad(proxy.url, concurrency=8, max_tokens=16) as load:
+            assert load.started_ok.wait(120)
+            to_vllm = manager.switch("vllm")
+            assert not psutil.pid_exists(first.process.pid) or first.process.state.value == "stopped"
+            assert manager.active is not None and manager.active.upstream.engine == "vllm"
+            ok_on_vllm = load.result.ok
+            back = manager.switch("llama.cpp")
+            assert manager.active is not None and manager.active.upstream.engine == "llama.cpp"
+            assert load.started_ok.wait(1)
+        assert load.result.failed == [], load.result.failed[:3]
+        assert load.result.ok > ok_on_vllm > 0
+        for result in (to_vllm, back):
+            assert result.kind == "stop-first" and result.drained and result.cut_requests == 0
+            assert 0 < result.gap_s <= result.seconds
+        print(f"\nstop-first gaps: llama.cpp → vLLM {to_vllm.gap_s:.1f} s, vLLM → llama.cpp {back.gap_s:.1f} s; "
+              f"{load.result.ok} requests ok, {len(load.result.failed)} failed")
+        assert "stop-first" in next(e.message for e in events if e.state == "switching")
+        assert proxy.counters["failed"] == 0
+    finally:
+        _close(proxy, manager)
+
+
 # --- CLI ------------------------------------------------------------------------------------------------------
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "desktop", *args], capture_output=True, text=True,  # noqa: S603
@@ -350,6 +397,68 @@ def test_cli_endpoint_status_switch_stop(llama_install: Any, demo_model: Any, se
         assert proc.wait(30) == 0
         assert not psutil.pid_exists(new_pid)
         assert not control.discovery_path(port).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_serve_config_errors_are_one_clear_line(tmp_path: Path) -> None:
+    bad = tmp_path / "models.yaml"
+    bad.write_text("models:\n  - {name: chat, engine: llama.cpp, model: demo, parallel: 0}\n")
+    result = _cli("serve", "--config", str(bad), "--proxy-port", str(find_free_port()))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "models[0] ('chat'): parallel must be a whole number from 1 to 1,024, not 0" in result.stderr
+    both = _cli("serve", "--config", str(bad), "--engine", "vllm")
+    assert both.returncode != 0 and "--config takes the engines and models from the file" in both.stderr
+    neither = _cli("serve")
+    assert neither.returncode != 0 and "--engine and --model" in neither.stderr
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_cli_serve_config_routes_two_models_and_switches_one(llama_install: Any, demo_model: Any,
+                                                            second_gguf: Path, tmp_path: Path) -> None:
+    config = tmp_path / "models.yaml"
+    config.write_text(f"models:\n  - {{name: small, engine: llama.cpp, model: demo, parallel: 2}}\n"
+                      f"  - {{name: copy, engine: llama.cpp, model: '{second_gguf}', parallel: 2}}\n")
+    port = find_free_port()
+    proc = subprocess.Popen(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "desktop", "serve", "--config", str(config), "--proxy-port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("ready:"):
+                break
+        assert lines and lines[-1].startswith(f"ready: http://127.0.0.1:{port}/v1 serves small, copy"), \
+            "".join(lines)
+        url = f"http://127.0.0.1:{port}/v1"
+        assert [m["id"] for m in httpx.get(url + "/models", trust_env=False).json()["data"]] == ["small", "copy"]
+        for name in ("small", "copy"):
+            answer = httpx.post(url + "/completions", trust_env=False, timeout=60,
+                                json={"model": name, "prompt": "Hi", "max_tokens": 4})
+            assert answer.status_code == 200, answer.text
+        missing = httpx.post(url + "/completions", trust_env=False, timeout=60,
+                             json={"model": "gpt-4", "prompt": "Hi", "max_tokens": 4})
+        assert missing.status_code == 404 and "small, copy" in missing.json()["error"]["message"]
+        status = json.loads(_cli("status", "--json", "--port", str(port)).stdout)
+        assert set(status["models"]) == {"small", "copy"} and status["models"]["copy"]["loaded"]
+        human = _cli("status", "--port", str(port)).stdout
+        assert "model small" in human and "model copy" in human
+        unnamed = _cli("switch", "--to", "llama.cpp", "--model", "demo", "--port", str(port))
+        assert unnamed.returncode != 0 and "say which one to switch" in unnamed.stderr
+        switched = _cli("switch", "--to", "llama.cpp", "--model", str(demo_model.gguf_path), "--name", "copy",
+                        "--port", str(port), timeout=300)
+        assert switched.returncode == 0, switched.stderr
+        assert "warm switch" in switched.stdout and "gap: 0.0 s" in switched.stdout
+        pids = [m["active"]["pid"] for m in
+                json.loads(_cli("status", "--json", "--port", str(port)).stdout)["models"].values()]
+        assert _cli("stop", "--port", str(port)).returncode == 0
+        assert proc.wait(30) == 0
+        assert not any(psutil.pid_exists(pid) for pid in pids)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -229,7 +229,7 @@ def test_try_it_chat_streams_through_the_endpoint_and_stops(window, qtbot, llama
 
     serve = _launch_demo(window, qtbot)
     chat = serve.chat
-    serve.lower_tabs.setCurrentWidget(chat)
+    serve.bottom_tabs.setCurrentWidget(chat)
     assert chat.base_url == window.session.endpoint_url and chat.send_button.isEnabled()
     requests_before = window.session.proxy.counters.get("requests", 0)
     chat.system_edit.setText("Answer in one short sentence.")

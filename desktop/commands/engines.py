@@ -1,52 +1,78 @@
-"""`switchyard engines list|install|doctor`."""
+"""`switchyard engines list|install|doctor`: which build of each engine this machine should run, and installing it."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
-from desktop.commands._common import emit_json, stderr_progress
+from desktop.commands._common import LazyChoices, emit_json, stderr_progress
+from desktop.core.common.errors import SwitchyardError
+
+if TYPE_CHECKING:  # the engines and hardware probing load when a command runs, not for `--help`
+    from desktop.core.machine.hardware import HardwareSnapshot
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("engines", help="list, install and check inference engines")
     sub = parser.add_subparsers(dest="engines_command", metavar="ACTION", required=True)
 
-    p_list = sub.add_parser("list", help="engines and whether they are installed")
+    p_list = sub.add_parser("list", help="engines, the build this machine should run, and what is installed")
+    _hardware_option(p_list)
     p_list.add_argument("--json", action="store_true")
     p_list.set_defaults(func=cmd_list)
 
-    p_install = sub.add_parser("install", help="provision an engine (cached per user)")
+    p_install = sub.add_parser("install", help="provision an engine's build for this machine (cached per user)")
     p_install.add_argument("engine", nargs="+", help="llama.cpp, vllm, or all")
+    p_install.add_argument("--variant", choices=LazyChoices("desktop.core.engines.runtimes", "VARIANTS"),
+                           metavar="VARIANT",
+                           help="a specific backend instead of the one chosen from the hardware: %(choices)s")
+    p_install.add_argument("--source", choices=("release", "source"),
+                           help="llama.cpp: official release assets or a local source build (default: per platform)")
+    p_install.add_argument("--allow-cpu", action="store_true", help="install a CPU-only build even on a GPU machine")
+    p_install.add_argument("--dry-run", action="store_true", help="print the build and its source; change nothing")
     p_install.add_argument("--force", action="store_true", help="reinstall even if present")
+    _hardware_option(p_install)
     p_install.add_argument("--json", action="store_true")
     p_install.set_defaults(func=cmd_install)
 
-    p_doctor = sub.add_parser("doctor", help="what is missing and how to fix it")
+    p_doctor = sub.add_parser("doctor", help="what is missing or wrong for this machine, and how to fix it")
+    _hardware_option(p_doctor)
     p_doctor.add_argument("--json", action="store_true")
     p_doctor.set_defaults(func=cmd_doctor)
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    from desktop.core.engines import ADAPTERS
+def _hardware_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hardware", metavar="SNAPSHOT",
+                        help="answer for a snapshot from `switchyard detect --json` instead of this machine")
 
-    rows: list[dict[str, Any]] = []
-    for adapter in ADAPTERS.values():
-        install = adapter.find_install()
-        rows.append({
-            "name": adapter.name,
-            "display_name": adapter.display_name,
-            "model_format": adapter.model_format,
-            "installed": install is not None,
-            "install": install.to_json() if install else None,
-        })
+
+def _hardware(args: argparse.Namespace) -> HardwareSnapshot:
+    from desktop.core.machine.hardware import HardwareSnapshot, detect
+
+    return HardwareSnapshot.load(args.hardware) if args.hardware else detect()
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from desktop.core.engines import ADAPTERS, engine_builds
+
+    builds = engine_builds(_hardware(args))
+    rows = [{**build.to_json(), "model_format": ADAPTERS[build.engine].model_format} for build in builds]
     if args.json:
         emit_json(rows)
-    else:
-        for row in rows:
-            found = row["install"]
-            state = f"{found['version']} ({found['source']}: {found['executable']})" if found else "not installed"
-            print(f"{row['name']:10} {state}")
+        return 0
+    for build in builds:
+        found = build.install
+        state = (f"{found.version} ({build.installed_variant or 'unknown'} build, {found.source}: "
+                 f"{found.executable})" if found else "not installed")
+        print(f"{build.engine:10} {state}")
+        if build.build:
+            print(f"{'':10} for this machine: {build.build.variant} build ({build.build.source}) - {build.build.reason}")
+        else:
+            print(f"{'':10} not for this machine: {build.blocker}")
+            print(f"{'':10} instead: {build.fix}")
+        if build.warning:
+            print(f"{'':10} warning: {build.warning}")
+            print(f"{'':10} fix: {build.warning_fix}")
     return 0
 
 
@@ -55,12 +81,30 @@ def cmd_install(args: argparse.Namespace) -> int:
 
     names = list(ADAPTERS) if args.engine == ["all"] else args.engine
     adapters = [get_adapter(name) for name in names]  # validate every name before a long install starts
+    hardware = _hardware(args)
+    # Every plan first: a blocker for the second engine stops the command before the first one installs.
+    plans = [adapter.install_plan(hardware, args.variant, args.source, args.allow_cpu) for adapter in adapters]
+    if args.dry_run:
+        if args.json:
+            emit_json([plan.to_json() for plan in plans])
+        else:
+            for plan in plans:
+                where = " ".join(plan.cmake_flags) if plan.source == "source" else ", ".join(
+                    plan.urls() or plan.assets or plan.packages)
+                print(f"{plan.engine}: {plan.variant} build from {plan.source}: {where}")
+                print(f"  why: {plan.reason}")
+        return 0
+    if args.hardware:
+        raise SwitchyardError("--hardware describes another machine, so nothing can be installed for it here",
+                              "add --dry-run to see what would be installed there")
     results = []
     for adapter in adapters:
-        install = adapter.install(stderr_progress, force=args.force)
+        install = adapter.install(stderr_progress, force=args.force, hardware=hardware, variant=args.variant,
+                                  source=args.source, allow_cpu=args.allow_cpu)
         results.append(install.to_json())
         if not args.json:
-            print(f"{adapter.name}: {install.version} at {install.executable}")
+            print(f"{adapter.name}: {install.version} ({install.details.get('backend', '?')} build) "
+                  f"at {install.executable}")
     if args.json:
         emit_json(results)
     return 0
@@ -69,7 +113,8 @@ def cmd_install(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from desktop.core.engines import ADAPTERS
 
-    findings = [finding for adapter in ADAPTERS.values() for finding in adapter.doctor()]
+    hardware = _hardware(args)
+    findings = [finding for adapter in ADAPTERS.values() for finding in adapter.doctor(hardware)]
     if args.json:
         emit_json(findings)
     else:

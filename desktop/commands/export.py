@@ -6,42 +6,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
-from desktop.commands._common import emit_json
+from desktop.commands import _numbers as N
+from desktop.commands._common import LazyChoices, emit_json
 from desktop.core.common.errors import SwitchyardError
 
 if TYPE_CHECKING:  # the endpoint client (httpx) loads when an endpoints command runs
     from desktop.core.engines.external import EndpointReport
     from desktop.core.planning.export import ExportPlan
-
-
-class _Formats(Sequence[str]):
-    """The export formats for `--format` choices, read from the exporter only when the export parser needs them
-    (the exporter loads the engines; `switchyard --help` should not)."""
-
-    def _names(self) -> tuple[str, ...]:
-        from desktop.core.planning.export.formats import FORMATS
-
-        return FORMATS
-
-    @overload
-    def __getitem__(self, index: int) -> str: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[str]: ...
-    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
-        return self._names()[index]
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._names()
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,7 +31,7 @@ def _register_export(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
                     "fields or, without PLAN, describe the plan. With --gpu and --gpus the tensor-parallel "
                     "size is chosen from the model's size unless --tp is given.")
     p.add_argument("plan", nargs="?", type=Path, help="a plan JSON file (ExportPlan.to_json)")
-    p.add_argument("--format", "-f", choices=_Formats(), default="shell", metavar="FORMAT",
+    p.add_argument("--format", "-f", choices=LazyChoices("desktop.core.planning.export.formats", "FORMATS"), default="shell", metavar="FORMAT",
                    help="%(choices)s (default: %(default)s)")
     p.add_argument("--out", "-o", type=Path, help="write to this file instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
@@ -67,21 +41,21 @@ def _register_export(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     target.add_argument("--engine", help="vllm or llama.cpp")
     target.add_argument("--model", help="Hugging Face repo id (llama.cpp: repo[:quant]) or a path on the target")
     target.add_argument("--served-name", dest="served_model_name")
-    target.add_argument("--port", type=int)
+    target.add_argument("--port", type=N.port)
     target.add_argument("--image")
     target.add_argument("--gpu", dest="gpu_name", help="target GPU, e.g. H100, A100-80GB, L40S")
-    target.add_argument("--gpus", dest="gpu_count", type=int, help="GPUs per node on the target")
-    target.add_argument("--nodes", type=int, default=None, help="nodes for the multi-node (ray/helm) forms")
-    target.add_argument("--tp", dest="tensor_parallel_size", type=int, help="tensor-parallel size (skips sizing)")
-    target.add_argument("--pp", dest="pipeline_parallel_size", type=int, help="pipeline-parallel size (nodes)")
-    target.add_argument("--max-model-len", type=int)
-    target.add_argument("--max-num-seqs", type=int)
-    target.add_argument("--gpu-memory-utilization", type=float)
+    target.add_argument("--gpus", dest="gpu_count", type=N.count, help="GPUs per node on the target")
+    target.add_argument("--nodes", type=N.count, default=None, help="nodes for the multi-node (ray/helm) forms")
+    target.add_argument("--tp", dest="tensor_parallel_size", type=N.count, help="tensor-parallel size (skips sizing)")
+    target.add_argument("--pp", dest="pipeline_parallel_size", type=N.count, help="pipeline-parallel size (nodes)")
+    target.add_argument("--max-model-len", type=N.count)
+    target.add_argument("--max-num-seqs", type=N.count)
+    target.add_argument("--gpu-memory-utilization", type=N.fraction)
     target.add_argument("--dtype")
     target.add_argument("--quantization")
     target.add_argument("--prefix-cache", dest="prefix_cache", action="store_true", default=None)
     target.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false")
-    target.add_argument("--gpu-layers", type=int, help="llama.cpp --n-gpu-layers")
+    target.add_argument("--gpu-layers", type=N.non_negative, help="llama.cpp --n-gpu-layers")
     target.add_argument("--api-key-required", action="store_true", default=None,
                         help="the server requires an API key (read from its env var or a Secret)")
     target.add_argument("--extra-arg", dest="extra_args", action="append",
@@ -92,7 +66,7 @@ def _register_export(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     target.add_argument("--publish-host", help="address the port is published on (default 127.0.0.1)")
     sizing = p.add_argument_group("sizing (when --tp is not given)")
     sizing.add_argument("--model-config", type=Path, help="the model's config.json (else read from --model)")
-    sizing.add_argument("--params-b", type=float, help="parameters in billions, when no config.json is at hand")
+    sizing.add_argument("--params-b", type=N.positive, help="parameters in billions, when no config.json is at hand")
     p.set_defaults(func=cmd_export)
 
 

@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def cmd_gui(args: argparse.Namespace) -> int:
     if args.run_job is not None:
-        from desktop.ui.bench_child import main
+        from desktop.core.measure.jobs import main
 
         return main(args.run_job)
     from desktop.ui.app import run

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json
 
 if TYPE_CHECKING:  # the hub client (huggingface_hub, httpx) loads when a hub command runs
@@ -28,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     for fmt in FORMAT_FLAGS:
         p.add_argument(f"--{fmt}", action="store_true", help=f"only {fmt.upper()} repos")
     p.add_argument("--sort", choices=["downloads", "recent", "likes", "trending"], default="downloads")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=N.count, default=20)
     p.add_argument("--min-params", metavar="N", help="smallest parameter count, e.g. 1B")
     p.add_argument("--max-params", metavar="N", help="largest parameter count, e.g. 14B")
     p.add_argument("--json", action="store_true")
@@ -43,8 +44,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser("pull", help="download REPO[:QUANT|:FILE] into the HF cache; prints the local path")
     p.add_argument("spec", metavar="REPO[:QUANT|:FILE]")
     p.add_argument("--revision")
-    p.add_argument("--stall-timeout", type=float, default=30.0, help="seconds without data before reconnecting")
-    p.add_argument("--retries", type=int, default=8, help="consecutive failed attempts before giving up")
+    p.add_argument("--stall-timeout", type=N.seconds, default=30.0, help="seconds without data before reconnecting")
+    p.add_argument("--retries", type=N.non_negative, default=8, help="consecutive failed attempts before giving up")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_pull)
 

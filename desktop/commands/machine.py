@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json
 from desktop.core.common.errors import SwitchyardError
 
@@ -23,36 +24,36 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p_fit.add_argument("model", help="a .gguf file, a config.json, a Hugging Face folder, a Hub repo id, or demo")
     p_fit.add_argument("--engine", default="llama.cpp", help="llama.cpp or vllm (default llama.cpp)")
     p_fit.add_argument("--quant", help="answer for another quantization (Q4_K_M, Q8_0 ... or bf16, fp8, awq)")
-    p_fit.add_argument("--ctx", type=int, help="context tokens (llama.cpp total over slots; vLLM max_model_len)")
-    p_fit.add_argument("--parallel", type=int, default=1, help="llama.cpp slots sharing the context")
+    p_fit.add_argument("--ctx", type=N.count, help="context tokens (llama.cpp total over slots; vLLM max_model_len)")
+    p_fit.add_argument("--parallel", type=N.count, default=1, help="llama.cpp slots sharing the context")
     p_fit.add_argument("--kv-type", default="f16", help="llama.cpp KV cache type: f16, q8_0, q4_0 ...")
-    p_fit.add_argument("--gpu-layers", type=int, help="llama.cpp -ngl (default: as many as fit)")
-    p_fit.add_argument("--util", type=float, default=0.9, help="vLLM gpu_memory_utilization (default 0.9)")
-    p_fit.add_argument("--max-num-seqs", type=int, default=256, help="vLLM max_num_seqs")
-    p_fit.add_argument("--max-num-batched-tokens", type=int, help="vLLM max_num_batched_tokens")
+    p_fit.add_argument("--gpu-layers", type=N.non_negative, help="llama.cpp -ngl (default: as many as fit)")
+    p_fit.add_argument("--util", type=N.fraction, default=0.9, help="vLLM gpu_memory_utilization (default 0.9)")
+    p_fit.add_argument("--max-num-seqs", type=N.count, default=256, help="vLLM max_num_seqs")
+    p_fit.add_argument("--max-num-batched-tokens", type=N.count, help="vLLM max_num_batched_tokens")
     p_fit.add_argument("--kv-cache-dtype", default="auto", help="vLLM kv_cache_dtype: auto or fp8")
     p_fit.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs")
-    p_fit.add_argument("--tp", type=int, default=1, help="vLLM tensor parallel size")
+    p_fit.add_argument("--tp", type=N.count, default=1, help="vLLM tensor parallel size")
     _hardware_options(p_fit)
     p_fit.add_argument("--json", action="store_true")
     p_fit.set_defaults(func=cmd_fit)
 
     p_rec = subparsers.add_parser("recommend", help="engine, quantization and settings for MODEL and a workload")
     p_rec.add_argument("model", help="a .gguf file, a config.json, a Hugging Face folder, a Hub repo id, or demo")
-    p_rec.add_argument("--concurrency", type=int, default=1, help="requests in flight at busy times")
-    p_rec.add_argument("--prompt-len", type=int, default=512, help="typical prompt tokens")
-    p_rec.add_argument("--output-len", type=int, default=256, help="typical output tokens")
-    p_rec.add_argument("--lifetime-hours", type=float, default=8.0, help="how long one server run lives")
-    p_rec.add_argument("--restarts-per-day", type=float, default=0.0, help="restarts (model/setting switches) a day")
+    p_rec.add_argument("--concurrency", type=N.count, default=1, help="requests in flight at busy times")
+    p_rec.add_argument("--prompt-len", type=N.count, default=512, help="typical prompt tokens")
+    p_rec.add_argument("--output-len", type=N.count, default=256, help="typical output tokens")
+    p_rec.add_argument("--lifetime-hours", type=N.seconds, default=8.0, help="how long one server run lives")
+    p_rec.add_argument("--restarts-per-day", type=N.non_negative_number, default=0.0, help="restarts (model/setting switches) a day")
     _hardware_options(p_rec)
     p_rec.add_argument("--json", action="store_true")
     p_rec.set_defaults(func=cmd_recommend)
 
 
 def _hardware_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpu-mem-gib", type=float, help="answer for a GPU with this much memory (all free)")
+    parser.add_argument("--gpu-mem-gib", type=N.positive, help="answer for a GPU with this much memory (all free)")
     parser.add_argument("--gpu", help="answer for a GPU from the table (H100, A100 40GB, 4090 ...)")
-    parser.add_argument("--gpus", type=int, default=1, help="how many of --gpu / --gpu-mem-gib")
+    parser.add_argument("--gpus", type=N.count, default=1, help="how many of --gpu / --gpu-mem-gib")
     parser.add_argument("--hardware", help="a snapshot from `switchyard detect --json` instead of this machine")
 
 

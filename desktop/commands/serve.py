@@ -16,46 +16,60 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json, stderr_progress
 from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
-from desktop.core.serving.defaults import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
+from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT, DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
 
 if TYPE_CHECKING:  # the engines, the proxy and the store load only when a command runs: `status` stays instant
     from desktop.core.runtime.supervisor import EngineProcess
     from desktop.core.serving.endpoint import EndpointEvent, EndpointManager
+    from desktop.core.serving.fleet import Fleet
     from desktop.core.storage.history import Store
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("serve", help="run an engine on a model (OpenAI-compatible, 127.0.0.1)")
-    parser.add_argument("--engine", required=True, help="llama.cpp or vllm")
-    parser.add_argument("--model", required=True, help="`demo`, a GGUF file, or a Hugging Face folder")
-    parser.add_argument("--port", type=int, default=0, help="engine port (default: a free one)")
-    parser.add_argument("--ctx", type=int, default=2048, help="context length per request")
-    parser.add_argument("--parallel", type=int, default=4, help="concurrent sequences (slots / max_num_seqs)")
+    parser.add_argument("--engine", help="llama.cpp or vllm (or give --config)")
+    parser.add_argument("--model", help="`demo`, a GGUF file, or a Hugging Face folder (or give --config)")
+    parser.add_argument("--config", metavar="MODELS_YAML",
+                        help="serve several models behind the endpoint: a YAML list of entries name, engine, "
+                             "model, ctx, parallel, ttl (seconds idle before unloading), loading_status")
+    parser.add_argument("--port", type=N.port_or_free, default=0, help="engine port (default: a free one)")
+    parser.add_argument("--ctx", type=N.count, default=2048, help="context length per request")
+    parser.add_argument("--parallel", type=N.count, default=4, help="concurrent sequences (slots / max_num_seqs)")
     parser.add_argument("--prompt", help="stream one completion for this prompt, print phase times, then stop")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=N.count, default=32)
     parser.add_argument("--no-install", action="store_true", help="fail instead of installing a missing engine")
-    parser.add_argument("--ready-timeout", type=float, default=900.0)
+    parser.add_argument("--ready-timeout", type=N.seconds, default=900.0)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     endpoint = parser.add_argument_group("stable endpoint")
     endpoint.add_argument("--endpoint", action="store_true",
                           help=f"serve through the stable endpoint on 127.0.0.1:{DEFAULT_PROXY_PORT}")
-    endpoint.add_argument("--proxy-port", type=int, help="stable endpoint port (implies --endpoint)")
+    endpoint.add_argument("--proxy-port", type=N.port, help="stable endpoint port (implies --endpoint)")
     endpoint.add_argument("--model-name", default="switchyard", help="the model name clients see")
     endpoint.add_argument("--api-key-env", metavar="VAR",
                           help="require this environment variable's value as the endpoint's API key")
-    endpoint.add_argument("--wait-timeout", type=float, default=DEFAULT_WAIT_TIMEOUT,
+    endpoint.add_argument("--wait-timeout", type=N.seconds, default=DEFAULT_WAIT_TIMEOUT,
                           help="how long a request waits for an engine while none is ready (seconds)")
     endpoint.add_argument("--standby", metavar="ENGINE", help="also start ENGINE and keep it warm")
     endpoint.add_argument("--keep-standby", action="store_true",
                           help="after a switch keep the old engine warm when memory allows")
     endpoint.add_argument("--failover", action="store_true",
                           help="when the active engine dies, move to the warm standby")
+    endpoint.add_argument("--capture-bodies", action="store_true",
+                          help="keep request and response bodies in the request log (`switchyard requests`); "
+                               "not with --api-key-env")
+    endpoint.add_argument("--auto-fit", action="store_true",
+                          help="when an engine fails to load for lack of memory, retry once with the fit's next "
+                               "smaller plan (and say what changed)")
+    endpoint.add_argument("--drain-timeout", type=N.seconds, default=DEFAULT_DRAIN_TIMEOUT,
+                          help="how long a switch lets in-flight requests finish before ending them with a "
+                               "retryable error (seconds)")
     parser.set_defaults(func=cmd_serve)
 
     status = subparsers.add_parser("status", help="show the running stable endpoint and its engines")
-    status.add_argument("--port", type=int, help="which endpoint, when several run")
+    status.add_argument("--port", type=N.port, help="which endpoint, when several run")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
 
@@ -63,12 +77,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                                   "failing requests")
     switch.add_argument("--to", required=True, metavar="ENGINE", help="llama.cpp or vllm")
     switch.add_argument("--model", help="model for the new engine (default: the one served now)")
-    switch.add_argument("--port", type=int, help="which endpoint, when several run")
+    switch.add_argument("--name", help="which model of a --config endpoint to switch")
+    switch.add_argument("--port", type=N.port, help="which endpoint, when several run")
     switch.add_argument("--json", action="store_true", help="machine-readable output")
     switch.set_defaults(func=cmd_switch)
 
     stop = subparsers.add_parser("stop", help="stop the running endpoint and its engines")
-    stop.add_argument("--port", type=int, help="which endpoint, when several run")
+    stop.add_argument("--port", type=N.port, help="which endpoint, when several run")
     stop.add_argument("--json", action="store_true", help="machine-readable output")
     stop.set_defaults(func=cmd_stop)
 
@@ -86,6 +101,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from desktop.core.serving import control
 
     # Validate everything cheap before anything slow starts.
+    if args.config is not None:
+        if args.engine or args.model or args.prompt is not None or args.standby:
+            raise SwitchyardError("--config takes the engines and models from the file",
+                                  "drop --engine/--model/--prompt/--standby, or drop --config")
+        return _serve_fleet(args)
+    if not args.engine or not args.model:
+        raise SwitchyardError("say what to serve: --engine and --model", "or --config models.yaml for several")
     adapter = get_adapter(args.engine)
     if (args.endpoint or args.proxy_port is not None) and args.prompt is None:
         return _serve_endpoint(args, adapter)
@@ -223,7 +245,10 @@ class _ServeControl:
         data["pid"] = os.getpid()
         return data
 
-    def switch(self, engine: str, model: str | None) -> dict[str, Any]:
+    def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]:
+        if name is not None and name != self.manager.route:
+            raise SwitchyardError(f"this endpoint serves one model; there is no '{name}' to pick",
+                                  "drop --name")
         return dict(self.manager.switch(engine, model).to_json())
 
     def request_stop(self) -> None:
@@ -237,8 +262,9 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
     from desktop.core.runtime.supervisor import reap_orphans
     from desktop.core.runtime.telemetry import Telemetry
     from desktop.core.serving import control
-    from desktop.core.serving.endpoint import EndpointManager, EngineSpec
+    from desktop.core.serving.endpoint import EndpointManager, EngineSpec, machine_budget
     from desktop.core.serving.proxy import ProxyServer
+    from desktop.core.serving.requestlog import RequestLog
 
     port = args.proxy_port if args.proxy_port is not None else DEFAULT_PROXY_PORT
     ensure_port_free(port)
@@ -250,6 +276,9 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
         if not api_key:
             raise SwitchyardError(f"the environment variable {args.api_key_env} is empty or not set",
                                   "export it with the API key clients must send")
+    if api_key and args.capture_bodies:
+        raise SwitchyardError("--capture-bodies is not available on an endpoint with an API key",
+                              "drop --capture-bodies (or --api-key-env)")
     resolve_model(args.model, adapter, stderr_progress)  # a bad model fails here, before anything starts
     if adapter.find_install() is None:
         if args.no_install:
@@ -267,15 +296,20 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
     reap_orphans()
     spec = EngineSpec(adapter.name, args.model, ctx=args.ctx, parallel=args.parallel, port=args.port)
 
-    proxy = ProxyServer(port=port, model_name=args.model_name, api_key=api_key, wait_timeout=args.wait_timeout)
+    proxy = ProxyServer(port=port, model_name=args.model_name, api_key=api_key, wait_timeout=args.wait_timeout,
+                        capture_bodies=args.capture_bodies)
     store = _history_store()
     telemetry = Telemetry(sink=store)
+    request_log = RequestLog(sink=store)
+    request_log.attach(proxy)
     manager = EndpointManager(proxy, telemetry=telemetry, ready_timeout=args.ready_timeout,
-                              keep_standby=args.keep_standby or bool(args.standby), failover=args.failover)
+                              keep_standby=args.keep_standby or bool(args.standby), failover=args.failover,
+                              budget=machine_budget(), auto_fit=args.auto_fit, drain_timeout=args.drain_timeout)
     manager.subscribe(lambda event: _print_event(event, args.json))
     target = _ServeControl(manager)
     token = control.new_token()
     proxy.add_routes(control.control_routes(target, token))
+    proxy.add_routes(control.request_routes(request_log, token, lambda: proxy.capture_bodies))
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         raise _Terminate(signum)
@@ -326,6 +360,106 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
         manager.close()
         telemetry.stop()
         proxy.stop()
+        request_log.stop()
+        if store is not None:
+            store.close()
+
+
+class _FleetControl:
+    """Adapts a Fleet to the control channel."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.stop_requested = threading.Event()
+
+    def status(self) -> dict[str, Any]:
+        data = self.fleet.status()
+        data["pid"] = os.getpid()
+        return data
+
+    def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]:
+        return self.fleet.switch(engine, model, name).to_json()
+
+    def request_stop(self) -> None:
+        self.stop_requested.set()
+
+
+def _serve_fleet(args: argparse.Namespace) -> int:
+    """`serve --config models.yaml`: every model of the list behind one endpoint, routed by `model`."""
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.model_path import resolve_model
+    from desktop.core.runtime.ports import ensure_port_free
+    from desktop.core.runtime.supervisor import reap_orphans
+    from desktop.core.runtime.telemetry import Telemetry
+    from desktop.core.serving import control
+    from desktop.core.serving.endpoint import machine_budget
+    from desktop.core.serving.fleet import Fleet, load_models_config
+    from desktop.core.serving.proxy import ProxyServer
+
+    config = load_models_config(args.config)
+    port = args.proxy_port if args.proxy_port is not None else DEFAULT_PROXY_PORT
+    ensure_port_free(port)
+    api_key: str | None = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise SwitchyardError(f"the environment variable {args.api_key_env} is empty or not set",
+                                  "export it with the API key clients must send")
+    for entry in config.models:  # a bad model or a missing engine fails here, before anything starts
+        entry_adapter = get_adapter(entry.engine)
+        resolve_model(entry.model, entry_adapter, stderr_progress)
+        if entry_adapter.find_install() is None:
+            if args.no_install:
+                raise EngineNotInstalled(f"{entry_adapter.display_name} (for '{entry.name}') is not installed",
+                                         f"run `switchyard engines install {entry_adapter.name}`")
+            entry_adapter.install(stderr_progress)
+    reap_orphans()
+    proxy = ProxyServer(port=port, model_name=config.names()[0], api_key=api_key, wait_timeout=args.wait_timeout)
+    store = _history_store()
+    telemetry = Telemetry(sink=store)
+    fleet = Fleet(proxy, config, telemetry=telemetry, ready_timeout=args.ready_timeout,
+                  drain_timeout=args.drain_timeout, budget=machine_budget(), auto_fit=args.auto_fit)
+    fleet.subscribe(lambda event: _print_event(event, args.json))
+    target = _FleetControl(fleet)
+    token = control.new_token()
+    proxy.add_routes(control.control_routes(target, token))
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        raise _Terminate(signum)
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    discovery = None
+    try:
+        proxy.start()
+        discovery = control.write_discovery(proxy.port, proxy.url, token)
+        telemetry.start()
+        print(f"endpoint listening on {proxy.url}/v1 for {', '.join(config.names())}", file=sys.stderr, flush=True)
+
+        def preload() -> None:  # in a thread, so `switchyard stop` works while engines load
+            try:
+                fleet.start()
+                print(f"ready: {proxy.url}/v1 serves {', '.join(config.names())}. Ctrl-C or `switchyard stop` "
+                      "to stop.", file=sys.stderr, flush=True)
+                if args.json:
+                    emit_json(fleet.status())
+            except SwitchyardError as exc:  # that model loads again on its next request
+                print(f"a model did not load: {exc}", file=sys.stderr, flush=True)
+
+        threading.Thread(target=preload, name="switchyard-start", daemon=True).start()
+        while not target.stop_requested.wait(0.5):
+            pass
+        print("stopping", file=sys.stderr, flush=True)
+        return 0
+    except (KeyboardInterrupt, _Terminate):
+        print("stopping", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if discovery is not None:
+            control.remove_discovery(discovery)
+        fleet.close()
+        telemetry.stop()
+        proxy.stop()
         if store is not None:
             store.close()
 
@@ -346,11 +480,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     what = {"app": "app endpoint", "engine": "engine (no stable endpoint)"}.get(data.get("kind", ""), "endpoint")
     print(f"{what} {data['openai_base_url']}  model '{data['model_name']}'  state {data['state']}  "
           f"(pid {data.get('pid')})")
-    for role in ("active", "standby", "starting"):
+    for role in ("active", "standby", "starting", "sleeping"):
         engine = data.get(role)
         if engine:
             print(f"  {role:8} {engine['engine']:10} {engine['state']:8} pid {engine['pid']}  {engine['base_url']}  "
                   f"{engine['model_path']}")
+    for name, model in (data.get("models") or {}).items():
+        engine = model.get("active")
+        spec = model.get("spec") or {}
+        ttl = f"ttl {model['ttl']:g} s" if model.get("ttl") else "no ttl"
+        where = f"pid {engine['pid']}  {engine['base_url']}" if engine else "not loaded (loads on its next request)"
+        print(f"  model {name:14} {spec.get('engine', '?'):10} {model['state']:9} {where}  ({ttl})")
     requests = data.get("requests")
     if requests:
         print(f"  requests {requests['requests']} total, {requests['failed']} failed, {requests['inflight']} in flight")
@@ -367,13 +507,20 @@ def cmd_switch(args: argparse.Namespace) -> int:
     client = control.ControlClient(control.find_instance(args.port))
     if not args.json:
         print(f"switching to {engine}: the new engine starts and must serve before traffic moves", file=sys.stderr)
-    result = client.switch(engine, args.model)
+    result = client.switch(engine, args.model, args.name)
     if args.json:
         emit_json(result)
     else:
-        how = "warm standby" if result["reused_standby"] else "cold start"
-        print(f"switched {result['from_engine']} → {result['to_engine']} in {result['seconds']:.1f} s ({how}); "
-              f"old engine {'kept warm' if result['old_kept_as_standby'] else 'stopped'}")
+        how = "warm standby" if result["reused_standby"] else "woke from sleep" if result.get("woke") else "cold start"
+        old = "kept warm" if result["old_kept_as_standby"] else "sleeping" if result.get("old_sleeping") else "stopped"
+        print(f"switched {result['from_engine']} → {result['to_engine']} in {result['seconds']:.1f} s "
+              f"({result.get('kind', 'warm')} switch, {how}); old engine {old}")
+        print(f"gap: {result.get('gap_s', 0.0):.1f} s with no engine serving (requests waited at the endpoint)"
+              + (f"; {result['cut_requests']} request(s) outlived the drain deadline and got a retryable error"
+                 if result.get("cut_requests") else ""))
+        if result.get("retried_smaller"):
+            print(f"the new engine ran out of memory and was retried with a smaller plan: "
+                  f"{result['retried_smaller']}")
     return 0
 
 

@@ -63,10 +63,12 @@ class AppControl(QObject):
         data["pid"] = os.getpid()
         return data
 
-    def switch(self, engine: str, model: str | None) -> dict[str, Any]:
+    def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]:
         from desktop.core.common.errors import SwitchyardError
 
         session = self.session
+        if name is not None and session.manager is not None and name != session.manager.route:
+            raise SwitchyardError(f"the app's endpoint serves one model; there is no '{name}' to pick", "drop --name")
 
         def begin() -> None:
             if session.manager is None or session.manager.active is None:

@@ -49,6 +49,7 @@ class EngineSession(QObject):
     stopped = Signal()
     samples = Signal(list)  # list[telemetry.Sample]
     switched = Signal(object)  # endpoint.SwitchResult (+ .failed_requests)
+    requests_changed = Signal()  # the request log moved: call request_snapshot() (coalesced: one pending at most)
 
     def __init__(self, parent: QObject | None = None, endpoint_port: int | None = None) -> None:
         super().__init__(parent)
@@ -56,6 +57,10 @@ class EngineSession(QObject):
         self.proxy: Any = None
         self.telemetry: Any = None
         self.manager: Any = None
+        self.request_log: Any = None  # serving.requestlog.RequestLog, once the endpoint runs
+        self.capture_bodies = False
+        self._history: Any = None
+        self._requests_pending = False
         self.request: LaunchRequest | None = None
         self.busy = False
         self.switching = False
@@ -98,42 +103,60 @@ class EngineSession(QObject):
                 return
             from desktop.core.runtime.telemetry import Telemetry
             from desktop.core.serving import control
-            from desktop.core.serving.endpoint import EndpointManager
+            from desktop.core.serving.endpoint import EndpointManager, machine_budget, make_launcher
             from desktop.core.serving.proxy import ProxyServer
             from desktop.core.storage import settings as core_settings
 
             port = self.endpoint_port if self.endpoint_port is not None else core_settings.load().endpoint_port
             proxy = ProxyServer(port=port)
+            self._attach_request_log(proxy)  # before start: its control route (if any) is added before start too
+            # `switchyard status|switch|stop|requests` from a shell reach this endpoint like one the CLI started
             token = control.new_token()
             proxy.add_routes(control.control_routes(self.remote, token))
-            proxy.start()  # PortBusy (a readable SwitchyardError) when the port is taken
+            proxy.add_routes(control.request_routes(self.request_log, token, lambda: proxy.capture_bodies))
+            try:
+                proxy.start()  # PortBusy (a readable SwitchyardError) when the port is taken
+            except BaseException:
+                self._close_request_log()
+                raise
             telemetry = Telemetry()
             telemetry.subscribe(self._on_samples)
             telemetry.start()
-            manager = EndpointManager(proxy, telemetry=telemetry, launcher=self._launcher)
+            manager = EndpointManager(proxy, telemetry=telemetry, launcher=lambda spec: make_launcher(
+                self._progress, install_missing=True, vllm_eager=self.vllm_eager)(spec), budget=machine_budget())
             manager.subscribe(self._on_endpoint_event)
             self.proxy, self.telemetry, self.manager = proxy, telemetry, manager
             self._discovery = control.write_discovery(proxy.port, proxy.url, token, kind="app")
 
-    def _launcher(self, spec: Any) -> Any:
-        """Like endpoint.default_launcher, but installs a missing engine (with progress) instead of failing."""
-        from desktop.core.engines import get_adapter
-        from desktop.core.engines.base import LaunchPlan
-        from desktop.core.engines.model_path import resolve_model
-        from desktop.core.runtime.supervisor import reap_orphans
+    def _attach_request_log(self, proxy: Any) -> None:
+        """The endpoint's request log, kept in history too (serving goes on without history if it cannot open)."""
+        from desktop.core.common.errors import SwitchyardError
+        from desktop.core.serving.requestlog import RequestLog
+        from desktop.core.storage.history import Store
 
-        adapter = get_adapter(spec.engine)
-        model_path = resolve_model(spec.model, adapter, self._progress)
-        install = adapter.find_install()
-        if install is None:
-            self.progress.emit(f"{adapter.display_name} is not installed yet: installing it (once, cached)")
-            install = adapter.install(self._progress)
-        reap_orphans()
-        self.progress.emit(f"Starting {adapter.display_name} on {model_path.name}; waiting until it serves")
-        plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=spec.port, ctx=spec.ctx,
-                          parallel=spec.parallel, extra_args=spec.extra_args,
-                          eager=self.vllm_eager and adapter.name == "vllm")
-        return adapter, plan, install
+        try:
+            self._history = Store()
+        except SwitchyardError as exc:
+            log.warning("request history disabled: %s", exc)
+        request_log = RequestLog(sink=self._history)
+        request_log.subscribe(self._on_request)
+        request_log.attach(proxy)
+        proxy.set_capture_bodies(self.capture_bodies)
+        self.request_log = request_log
+
+    def set_capture_bodies(self, on: bool) -> None:
+        """Keep request/response bodies in the request log from now on (the GUI's endpoint has no API key)."""
+        self.capture_bodies = on
+        if self.proxy is not None:
+            self.proxy.set_capture_bodies(on)
+
+    def request_snapshot(self, limit: int = 200) -> tuple[list[Any], list[Any]]:
+        """(in flight, last `limit` finished) for the requests view; re-arms requests_changed."""
+        self._requests_pending = False
+        request_log = self.request_log
+        if request_log is None:
+            return [], []
+        return request_log.inflight(), request_log.recent(limit)
 
     def _progress(self, event: Any) -> None:
         self.progress.emit(getattr(event, "message", str(event)))
@@ -186,6 +209,17 @@ class EngineSession(QObject):
         self._stop_requested = False
         self.progress.emit(f"Switching to {engine}: starting it while the current engine keeps serving")
         submit(self._switch, engine, on_finished=self._on_switched, on_error=self._on_error)
+
+    def switch_preview(self, engine: str) -> str | None:
+        """Which kind of switch it will be (warm, stop-first, wake) and how long it should take, in words."""
+        if self.manager is None or self.manager.active is None:
+            return None
+        from desktop.core.common.errors import SwitchyardError
+
+        try:
+            return str(self.manager.switch_preview(engine)["message"])
+        except SwitchyardError:
+            return None
 
     def _switch(self, engine: str, model: str | None = None) -> Any:
         failed_before = self.proxy.counters.get("failed", 0)
@@ -252,11 +286,25 @@ class EngineSession(QObject):
             self.telemetry.stop()
         if self.proxy is not None:
             self.proxy.stop()
+        self._close_request_log()
+
+    def _close_request_log(self) -> None:
+        """Store what the request log still holds, then close the history (idempotent)."""
+        if self.request_log is not None:
+            self.request_log.stop()
+        if self._history is not None:
+            self._history.close()
+            self._history = None
 
     # --- callbacks from core threads: dropped once this object is gone (the window closed meanwhile) ---
     def _on_samples(self, samples: list[Any]) -> None:
         if isValid(self):
             self.samples.emit(samples)
+
+    def _on_request(self, _kind: str, _record: Any) -> None:  # the endpoint's loop: one queued signal at most
+        if not self._requests_pending and isValid(self):
+            self._requests_pending = True
+            self.requests_changed.emit()
 
     def _on_endpoint_event(self, event: Any) -> None:
         if isValid(self):

@@ -38,6 +38,35 @@ def _save(window: Any, out: Path, index: int, name: str) -> Path:
     return path
 
 
+def save_requests_panel(window: Any, out: Path, index: str = "4b") -> Path:
+    """The Serve page with its Requests tab shown (the engine log's tab is the default), given more height."""
+    serve = window.show_page("Serve")
+    tabs = serve.bottom_tabs
+    shown = tabs.currentIndex()
+    tabs.setCurrentWidget(serve.requests_panel)
+    splitter = tabs.parentWidget()
+    sizes = splitter.sizes()
+    splitter.setSizes([sizes[0] - 220, sizes[1] + 220])
+    serve.requests_panel.refresh()
+    wait_until(lambda: False, 0.4)
+    path = out / f"{index}-serve-requests.png"
+    window.grab().save(str(path))
+    print(f"saved {path}", file=sys.stderr, flush=True)
+    tabs.setCurrentIndex(shown)
+    splitter.setSizes(sizes)
+    return path
+
+
+def _anthropic_request(url: str) -> None:
+    """One Anthropic Messages request (streamed) through the endpoint, so the request log shows that route too."""
+    import httpx
+
+    body = {"model": "switchyard", "max_tokens": 16, "stream": True,
+            "messages": [{"role": "user", "content": "Say hello"}]}
+    with httpx.stream("POST", url + "/v1/messages", json=body, trust_env=False, timeout=120) as response:
+        response.read()
+
+
 def take_screenshots(window: Any, out: Path) -> None:
     try:
         _drive(window, out)
@@ -84,18 +113,21 @@ def _drive(window: Any, out: Path) -> None:
         if compare.start():
             wait_until(lambda: not compare.running, 600)
         wait_until(lambda: serve.samples_received > 20, 20)
+        _anthropic_request(window.session.proxy.url)
     _save(window, out, 4, "Serve")
+    if serve.endpoint_edit.text():
+        save_requests_panel(window, out)
     if serve.endpoint_edit.text():  # Try it: one streamed answer through the endpoint, with its speed
-        serve.lower_tabs.setCurrentWidget(serve.chat)
+        serve.bottom_tabs.setCurrentWidget(serve.chat)
         serve.chat.temperature_spin.setValue(0.0)
         serve.chat.max_tokens_spin.setValue(48)
         if serve.chat.send("Write one sentence about railway switchyards."):
             if not wait_until(lambda: serve.chat.last_answer is not None, 120):
                 print("the chat answer did not arrive in time", file=sys.stderr)
         wait_until(lambda: False, 0.4)
-        window.grab().save(str(out / "4b-serve-chat.png"))
-        print(f"saved {out / '4b-serve-chat.png'}", file=sys.stderr, flush=True)
-        serve.lower_tabs.setCurrentWidget(serve.log_pane)
+        window.grab().save(str(out / "4c-serve-chat.png"))
+        print(f"saved {out / '4c-serve-chat.png'}", file=sys.stderr, flush=True)
+        serve.bottom_tabs.setCurrentWidget(serve.log_pane)
     window.session.stop()  # the A/B starts its own engines: nothing else should share the cores
     wait_until(lambda: not window.session.is_running() and not window.session.busy, 120)
 

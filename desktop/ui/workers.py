@@ -117,7 +117,7 @@ def wait_idle(timeout_ms: int = 30_000) -> bool:
 
 
 class BenchJob(QObject):
-    """A benchmark in a child process (`switchyard gui --run-job`, see desktop/ui/bench_child.py), its JSON-line
+    """A benchmark in a child process (`switchyard gui --run-job`, see desktop/core/measure/jobs.py), its JSON-line
     events turned into signals on the GUI thread.
 
     Why a process and not a worker thread: the load generator's asyncio loop, inside the GUI process, took the

@@ -1,4 +1,4 @@
-"""Incremental Server-Sent-Events decoding for OpenAI-compatible streams.
+"""Incremental Server-Sent-Events decoding for OpenAI-compatible streams (and Anthropic Messages streams).
 
 Bytes arrive split at arbitrary boundaries (mid-line, mid-UTF-8 character); the decoder buffers until a full
 event is available, so callers see whole `data:` payloads only.
@@ -59,8 +59,16 @@ class StreamDelta:
     raw: dict[str, Any] = field(default_factory=dict)
 
 
+# Anthropic Messages stream events (`/v1/messages`): the `type` of each `data:` payload.
+ANTHROPIC_EVENTS = frozenset({"message_start", "content_block_start", "content_block_delta", "content_block_stop",
+                              "message_delta", "message_stop", "ping"})
+
+
 def parse_chunk(payload: str) -> StreamDelta | None:
-    """Interpret one `data:` payload of /v1/completions or /v1/chat/completions; None for [DONE]."""
+    """Interpret one `data:` payload of /v1/completions, /v1/chat/completions or /v1/messages; None for [DONE].
+
+    Anthropic events map onto the same fields: a `content_block_delta` is a token; `message_start` carries
+    `usage.input_tokens` and `message_delta` `usage.output_tokens` (in `usage`, under Anthropic's names)."""
     if payload.strip() == DONE:
         return None
     try:
@@ -73,6 +81,9 @@ def parse_chunk(payload: str) -> StreamDelta | None:
         err = data["error"]
         message = err.get("message") if isinstance(err, dict) else str(err)
         return StreamDelta(error=str(message), raw=data)
+    kind = data.get("type")
+    if kind in ANTHROPIC_EVENTS:
+        return _anthropic(kind, data)
     delta = StreamDelta(raw=data, usage=data.get("usage") or None)
     for choice in data.get("choices") or []:
         text = choice.get("text")
@@ -85,6 +96,21 @@ def parse_chunk(payload: str) -> StreamDelta | None:
         if choice.get("finish_reason"):
             delta.finish_reason = choice["finish_reason"]
     return delta
+
+
+def _anthropic(kind: str, data: dict[str, Any]) -> StreamDelta:
+    if kind == "content_block_delta":
+        part = data.get("delta") or {}
+        text = str(part.get("text") or part.get("thinking") or part.get("partial_json") or "")
+        return StreamDelta(text=text, has_token=True, raw=data)
+    if kind == "message_start":
+        usage = (data.get("message") or {}).get("usage")
+        return StreamDelta(usage=usage if isinstance(usage, dict) else None, raw=data)
+    if kind == "message_delta":
+        usage = data.get("usage")
+        stop = (data.get("delta") or {}).get("stop_reason")
+        return StreamDelta(usage=usage if isinstance(usage, dict) else None, finish_reason=stop, raw=data)
+    return StreamDelta(raw=data)
 
 
 def iter_deltas(chunks: Iterator[bytes]) -> Iterator[StreamDelta]:

@@ -13,9 +13,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from desktop.core.common.progress import ProgressCallback, no_progress
+
+if TYPE_CHECKING:
+    from desktop.core.engines.runtimes import BuildChoice
+    from desktop.core.machine.hardware import HardwareSnapshot
 
 ModelFormat = Literal["gguf", "hf"]
 
@@ -98,6 +102,7 @@ class FailureReason:
     reason: str
     suggestion: str
     pattern: str = ""
+    memory: bool = False  # it ran out of memory: a smaller plan may load (the endpoint's --auto-fit retry)
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,7 @@ class FailureRule:
     pattern: re.Pattern[str]
     reason: str
     suggestion: str
+    memory: bool = False
 
 
 def log_marker(name: str, pattern: str) -> LogMarker:
@@ -112,8 +118,8 @@ def log_marker(name: str, pattern: str) -> LogMarker:
     return LogMarker(name, re.compile(pattern, re.I))
 
 
-def failure_rule(pattern: str, reason: str, suggestion: str) -> FailureRule:
-    return FailureRule(re.compile(pattern, re.I), reason, suggestion)
+def failure_rule(pattern: str, reason: str, suggestion: str, *, memory: bool = False) -> FailureRule:
+    return FailureRule(re.compile(pattern, re.I), reason, suggestion, memory)
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,9 @@ class EngineAdapter(ABC):
     metrics_path: str = "/metrics"
     log_markers: Sequence[LogMarker] = ()
     failure_rules: Sequence[FailureRule] = ()
+    # The server answers the Anthropic Messages API (`/v1/messages`, streaming and not): the endpoint forwards
+    # such requests to it, and answers 501 for engines without it.
+    anthropic_messages: bool = False
 
     # --- provisioning -------------------------------------------------------------------------------
     @abstractmethod
@@ -154,12 +163,23 @@ class EngineAdapter(ABC):
         """A usable install (configured, on PATH, or cached), or None. Must be cheap: no builds, no network."""
 
     @abstractmethod
-    def install(self, progress: ProgressCallback = no_progress, force: bool = False) -> EngineInstall:
-        """Provision the engine into the per-user engines dir. Idempotent; never leaves a half install ready."""
+    def install_plan(self, hardware: HardwareSnapshot | None = None, variant: str | None = None,
+                     source: str | None = None, allow_cpu: bool = False) -> BuildChoice:
+        """The build `install` would make for `hardware` (this machine by default), or raise the blocker
+        (e.g. vLLM on macOS, a CPU-only build on a GPU machine without `allow_cpu`). No side effects."""
 
     @abstractmethod
-    def doctor(self) -> list[DoctorFinding]:
-        """What is present, what is missing, and the exact command that fixes it."""
+    def install(self, progress: ProgressCallback = no_progress, force: bool = False, *,
+                hardware: HardwareSnapshot | None = None, variant: str | None = None, source: str | None = None,
+                allow_cpu: bool = False) -> EngineInstall:
+        """Provision the build for this machine (or `variant`/`source`) into the per-user engines dir.
+
+        Idempotent; never leaves a half install ready; refuses a CPU-only build on a GPU machine unless `allow_cpu`.
+        """
+
+    @abstractmethod
+    def doctor(self, hardware: HardwareSnapshot | None = None) -> list[DoctorFinding]:
+        """What is present, what is missing or wrong for this machine, and the exact command that fixes it."""
 
     # --- launching ----------------------------------------------------------------------------------
     @abstractmethod
@@ -176,22 +196,38 @@ class EngineAdapter(ABC):
         """Map parsed Prometheus samples ({metric name: {label string: value}}) to COMMON_SERIES keys."""
 
     def explain_failure(self, exit_code: int | None, log_tail: Sequence[str]) -> FailureReason:
-        """Turn an exit code and the last log lines into a reason a person can act on."""
+        """Turn an exit code and the last log lines into a reason a person can act on. A rule's reason may quote
+        what its pattern caught ({0}, {1} ... for its groups); without a rule the engine's own error line is
+        quoted (`error_line`), not whatever line the log happened to end with."""
         text = "\n".join(log_tail)
         for rule in list(self.failure_rules) + list(COMMON_FAILURE_RULES):
             match = rule.pattern.search(text)
             if match:
-                return FailureReason(rule.reason, rule.suggestion, match.group(0)[:200])
+                groups = [(group or "").strip()[:200] for group in match.groups()]
+                reason = rule.reason.format(*groups) if "{" in rule.reason else rule.reason
+                return FailureReason(reason, rule.suggestion, match.group(0)[:200], rule.memory)
         if exit_code is not None and exit_code < 0:
             return FailureReason(
                 f"{self.display_name} was killed by signal {-exit_code}",
                 "if this was not you, check the system log for the out-of-memory killer (dmesg)",
             )
-        last = next((line for line in reversed(log_tail) if line.strip()), "no output")
+        last = self.error_line(log_tail) or next((line for line in reversed(log_tail) if line.strip()), "no output")
         return FailureReason(
             f"{self.display_name} exited with code {exit_code}: {last.strip()[:300]}",
             "see the engine log for details",
         )
+
+    def error_line(self, log_tail: Sequence[str]) -> str | None:
+        """The line of the log that says what went wrong, if the engine wrote one. The default takes the last
+        line naming an error; adapters whose engines write the cause first (then usage text) override it."""
+        for line in reversed(log_tail):
+            if _ERROR_WORD.search(line) and not _NOT_A_CAUSE.search(line):
+                return line
+        return None
+
+
+_ERROR_WORD = re.compile(r"\berror\b|Error\b|\bfailed\b|Exception\b", re.I)
+_NOT_A_CAUSE = re.compile(r"errors\.pydantic\.dev|For further information visit|^\s*(File \"|Traceback)")
 
 
 COMMON_FAILURE_RULES: tuple[FailureRule, ...] = (
@@ -205,6 +241,7 @@ COMMON_FAILURE_RULES: tuple[FailureRule, ...] = (
         "the engine ran out of memory while loading",
         "lower the context length, pick a smaller quantization, offload fewer GPU layers "
         "or lower gpu_memory_utilization",
+        memory=True,
     ),
     FailureRule(
         re.compile(r"error while loading shared libraries: (\S+)|ImportError: (lib\S+)", re.I),

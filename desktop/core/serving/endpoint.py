@@ -11,21 +11,29 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import httpx
 import psutil
 
-from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
+from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
+from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from desktop.core.engines.model_path import resolve_model
-from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState
+from desktop.core.engines.vllm import SLEEP_MODE_FLAG, has_cuda
+from desktop.core.machine.hardware import HardwareSnapshot, detect
+from desktop.core.planning.swap import SmallerPlan, engine_need_bytes, smaller_plan
+from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState, reap_orphans
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
-from desktop.core.serving.proxy import ProxyServer, Upstream
+from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT
+from desktop.core.serving.proxy import ProxyServer
+from desktop.core.serving.router import Upstream
 
 log = logging.getLogger("switchyard.endpoint")
+
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,8 @@ class EngineSpec:
     parallel: int = 4
     port: int = 0
     extra_args: tuple[str, ...] = ()
+    gpu_layers: int | None = None  # llama.cpp -ngl; None = the engine's default
+    kv_type: str | None = None  # llama.cpp KV cache type (f16, q8_0, ...); None = the engine's default
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -48,17 +58,40 @@ class EngineSpec:
 Launcher = Callable[[EngineSpec], tuple[EngineAdapter, LaunchPlan, EngineInstall]]
 
 
-def default_launcher(spec: EngineSpec) -> tuple[EngineAdapter, LaunchPlan, EngineInstall]:
-    """Resolve an EngineSpec into what the supervisor needs; the engine must be installed already."""
-    adapter = get_adapter(spec.engine)
-    model_path = resolve_model(spec.model, adapter)
-    install = adapter.find_install()
-    if install is None:
-        raise EngineNotInstalled(f"{adapter.display_name} is not installed",
-                                 f"run `switchyard engines install {adapter.name}` first")
-    plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=spec.port, ctx=spec.ctx,
-                      parallel=spec.parallel, extra_args=spec.extra_args)
-    return adapter, plan, install
+def make_launcher(progress: ProgressCallback = no_progress, *, install_missing: bool = False,
+                  vllm_eager: bool = False, vllm_sleep: bool | None = None) -> Launcher:
+    """The one way an EngineSpec becomes what the supervisor needs. The CLI wants a missing engine to be an
+    error with the install command; the GUI installs it (once, cached) with progress and, on request, starts vLLM
+    eager (no torch.compile: a faster start on a CPU box). vLLM gets sleep mode on CUDA (`vllm_sleep` None: when
+    a CUDA GPU is there), so a stop-first switch can put it to sleep and wake it instead of a cold start."""
+    sleep = has_cuda() if vllm_sleep is None else vllm_sleep
+
+    def launch(spec: EngineSpec) -> tuple[EngineAdapter, LaunchPlan, EngineInstall]:
+        adapter = get_adapter(spec.engine)
+        model_path = resolve_model(spec.model, adapter, progress)
+        install = adapter.find_install()
+        if install is None and not install_missing:
+            raise EngineNotInstalled(f"{adapter.display_name} is not installed",
+                                     f"run `switchyard engines install {adapter.name}` first")
+        if install is None:
+            progress(ProgressEvent(f"{adapter.display_name} is not installed yet: installing it (once, cached)"))
+            install = adapter.install(progress)
+        reap_orphans()
+        progress(ProgressEvent(f"Starting {adapter.display_name} on {model_path.name}; waiting until it serves"))
+        extra = list(spec.extra_args)
+        if spec.kv_type and adapter.name == "llama.cpp":
+            extra += ["--cache-type-k", spec.kv_type, "--cache-type-v", spec.kv_type]
+        if sleep and adapter.name == "vllm" and SLEEP_MODE_FLAG not in extra:
+            extra.append(SLEEP_MODE_FLAG)
+        plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=spec.port, ctx=spec.ctx,
+                          parallel=spec.parallel, extra_args=tuple(extra), gpu_layers=spec.gpu_layers,
+                          eager=vllm_eager and adapter.name == "vllm")
+        return adapter, plan, install
+
+    return launch
+
+
+default_launcher = make_launcher()
 
 
 @dataclass
@@ -68,13 +101,20 @@ class ManagedEngine:
     spec: EngineSpec
     process: EngineProcess
     upstream: Upstream
-    role: str  # "active" | "standby" | "starting" | "draining"
+    role: str  # "active" | "standby" | "starting" | "draining" | "sleeping"
+    retried: str | None = None  # what changed in the retry after an out-of-memory load, if there was one
+
+    @property
+    def can_sleep(self) -> bool:
+        """vLLM started with sleep mode (CUDA only): it can free its GPU memory and wake without a cold start."""
+        return self.process.adapter.name == "vllm" and SLEEP_MODE_FLAG in self.process.plan.extra_args
 
     def to_json(self) -> dict[str, Any]:
         process = self.process
         return {
             "name": self.upstream.name,
             "role": self.role,
+            "retried_smaller": self.retried,
             "spec": self.spec.to_json(),
             "engine": process.adapter.name,
             "base_url": process.base_url,
@@ -96,6 +136,12 @@ class SwitchResult:
     drained: bool
     old_kept_as_standby: bool
     cold_start: ColdStart | None
+    kind: str = "warm"  # "warm": both ran for a moment; "stop-first": the old one stopped (or slept) first
+    gap_s: float = 0.0  # how long no engine served (requests waited at the endpoint meanwhile)
+    cut_requests: int = 0  # still in flight at the drain deadline: ended with a retryable error
+    woke: bool = False  # the new engine was a sleeping vLLM woken up (no cold start)
+    old_sleeping: bool = False  # the old engine sleeps (vLLM sleep mode) instead of stopping
+    retried_smaller: str | None = None  # the new engine ran out of memory and was retried with a smaller plan
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -115,6 +161,56 @@ class EndpointEvent:
 EndpointListener = Callable[[EndpointEvent], None]
 
 
+class LoadOutOfMemory(EngineFailed):
+    """An engine failed to load for lack of memory (the adapter's explanation says so)."""
+
+
+@dataclass
+class MemoryBudget:
+    """The memory the endpoint's engines share (free VRAM on a GPU machine) and what each one needs, both from
+    the fit, so the endpoint can tell whether two engines run side by side or one must stop first. Tests inject a
+    simulated budget (`free_bytes`, and `need` when they like)."""
+
+    free_bytes: float
+    hardware: HardwareSnapshot | None = None
+    need: Callable[[EngineSpec], float] | None = None
+    label: str = "GPU memory"
+    _cache: dict[EngineSpec, float] = field(default_factory=dict)
+
+    def need_of(self, spec: EngineSpec) -> float:
+        key = replace(spec, port=0)
+        if key not in self._cache:
+            if self.need is not None:
+                self._cache[key] = self.need(spec)
+            else:
+                assert self.hardware is not None
+                self._cache[key] = engine_need_bytes(spec.engine, spec.model, spec.ctx, spec.parallel,
+                                                     self.hardware)
+        return self._cache[key]
+
+    def fits(self, specs: Iterable[EngineSpec]) -> bool:
+        return sum(self.need_of(spec) for spec in specs) <= self.free_bytes
+
+    def describe(self, specs: Iterable[EngineSpec]) -> str:
+        chosen = list(specs)
+        needs = " + ".join(f"{s.engine} {self.need_of(s) / 2**30:.2f}" for s in chosen)
+        return f"{needs} GiB vs {self.free_bytes / 2**30:.2f} GiB of free {self.label}"
+
+
+def machine_budget(hardware: HardwareSnapshot | None = None) -> MemoryBudget | None:
+    """The budget on a machine with a GPU (its free VRAM now); None on a CPU-only one, where engines share RAM and
+    a warm switch is decided by memory_allows_standby as before."""
+    try:
+        snapshot = hardware or detect()
+    except Exception:  # detection problems must not stop serving: warm switches, as before
+        log.exception("hardware detection failed; switches start the new engine before stopping the old one")
+        return None
+    gpus = [g for g in snapshot.gpus if g.memory_total_bytes > 0 and not g.unified_memory]
+    if not gpus:
+        return None
+    return MemoryBudget(float(sum(g.memory_free_bytes for g in gpus)), hardware=snapshot)
+
+
 def memory_allows_standby(engine_rss_bytes: float, available_bytes: float, headroom: float = 1.5) -> bool:
     """Keep an engine warm only when the machine would still have `headroom` × its size free."""
     return engine_rss_bytes > 0 and available_bytes > engine_rss_bytes * headroom
@@ -131,7 +227,13 @@ def _tree_rss(pid: int | None) -> float:
 
 
 class EndpointManager:
-    """Owns the engines behind one ProxyServer. Thread-safe; switch() and start() block until done."""
+    """Owns the engines behind one ProxyServer (or behind one model name of it: `route`, in multi-model mode).
+    Thread-safe; switch() and start() block until done.
+
+    A switch is warm (the new engine starts while the old one serves) unless `budget` says the two do not fit in
+    memory together; then it is stop-first: new requests wait at the endpoint, in-flight ones drain (until
+    `drain_timeout`, after which the rest end with a retryable error), the old engine stops (a vLLM with sleep
+    mode sleeps instead, so switching back skips its cold start), the new one starts, requests flow."""
 
     def __init__(
         self,
@@ -140,9 +242,14 @@ class EndpointManager:
         telemetry: Telemetry | None = None,
         launcher: Launcher = default_launcher,
         ready_timeout: float = 900.0,
-        drain_timeout: float = 600.0,
+        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         keep_standby: bool = False,
         failover: bool = False,
+        budget: MemoryBudget | None = None,
+        auto_fit: bool = False,
+        hardware: HardwareSnapshot | None = None,
+        route: str | None = None,
+        meter: bool = True,
     ) -> None:
         self.proxy = proxy
         self.telemetry = telemetry
@@ -151,18 +258,25 @@ class EndpointManager:
         self.drain_timeout = drain_timeout
         self.keep_standby = keep_standby
         self.failover = failover
+        self.budget = budget
+        self.auto_fit = auto_fit
+        self.hardware = hardware or (budget.hardware if budget else None)
+        self.route = route
         self.state = "starting"
         self.last_error: str | None = None
+        self.spec: EngineSpec | None = None  # what this endpoint (or model) serves, also while it is unloaded
         self.active: ManagedEngine | None = None
         self.standby: ManagedEngine | None = None
         self.starting: ManagedEngine | None = None
+        self.sleeping: ManagedEngine | None = None  # a vLLM put to sleep by a stop-first switch
+        self.cold_starts: dict[str, float] = {}  # engine -> seconds its last cold start took (switch previews)
         self.down = threading.Event()  # set when the endpoint can no longer serve (active died, no failover)
         self._switch_lock = threading.Lock()
         self._lock = threading.RLock()
         self._listeners: list[EndpointListener] = []
         self._retired: list[ManagedEngine] = []
         self._closed = False
-        if telemetry is not None:
+        if telemetry is not None and meter:
             proxy.subscribe(lambda record: telemetry.publish(record.to_samples()))
 
     # --- observation ---
@@ -171,7 +285,7 @@ class EndpointManager:
 
     def _emit(self, state: str, message: str) -> None:
         self.state = state
-        log.info("endpoint %s: %s", state, message)
+        log.info("endpoint%s %s: %s", f" [{self.route}]" if self.route else "", state, message)
         event = EndpointEvent(state, message)
         for listener in list(self._listeners):
             try:
@@ -185,34 +299,75 @@ class EndpointManager:
             return {
                 "url": self.proxy.url,
                 "openai_base_url": self.proxy.url + "/v1",
-                "model_name": self.proxy.model_name,
+                "model_name": self.route or self.proxy.model_name,
                 "state": self.state,
                 "last_error": self.last_error,
                 "active": self.active.to_json() if self.active else None,
                 "standby": self.standby.to_json() if self.standby else None,
                 "starting": self.starting.to_json() if self.starting else None,
+                "sleeping": self.sleeping.to_json() if self.sleeping else None,
                 "engines": len(engines),
                 "requests": {**self.proxy.counters, "inflight": self.proxy.inflight()},
                 "keep_standby": self.keep_standby,
                 "failover": self.failover,
+                "auto_fit": self.auto_fit,
+                "budget_gib": round(self.budget.free_bytes / 2**30, 2) if self.budget else None,
                 "gpu_telemetry": (self.telemetry.gpu.unavailable or "ok")
                 if self.telemetry and self.telemetry.gpu else "off",
             }
 
+    def _set_upstream(self, upstream: Upstream | None, down_reason: str | None = None, idle: bool = False) -> None:
+        self.proxy.set_upstream(upstream, down_reason, model=self.route, idle=idle)
+
     # --- lifecycle ---
     def _launch(self, spec: EngineSpec) -> ManagedEngine:
+        """Start an engine for `spec` and wait until it serves. When it fails for lack of memory: with auto_fit,
+        retry once with the fit's next smaller plan and say what changed; without, say what that plan would be."""
+        try:
+            return self._launch_once(spec)
+        except LoadOutOfMemory as exc:
+            smaller = self._smaller(spec)
+            if smaller is None:
+                raise
+            if not self.auto_fit:
+                raise LoadOutOfMemory(exc.message, f"{exc.hint}. The next smaller plan: {smaller.describe()} "
+                                                   "(serve with --auto-fit to retry with it by itself)") from exc
+            retry = replace(spec, ctx=smaller.ctx, gpu_layers=smaller.gpu_layers, kv_type=smaller.kv_type)
+            self._emit("retrying", f"{exc.message}; retrying once with a smaller plan: {smaller.describe()}")
+            managed = self._launch_once(retry)
+            managed.retried = smaller.describe()
+            return managed
+
+    def _smaller(self, spec: EngineSpec) -> SmallerPlan | None:
+        try:
+            if self.hardware is None:
+                self.hardware = detect()
+            return smaller_plan(spec.engine, spec.model, spec.ctx, spec.parallel, self.hardware,
+                                gpu_layers=spec.gpu_layers, kv_type=spec.kv_type)
+        except SwitchyardError as exc:  # e.g. a model whose facts cannot be read: no retry, the OOM is reported
+            log.warning("no smaller plan for %s: %s", spec.model, exc)
+            return None
+
+    def _launch_once(self, spec: EngineSpec) -> ManagedEngine:
         """Start an engine for `spec` and wait until it really serves; stop it again if it does not."""
         adapter, plan, install = self.launcher(spec)
         process = EngineProcess(adapter, plan, install)
         process.start()
         upstream = Upstream(name=f"{adapter.name}@{process.plan.port}", engine=adapter.name,
                             base_url=process.base_url, served_model_name=process.plan.served_model_name,
-                            api_key=process.plan.api_key, model=str(process.plan.model_path))
+                            api_key=process.plan.api_key, model=str(process.plan.model_path),
+                            messages_api=adapter.anthropic_messages)
         managed = ManagedEngine(spec, process, upstream, "starting")
         with self._lock:
             self.starting = managed
         try:
             process.wait_ready(timeout=self.ready_timeout, first_request=True)
+        except EngineFailed as exc:
+            process.stop()
+            reason = process.outcome.reason if process.outcome else None
+            if reason is not None and reason.memory:
+                raise LoadOutOfMemory(exc.message, exc.hint) from exc
+            raise
         except BaseException:
             process.stop()
             raise
@@ -229,6 +384,8 @@ class EndpointManager:
         if self._closed:  # the endpoint was closed while this engine loaded
             process.stop()
             raise SwitchyardError("the endpoint was stopped while the engine was starting")
+        if process.cold_start.t1_health_s is not None:
+            self.cold_starts[adapter.name] = process.cold_start.t1_health_s
         if self.telemetry is not None:
             self.telemetry.watch(EngineScraper(upstream.name, adapter, process.base_url, process.pid,
                                                api_key=process.plan.api_key))
@@ -237,20 +394,48 @@ class EndpointManager:
     def start(self, spec: EngineSpec) -> ColdStart:
         """Start the first engine and make it active. Requests that arrive meanwhile wait in the proxy."""
         with self._switch_lock:
+            self.spec = spec
             self._emit("starting", f"starting {spec.engine} on {spec.model}")
+            self.proxy.mark_loading(self.route)
             try:
                 managed = self._launch(spec)
             except SwitchyardError as exc:
                 self.last_error = str(exc)
-                self.proxy.set_upstream(None, down_reason=exc.message)
+                self._set_upstream(None, down_reason=exc.message, idle=self.route is not None)
                 self._emit("down", exc.message)
                 raise
             with self._lock:
                 managed.role = "active"
                 self.active = managed
-            self.proxy.set_upstream(managed.upstream)
-            self._emit("serving", f"{managed.upstream.name} serves {self.proxy.url}/v1")
+                self.spec = managed.spec
+            self._set_upstream(managed.upstream)
+            self.down.clear()
+            self._emit("serving", f"{managed.upstream.name} serves {self.proxy.url}/v1"
+                                  + (f" as '{self.route}'" if self.route else "")
+                                  + (f" (retried smaller: {managed.retried})" if managed.retried else ""))
             return managed.process.cold_start
+
+    def unload(self, reason: str) -> bool:
+        """Take the active engine away (idle TTL, or to make room for another model): new requests wait and ask
+        for a load, in-flight ones drain (bounded), the engine stops. False when none was loaded."""
+        with self._switch_lock:
+            with self._lock:
+                old = self.active
+            if old is None:
+                return False
+            if self.route is not None:
+                self.proxy.settle(self.route, 10.0)  # requests that waited for this load are let in first
+            self._set_upstream(None, idle=True)
+            with self._lock:
+                self.active = None
+            self._drain_or_cut(old)
+            self._retire(old, drain=False)
+            self._emit("idle", f"{old.upstream.name} stopped: {reason}")
+            return True
+
+    @property
+    def loaded(self) -> bool:
+        return self.active is not None
 
     def prepare_standby(self, spec: EngineSpec) -> None:
         """Start `spec` now and keep it warm, so a later switch to it is instant."""
@@ -271,23 +456,56 @@ class EndpointManager:
         finally:
             self._switch_lock.release()
 
+    def _target_spec(self, engine: str, model: str | None) -> EngineSpec:
+        with self._lock:
+            old = self.active
+        base = old.spec if old else self.spec
+        if model is None and base is None:
+            raise SwitchyardError("nothing is running to switch from; give --model")
+        adapter = get_adapter(engine)
+        return replace(base, engine=adapter.name, model=model or base.model, port=0) if base else \
+            EngineSpec(adapter.name, model or "demo")
+
+    def switch_preview(self, engine: str, model: str | None = None) -> dict[str, Any]:
+        """Which kind of switch it would be and about how long it should take, for the GUI to say beforehand."""
+        spec = self._target_spec(engine, model)
+        with self._lock:
+            old, standby, sleeping = self.active, self.standby, self.sleeping
+        if standby is not None and standby.spec == spec:
+            return {"kind": "standby", "expected_s": 0.0, "gap_s": 0.0,
+                    "message": f"instant: {spec.engine} is already warm"}
+        if sleeping is not None and sleeping.spec == spec:
+            return {"kind": "wake", "expected_s": 2.0, "gap_s": 2.0,
+                    "message": f"stop-first, waking the sleeping {spec.engine} (about a second; requests wait)"}
+        cold = self.cold_starts.get(spec.engine)
+        took = f"about {cold:.0f} s" if cold else "a cold start"
+        if old is not None and self.budget is not None and not self.budget.fits([old.spec, spec]):
+            return {"kind": "stop-first", "expected_s": cold, "gap_s": cold,
+                    "message": f"stop-first: both engines do not fit ({self.budget.describe([old.spec, spec])}); "
+                               f"requests wait for {took}"}
+        return {"kind": "warm", "expected_s": cold, "gap_s": 0.0,
+                "message": f"warm: {spec.engine} starts beside the current engine "
+                           f"({took}); no request waits"}
+
     def _switch(self, engine: str, model: str | None) -> SwitchResult:
         started = time.monotonic()
         with self._lock:
             old = self.active
-        base = old.spec if old else None
-        if model is None and base is None:
-            raise SwitchyardError("nothing is running to switch from; give --model")
-        adapter = get_adapter(engine)
-        spec = replace(base, engine=adapter.name, model=model or base.model, port=0) if base else \
-            EngineSpec(adapter.name, model or "demo")
+        spec = self._target_spec(engine, model)
         if old is not None and old.spec == spec and old.process.state == EngineState.READY:
             raise SwitchyardError(f"{old.upstream.name} already serves {spec.model}", "nothing to switch")
-        self._emit("switching", f"switching to {spec.engine} on {spec.model}")
         reused = False
         with self._lock:
-            standby = self.standby
-        if standby is not None and standby.spec == spec and standby.process.state == EngineState.READY:
+            standby, sleeping = self.standby, self.sleeping
+        warm_standby = standby is not None and standby.spec == spec and standby.process.state == EngineState.READY
+        wake = sleeping if sleeping is not None and sleeping.spec == spec and \
+            sleeping.process.state == EngineState.READY else None
+        if old is not None and not warm_standby and (
+                wake is not None or (self.budget is not None and not self.budget.fits([old.spec, spec]))):
+            return self._switch_stop_first(old, spec, started, wake)
+        self._emit("switching", f"switching to {spec.engine} on {spec.model}")
+        if warm_standby:
+            assert standby is not None
             new, reused = standby, True
             with self._lock:
                 self.standby = None
@@ -303,17 +521,124 @@ class EndpointManager:
         with self._lock:
             new.role = "active"
             self.active = new
-        self.proxy.set_upstream(new.upstream)  # from here on, new requests go to the new engine
+            self.spec = new.spec
+        self._set_upstream(new.upstream)  # from here on, new requests go to the new engine
         self.down.clear()  # a switch also revives an endpoint whose engine had died
-        drained, kept = True, False
+        drained, kept, cut = True, False, 0
         if old is not None:
             old.role = "draining"
-            drained = self.proxy.drain(old.upstream, self.drain_timeout)
+            drained, cut = self._drain_or_cut(old)
             kept = self._maybe_keep(old)
         self._emit("serving", f"{new.upstream.name} serves {self.proxy.url}/v1")
         return SwitchResult(old.upstream.engine if old else None, new.upstream.engine,
                             round(time.monotonic() - started, 3), reused, drained, kept,
-                            None if reused else new.process.cold_start)
+                            None if reused else new.process.cold_start, kind="standby" if reused else "warm",
+                            cut_requests=cut, retried_smaller=new.retried)
+
+    def _drain_or_cut(self, old: ManagedEngine) -> tuple[bool, int]:
+        """Let in-flight requests on `old` finish until the drain deadline; end the rest with a retryable error."""
+        drained = self.proxy.drain(old.upstream, self.drain_timeout)
+        if drained:
+            return True, 0
+        cut = self.proxy.cut(old.upstream, f"the endpoint switched engines and this request was still running "
+                                           f"after the {self.drain_timeout:g} s drain deadline; retry it")
+        log.warning("%d request(s) on %s cut at the drain deadline", cut, old.upstream.name)
+        return False, cut
+
+    def _switch_stop_first(self, old: ManagedEngine, spec: EngineSpec, started: float,
+                           wake: ManagedEngine | None) -> SwitchResult:
+        why = f"a sleeping {spec.engine} is woken" if wake is not None else \
+            f"both do not fit: {self.budget.describe([old.spec, spec]) if self.budget else ''}"
+        self._emit("switching", f"stop-first switch to {spec.engine} on {spec.model} ({why}); new requests wait "
+                                "at the endpoint meanwhile")
+        gap_started = time.monotonic()
+        self._set_upstream(None)  # new requests wait (none fail) until the new engine serves
+        self.proxy.mark_loading(self.route)
+        old.role = "draining"
+        drained, cut = self._drain_or_cut(old)
+        slept = self._put_away(old)
+        try:
+            new = self._wake(wake) if wake is not None else None
+            if new is None:
+                new = self._launch(spec)
+        except SwitchyardError as exc:
+            self.last_error = str(exc)
+            restored = self._restore(old, slept)
+            self._emit("serving" if restored else "down",
+                       f"switch to {spec.engine} failed ({exc.message}); "
+                       + (f"{old.upstream.name} serves again" if restored else "the old engine did not come back"))
+            raise
+        with self._lock:
+            new.role = "active"
+            self.active = new
+            self.spec = new.spec
+        self._set_upstream(new.upstream)
+        gap = round(time.monotonic() - gap_started, 3)
+        self.down.clear()
+        self._emit("serving", f"{new.upstream.name} serves {self.proxy.url}/v1 (stop-first; no engine served for "
+                              f"{gap:.1f} s, requests waited)")
+        return SwitchResult(old.upstream.engine, new.upstream.engine, round(time.monotonic() - started, 3),
+                            False, drained, False, None if wake is not None else new.process.cold_start,
+                            kind="stop-first", gap_s=gap, cut_requests=cut, woke=wake is not None,
+                            old_sleeping=slept, retried_smaller=new.retried)
+
+    def _engine_post(self, managed: ManagedEngine, path: str, timeout: float = 120.0) -> bool:
+        key = managed.process.plan.api_key
+        try:
+            response = httpx.post(managed.process.base_url + path, timeout=timeout, trust_env=False,
+                                  headers={"Authorization": f"Bearer {key}"} if key else None)
+        except httpx.HTTPError as exc:
+            log.warning("%s %s failed: %s", managed.upstream.name, path, exc)
+            return False
+        if response.status_code >= 300:
+            log.warning("%s %s answered HTTP %d", managed.upstream.name, path, response.status_code)
+        return response.status_code < 300
+
+    def _put_away(self, old: ManagedEngine) -> bool:
+        """Free the old engine's memory: sleep a vLLM that has sleep mode (level 1: weights to host RAM, KV cache
+        dropped), stop anything else. True when it sleeps."""
+        if old.can_sleep and old.process.state == EngineState.READY and self._engine_post(old, "/sleep?level=1"):
+            with self._lock:
+                previous, self.sleeping = self.sleeping, old
+                old.role = "sleeping"
+                if self.active is old:
+                    self.active = None
+            if previous is not None and previous is not old:
+                self._retire(previous, drain=False)
+            return True
+        self._retire(old, drain=False)
+        with self._lock:
+            if self.active is old:
+                self.active = None
+        return False
+
+    def _wake(self, sleeping: ManagedEngine) -> ManagedEngine | None:
+        """Wake a sleeping vLLM (POST /wake_up); None (and it is stopped) when it does not wake."""
+        with self._lock:
+            if self.sleeping is sleeping:
+                self.sleeping = None
+        if sleeping.process.state == EngineState.READY and self._engine_post(sleeping, "/wake_up"):
+            return sleeping
+        self._retire(sleeping, drain=False)
+        return None
+
+    def _restore(self, old: ManagedEngine, slept: bool) -> bool:
+        """After a failed stop-first switch: bring the old engine back (wake it, or start it again)."""
+        try:
+            back = self._wake(old) if slept else None
+            if back is None:
+                back = self._launch(old.spec)
+        except SwitchyardError as exc:
+            log.error("the old engine did not come back: %s", exc)
+            self._set_upstream(None, down_reason=f"a switch failed and the old engine did not come back: "
+                                                 f"{exc.message}", idle=self.route is not None)
+            self.down.set()
+            return False
+        with self._lock:
+            back.role = "active"
+            self.active = back
+        self._set_upstream(back.upstream)
+        return True
 
     def _maybe_keep(self, old: ManagedEngine) -> bool:
         available = float(psutil.virtual_memory().available)
@@ -342,10 +667,13 @@ class EndpointManager:
             return
         reason = managed.process.failure()
         with self._lock:
-            if managed is self.standby:
-                self.standby = None
+            if managed is self.standby or managed is self.sleeping:
+                if managed is self.standby:
+                    self.standby = None
+                else:
+                    self.sleeping = None
                 self._retired.append(managed)
-                log.warning("standby %s died: %s", managed.upstream.name, reason.message)
+                log.warning("%s %s died: %s", managed.role, managed.upstream.name, reason.message)
                 return
             if managed is not self.active:
                 return
@@ -357,14 +685,17 @@ class EndpointManager:
                 self._retired.append(managed)
             else:
                 standby = None
+                if self.route is not None:  # a model of several: the next request for it loads it again
+                    self.active = None
+                    self._retired.append(managed)
         if self.telemetry is not None:
             threading.Thread(target=self.telemetry.unwatch, args=(managed.upstream.name,), daemon=True).start()
         if standby is not None:
-            self.proxy.set_upstream(standby.upstream)
+            self._set_upstream(standby.upstream)
             self._emit("failover", f"{managed.upstream.name} died ({reason.message}); "
                                    f"{standby.upstream.name} took over")
             return
-        self.proxy.set_upstream(None, down_reason=reason.message)
+        self._set_upstream(None, down_reason=reason.message, idle=self.route is not None)
         self._emit("down", f"{reason.message} ({reason.hint})")
         self.down.set()
 
@@ -372,8 +703,9 @@ class EndpointManager:
         """Stop every engine (in-flight requests are cut); the proxy is stopped by its owner."""
         with self._lock:
             self._closed = True
-            engines = [e for e in (self.active, self.standby, self.starting, *self._retired) if e is not None]
-            self.active = self.standby = self.starting = None
+            engines = [e for e in (self.active, self.standby, self.starting, self.sleeping, *self._retired)
+                       if e is not None]
+            self.active = self.standby = self.starting = self.sleeping = None
             self._retired = []
         if self.telemetry is not None:
             for managed in engines:

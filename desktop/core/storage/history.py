@@ -1,4 +1,5 @@
-"""SQLite history: every benchmark run and every telemetry sample, in one file under `paths.data_dir()`.
+"""SQLite history: every benchmark run, every telemetry sample and the endpoint's request log, in one file under
+`paths.data_dir()`.
 
 WAL mode lets the GUI read while telemetry writes. The schema version lives in `PRAGMA user_version`;
 `MIGRATIONS[i]` upgrades version i to i + 1, so an old history file is upgraded in place and never lost.
@@ -12,7 +13,7 @@ import platform
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,34 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 1 -> 2: runs can be labelled (e.g. "A/B llama.cpp vs vllm")
         "ALTER TABLE runs ADD COLUMN label TEXT",
     ),
+    (  # 2 -> 3: the endpoint's request log (bodies only when the user turned capture on)
+        """CREATE TABLE requests (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            t REAL NOT NULL,
+            seq INTEGER NOT NULL DEFAULT 0,
+            method TEXT,
+            path TEXT,
+            model TEXT,
+            engine TEXT,
+            upstream TEXT,
+            status INTEGER NOT NULL,
+            streamed INTEGER NOT NULL DEFAULT 0,
+            prompt_tokens INTEGER,
+            output_tokens INTEGER,
+            ttft_s REAL,
+            e2e_s REAL,
+            client TEXT,
+            error TEXT,
+            request_body TEXT,
+            response_body TEXT
+        )""",
+        "CREATE INDEX requests_t ON requests (t)",
+    ),
 )
+# The request log's columns (besides the row id): the keys of the endpoint's RequestRecord.to_json() it keeps.
+REQUEST_COLUMNS = ("t", "seq", "method", "path", "model", "engine", "upstream", "status", "streamed",
+                   "prompt_tokens", "output_tokens", "ttft_s", "e2e_s", "client", "error", "request_body",
+                   "response_body")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -189,6 +217,34 @@ class Store:
         """Drop samples older than `before` (telemetry retention)."""
         with self._lock, self._db:
             return self._db.execute("DELETE FROM samples WHERE ts < ?", (before,)).rowcount
+
+    # --- the endpoint's request log --------------------------------------------------------------------
+    def add_requests(self, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Append finished requests (dicts keyed by REQUEST_COLUMNS; missing keys are NULL) in one transaction."""
+        defaults: dict[str, Any] = {"seq": 0, "streamed": False}
+        values = [tuple(row.get(column, defaults.get(column)) for column in REQUEST_COLUMNS) for row in rows]
+        placeholders = ", ".join("?" for _ in REQUEST_COLUMNS)
+        with self._lock, self._db:
+            self._db.executemany(f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) VALUES ({placeholders})",
+                                 values)
+        return len(values)
+
+    def requests(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The last `limit` requests, oldest first (as a log reads), each a dict of REQUEST_COLUMNS plus `id`."""
+        query = (f"SELECT id, {', '.join(REQUEST_COLUMNS)} FROM requests ORDER BY id DESC LIMIT ?")
+        with self._lock:
+            rows = self._db.execute(query, (limit,)).fetchall()
+        names = ("id", *REQUEST_COLUMNS)
+        out = [dict(zip(names, row, strict=True)) for row in reversed(rows)]
+        for row in out:
+            row["streamed"] = bool(row["streamed"])
+        return out
+
+    def prune_requests(self, keep: int) -> int:
+        """Keep only the newest `keep` requests (request-log retention)."""
+        with self._lock, self._db:
+            return self._db.execute("DELETE FROM requests WHERE id <= (SELECT MAX(id) FROM requests) - ?",
+                                    (keep,)).rowcount
 
     def close(self) -> None:
         with self._lock:

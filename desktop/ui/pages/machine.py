@@ -1,4 +1,5 @@
-"""Machine: what was detected (GPUs, CPU, RAM, disk, notes) and live free VRAM / RAM, refreshed every 2 s."""
+"""Machine: what was detected (GPUs, CPU, RAM, disk, notes), the engine builds this machine should run (and
+whether the installed ones waste the GPU), and live free VRAM / RAM, refreshed every 2 s."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ def detect_hardware() -> Any:
     return detect(models_dir)
 
 
+def engine_builds(snapshot: Any) -> Any:
+    from desktop.core.engines import engine_builds as builds_for
+
+    return builds_for(snapshot)
+
+
 class MachinePage(QWidget):
     title = "Machine"
 
@@ -41,6 +48,9 @@ class MachinePage(QWidget):
         self.summary = QFormLayout()
         summary_box = QGroupBox("This machine")
         summary_box.setLayout(self.summary)
+        self.builds: Any = None
+        self.builds_box = QGroupBox("Engine builds for this machine")
+        self.builds_layout = QFormLayout(self.builds_box)
         self.live_box = QGroupBox("Free memory (live)")
         self.live_layout = QFormLayout(self.live_box)
         self.bars: dict[str, QProgressBar] = {}
@@ -51,6 +61,7 @@ class MachinePage(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(self.notice)
         layout.addWidget(summary_box)
+        layout.addWidget(self.builds_box)
         layout.addWidget(self.live_box)
         layout.addWidget(self.notes_label)
         layout.addWidget(self.refresh_button)
@@ -78,6 +89,7 @@ class MachinePage(QWidget):
         if first:
             self.notice.show_message("")
             self._fill_summary(snapshot)
+            submit(engine_builds, snapshot, on_finished=self.show_builds, on_error=self.show_error)
         self._update_bar("RAM", snapshot.ram_available_bytes, snapshot.ram_total_bytes)
         for gpu in snapshot.gpus:
             self._update_bar(f"GPU {gpu.index} VRAM", gpu.memory_free_bytes, gpu.memory_total_bytes)
@@ -104,6 +116,27 @@ class MachinePage(QWidget):
             label.setWordWrap(True)
             self.summary.addRow(f"{key}:", label)
         self.notes_label.setText("\n".join(f"• {note}" for note in snapshot.notes))
+
+    def show_builds(self, builds: Any) -> None:
+        """One row per engine: the build for this machine (or why it cannot run here) and what is installed."""
+        self.builds = builds
+        while self.builds_layout.rowCount():
+            self.builds_layout.removeRow(0)
+        warnings = []
+        for item in builds:
+            if item.build is not None:
+                text = f"{item.build.variant} build ({item.build.source}): {item.build.reason}"
+            else:
+                text = f"not on this machine: {item.blocker} — {item.fix}"
+            installed = item.installed_variant or ("installed" if item.install else "not installed")
+            label = QLabel(f"{text}\nInstalled: {installed}")
+            label.setWordWrap(True)
+            label.setAccessibleName(f"{item.display_name} build")
+            self.builds_layout.addRow(f"{item.display_name}:", label)
+            if item.warning:
+                warnings.append(f"{item.warning}. Fix: {item.warning_fix}")
+        if warnings:
+            self.notice.show_message(" ".join(warnings), "warning")
 
     def _update_bar(self, name: str, free: int, total: int) -> None:
         bar = self.bars.get(name)

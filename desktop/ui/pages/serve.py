@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 from desktop.ui.charts import ChartBoard, LiveChart, pause_checkbox
 from desktop.ui.chat import ChatPane
 from desktop.ui.engine_session import EngineSession, LaunchRequest
+from desktop.ui.requests_panel import RequestsPanel
 from desktop.ui.widgets import LogPane, Notice, PhaseTimeline
 from desktop.ui.workers import submit
 
@@ -158,10 +159,6 @@ class ServePage(QWidget):
 
         self.log_pane = LogPane()
         self.chat = ChatPane()
-        self.lower_tabs = QTabWidget()
-        self.lower_tabs.addTab(self.log_pane, "Engine lo&g")
-        self.lower_tabs.addTab(self.chat, "T&ry it (chat)")
-        self.lower_tabs.setAccessibleName("Engine log and chat")
         upper = QWidget()
         upper_layout = QVBoxLayout(upper)
         upper_layout.setContentsMargins(0, 0, 0, 0)
@@ -172,7 +169,15 @@ class ServePage(QWidget):
         upper_layout.addWidget(charts_box, 1)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(upper)
-        splitter.addWidget(self.lower_tabs)
+        self.requests_panel = RequestsPanel(session)  # the request log, live (desktop/ui/requests_panel.py)
+        self.bottom_tabs = QTabWidget()
+        self.bottom_tabs.addTab(self.log_pane, "Engine &log")
+        self.bottom_tabs.addTab(self.requests_panel, self.requests_panel.title)
+        self.requests_panel.title_changed.connect(
+            lambda title: self.bottom_tabs.setTabText(self.bottom_tabs.indexOf(self.requests_panel), title))
+        self.bottom_tabs.addTab(self.chat, "T&ry it (chat)")
+        self.bottom_tabs.setAccessibleName("Engine log, requests and chat")
+        splitter.addWidget(self.bottom_tabs)
         splitter.setStretchFactor(0, 4)
         splitter.setStretchFactor(1, 1)
         layout = QVBoxLayout(self)
@@ -219,7 +224,8 @@ class ServePage(QWidget):
 
     def switch_clicked(self) -> None:
         target = self.other_engine()
-        self.switch_label.setText(f"Switching to {target}… (the current engine keeps serving meanwhile)")
+        preview = self.session.switch_preview(target)
+        self.switch_label.setText(f"Switching to {target}… ({preview or 'the current engine keeps serving meanwhile'})")
         self.session.switch_to(target)
         index = self.engine_box.findData(target)
         self.engine_box.setCurrentIndex(index)
@@ -286,7 +292,13 @@ class ServePage(QWidget):
             for title in ("Utilization", "Memory"):
                 self.charts[title].plot.getPlotItem().setTitle(f"{title} (no GPU telemetry)")
         self._update_buttons()
+        self._preview_switch()
         self.engine_ready.emit(cold)
+
+    def _preview_switch(self) -> None:
+        """Say on the switch button which kind of switch it will be and how long it should take."""
+        preview = self.session.switch_preview(self.other_engine())
+        self.switch_button.setToolTip(f"Switch to {self.other_engine()}: {preview}" if preview else "")
 
     def on_failed(self, message: str) -> None:
         if "endpoint cannot listen" in message:
@@ -311,12 +323,22 @@ class ServePage(QWidget):
 
     def on_switched(self, result: Any) -> None:
         failed = getattr(result, "failed_requests", 0)
+        if getattr(result, "kind", "warm") == "stop-first":
+            self.switch_label.setText(
+                f"Switched {result.from_engine} → {result.to_engine} stop-first in {result.seconds:.1f} s (both did "
+                f"not fit in memory): no engine served for {result.gap_s:.1f} s while requests waited; clients saw "
+                f"{failed} failed request{'s' if failed != 1 else ''}"
+                + (f"; {result.from_engine} sleeps for a quick switch back" if result.old_sleeping else ""))
+            self._update_buttons()
+            self._preview_switch()
+            return
         self.switch_label.setText(
             f"Switched {result.from_engine} → {result.to_engine} in {result.seconds:.1f} s behind the same URL; "
             f"clients saw {failed} failed request{'s' if failed != 1 else ''} "
             f"(requests kept going to {result.from_engine} until {result.to_engine} served"
             + ("; in-flight requests drained)" if result.drained else ")"))
         self._update_buttons()
+        self._preview_switch()
 
     def on_endpoint(self, state: str, message: str) -> None:
         self.endpoint_state = state
@@ -335,3 +357,4 @@ class ServePage(QWidget):
     def shutdown(self) -> None:
         self.chat.shutdown()
         self.board.stop()
+        self.requests_panel.shutdown()

@@ -1,0 +1,87 @@
+"""What the endpoint asks the fit when it runs several engines on one machine: how much of the scarce memory (VRAM
+on a GPU machine, RAM on a CPU one) an engine will hold, and, after a load failed for lack of memory, the next
+smaller plan to retry with and what exactly changed.
+
+The numbers come from `fit.estimate`: this module only picks the settings and reads the result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from desktop.core.machine.hardware import GIB, HardwareSnapshot
+from desktop.core.models.facts import ModelFacts, facts_for
+from desktop.core.planning.fit import FitResult, FitSettings, estimate, normalise_engine
+
+MIN_CTX = 256  # below this a retry would serve nothing useful: stop shrinking
+SMALLER_KV = "q8_0"  # llama.cpp's KV cache type of the smaller plan (half of f16, near-lossless)
+
+
+def fit_for(engine: str, facts: ModelFacts, ctx: int, parallel: int, hardware: HardwareSnapshot, *,
+            gpu_layers: int | None = None, kv_type: str | None = None) -> FitResult:
+    """The fit of one engine with the endpoint's conventions: `ctx` is per request (llama.cpp's context is
+    shared by its slots, so the fit sees ctx x parallel), `parallel` the slots / max_num_seqs."""
+    key = normalise_engine(engine)
+    if key == "llama.cpp":
+        settings = FitSettings(ctx=ctx * max(1, parallel), parallel=parallel, kv_type=kv_type or "f16",
+                               gpu_layers=gpu_layers)
+    else:
+        settings = FitSettings(ctx=ctx, max_num_seqs=parallel)
+    return estimate(facts, key, hardware, settings)
+
+
+def memory_need_bytes(result: FitResult, hardware: HardwareSnapshot) -> float:
+    """The scarce memory an engine holds: its GPU part on a GPU machine, all of it on a CPU one."""
+    if hardware.gpus and result.device != "CPU":
+        used = result.breakdown.get("gpu_used")  # llama.cpp partly offloaded: only the GPU part competes
+        return float(used if used is not None else result.total_gib) * GIB
+    return float(result.total_gib) * GIB
+
+
+def engine_need_bytes(engine: str, model: str, ctx: int, parallel: int, hardware: HardwareSnapshot) -> float:
+    """`memory_need_bytes` for a model as the user typed it (`demo`, a file, a folder)."""
+    facts = facts_for(model)
+    return memory_need_bytes(fit_for(engine, facts, ctx, parallel, hardware), hardware)
+
+
+@dataclass(frozen=True)
+class SmallerPlan:
+    """The settings of the retry after an out-of-memory load, and each change said in words."""
+
+    ctx: int
+    gpu_layers: int | None
+    kv_type: str | None
+    changes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return "; ".join(self.changes)
+
+
+def smaller_plan(engine: str, model: str | ModelFacts, ctx: int, parallel: int, hardware: HardwareSnapshot, *,
+                 gpu_layers: int | None = None, kv_type: str | None = None) -> SmallerPlan | None:
+    """One step down from a plan that ran out of memory: half the context, and for llama.cpp on a GPU a q8_0
+    KV cache and the layers the fit says fit with that (at least one fewer). None when nothing can shrink."""
+    key = normalise_engine(engine)
+    facts = model if isinstance(model, ModelFacts) else facts_for(model)
+    before = fit_for(key, facts, ctx, parallel, hardware, gpu_layers=gpu_layers, kv_type=kv_type)
+    new_ctx = max(MIN_CTX, ctx // 2)
+    new_kv, new_layers = kv_type, gpu_layers
+    changes: list[str] = []
+    on_gpu = bool(hardware.gpus) and before.device != "CPU"
+    if key == "llama.cpp" and on_gpu:
+        if (kv_type or "f16") not in (SMALLER_KV, "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"):
+            new_kv = SMALLER_KV
+        current = before.gpu_layers if before.gpu_layers is not None else (before.total_layers or 1)
+        fitted = fit_for(key, facts, new_ctx, parallel, hardware, kv_type=new_kv).gpu_layers
+        new_layers = max(0, min(current - 1, fitted if fitted is not None else current - 1))
+    if new_ctx == ctx and new_kv == kv_type and new_layers == gpu_layers:
+        return None
+    after = fit_for(key, facts, new_ctx, parallel, hardware, gpu_layers=new_layers, kv_type=new_kv)
+    if new_ctx != ctx:
+        changes.append(f"context {ctx:,} → {new_ctx:,} tokens per request "
+                       f"(KV cache {before.kv_cache_gib:.2f} → {after.kv_cache_gib:.2f} GiB)"
+                       if key == "llama.cpp" else f"max_model_len {ctx:,} → {new_ctx:,} tokens")
+    if new_kv != kv_type:
+        changes.append(f"KV cache type {kv_type or 'f16'} → {new_kv}")
+    if new_layers != gpu_layers:
+        changes.append(f"GPU layers {before.gpu_layers} → {new_layers} (-ngl; the rest run on the CPU)")
+    return SmallerPlan(new_ctx, new_layers, new_kv, changes)

@@ -1,0 +1,142 @@
+"""Stopping an engine's whole process tree: the one place that knows how, used by the supervisor, the watchdog,
+the orphan reaper and the uninstaller.
+
+An engine is more than one process. vLLM's API server forks `VLLM::EngineCore`, `VLLM::Worker` and
+multiprocessing's resource tracker; they share its process group (the engine leads its own session), but
+PR_SET_PDEATHSIG reaches only the API server, so they outlive a crashed app unless someone stops the *group*.
+Members are found three ways (POSIX): the process group, the descendants of the leader, and, when the leader is
+already dead, the group alone: Linux never hands out a pid that is still some group's id, so a group whose leader
+is gone holds only that leader's leftovers. Every member gets one SIGTERM (llama-server aborts its graceful
+shutdown on a second one), then SIGKILL after the grace period. On Windows (no groups) CTRL_BREAK goes to the
+engine's console group, then the tree is terminated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+import psutil
+
+GRACE_SECONDS = 5.0
+_SAME_START = 1.0  # seconds of slack when comparing recorded start times
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a pidfile says about an engine: its pid, start time and process group."""
+
+    pid: int
+    created: float | None
+    pgid: int | None = None
+
+
+def process_group(pid: int) -> int | None:
+    """The process group of `pid` (POSIX), or None."""
+    if os.name != "posix":
+        return None
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def group_members(pgid: int, since: float | None = None) -> list[psutil.Process]:
+    """Live (non-zombie) processes of process group `pgid`, started at or after `since` when given."""
+    if os.name != "posix" or pgid <= 1:
+        return []
+    found = []
+    for proc in psutil.process_iter(["status", "create_time"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or os.getpgid(proc.pid) != pgid:
+                continue
+        except (OSError, psutil.Error):
+            continue
+        if since is not None and (proc.info["create_time"] or 0) < since - _SAME_START:
+            continue
+        found.append(proc)
+    return found
+
+
+def same_process(pid: int, created: float | None) -> psutil.Process | None:
+    """The live process `pid` if it is the one that started at `created` (pids are reused), else None."""
+    if created is None:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - float(created)) >= _SAME_START or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+    except (psutil.Error, ValueError, TypeError):
+        return None
+    return proc
+
+
+def members_of(record: Recorded) -> list[psutil.Process]:
+    """Every live process of the recorded engine's tree: the leader (if it still is the recorded process), its
+    descendants and its process group. An empty list when the pid now belongs to someone else."""
+    found: dict[int, psutil.Process] = {}
+    try:
+        proc = psutil.Process(record.pid)
+        recycled = record.created is None or abs(proc.create_time() - float(record.created)) >= _SAME_START
+        dead = proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        recycled, dead = False, True
+    except (psutil.Error, ValueError, TypeError):
+        return []
+    if recycled:
+        return []  # the pid is someone else's now, so its old group is empty (a group id is never reused in use)
+    if not dead:
+        found[proc.pid] = proc
+        with contextlib.suppress(psutil.Error):
+            for child in proc.children(recursive=True):
+                found[child.pid] = child
+    pgid = record.pgid if record.pgid is not None else (record.pid if process_group(record.pid) == record.pid
+                                                        else None)
+    if pgid == record.pid:  # only the engine's own group: never a group it merely belonged to
+        for member in group_members(pgid, since=record.created):
+            found.setdefault(member.pid, member)
+    return list(found.values())
+
+
+def _uid_of(proc: psutil.Process) -> int | None:
+    try:
+        return int(proc.uids().real)
+    except (psutil.Error, AttributeError):
+        return None
+
+
+def stop(record: Recorded, grace: float = GRACE_SECONDS, *, uid: int | None = None) -> list[int]:
+    """Stop the recorded engine's whole tree: one SIGTERM each, SIGKILL after `grace` seconds for what is left.
+    With `uid`, only processes of that user are touched (the uninstaller runs as root). Returns the pids signalled."""
+    members = [p for p in members_of(record) if uid is None or _uid_of(p) == uid]
+    if not members:
+        return []
+    if sys.platform == "win32":
+        with contextlib.suppress(OSError):
+            os.kill(record.pid, signal.CTRL_BREAK_EVENT)  # type: ignore[attr-defined,unused-ignore]
+    else:
+        for proc in members:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+    _gone, alive = psutil.wait_procs(members, timeout=grace)
+    # late forks (a worker started while we waited) and whatever ignored SIGTERM
+    late = [p for p in members_of(record) if uid is None or _uid_of(p) == uid]
+    leftovers = {p.pid: p for p in [*alive, *late]}
+    for proc in leftovers.values():
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(list(leftovers.values()), timeout=5)
+    return [p.pid for p in members]
+
+
+def stop_pid(pid: int, grace: float = GRACE_SECONDS, *, uid: int | None = None) -> list[int]:
+    """Stop the live process `pid` with its descendants and (when it leads one) its process group."""
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return []
+    pgid = process_group(pid)
+    return stop(Recorded(pid, created, pgid if pgid == pid else None), grace, uid=uid)

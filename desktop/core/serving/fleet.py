@@ -1,0 +1,333 @@
+"""Several models behind one endpoint (`switchyard serve --config models.yaml`): each model name has its own
+engine process, requests are routed by their JSON `model` field, an engine idle for its `ttl` is stopped and the
+next request for it starts it again (the request waits, bounded by the endpoint's wait timeout), and engines that
+do not fit in memory together (the fit decides, through a MemoryBudget) are swapped: the least recently used one
+is stopped first, its requests wait, none fail.
+
+Each model is one EndpointManager bound to its route, so a model's engine can be switched (llama.cpp <-> vLLM)
+exactly like the single-model endpoint's."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines import get_adapter
+from desktop.core.machine.hardware import HardwareSnapshot
+from desktop.core.planning.fit import MAX_CTX
+from desktop.core.runtime.telemetry import Telemetry
+from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT
+from desktop.core.serving.endpoint import (
+    EndpointListener,
+    EndpointManager,
+    EngineSpec,
+    Launcher,
+    MemoryBudget,
+    SwitchResult,
+    default_launcher,
+)
+from desktop.core.serving.proxy import ProxyServer
+
+log = logging.getLogger("switchyard.endpoint")
+
+MODEL_KEYS = ("name", "engine", "model", "ctx", "parallel", "ttl", "loading_status")
+TOP_KEYS = ("models", "loading_status")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+CONFIG_HINT = "fix that entry of the config (keys: name, engine, model, ctx, parallel, ttl, loading_status)"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model of the list: the name clients send, and how to serve it."""
+
+    name: str
+    engine: str
+    model: str
+    ctx: int = 2048
+    parallel: int = 4
+    ttl: float | None = None  # seconds without requests before its engine stops; None = never
+    loading_status: bool = False  # tell waiting streaming clients that the model loads (SSE comments)
+
+    def spec(self) -> EngineSpec:
+        return EngineSpec(self.engine, self.model, ctx=self.ctx, parallel=self.parallel)
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": self.engine, "model": self.model, "ctx": self.ctx, "parallel": self.parallel,
+                "ttl": self.ttl}
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    models: tuple[ModelEntry, ...]
+    source: str = "<config>"
+
+    def names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+
+def _int(where: str, key: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high):
+        raise SwitchyardError(f"{where}: {key} must be a whole number from {low:,} to {high:,}, not {value!r}",
+                              CONFIG_HINT)
+    return value
+
+
+def parse_models_config(data: Any, source: str = "<config>") -> ModelsConfig:
+    """Validate a parsed models list; every problem is one line naming the entry and the key."""
+    if isinstance(data, list):
+        data = {"models": data}
+    if not isinstance(data, dict):
+        raise SwitchyardError(f"{source}: expected a mapping with a `models:` list", CONFIG_HINT)
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise SwitchyardError(f"{source}: unknown key(s) {', '.join(map(str, unknown))}",
+                              f"the top level takes: {', '.join(TOP_KEYS)}")
+    default_status = data.get("loading_status", False)
+    if not isinstance(default_status, bool):
+        raise SwitchyardError(f"{source}: loading_status must be true or false, not {default_status!r}",
+                              CONFIG_HINT)
+    items = data.get("models")
+    if not isinstance(items, list) or not items:
+        raise SwitchyardError(f"{source}: `models:` must be a non-empty list of entries",
+                              "add entries like `- {name: chat, engine: llama.cpp, model: demo}`")
+    entries: list[ModelEntry] = []
+    seen: set[str] = set()
+    for index, item in enumerate(items):
+        where = f"{source}: models[{index}]"
+        if not isinstance(item, dict):
+            raise SwitchyardError(f"{where} must be a mapping, not {item!r}", CONFIG_HINT)
+        if isinstance(item.get("name"), str):
+            where += f" ('{item['name']}')"
+        unknown = sorted(set(map(str, item)) - set(MODEL_KEYS))
+        if unknown:
+            raise SwitchyardError(f"{where}: unknown key(s) {', '.join(unknown)}", CONFIG_HINT)
+        for key in ("name", "engine", "model"):
+            if not isinstance(item.get(key), str) or not item[key].strip():
+                raise SwitchyardError(f"{where}: `{key}` is required (a non-empty string)", CONFIG_HINT)
+        name = item["name"].strip()
+        if not NAME.match(name):
+            raise SwitchyardError(f"{where}: the name '{name}' has characters clients cannot send easily",
+                                  "use letters, digits and . _ - : / @ + (no spaces)")
+        if name in seen:
+            raise SwitchyardError(f"{where}: the name '{name}' is used twice", "give every model its own name")
+        seen.add(name)
+        try:
+            engine = get_adapter(item["engine"]).name
+        except SwitchyardError as exc:
+            raise SwitchyardError(f"{where}: {exc.message}", exc.hint) from exc
+        ctx = _int(where, "ctx", item.get("ctx", 2048), 1, MAX_CTX)
+        parallel = _int(where, "parallel", item.get("parallel", 4), 1, 1024)
+        ttl = item.get("ttl")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0):
+            raise SwitchyardError(f"{where}: ttl must be a positive number of seconds (or left out), not {ttl!r}",
+                                  CONFIG_HINT)
+        status = item.get("loading_status", default_status)
+        if not isinstance(status, bool):
+            raise SwitchyardError(f"{where}: loading_status must be true or false, not {status!r}", CONFIG_HINT)
+        entries.append(ModelEntry(name, engine, item["model"].strip(), ctx, parallel,
+                                  float(ttl) if ttl is not None else None, status))
+    return ModelsConfig(tuple(entries), source)
+
+
+def load_models_config(path: str | Path) -> ModelsConfig:
+    """Read and validate a models.yaml."""
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SwitchyardError(f"cannot read the models config {file}: {exc.strerror or exc}",
+                              "check the path given to --config") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise SwitchyardError(f"{file} is not valid YAML{where}: {getattr(exc, 'problem', None) or exc}",
+                              "fix the YAML syntax") from exc
+    return parse_models_config(data, str(file))
+
+
+class Fleet:
+    """The engines of a model list behind one ProxyServer. Thread-safe; loads happen one at a time."""
+
+    def __init__(
+        self,
+        proxy: ProxyServer,
+        config: ModelsConfig,
+        *,
+        telemetry: Telemetry | None = None,
+        launcher: Launcher = default_launcher,
+        ready_timeout: float = 900.0,
+        drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
+        budget: MemoryBudget | None = None,
+        auto_fit: bool = False,
+        hardware: HardwareSnapshot | None = None,
+    ) -> None:
+        self.proxy = proxy
+        self.config = config
+        self.budget = budget
+        self.lanes: dict[str, EndpointManager] = {}
+        for entry in config.models:
+            lane = EndpointManager(proxy, telemetry=telemetry, launcher=launcher, ready_timeout=ready_timeout,
+                                   drain_timeout=drain_timeout, budget=budget, auto_fit=auto_fit,
+                                   hardware=hardware, route=entry.name, meter=False)
+            lane.spec = entry.spec()
+            lane.state = "unloaded"
+            self.lanes[entry.name] = lane
+        if telemetry is not None:
+            proxy.subscribe(lambda record: telemetry.publish(record.to_samples()))
+        proxy.set_models({e.name: e.info() for e in config.models}, on_demand=self._on_demand,
+                         loading_status=[e.name for e in config.models if e.loading_status])
+        for route in proxy.router.routes.values():
+            route.idle = True  # nothing loaded yet: the first request for a model loads it
+        self._ttl = {e.name: e.ttl for e in config.models}
+        self._loaded_at: dict[str, float] = {}
+        self._load_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    def subscribe(self, listener: EndpointListener) -> None:
+        for lane in self.lanes.values():
+            lane.subscribe(listener)
+
+    # --- loading ---
+    def start(self, preload: bool = True) -> None:
+        """Start the TTL watcher and, with `preload`, load the models in list order while they fit together; the
+        others load on their first request. A model that fails to load is reported and left to load on demand."""
+        if any(ttl is not None for ttl in self._ttl.values()):
+            self._reaper = threading.Thread(target=self._reap, name="switchyard-ttl", daemon=True)
+            self._reaper.start()
+        if not preload:
+            return
+        loaded: list[EngineSpec] = []
+        for name, lane in self.lanes.items():
+            assert lane.spec is not None
+            if self.budget is not None and not self.budget.fits([*loaded, lane.spec]):
+                log.info("%s is not preloaded: it does not fit beside the others (loads on demand)", name)
+                continue
+            self.load(name)
+            loaded.append(lane.spec)
+
+    def load(self, name: str) -> None:
+        """Load `name`'s engine unless it is loaded; stop least recently used others first when the budget says
+        they do not fit together. Raises the engine's failure (its route then fails waiting requests fast)."""
+        lane = self.lanes[name]
+        with self._load_lock:
+            if lane.loaded or self._closed.is_set():
+                return
+            self._make_room(name)
+            assert lane.spec is not None
+            lane.start(lane.spec)
+            self._loaded_at[name] = time.monotonic()
+
+    def _make_room(self, name: str) -> None:
+        if self.budget is None:
+            return
+        want = self.lanes[name].spec
+        assert want is not None
+        loaded = {n: lane.active.spec for n, lane in self.lanes.items() if lane.active is not None and n != name}
+        while loaded and not self.budget.fits([*loaded.values(), want]):
+            victim = min(loaded, key=self._last_used)
+            spec = loaded.pop(victim)
+            self.lanes[victim].unload(f"stopped to make room for '{name}' (stop-first: "
+                                      f"{self.budget.describe([spec, want])})")
+
+    def _last_used(self, name: str) -> float:
+        lane = self.lanes[name]
+        active = lane.active
+        used = self.proxy.router.last_used.get(active.upstream.name) if active is not None else None
+        return max(used or 0.0, self._loaded_at.get(name, 0.0))
+
+    def _on_demand(self, name: str) -> None:
+        """Called on the endpoint's loop when a request finds `name` unloaded: load it in a thread."""
+        threading.Thread(target=self._load_quietly, args=(name,), name=f"switchyard-load-{name}",
+                         daemon=True).start()
+
+    def _load_quietly(self, name: str) -> None:
+        try:
+            self.load(name)
+        except SwitchyardError as exc:  # the route already fails its waiting requests with this reason
+            log.error("loading %s failed: %s", name, exc)
+        except Exception:
+            log.exception("loading %s failed", name)
+            self.proxy.set_upstream(None, down_reason=f"loading {name} failed unexpectedly", model=name, idle=True)
+
+    # --- idle unload ---
+    def _tick(self) -> float:
+        ttls = [t for t in self._ttl.values() if t is not None]
+        return max(0.1, min(1.0, min(ttls) / 10)) if ttls else 1.0
+
+    def _reap(self) -> None:
+        while not self._closed.wait(self._tick()):
+            for name in self.lanes:
+                try:
+                    self._reap_one(name)
+                except SwitchyardError as exc:
+                    log.warning("unloading %s failed: %s", name, exc)
+
+    def _reap_one(self, name: str) -> bool:
+        ttl, lane = self._ttl[name], self.lanes[name]
+        if ttl is None or not lane.loaded:
+            return False
+        with self._load_lock:
+            active = lane.active
+            if active is None or self.proxy.inflight(active.upstream.name) > 0:
+                return False
+            idle = time.monotonic() - self._last_used(name)
+            if idle < ttl:
+                return False
+            return lane.unload(f"idle for {idle:.1f} s (ttl {ttl:g} s); the next request loads it again")
+
+    # --- control ---
+    def switch(self, engine: str, model: str | None = None, name: str | None = None) -> SwitchResult:
+        """Switch one model's engine (like the single-model endpoint's switch)."""
+        if name is None:
+            if len(self.lanes) != 1:
+                raise SwitchyardError("this endpoint serves several models: say which one to switch",
+                                      f"add --name, one of: {', '.join(self.lanes)}")
+            name = next(iter(self.lanes))
+        lane = self.lanes.get(name)
+        if lane is None:
+            raise SwitchyardError(f"no model named '{name}' on this endpoint", f"one of: {', '.join(self.lanes)}")
+        if not lane.loaded:
+            self.load(name)
+        with self._load_lock:
+            return lane.switch(engine, model)
+
+    def status(self) -> dict[str, Any]:
+        models = {}
+        for name, lane in self.lanes.items():
+            data = lane.status()
+            data["ttl"] = self._ttl[name]
+            data["loaded"] = lane.loaded
+            data["spec"] = lane.spec.to_json() if lane.spec else None
+            models[name] = data
+        states = {m["state"] for m in models.values()}
+        return {
+            "url": self.proxy.url,
+            "openai_base_url": self.proxy.url + "/v1",
+            "model_name": ", ".join(self.lanes),
+            "state": "serving" if "serving" in states else next(iter(states)),
+            "last_error": next((m["last_error"] for m in models.values() if m["last_error"]), None),
+            "models": models,
+            "active": None,
+            "standby": None,
+            "starting": None,
+            "requests": {**self.proxy.counters, "inflight": self.proxy.inflight()},
+            "budget_gib": round(self.budget.free_bytes / 2**30, 2) if self.budget else None,
+        }
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._reaper is not None:
+            self._reaper.join(timeout=10)
+        for lane in self.lanes.values():
+            lane.close()

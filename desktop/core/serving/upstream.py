@@ -1,0 +1,390 @@
+"""The endpoint's side towards the engines: kept-alive connections pooled per engine, and the exchange that
+forwards one request on such a connection and streams the engine's answer to the client as it arrives."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error
+from desktop.core.serving.metering import (
+    RequestListener,
+    RequestRecord,
+    StreamMeter,
+    count_json_tokens,
+    request_model,
+)
+from desktop.core.serving.router import Lease
+
+log = logging.getLogger("switchyard.proxy")
+
+CONNECT_TIMEOUT = 10.0
+# Idle connections to an engine are reused for this long: well under the 5 s after which llama-server
+# (cpp-httplib) and vLLM (uvicorn) close them, so the race with their close is rare (and retried when it happens).
+POOL_IDLE_SECONDS = 2.0
+POOL_MAX_IDLE = 64
+KEPT_BODY_BYTES = 1 << 20  # of a non-streamed answer, for its token count
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where an upstream's base URL points, parsed once. Engines are local processes: plain HTTP."""
+
+    host: str
+    port: int
+    prefix: str
+    authority: str
+
+    @classmethod
+    def parse(cls, base_url: str) -> Target:
+        parts = urlsplit(base_url)
+        if parts.scheme != "http":
+            raise SwitchyardError(f"the endpoint forwards to local engines over http://, not {base_url}")
+        return cls(parts.hostname or "127.0.0.1", parts.port or 80, parts.path.rstrip("/"), parts.netloc)
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """A connection to an engine, kept alive between requests: connecting afresh costs the proxy's one thread
+    ~0.2 ms per request, and under a burst of concurrent requests every client waits on the sum of those."""
+
+    def __init__(self, pool: list[UpstreamConnection]) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        self.closed = False
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.data_received(data)
+        else:  # bytes nobody asked for: this connection cannot be trusted with another request
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        with contextlib.suppress(ValueError):
+            self.pool.remove(self)
+        if self.exchange is not None:
+            self.exchange.connection_lost(exc)
+
+    def begin(self, exchange: Exchange, request: bytes) -> None:
+        assert self.transport is not None
+        self.exchange = exchange
+        self.transport.write(request)
+
+    def release(self, reusable: bool, now: float) -> None:
+        """The exchange is over: back to the pool when the engine left it clean, else closed."""
+        self.exchange = None
+        if reusable and not self.closed and self.transport is not None and len(self.pool) < POOL_MAX_IDLE:
+            if not self.transport.is_reading():  # paused for a slow client
+                self.transport.resume_reading()
+            self.idle_since = now
+            self.pool.append(self)
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        self.closed = True
+        with contextlib.suppress(ValueError):
+            self.pool.remove(self)
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class UpstreamPool:
+    """Idle kept-alive connections per engine base URL, and each URL parsed once."""
+
+    def __init__(self) -> None:
+        self._targets: dict[str, Target] = {}
+        self._pools: dict[str, list[UpstreamConnection]] = {}
+
+    def target(self, base_url: str) -> Target:
+        target = self._targets.get(base_url)
+        if target is None:
+            target = self._targets[base_url] = Target.parse(base_url)
+        return target
+
+    def pooled(self, base_url: str, now: float) -> UpstreamConnection | None:
+        """The most recently used idle connection to `base_url` that is still fresh, if any."""
+        pool = self._pools.get(base_url)
+        while pool:
+            connection = pool.pop()
+            if not connection.closed and now - connection.idle_since < POOL_IDLE_SECONDS:
+                return connection
+            connection.abort()
+        return None
+
+    async def connect(self, base_url: str) -> UpstreamConnection:
+        """A fresh connection (OSError or TimeoutError when the engine does not take it in time)."""
+        target = self.target(base_url)
+        connection = UpstreamConnection(self._pools.setdefault(base_url, []))
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            await asyncio.get_running_loop().create_connection(lambda: connection, target.host, target.port)
+        return connection
+
+    def close_idle(self) -> None:
+        for pool in self._pools.values():
+            for idle in list(pool):
+                idle.abort()
+
+
+class Exchange:
+    """One forwarded request on an upstream connection; the answer is written to the client as it arrives.
+
+    `done` resolves to the RequestRecord, or to None when the engine took nothing (refused or closed before
+    answering), so the caller may retry elsewhere without the client noticing.
+    """
+
+    def __init__(self, record: RequestListener, client: ClientConnection, request: Incoming, lease: Lease,
+                 arrived: float, wall: float, connection: UpstreamConnection, *, head_sent: bool = False) -> None:
+        self.record = record
+        self.client = client
+        self.connection = connection
+        self.lease = lease
+        self.upstream = lease.upstream
+        self.request = request
+        self.arrived = arrived
+        self.wall = wall
+        self.loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[RequestRecord | None] = self.loop.create_future()
+        self.parser = httptools.HttpResponseParser(self)
+        self.meter = StreamMeter(arrived)
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.answered = False  # the response head was sent to the client: no retry from here on
+        self.streamed = False
+        self.framing = "length"  # to the client: "length", "chunked", "close" or "none"
+        self.upstream_framed = True  # the engine said how long its body is (length or chunked)
+        self.upstream_keep_alive = False  # the engine will take another request on this connection
+        self.complete = False
+        self.finished = False
+        self.out: list[bytes] = []
+        self.kept: list[bytes] = []
+        self.kept_size = 0
+        self.now = 0.0
+        self.paused = False
+        self.cut_reason: str | None = None  # the endpoint took the engine away (see cut())
+        # The endpoint already sent a 200 event-stream head (it told the client its model loads): the engine's
+        # head is not passed on, its body is chunked, and an engine error becomes an SSE error event.
+        self.head_sent = head_sent
+        self.engine_error = False
+
+    # --- from the upstream connection ---
+    def data_received(self, data: bytes) -> None:
+        if self.finished:
+            return
+        self.now = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._finish(f"the engine {self.upstream.engine} sent a malformed response ({exc})")
+            return
+        if self.complete:
+            self._finish(None)
+        else:
+            self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.finished:
+            return
+        if not self.answered:
+            self._finish(None, retry=True, reason=f"closed before answering ({exc or 'no response'})")
+        elif not self.upstream_framed and not self.complete:
+            self.complete = True  # a body delimited by the connection's end
+            if self.framing == "chunked":
+                self.out.append(b"0\r\n\r\n")
+            self._finish(None)
+        else:
+            detail = f"{type(exc).__name__}: {exc}" if exc else "connection closed"
+            self._finish(f"the engine {self.upstream.engine} stopped mid-response ({detail})")
+
+    # --- httptools callbacks ---
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        request = self.request
+        if self.head_sent:
+            self.streamed = any(n.lower() == b"content-type" and b"text/event-stream" in v for n, v in self.headers)
+            self.engine_error = self.status >= 400
+            self.framing = "chunked"
+            self.upstream_framed = any(n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers)
+            self.answered = True
+            return
+        lines = [b"HTTP/1.1 %d %s" % (self.status, self.reason or b"Status")]
+        length: bytes | None = None
+        chunked = False
+        for name, value in self.headers:
+            lower = name.lower()
+            if lower == b"content-length":
+                length = value
+            elif lower == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif lower.decode("latin-1") not in HOP_HEADERS:
+                if lower == b"content-type" and b"text/event-stream" in value:
+                    self.streamed = True
+                lines.append(name + b": " + value)
+        no_body = request.method == "HEAD" or self.status < 200 or self.status in (204, 304)
+        close = not request.keep_alive
+        if no_body:
+            self.framing = "none"
+            if length is not None:
+                lines.append(b"Content-Length: " + length)
+        elif length is not None and not chunked:
+            self.framing = "length"
+            lines.append(b"Content-Length: " + length)
+        elif not request.http10:
+            self.framing = "chunked"
+            self.upstream_framed = chunked
+            lines.append(b"Transfer-Encoding: chunked")
+        else:
+            self.framing = "close"
+            self.upstream_framed = chunked
+            close = True
+        if close:
+            lines.append(b"Connection: close")
+            request.keep_alive = False
+        self.out.append(b"\r\n".join(lines) + b"\r\n\r\n")
+        self.answered = True
+        if no_body:
+            self.complete = True
+
+    def on_body(self, body: bytes) -> None:
+        if self.complete:
+            return
+        if self.engine_error:  # said as one SSE error event when the body is complete
+            self.kept.append(body)
+            return
+        if self.streamed:
+            self.meter.feed(body, self.now)
+        elif self.kept_size < KEPT_BODY_BYTES:
+            self.kept.append(body)
+            self.kept_size += len(body)
+        if self.framing == "chunked":
+            self.out.append(b"%x\r\n%b\r\n" % (len(body), body))
+        else:
+            self.out.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.complete:
+            return
+        self.complete = True
+        self.upstream_keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the callback returns
+        if self.engine_error:
+            text = b"".join(self.kept).decode("utf-8", "replace")[:2000]
+            event = {"error": {"message": f"the engine answered HTTP {self.status}: {text}", "type": "upstream_error",
+                               "code": self.status}}
+            payload = f"data: {json.dumps(event)}\n\n".encode()
+            self.out.append(b"%x\r\n%b\r\n" % (len(payload), payload))
+        if self.framing == "chunked":
+            self.out.append(b"0\r\n\r\n")
+
+    # --- towards the client ---
+    def _flush(self) -> None:
+        """One write per batch of upstream bytes (the head goes out with the first body bytes)."""
+        if not self.out:
+            return
+        transport = self.client.transport
+        if not self.client.closed and transport is not None:
+            transport.write(b"".join(self.out) if len(self.out) > 1 else self.out[0])
+        self.out.clear()
+
+    def pause_upstream(self) -> None:
+        transport = self.connection.transport
+        if transport is not None and not self.paused:
+            self.paused = True
+            transport.pause_reading()
+
+    def resume_upstream(self) -> None:
+        transport = self.connection.transport
+        if transport is not None and self.paused:
+            self.paused = False
+            transport.resume_reading()
+
+    def cut(self, message: str) -> None:
+        """The endpoint takes this engine away (a switch's drain deadline passed): end the request with a clear,
+        retryable error: a 503 with Retry-After when nothing was answered yet, else an SSE error event."""
+        if not self.finished:
+            self.cut_reason = message
+            self._finish(message)
+
+    def client_gone(self) -> None:
+        """The client hung up: abort the upstream request so the engine stops working on it."""
+        if not self.finished:
+            self._finish("the client disconnected", client_gone=True)
+
+    def _finish(self, error: str | None, *, retry: bool = False, reason: str = "", client_gone: bool = False
+                ) -> None:
+        self.finished = True
+        self.client.exchange = None
+        done = self.loop.time()
+        reusable = self.complete and error is None and self.upstream_framed and self.upstream_keep_alive
+        self.connection.release(reusable and not (retry or client_gone), done)
+        if retry:
+            log.info("%s refused a request (%s): retrying", self.upstream.name, reason)
+            self.done.set_result(None)
+            return
+        told = error if not client_gone else None
+        if told is not None:
+            log.warning("%s", told)
+        if self.streamed:
+            self.meter.finish(done)
+        elif self.kept:
+            count_json_tokens(self.meter, b"".join(self.kept), done)
+        request_body, response_body = self.meter.bodies(self.kept)
+        status = self.status
+        if client_gone:
+            status = 499
+        elif not self.answered and error is not None:  # e.g. a malformed response head: the client gets a 502
+            status = 503 if self.cut_reason else 502
+        elif error is None and status >= 400:
+            error = f"HTTP {status}"
+        elif error is None:
+            error = self.meter.error
+        record = RequestRecord(
+            t=self.wall, method=self.request.method, path=self.request.path, upstream=self.upstream.name,
+            status=status, streamed=self.streamed,
+            ttft_s=(self.meter.first_token_at - self.arrived) if self.meter.first_token_at else None,
+            e2e_s=done - self.arrived, output_tokens=self.meter.output_tokens if status < 400 else None,
+            error=error, prompt_tokens=self.meter.prompt_tokens, model=request_model(self.request.body),
+            engine=self.upstream.engine, client=self.client.peer, seq=self.request.seq,
+            request_body=request_body, response_body=response_body)
+        self.lease.release()  # counted off and published before the client sees the end of its answer
+        self.record(record)
+        self._flush()
+        if told is not None and not self.answered and self.cut_reason:
+            response = json_error(503, told, "engine_switch")
+            response.headers = (("Retry-After", "1"),)
+            self.client.write_response(response, request=self.request)
+        elif told is not None and not self.answered:
+            self.request.keep_alive = False
+            self.client.write_response(json_error(502, told, "upstream_error"), close=True, request=self.request)
+        elif told is not None:
+            self._tell_client(told)
+        self.done.set_result(record)
+
+    def _tell_client(self, error: str) -> None:
+        """An answer cut short: end a chunked event stream with an error event; otherwise close the connection,
+        which is how HTTP says "truncated"."""
+        self.request.keep_alive = False
+        if self.framing == "chunked" and self.streamed and not self.client.closed and self.client.transport:
+            kind, code = ("engine_switch", 503) if self.cut_reason else ("upstream_disconnected", 502)
+            event = {"error": {"message": error, "type": kind, "code": code, "retryable": bool(self.cut_reason)}}
+            payload = f"data: {json.dumps(event)}\n\n".encode()
+            self.client.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload))

@@ -1,0 +1,127 @@
+"""A stand-in engine server for endpoint tests: an OpenAI-ish HTTP server started like a real engine (a process
+with a log), which can fail to load with the engine's out-of-memory log line when its context is too large
+(a fake memory budget), and which records the calls to vLLM's sleep-mode routes. Stdlib only: it starts in
+~0.1 s, so tests of the endpoint's engine management run without the real engines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ctx", type=int, default=2048)
+    parser.add_argument("--name", default="standin")
+    parser.add_argument("--fail-ctx-above", type=int, default=0, help="fail to load (OOM line) above this ctx")
+    parser.add_argument("--oom-line", default="llama_init_from_model: failed to allocate buffer for kv cache")
+    parser.add_argument("--calls", help="append every sleep/wake call to this file")
+    parser.add_argument("--chunks", type=int, default=4)
+    parser.add_argument("--hold-file", help="while this file exists, streams pause after their first chunk")
+    parser.add_argument("--load-seconds", type=float, default=0.0, help="how long 'loading the model' takes")
+    args, _rest = parser.parse_known_args()
+
+    print(f"{args.name}: loading model (ctx {args.ctx})", flush=True)
+    if args.fail_ctx_above and args.ctx > args.fail_ctx_above:
+        print(args.oom_line, flush=True)
+        return 1
+    threading.Event().wait(args.load_seconds)  # the stand-in's "load" (the test decides how long)
+    sleeping = threading.Event()
+    dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *items: object) -> None:  # noqa: A002
+            print(f"{args.name}: {format % items}", flush=True)
+
+        def _json(self, status: int, data: object) -> None:
+            body = json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/health":
+                self._json(200, {"status": "ok"})
+            elif self.path == "/v1/models":
+                self._json(200, {"object": "list", "data": [{"id": "switchyard", "object": "model"}]})
+            else:
+                self._json(404, {"error": "not found"})
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            path = self.path.split("?")[0]
+            if path in ("/sleep", "/wake_up"):
+                if not dev_mode:  # like vLLM: the routes exist only with VLLM_SERVER_DEV_MODE=1
+                    self._json(404, {"detail": "Not Found"})
+                    return
+                if args.calls:
+                    with open(args.calls, "a") as handle:
+                        handle.write(self.path + "\n")
+                (sleeping.set if path == "/sleep" else sleeping.clear)()
+                self._json(200, {})
+                return
+            if path not in ("/v1/completions", "/v1/chat/completions"):
+                self._json(404, {"error": "not found"})
+                return
+            if sleeping.is_set():
+                self._json(503, {"error": "the engine sleeps"})
+                return
+            body = json.loads(raw or b"{}")
+            chat = path.endswith("chat/completions")
+
+            def choice(text: str) -> dict[str, object]:
+                return {"index": 0, "delta": {"content": text}, "finish_reason": None} if chat else \
+                    {"index": 0, "text": text, "finish_reason": None}
+
+            if not body.get("stream"):
+                message = {"index": 0, "message": {"role": "assistant", "content": f"hi from {args.name}"},
+                           "finish_reason": "stop"} if chat else {"index": 0, "text": f"hi from {args.name}",
+                                                                  "finish_reason": "stop"}
+                self._json(200, {"id": "x", "object": "chat.completion" if chat else "text_completion",
+                                 "created": 0, "model": body.get("model", ""), "choices": [message],
+                                 "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}})
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+            def send(data: object) -> None:
+                payload = f"data: {json.dumps(data) if not isinstance(data, str) else data}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+                self.wfile.flush()
+
+            for index in range(args.chunks):
+                send({"id": "x", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
+                      "model": body.get("model", ""), "choices": [choice(f"{args.name}{index} ")]})
+                if index == 0 and args.hold_file:
+                    while os.path.exists(args.hold_file):
+                        threading.Event().wait(0.05)  # the stand-in "computes" while the test holds it
+            send({"id": "x", "object": "text_completion", "created": 0, "model": "", "choices": [],
+                  "usage": {"prompt_tokens": 1, "completion_tokens": args.chunks, "total_tokens": args.chunks + 1}})
+            send("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    server.daemon_threads = True
+    print(f"{args.name}: listening on http://127.0.0.1:{args.port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
