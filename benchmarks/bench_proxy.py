@@ -170,7 +170,7 @@ def _measure(args: argparse.Namespace, threads: int | None) -> dict[str, Any]:
 
     adapter = get_adapter("llama.cpp")
     install = adapter.find_install() or adapter.install()
-    plan = LaunchPlan("llama.cpp", ensure_demo_model().gguf_path, ctx=512, parallel=args.concurrency,
+    plan = LaunchPlan("llama.cpp", ensure_demo_model().gguf_path, ctx_per_request=512, slots=args.concurrency,
                       threads=threads)
     port = find_free_port()
     with EngineProcess(adapter, plan, install) as engine:

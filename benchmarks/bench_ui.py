@@ -58,7 +58,7 @@ def loop_latency_under_load(requests: int, concurrency: int) -> dict[str, float]
     window.session.endpoint_port = 0
     window.show()
     serve = window.show_page("Serve")
-    window.launch(LaunchRequest("llama.cpp", "demo", ctx=concurrency * 128, parallel=concurrency))
+    window.launch(LaunchRequest("llama.cpp", "demo", ctx_per_request=concurrency * 128, slots=concurrency))
     if not wait_until(lambda: bool(serve.endpoint_edit.text()) or serve.notice.level == "error", 600):
         raise SystemExit("llama.cpp did not become ready")
     if serve.notice.level == "error":

@@ -271,7 +271,7 @@ def main() -> int:
     specs = generate(RandomWorkload(args.input_len, args.output_len, seed=7), max(requests_for(args, c) for c in levels),
                      tokenizer_counter(demo.hf_dir / "tokenizer.json"))
     write_jsonl(specs, dataset)
-    plan = LaunchPlan(engine=adapter.name, model_path=demo.gguf_path, ctx=512, parallel=max(levels),
+    plan = LaunchPlan(engine=adapter.name, model_path=demo.gguf_path, ctx_per_request=512, slots=max(levels),
                       threads=args.server_threads or None)
     rows: list[dict[str, Any]] = []
     load_at_start = wait_for_quiet(args.max_load, args.patience)

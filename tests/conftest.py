@@ -68,14 +68,14 @@ def _running(engine: str, model_path: Path, install: EngineInstall, **plan_args:
 @pytest.fixture(scope="session")
 def llama_server(llama_install: EngineInstall, demo_model) -> Iterator[object]:  # type: ignore[no-untyped-def]
     """A real llama-server on the demo GGUF, shared by the session."""
-    yield from _running("llama.cpp", demo_model.gguf_path, llama_install, ctx=2048, parallel=8)
+    yield from _running("llama.cpp", demo_model.gguf_path, llama_install, ctx_per_request=2048, slots=8)
 
 
 @pytest.fixture(scope="session")
 def vllm_server(vllm_install: EngineInstall, demo_model) -> Iterator[object]:  # type: ignore[no-untyped-def]
     """A real vLLM CPU server on the demo HF folder, shared by the session (started once: it is slow; eager mode
     skips torch.compile and starts ~40 s sooner on CPU with the same outputs)."""
-    yield from _running("vllm", demo_model.hf_dir, vllm_install, ctx=2048, parallel=8, eager=True)
+    yield from _running("vllm", demo_model.hf_dir, vllm_install, ctx_per_request=2048, slots=8, eager=True, dtype="float32")
 
 
 @pytest.fixture(scope="module")

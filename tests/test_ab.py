@@ -109,7 +109,7 @@ def test_ab_cli_both_real_engines(tmp_path: Path, capsys: pytest.CaptureFixture[
     saved = json.loads((report / "ab.json").read_text())
     assert saved["config"]["eager"] is True and [e["engine"] for e in saved["engines"]] == ["llama.cpp", "vllm"]
     vllm_plan = saved["engines"][1]["plan"]
-    assert vllm_plan["eager"] is True and vllm_plan["parallel"] == 4
+    assert vllm_plan["eager"] is True and vllm_plan["slots"] == 4
     with open(report / "ab.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert sorted((r["engine"], r["concurrency"]) for r in rows) == [

@@ -14,7 +14,7 @@ from desktop.core.engines.llamacpp import create_symlinks
 def test_llamacpp_command_is_an_argument_list_on_loopback(tmp_path: Path) -> None:
     adapter = get_adapter("llama.cpp")
     install = EngineInstall("llama.cpp", "x", "cache", tmp_path / "bin" / "llama-server")
-    plan = LaunchPlan("llama.cpp", tmp_path / "m.gguf", port=9001, ctx=1024, parallel=4)
+    plan = LaunchPlan("llama.cpp", tmp_path / "m.gguf", port=9001, ctx_per_request=1024, slots=4)
     command = adapter.build_command(plan, install)
     argv = command.argv
     assert argv[0].endswith("llama-server")
@@ -28,7 +28,7 @@ def test_llamacpp_command_is_an_argument_list_on_loopback(tmp_path: Path) -> Non
 def test_vllm_command_matches_llamacpp_settings(tmp_path: Path) -> None:
     adapter = get_adapter("vllm")
     install = EngineInstall("vllm", "0.32.0", "cache", tmp_path / "venv" / "bin" / "python")
-    plan = LaunchPlan("vllm", tmp_path / "hf", port=9002, ctx=1024, parallel=4, kv_cache_gib=2)
+    plan = LaunchPlan("vllm", tmp_path / "hf", port=9002, ctx_per_request=1024, slots=4, kv_cache_gib=2)
     command = adapter.build_command(plan, install)
     argv = command.argv
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]

@@ -119,7 +119,7 @@ def test_plan_json_rejects_unknown_fields_and_missing_model() -> None:
 
 
 def test_from_launch_plan_keeps_the_serving_settings() -> None:
-    local = LaunchPlan(engine="vllm", model_path=Path("/tmp/m"), ctx=4096, parallel=16, dtype="bfloat16",
+    local = LaunchPlan(engine="vllm", model_path=Path("/tmp/m"), ctx_per_request=4096, slots=16, dtype="bfloat16",
                        served_model_name="m", api_key="secret-not-exported", extra_args=("--enforce-eager",))
     plan = ExportPlan.from_launch_plan(local, model="org/model", tensor_parallel_size=2, tp_reason="r")
     assert (plan.model, plan.max_model_len, plan.max_num_seqs, plan.dtype) == ("org/model", 4096, 16, "bfloat16")

@@ -13,7 +13,7 @@ import pytest
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.machine.hardware import GIB, MIB, HardwareSnapshot
 from desktop.core.models.facts import ModelFacts, facts_from_config
-from desktop.core.planning.fit import FitSettings, estimate, quick_verdict
+from desktop.core.planning.fit import FitResult, estimate, quick_verdict, sizing_plan
 
 SNAPDIR = Path(__file__).parent / "snapshots"
 SNAPSHOTS = sorted(SNAPDIR.glob("*.json"))
@@ -25,6 +25,14 @@ LLAMA_70B = {**LLAMA_8B, "num_hidden_layers": 80, "hidden_size": 8192, "num_atte
 QWEN_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 24, "hidden_size": 896,
             "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
             "max_position_embeddings": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+
+
+def fit(facts: ModelFacts, engine: str, hw: HardwareSnapshot, quant: str | None = None, **plan: object) -> FitResult:
+    """The fit of a sizing plan: per-request ctx, slots 1 for llama.cpp and vLLM's default 256 max_num_seqs."""
+    fields: dict[str, object] = {"slots": 256 if engine == "vllm" else 1, **plan}
+    if "ctx_per_request" not in fields:
+        fields["ctx_per_request"] = facts.context_length
+    return estimate(facts, hw, sizing_plan(engine, **fields), quant=quant)  # type: ignore[arg-type]
 
 
 def snap(name: str) -> HardwareSnapshot:
@@ -40,23 +48,24 @@ def gguf_like(cfg: dict, quant_bytes_per_param: float = 0.61) -> ModelFacts:
 def test_llama_kv_cache_matches_llama_cpp_for_each_kv_type() -> None:
     facts = gguf_like(LLAMA_8B)
     hw = snap("h100_80gb")
-    sizes = {t: estimate(facts, "llama.cpp", hw, FitSettings(ctx=8192, kv_type=t)).kv_cache_gib * 1024
+    sizes = {t: fit(facts, "llama.cpp", hw, ctx_per_request=8192, kv_cache_type=t).kv_cache_gib * 1024
              for t in ("f16", "q8_0", "q4_0")}
     assert sizes == pytest.approx({"f16": 1024.0, "q8_0": 544.0, "q4_0": 288.0}, abs=1.0)
 
 
 def test_slots_share_the_context() -> None:
     facts = gguf_like(LLAMA_8B)
-    one = estimate(facts, "llama.cpp", snap("rtx4090"), FitSettings(ctx=8192, parallel=1))
-    four = estimate(facts, "llama.cpp", snap("rtx4090"), FitSettings(ctx=8192, parallel=4))
+    one = fit(facts, "llama.cpp", snap("rtx4090"), ctx_per_request=8192, slots=1)
+    four = fit(facts, "llama.cpp", snap("rtx4090"), ctx_per_request=2048, slots=4)
     assert one.kv_cache_gib == four.kv_cache_gib and four.settings["ctx_per_slot"] == 2048
+    assert four.plan is not None and four.plan.llama_ctx_size == 8192 and four.ctx == 2048
 
 
 @pytest.mark.parametrize("path", SNAPSHOTS, ids=[p.stem for p in SNAPSHOTS])
 @pytest.mark.parametrize("engine", ["llama.cpp", "vllm"])
 def test_every_snapshot_gives_a_verdict_for_both_engines(path: Path, engine: str) -> None:
     hw = HardwareSnapshot.load(path)
-    result = estimate(facts_from_config(LLAMA_8B), engine, hw, FitSettings(ctx=4096))
+    result = fit(facts_from_config(LLAMA_8B), engine, hw, ctx_per_request=4096)
     assert result.fits in ("yes", "partial", "no")
     data = json.loads(json.dumps(result.to_json()))
     assert {"weights_gib", "kv_cache_gib", "overhead_gib", "total_gib", "fits"} <= set(data)
@@ -65,11 +74,11 @@ def test_every_snapshot_gives_a_verdict_for_both_engines(path: Path, engine: str
 
 
 def test_partial_offload_for_70b_q4_on_a_4090() -> None:
-    result = estimate(gguf_like(LLAMA_70B), "llama.cpp", snap("rtx4090"), FitSettings(ctx=4096))
+    result = fit(gguf_like(LLAMA_70B), "llama.cpp", snap("rtx4090"), ctx_per_request=4096)
     assert result.fits == "partial"
     assert result.gpu_layers is not None and 20 < result.gpu_layers < 80
     assert result.cpu_ram_gib > 10
-    forced = estimate(gguf_like(LLAMA_70B), "llama.cpp", snap("rtx4090"), FitSettings(ctx=4096, gpu_layers=81))
+    forced = fit(gguf_like(LLAMA_70B), "llama.cpp", snap("rtx4090"), ctx_per_request=4096, gpu_layers=81)
     assert forced.fits == "no" and any("at most" in n for n in forced.notes)
 
 
@@ -77,25 +86,25 @@ def test_free_memory_not_total_decides() -> None:
     hw = snap("rtx4090")
     busy = replace(hw, gpus=[replace(hw.gpus[0], memory_free_bytes=6 * GIB, other_processes_bytes=17 * GIB)])
     facts = facts_from_config(QWEN_05B)
-    assert estimate(facts, "vllm", hw, FitSettings(ctx=4096)).fits == "yes"
-    refused = estimate(facts, "vllm", busy, FitSettings(ctx=4096))
+    assert fit(facts, "vllm", hw, ctx_per_request=4096).fits == "yes"
+    refused = fit(facts, "vllm", busy, ctx_per_request=4096)
     assert refused.fits == "no" and any("gpu_memory_utilization to" in n for n in refused.notes)
-    assert estimate(gguf_like(LLAMA_8B), "llama.cpp", busy, FitSettings(ctx=4096)).fits == "yes"
+    assert fit(gguf_like(LLAMA_8B), "llama.cpp", busy, ctx_per_request=4096).fits == "yes"
     tighter = replace(hw, gpus=[replace(hw.gpus[0], memory_free_bytes=3 * GIB)])
-    assert estimate(gguf_like(LLAMA_8B), "llama.cpp", tighter, FitSettings(ctx=4096)).fits == "partial"
+    assert fit(gguf_like(LLAMA_8B), "llama.cpp", tighter, ctx_per_request=4096).fits == "partial"
 
 
 def test_vllm_refuses_when_one_request_does_not_fit() -> None:
-    result = estimate(facts_from_config(LLAMA_8B), "vllm", snap("rtx3090"), FitSettings())
+    result = fit(facts_from_config(LLAMA_8B), "vllm", snap("rtx3090"))
     assert result.ctx == 131072 and result.fits == "no"
     assert any("refuse" in n for n in result.notes)
-    shorter = estimate(facts_from_config(LLAMA_8B), "vllm", snap("rtx3090"), FitSettings(ctx=8192))
+    shorter = fit(facts_from_config(LLAMA_8B), "vllm", snap("rtx3090"), ctx_per_request=8192)
     assert shorter.fits == "yes" and (shorter.kv_cache_tokens or 0) > 8192
     assert shorter.max_concurrency == pytest.approx((shorter.kv_cache_tokens or 0) / 8192, abs=0.01)
 
 
 def test_small_models_still_pay_gibs_of_activation_on_vllm() -> None:
-    result = estimate(facts_from_config(QWEN_05B), "vllm", snap("h100_80gb"), FitSettings(ctx=4096))
+    result = fit(facts_from_config(QWEN_05B), "vllm", snap("h100_80gb"), ctx_per_request=4096)
     assert result.breakdown["activation_peak"] > 0.3
     assert result.overhead_gib > 1.0
 
@@ -103,36 +112,37 @@ def test_small_models_still_pay_gibs_of_activation_on_vllm() -> None:
 def test_tensor_parallel_and_fp8() -> None:
     hw = snap("h100_80gb")
     facts = facts_from_config(LLAMA_70B)
-    assert estimate(facts, "vllm", hw, FitSettings(ctx=8192)).fits == "no"  # 131 GiB of BF16 on one 80 GB card
-    tight = estimate(facts, "vllm", hw, FitSettings(ctx=8192, quant="fp8"))  # ~68 GiB of FP8: KV too small at 0.9
+    assert fit(facts, "vllm", hw, ctx_per_request=8192).fits == "no"  # 131 GiB of BF16 on one 80 GB card
+    tight = fit(facts, "vllm", hw, "fp8", ctx_per_request=8192)  # ~68 GiB of FP8: KV too small at 0.9
     assert tight.fits == "no" and 60 < tight.weights_gib < 70
-    fp8 = estimate(facts, "vllm", hw, FitSettings(ctx=8192, quant="fp8", gpu_memory_utilization=0.95))
+    fp8 = fit(facts, "vllm", hw, "fp8", ctx_per_request=8192, gpu_memory_utilization=0.95)
     assert fp8.fits == "yes" and (fp8.kv_cache_tokens or 0) >= 8192
     with pytest.raises(SwitchyardError, match="needs 2 GPUs"):
-        estimate(facts, "vllm", hw, FitSettings(ctx=8192, tensor_parallel=2))
+        fit(facts, "vllm", hw, ctx_per_request=8192, tensor_parallel=2)
 
 
 def test_cpu_and_apple_machines() -> None:
     facts = gguf_like(LLAMA_8B)
-    cpu = estimate(facts, "llama.cpp", snap("cpu_laptop"), FitSettings(ctx=4096))
+    cpu = fit(facts, "llama.cpp", snap("cpu_laptop"), ctx_per_request=4096)
     assert cpu.fits == "yes" and cpu.device == "CPU" and cpu.gpu_layers == 0
-    mac = estimate(facts, "llama.cpp", snap("m2max_32gb"), FitSettings(ctx=4096))
+    mac = fit(facts, "llama.cpp", snap("m2max_32gb"), ctx_per_request=4096)
     assert mac.fits == "yes" and mac.breakdown["gpu_context"] == 0
-    assert estimate(facts, "vllm", snap("m2max_32gb"), FitSettings(ctx=4096)).fits == "no"
+    assert fit(facts, "vllm", snap("m2max_32gb"), ctx_per_request=4096).fits == "no"
 
 
-@pytest.mark.parametrize("settings", [FitSettings(ctx=10**9), FitSettings(ctx=0), FitSettings(ctx=-5),
-                                      FitSettings(gpu_memory_utilization=1.5), FitSettings(kv_type="q9_9"),
-                                      FitSettings(parallel=0), FitSettings(tensor_parallel=0),
-                                      FitSettings(quant="Q7_X")])
-def test_bad_settings_are_clear_errors(settings: FitSettings) -> None:
+@pytest.mark.parametrize("settings", [{"ctx_per_request": 10**9}, {"ctx_per_request": 0}, {"ctx_per_request": -5},
+                                      {"gpu_memory_utilization": 1.5}, {"kv_cache_type": "q9_9"}, {"slots": 0},
+                                      {"tensor_parallel": 0}, {"quant": "Q7_X"}, {"dtype": "float128"}])
+def test_bad_settings_are_clear_errors(settings: dict[str, object]) -> None:
+    fields = dict(settings)
+    quant = fields.pop("quant", None)
     with pytest.raises(SwitchyardError):
-        estimate(gguf_like(LLAMA_8B), "llama.cpp", snap("rtx4090"), settings)
+        fit(gguf_like(LLAMA_8B), "llama.cpp", snap("rtx4090"), quant, **{"ctx_per_request": 4096, **fields})
 
 
 def test_unknown_engine() -> None:
     with pytest.raises(SwitchyardError, match="unknown engine"):
-        estimate(gguf_like(LLAMA_8B), "tgi", snap("rtx4090"))
+        fit(gguf_like(LLAMA_8B), "tgi", snap("rtx4090"))
 
 
 def test_quick_verdict_for_hub_tags() -> None:
@@ -167,6 +177,7 @@ def test_cli_fit_json_for_hardware_the_user_does_not_have(tmp_path: Path) -> Non
 @pytest.mark.parametrize("args, message", [
     (("fit", "/nonexistent/model.gguf"), "no such file"),
     (("fit", "CONFIG", "--ctx", "999999999999"), "must be at most"),
+    (("fit", "CONFIG", "--ctx", "1000000000"), "out of range"),
     (("fit", "CONFIG", "--gpu-mem-gib", "-8"), "must be greater than 0"),
     (("fit", "CONFIG", "--engine", "tgi"), "unknown engine"),
     (("fit", "NOTGGUF"), "neither a GGUF"),

@@ -16,9 +16,18 @@ llama.cpp model / KV / compute buffer sizes:
 - https://github.com/mozilla-ai/llamafile/pull/552   TriLM 3.9B, n_ctx 512: KV 180 MiB, compute 105 MiB
 - https://github.com/ggml-org/llama.cpp/pull/8035    Llama-3-70B, n_ctx 8192: KV 2560 MiB, compute 1108.5 MiB
 - https://github.com/ggml-org/llama.cpp/pull/6122    Command-R 35B, n_ctx 4096: KV 5120 MiB, compute 672 MiB
+- https://github.com/JamePeng/llama-cpp-python/pull/1 DeepSeek-R1-Distill-Qwen-7B, n_ctx 2048: KV 112, compute 304 MiB
 
-Targets: median relative error <= 10% on vLLM KV-cache memory and on llama.cpp total memory, and no wrong
-start/no-start verdict where the true margin exceeds 10%.
+Honest accounting. Every point has a split: `tuning` points are the ones the constants were fitted to (the vLLM
+activation/non-torch constants and the llama.cpp compute-buffer formula), so their errors are in-sample; `held_out`
+points were never used to set anything (the KV-token points and the R1-Distill-Qwen-7B log) and must stay so.
+Each split reports the median absolute error in GiB and the median relative error; "would it start" is reported as
+a verdict rate. llama.cpp's check compares the memory the estimator models beyond the weights (KV cache + compute
+buffers) with the logged KV + compute buffers: the weights are an input read from the GGUF, and adding the same
+known weights to both sides only diluted the error.
+
+Targets: in-sample median relative error <= 10% on vLLM KV-cache memory and on llama.cpp KV + compute memory;
+held-out median relative error <= 10%; no wrong start/no-start verdict where the true margin exceeds 10%.
 """
 
 from __future__ import annotations
@@ -47,46 +56,86 @@ def model(name: str) -> ModelFacts:
 def vllm_case(point: dict[str, Any]) -> tuple[float, fit.FitResult]:
     facts = replace(model(point["model"]), weights_bytes=int(point["weights_gib_per_gpu"] * point["tp"] * GIB))
     hw = hypothetical(BASE, gpu_name=point["gpu"], gpu_count=point["tp"])
-    result = fit.estimate(facts, "vllm", hw, fit.FitSettings(
-        ctx=point["max_model_len"], gpu_memory_utilization=point["util"], tensor_parallel=point["tp"],
-        max_num_batched_tokens=point["max_num_batched_tokens"], cuda_graphs_in_budget=point["cuda_graphs_in_budget"]))
+    result = fit.estimate(facts, hw, fit.sizing_plan(
+        "vllm", ctx_per_request=point["max_model_len"], slots=256, gpu_memory_utilization=point["util"],
+        tensor_parallel=point["tp"], max_num_batched_tokens=point["max_num_batched_tokens"]),
+        cuda_graphs_in_budget=point["cuda_graphs_in_budget"])
     b = result.breakdown
     kv = b["budget"] - b["weights"] - b["activation_peak"] - b["non_torch"]  # before clamping at zero, like the log
     return kv, result
 
 
 def llama_case(point: dict[str, Any]) -> tuple[float, float, float, float]:
+    """Predicted and measured KV and compute buffers (MiB) for one llama.cpp log."""
     facts = replace(model(point["model"]), source="gguf", quantization="gguf:Q4_K_M",
                     weights_bytes=int(point["weights_mib"] * MIB))
     hw = hypothetical(BASE, gpu_mem_gib=256)
-    result = fit.estimate(facts, "llama.cpp", hw, fit.FitSettings(ctx=point["ctx"], ubatch=point["ubatch"],
-                                                                  flash_attn=point["flash_attn"]))
+    result = fit.estimate(facts, hw, fit.sizing_plan("llama.cpp", ctx_per_request=point["ctx"], slots=1,
+                                                     ubatch=point["ubatch"], flash_attn=point["flash_attn"]))
     kv_mib = result.breakdown["kv_cache"] * 1024
     compute_mib = result.breakdown["compute_buffers"] * 1024
-    predicted = point["weights_mib"] + kv_mib + compute_mib
-    measured = point["weights_mib"] + point["measured_kv_mib"] + point["measured_compute_mib"]
-    return kv_mib, compute_mib, predicted, measured
+    return kv_mib, compute_mib, point["measured_kv_mib"], point["measured_compute_mib"]
 
 
 def rel(pred: float, true: float) -> float:
     return abs(pred - true) / abs(true)
 
 
-def test_at_least_twelve_cited_points() -> None:
+def errors(split: str) -> list[tuple[str, float, float]]:
+    """(what, absolute error in GiB, relative error) for every point of a split."""
+    out = []
+    for p in POINTS["vllm_available_kv"]:
+        if p["split"] == split:
+            predicted = vllm_case(p)[0]  # GiB, like the log
+            out.append(("vLLM KV memory", abs(predicted - p["measured_kv_gib"]), rel(predicted, p["measured_kv_gib"])))
+    for p in POINTS["vllm_kv_tokens"]:
+        if p["split"] == split:
+            tokens = fit.vllm_kv_tokens(model(p["model"]), p["kv_gib"] * GIB, p["tp"], p["kv_cache_dtype"])
+            per_token = p["kv_gib"] / p["measured_tokens"]  # GiB per token, as logged
+            out.append(("vLLM KV tokens", abs(tokens - p["measured_tokens"]) * per_token,
+                        rel(tokens, p["measured_tokens"])))
+    for p in POINTS["llamacpp"]:
+        if p["split"] == split:
+            kv, compute, true_kv, true_compute = llama_case(p)
+            out.append(("llama.cpp KV + compute", abs(kv + compute - true_kv - true_compute) / 1024,
+                        rel(kv + compute, true_kv + true_compute)))
+    return out
+
+
+def verdicts() -> list[bool]:
+    """For each log that says whether the engine started: did the estimator agree?"""
+    return [(vllm_case(p)[1].fits == "yes") == p["measured_starts"] for p in POINTS["vllm_available_kv"]]
+
+
+def test_every_point_is_cited_and_split() -> None:
     groups = ("vllm_available_kv", "vllm_kv_tokens", "llamacpp")
     points = [p for g in groups for p in POINTS[g]]
     assert len(points) >= 12
     assert all(p["source"].startswith("https://github.com/") for p in points)
+    assert {p["split"] for p in points} == {"tuning", "held_out"}
+    assert sum(p["split"] == "held_out" for p in points) >= 4
+
+
+def test_accuracy_report_in_sample_and_held_out() -> None:
+    lines = []
+    for split in ("tuning", "held_out"):
+        found = errors(split)
+        abs_gib = statistics.median(e[1] for e in found)
+        relative = statistics.median(e[2] for e in found)
+        lines.append(f"{split:>8}: {len(found)} points, median |error| {abs_gib:.3f} GiB, median relative "
+                     f"{relative:.2%}, max relative {max(e[2] for e in found):.1%}")
+        assert relative <= 0.10, (split, found)
+    rate = sum(verdicts()) / len(verdicts())
+    lines.append(f"would it start: {rate:.0%} of {len(verdicts())} logged start/refuse outcomes predicted right "
+                 "(all in-sample)")
+    print("\n".join(lines))
+    assert rate >= 0.75
 
 
 def test_vllm_kv_cache_memory_median_error_within_10_percent() -> None:
     memory = [rel(vllm_case(p)[0], p["measured_kv_gib"]) for p in POINTS["vllm_available_kv"]]
-    errors = memory + [rel(fit.vllm_kv_tokens(model(p["model"]), p["kv_gib"] * GIB, p["tp"], p["kv_cache_dtype"]),
-                   p["measured_tokens"]) for p in POINTS["vllm_kv_tokens"]]
-    median = statistics.median(errors)
-    print(f"vLLM KV-cache median relative error: {median:.3%} over {len(errors)} points (max {max(errors):.1%}); "
-          f"available-KV-memory points alone: {statistics.median(memory):.2%}")
-    assert median <= 0.10 and statistics.median(memory) <= 0.10
+    print(f"vLLM available-KV-memory median relative error (in-sample): {statistics.median(memory):.2%}")
+    assert statistics.median(memory) <= 0.10
 
 
 @pytest.mark.parametrize("point", POINTS["vllm_available_kv"], ids=lambda p: p["id"])
@@ -99,15 +148,12 @@ def test_vllm_start_verdicts_match_the_logs(point: dict[str, Any]) -> None:
         assert (result.fits == "yes") == point["measured_starts"], result.notes
 
 
-def test_llama_cpp_total_memory_median_error_within_10_percent() -> None:
-    totals, kvs, computes = [], [], []
+def test_llama_cpp_kv_and_compute_buffers() -> None:
+    kvs, computes = [], []
     for p in POINTS["llamacpp"]:
-        kv, compute, predicted, measured = llama_case(p)
-        totals.append(rel(predicted, measured))
-        kvs.append(rel(kv, p["measured_kv_mib"]))
-        computes.append(rel(compute, p["measured_compute_mib"]))
-    print(f"llama.cpp total median error {statistics.median(totals):.3%}; KV {statistics.median(kvs):.3%}; "
-          f"compute buffers {statistics.median(computes):.3%}")
-    assert statistics.median(totals) <= 0.10
+        kv, compute, true_kv, true_compute = llama_case(p)
+        kvs.append(rel(kv, true_kv))
+        computes.append(rel(compute, true_compute))
+    print(f"llama.cpp KV median error {statistics.median(kvs):.3%}; compute buffers {statistics.median(computes):.3%}")
     assert statistics.median(kvs) <= 0.02  # the KV formula is exact
     assert statistics.median(computes) <= 0.10

@@ -44,7 +44,7 @@ def _standin(base: type[EngineAdapter], options: list[str]) -> EngineAdapter:
 
         def build_command(self, plan: LaunchPlan, install: EngineInstall) -> CommandLine:
             real = super().build_command(plan, install)
-            argv = [sys.executable, str(STANDIN), "--port", str(plan.port), "--ctx", str(plan.ctx),
+            argv = [sys.executable, str(STANDIN), "--port", str(plan.port), "--ctx", str(plan.ctx_per_request),
                     "--name", f"{self.name}:{plan.model_path.name}", *options]
             return CommandLine(argv, real.env)
 
@@ -61,8 +61,8 @@ def standin_launcher(tmp_path: Path, options: Callable[[EngineSpec], list[str]] 
         model = tmp_path / f"{spec.model}-{spec.engine}.bin"
         model.write_bytes(b"stand-in weights")
         extra = (SLEEP_MODE_FLAG,) if sleep and spec.engine == "vllm" else ()
-        plan = LaunchPlan(engine=adapter.name, model_path=model, port=spec.port, ctx=spec.ctx,
-                          parallel=spec.parallel, gpu_layers=spec.gpu_layers, extra_args=extra)
+        plan = LaunchPlan(engine=adapter.name, model_path=model, port=spec.port, ctx_per_request=spec.ctx_per_request,
+                          slots=spec.slots, gpu_layers=spec.gpu_layers, extra_args=extra)
         return adapter, plan, EngineInstall(adapter.name, "stand-in", "cache", Path(sys.executable))
 
     return launch
@@ -134,7 +134,7 @@ def test_models_config_is_validated_with_one_clear_line_each(tmp_path: Path) -> 
     assert config.names() == ["chat", "big"]
     assert config.models[0].engine == "llama.cpp" and config.models[0].ttl == 5.0
     assert config.models[0].loading_status and not config.models[1].loading_status
-    assert config.models[1].spec() == EngineSpec("vllm", "demo", ctx=4096, parallel=8)
+    assert config.models[1].spec() == EngineSpec("vllm", "demo", ctx_per_request=4096, slots=8)
     bad = {
         "models: []": "non-empty list",
         "- {name: a, engine: llama.cpp}": "`model` is required",
@@ -273,9 +273,9 @@ def test_an_out_of_memory_load_is_retried_once_with_a_smaller_plan_in_auto_fit(p
                               auto_fit=True)
     manager.subscribe(events)
     try:
-        manager.start(EngineSpec("llama.cpp", "demo", ctx=4096, parallel=2))
+        manager.start(EngineSpec("llama.cpp", "demo", ctx_per_request=4096, slots=2))
         active = manager.active
-        assert active is not None and active.spec.ctx == 2048 and active.process.plan.ctx == 2048
+        assert active is not None and active.spec.ctx_per_request == 2048 and active.process.plan.ctx_per_request == 2048
         assert active.retried is not None and "context 4,096 → 2,048 tokens per request" in active.retried
         assert "KV cache" in active.retried  # what the change saves, from the fit
         retry = next(e for e in events.seen if e.state == "retrying")
@@ -289,7 +289,7 @@ def test_without_auto_fit_the_smaller_plan_is_offered_and_nothing_runs(proxy: Pr
     manager = EndpointManager(proxy, launcher=standin_launcher(tmp_path, fails_above(1024)), ready_timeout=60)
     try:
         with pytest.raises(LoadOutOfMemory) as caught:
-            manager.start(EngineSpec("llama.cpp", "demo", ctx=4096, parallel=2))
+            manager.start(EngineSpec("llama.cpp", "demo", ctx_per_request=4096, slots=2))
         assert "could not allocate memory" in caught.value.message
         assert caught.value.hint and "next smaller plan: context 4,096 → 2,048" in caught.value.hint
         assert "--auto-fit" in caught.value.hint
@@ -305,7 +305,7 @@ def test_a_retry_that_fails_again_is_reported_and_not_repeated(proxy: ProxyServe
     manager.subscribe(events)
     try:
         with pytest.raises(LoadOutOfMemory):
-            manager.start(EngineSpec("llama.cpp", "demo", ctx=4096, parallel=2))
+            manager.start(EngineSpec("llama.cpp", "demo", ctx_per_request=4096, slots=2))
         assert [e.state for e in events.seen].count("retrying") == 1
         assert manager.active is None
     finally:
@@ -332,7 +332,7 @@ def test_the_machine_budget_is_free_vram_and_needs_come_from_the_fit() -> None:
     gpu = HardwareSnapshot.from_json((SNAPSHOTS / "rtx4060_8gb.json").read_text())
     budget = machine_budget(gpu)
     assert budget is not None and budget.free_bytes == sum(g.memory_free_bytes for g in gpu.gpus)
-    llama, vllm = EngineSpec("llama.cpp", "demo", ctx=2048, parallel=4), EngineSpec("vllm", "demo")
+    llama, vllm = EngineSpec("llama.cpp", "demo", ctx_per_request=2048, slots=4), EngineSpec("vllm", "demo")
     assert 0 < budget.need_of(llama) < budget.need_of(vllm) <= budget.free_bytes  # vLLM takes its util share
     assert not budget.fits([llama, vllm])  # so a switch between them on this GPU is stop-first
     assert "GiB of free GPU memory" in budget.describe([llama, vllm])

@@ -43,7 +43,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def keyed_llama(llama_install: EngineInstall, demo_model: Any) -> Iterator[EngineProcess]:
     """A second real llama-server that demands an API key."""
     adapter = get_adapter("llama.cpp")
-    plan = LaunchPlan(engine=adapter.name, model_path=demo_model.gguf_path, ctx=1024, parallel=2, api_key=RIGHT_KEY)
+    plan = LaunchPlan(engine=adapter.name, model_path=demo_model.gguf_path, ctx_per_request=1024, slots=2, api_key=RIGHT_KEY)
     with EngineProcess(adapter, plan, llama_install) as engine:
         engine.start()
         engine.wait_ready(timeout=120)

@@ -82,6 +82,8 @@ class FakeServer:
                 payload = json.dumps({"data": [{"id": "fake-model"}]}).encode()
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
                              + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            elif not path.startswith("/v1/"):  # e.g. /tokenize: an OpenAI-only server has none
+                writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             else:
                 self.requests.append(request)
                 await self.handler(self, body, writer)

@@ -57,7 +57,7 @@ def test_chat_and_shared_prefix_against_llama_server(llama_server: Any) -> None:
 
 def test_real_server_killed_mid_sweep(llama_install: Any, demo_model: Any) -> None:
     adapter = get_adapter("llama.cpp")
-    plan = LaunchPlan(engine=adapter.name, model_path=demo_model.gguf_path, ctx=256, parallel=2)
+    plan = LaunchPlan(engine=adapter.name, model_path=demo_model.gguf_path, ctx_per_request=256, slots=2)
     with EngineProcess(adapter, plan, llama_install) as engine:
         engine.start()
         engine.wait_ready(timeout=120, first_request=False)
@@ -85,3 +85,35 @@ def test_real_server_killed_mid_sweep(llama_install: Any, demo_model: Any) -> No
     assert level.summary.completed >= 1  # partial results kept
     assert level.summary.failed >= 1
     assert len(level.requests) < 400  # it stopped instead of hammering a dead port
+
+
+def test_bench_endpoint_sizes_prompts_with_the_servers_tokenize(llama_server: Any) -> None:
+    """No local tokenizer for a URL: prompts are sized with llama-server's /tokenize, and the server's own count
+    of what was sent (usage.prompt_tokens) is within 5% of the asked 128 tokens (one token per word gave ~294)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-m", "desktop", "bench", "--endpoint", llama_server.base_url,
+                          "--input-len", "128", "--output-len", "4", "--concurrency", "4", "--requests", "8",
+                          "--json", "-", "--no-history"], capture_output=True, text=True, timeout=300, check=False,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert out.returncode == 0, out.stderr
+    level = json.loads(out.stdout)["levels"][0]
+    assert level["completed"] == 8 and level["prompt_tokens_source"] == "server /tokenize"
+    assert abs(level["mean_prompt_tokens"] - 128) <= 0.05 * 128, level["mean_prompt_tokens"]
+    assert abs(level["sent_prompt_tokens"] - 128) <= 1
+
+
+def test_server_token_counter_speaks_llama_servers_tokenize(llama_server: Any, demo_model: Any) -> None:
+    from desktop.core.measure.loadgen.client import server_token_counter
+
+    counter = server_token_counter(Target(llama_server.base_url), None)
+    assert counter is not None
+    local = tokenizer_counter(demo_model.hf_dir / "tokenizer.json")
+    try:
+        for text in ("hello world", "the of and to in is that it for was on are as with his they at be"):
+            assert counter(text) == local(text)  # special tokens (BOS) left out on both
+    finally:
+        counter.close()

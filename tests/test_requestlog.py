@@ -441,7 +441,7 @@ def test_anthropic_client_through_the_endpoint_to_llama_server_and_switchyard_re
         proxy.start()
         discovery = control.write_discovery(proxy.port, proxy.url, token)
         try:
-            manager.start(EngineSpec("llama.cpp", "demo", ctx=2048, parallel=2))
+            manager.start(EngineSpec("llama.cpp", "demo", ctx_per_request=2048, slots=2))
             headers = {"x-api-key": "none", "anthropic-version": "2023-06-01"}
             body = {"model": "stable", "max_tokens": 8, "temperature": 0,
                     "messages": [{"role": "user", "content": "Hello"}]}

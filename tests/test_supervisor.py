@@ -180,7 +180,7 @@ def test_busy_port_is_refused_before_spawning(tmp_path: Path, llama_install: Eng
 def test_phases_in_order_and_stop_leaves_nothing(llama_install: EngineInstall, demo_model: Any,
                                                  tmp_path: Path) -> None:
     events: list[EngineEvent] = []
-    engine = EngineProcess(llama, LaunchPlan("llama.cpp", demo_model.gguf_path, parallel=2), llama_install,
+    engine = EngineProcess(llama, LaunchPlan("llama.cpp", demo_model.gguf_path, slots=2), llama_install,
                            log_dir=tmp_path)
     engine.subscribe(events.append)
     engine.start()
@@ -228,7 +228,7 @@ def test_absurd_context_fails_allocation_with_a_memory_explanation(llama_install
     total = psutil.virtual_memory().total + psutil.swap_memory().total
     # 8 layers × 4 KV heads × 64 dims × (K + V) × 2 bytes = 8 KiB of f16 KV cache per token of context.
     ctx = int(total * 4 // 8192)
-    plan = LaunchPlan("llama.cpp", demo_model.gguf_path, ctx=ctx, parallel=1, extra_args=("--fit", "off"))
+    plan = LaunchPlan("llama.cpp", demo_model.gguf_path, ctx_per_request=ctx, slots=1, extra_args=("--fit", "off"))
     engine = EngineProcess(llama, plan, llama_install, log_dir=tmp_path)
     engine.start()
     with pytest.raises(EngineFailed) as caught:
@@ -241,7 +241,7 @@ def test_absurd_context_fails_allocation_with_a_memory_explanation(llama_install
 @pytest.mark.engine
 @pytest.mark.llamacpp
 def test_engine_killed_mid_request(llama_install: EngineInstall, demo_model: Any, tmp_path: Path) -> None:
-    engine = EngineProcess(llama, LaunchPlan("llama.cpp", demo_model.gguf_path, parallel=1), llama_install,
+    engine = EngineProcess(llama, LaunchPlan("llama.cpp", demo_model.gguf_path, slots=1), llama_install,
                            log_dir=tmp_path)
     engine.start()
     try:

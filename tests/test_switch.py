@@ -198,7 +198,7 @@ def test_llamacpp_switch_under_load_keeps_every_request(llama_install: Any, demo
                                                         second_gguf: Path) -> None:
     proxy, manager, events, samples = _manager()
     try:
-        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), parallel=4))
+        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), slots=4))
         first = manager.active
         assert first is not None and first.process.pid is not None
         with StreamingLoad(proxy.url, concurrency=8) as load:
@@ -227,7 +227,7 @@ def test_failed_switch_keeps_the_old_engine_serving(llama_install: Any, demo_mod
     corrupt.write_bytes(b"GGUF" + os.urandom(4096))
     proxy, manager, events, _samples = _manager()
     try:
-        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), parallel=2))
+        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), slots=2))
         serving = manager.active
         with pytest.raises(EngineFailed, match="GGUF|could not load"):
             manager.switch("llama.cpp", str(corrupt))
@@ -248,8 +248,8 @@ def test_failover_to_warm_standby_and_down_without_one(llama_install: Any, demo_
                                                        second_gguf: Path) -> None:
     proxy, manager, events, _samples = _manager(keep_standby=True, failover=True)
     try:
-        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), parallel=2))
-        manager.prepare_standby(EngineSpec("llama.cpp", str(second_gguf), parallel=2))
+        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), slots=2))
+        manager.prepare_standby(EngineSpec("llama.cpp", str(second_gguf), slots=2))
         active, standby = manager.active, manager.standby
         assert active is not None and standby is not None and active.process.pid is not None
         failed_over = threading.Event()
@@ -281,7 +281,7 @@ def test_switch_llamacpp_vllm_llamacpp_under_load_zero_failures(llama_install: A
                                                                  demo_model: Any) -> None:
     proxy, manager, events, samples = _manager()
     try:
-        manager.start(EngineSpec("llama.cpp", "demo", parallel=8))
+        manager.start(EngineSpec("llama.cpp", "demo", slots=8))
         with StreamingLoad(proxy.url, concurrency=8, max_tokens=16) as load:
             assert load.started_ok.wait(120)
             to_vllm = manager.switch("vllm")
@@ -314,11 +314,11 @@ def test_single_gpu_switch_is_stop_first_under_load_with_zero_failures(llama_ins
     from desktop.core.serving.endpoint import MemoryBudget, make_launcher
 
     hardware = detect()
-    llama = EngineSpec("llama.cpp", "demo", parallel=8)
-    needs = [engine_need_bytes(spec.engine, spec.model, spec.ctx, spec.parallel, hardware)
-             for spec in (llama, EngineSpec("vllm", "demo", parallel=8))]
+    llama = EngineSpec("llama.cpp", "demo", slots=8)
+    needs = [engine_need_bytes(spec.engine, spec.model, spec.ctx_per_request, spec.slots, hardware)
+             for spec in (llama, EngineSpec("vllm", "demo", slots=8))]
     budget = MemoryBudget(free_bytes=max(needs) + min(needs) / 2, hardware=hardware)  # "VRAM": one, not two
-    assert not budget.fits([llama, EngineSpec("vllm", "demo", parallel=8)])
+    assert not budget.fits([llama, EngineSpec("vllm", "demo", slots=8)])
     proxy, manager, events, _samples = _manager(budget=budget, launcher=make_launcher(vllm_eager=True),
                                                 drain_timeout=300)
     try:

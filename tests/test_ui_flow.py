@@ -70,7 +70,7 @@ def _serve_recommended(win, qtbot):  # type: ignore[no-untyped-def]
     recommend = win.show_page("Recommend")
     recommend.compute()
     qtbot.waitUntil(lambda: recommend.recommendation is not None, timeout=60_000)
-    assert recommend.recommendation.engine == "llama.cpp"  # CPU-only machine: vLLM needs a GPU here
+    assert recommend.recommendation.engine == "llama.cpp"  # CPU-only machine, empty history: the CPU default
     serve = win.page("Serve")
     with qtbot.waitSignal(serve.engine_ready, timeout=300_000):
         recommend.launch_button.click()

@@ -144,8 +144,9 @@ def test_recommend_page_explains_its_pick_for_the_demo_model(window, qtbot) -> N
     text = page.result_label.text()
     assert page.recommendation.engine in text and "Why:" in text and "Runner-up" in text
     request = page.launch_request()
-    assert request is not None and request.engine == page.recommendation.engine and request.ctx >= 256
+    assert request is not None and request.engine == page.recommendation.engine and request.ctx_per_request >= 256
     assert request.model == "demo"  # kept as typed, so a switch to the other engine finds its format
+    assert request.plan is page.recommendation.plan  # the fit's plan, launched as is (never re-derived)
 
 
 def test_recommend_page_shows_bad_model_as_a_readable_error(window, qtbot) -> None:  # type: ignore[no-untyped-def]

@@ -73,7 +73,7 @@ def test_requests_through_the_guis_endpoint_appear_on_the_serve_page(  # type: i
     from desktop.ui.screenshots import save_requests_panel
 
     serve = window.show_page("Serve")
-    window.launch(LaunchRequest("llama.cpp", "demo", parallel=2))
+    window.launch(LaunchRequest("llama.cpp", "demo", slots=2))
     qtbot.waitUntil(lambda: bool(serve.endpoint_edit.text()) or serve.notice.level == "error", timeout=300_000)
     assert serve.endpoint_edit.text(), serve.notice.text()
     url = window.session.proxy.url

@@ -193,10 +193,10 @@ def _every_tenth() -> Any:
 def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[LoadConfig], slo: SLO | None,
                   meta: dict[str, Any]) -> SweepResult:
     from desktop.core.engines import get_adapter
-    from desktop.core.engines.base import LaunchPlan
     from desktop.core.engines.model_path import resolve_model
     from desktop.core.measure.loadgen import Target
     from desktop.core.runtime.supervisor import EngineProcess, reap_orphans
+    from desktop.core.serving.endpoint import EngineSpec
 
     if not args.model:
         raise SwitchyardError("--engine needs --model", "e.g. --model demo")
@@ -208,7 +208,8 @@ def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[Loa
                                  f"run `switchyard engines install {adapter.name}`")
     reap_orphans()
     top = max(level.concurrency or 1 for level in levels)
-    plan = LaunchPlan(engine=adapter.name, model_path=model_path, ctx=args.ctx, parallel=args.parallel or top)
+    plan = EngineSpec(adapter.name, args.model, ctx_per_request=args.ctx, slots=args.parallel or top).launch_plan(
+        adapter.name, model_path)  # dtype auto; the demo on vLLM's CPU backend float32
     meta.update(engine=adapter.name, engine_version=install.version, model=str(model_path))
     meta["settings"]["plan"] = plan.to_json()
     with EngineProcess(adapter, plan, install) as engine:
@@ -261,6 +262,12 @@ def _print_table(sweep: SweepResult) -> None:
         s = level.summary
         print(f"{level.label:<18}{s.completed:>6}{s.failed:>6}{s.output_throughput:>11.1f}{s.request_throughput:>8.2f}"
               f"{s.ttft.median:>10.1f}{s.ttft.p95:>10.1f}{s.tpot.median:>10.1f}{s.e2el.median:>10.1f}")
+    measured = [level for level in sweep.levels if level.mean_prompt_tokens is not None]
+    if measured:
+        level = measured[0]
+        sent = f"; sized to {level.sent_prompt_tokens:g}" if level.sent_prompt_tokens is not None else ""
+        print(f"prompt tokens: mean {level.mean_prompt_tokens:g} as the server counted them{sent} "
+              f"({level.prompt_tokens_source})")
 
 
 # --- ab -------------------------------------------------------------------------------------------------

@@ -67,6 +67,8 @@ def _register_export(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     sizing = p.add_argument_group("sizing (when --tp is not given)")
     sizing.add_argument("--model-config", type=Path, help="the model's config.json (else read from --model)")
     sizing.add_argument("--params-b", type=N.positive, help="parameters in billions, when no config.json is at hand")
+    sizing.add_argument("--concurrency", type=N.count, default=8,
+                        help="requests the KV cache must hold at --max-model-len (default 8; as `recommend`)")
     p.set_defaults(func=cmd_export)
 
 
@@ -102,7 +104,8 @@ def resolve_plan(args: argparse.Namespace) -> ExportPlan:
             gpu=args.gpu_name, gpus=gpus, model_config=config,
             parameters=args.params_b * 1e9 if args.params_b else None, dtype=fields.get("dtype"),
             quantization=fields.get("quantization"), max_model_len=fields.get("max_model_len"),
-            gpu_memory_utilization=fields.get("gpu_memory_utilization"), nodes=nodes)
+            gpu_memory_utilization=fields.get("gpu_memory_utilization"), nodes=nodes,
+            concurrency=args.concurrency)
         fields.update(tensor_parallel_size=choice.tensor_parallel_size,
                       pipeline_parallel_size=choice.pipeline_parallel_size, tp_reason=choice.reason)
         from desktop.core.machine.gpu_catalog import require_gpu

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from typing import TYPE_CHECKING, Any
 
 from desktop.commands import _numbers as N
@@ -11,6 +12,7 @@ from desktop.core.common.errors import SwitchyardError
 
 if TYPE_CHECKING:  # hardware probing and the model readers (gguf, numpy) load when a command runs
     from desktop.core.machine.hardware import HardwareSnapshot
+    from desktop.core.planning.evidence import Evidence
     from desktop.core.planning.fit import FitResult
 
 
@@ -24,17 +26,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p_fit.add_argument("model", help="a .gguf file, a config.json, a Hugging Face folder, a Hub repo id, or demo")
     p_fit.add_argument("--engine", default="llama.cpp", help="llama.cpp or vllm (default llama.cpp)")
     p_fit.add_argument("--quant", help="answer for another quantization (Q4_K_M, Q8_0 ... or bf16, fp8, awq)")
-    p_fit.add_argument("--ctx", type=N.count, help="context tokens (llama.cpp total over slots; vLLM max_model_len)")
-    p_fit.add_argument("--parallel", type=N.count, default=1, help="llama.cpp slots sharing the context")
-    p_fit.add_argument("--kv-type", default="f16", help="llama.cpp KV cache type: f16, q8_0, q4_0 ...")
+    p_fit.add_argument("--ctx", type=N.count, help="context tokens per request (vLLM max_model_len; llama.cpp's -c is "
+                                                "ctx x parallel)")
+    p_fit.add_argument("--parallel", type=N.count, help="requests at once: llama.cpp slots (default 1), vLLM "
+                                                    "max_num_seqs (default 256)")
+    p_fit.add_argument("--kv-type", help="llama.cpp KV cache type: f16 (default), q8_0, q4_0 ...")
     p_fit.add_argument("--gpu-layers", type=N.non_negative, help="llama.cpp -ngl (default: as many as fit)")
     p_fit.add_argument("--util", type=N.fraction, default=0.9, help="vLLM gpu_memory_utilization (default 0.9)")
-    p_fit.add_argument("--max-num-seqs", type=N.count, default=256, help="vLLM max_num_seqs")
+    p_fit.add_argument("--max-num-seqs", type=N.count, help="vLLM max_num_seqs (same as --parallel)")
     p_fit.add_argument("--max-num-batched-tokens", type=N.count, help="vLLM max_num_batched_tokens")
-    p_fit.add_argument("--kv-cache-dtype", default="auto", help="vLLM kv_cache_dtype: auto or fp8")
+    p_fit.add_argument("--kv-cache-dtype", help="vLLM kv_cache_dtype: auto (default) or fp8")
     p_fit.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs")
     p_fit.add_argument("--tp", type=N.count, default=1, help="vLLM tensor parallel size")
     _hardware_options(p_fit)
+    p_fit.add_argument("--no-history", action="store_true",
+                       help="the estimate alone, not corrected by this machine's past launches of the model")
     p_fit.add_argument("--json", action="store_true")
     p_fit.set_defaults(func=cmd_fit)
 
@@ -46,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p_rec.add_argument("--lifetime-hours", type=N.seconds, default=8.0, help="how long one server run lives")
     p_rec.add_argument("--restarts-per-day", type=N.non_negative_number, default=0.0, help="restarts (model/setting switches) a day")
     _hardware_options(p_rec)
+    p_rec.add_argument("--no-history", action="store_true",
+                       help="answer from the default figures alone (not from this machine's measured runs)")
     p_rec.add_argument("--json", action="store_true")
     p_rec.set_defaults(func=cmd_recommend)
 
@@ -68,6 +76,22 @@ def _hardware(args: argparse.Namespace) -> HardwareSnapshot:
     if args.gpus != 1:
         raise SwitchyardError("--gpus needs --gpu NAME or --gpu-mem-gib X")
     return base
+
+
+def _this_machine(args: argparse.Namespace) -> bool:
+    """History describes this machine: it is no evidence for a hypothetical GPU or another machine's snapshot."""
+    return not (getattr(args, "hardware", None) or args.gpu or args.gpu_mem_gib is not None)
+
+
+def _evidence(args: argparse.Namespace, facts: Any) -> Evidence:
+    from desktop.core.planning.evidence import Evidence, gather
+
+    if args.no_history:
+        return Evidence.none(facts.name)
+    if not _this_machine(args):
+        return Evidence.none(facts.name, "another machine (--gpu/--gpu-mem-gib/--hardware): this machine's "
+                                         "history does not apply; default figures")
+    return gather(facts)
 
 
 def _gib(value: int | None) -> str:
@@ -117,17 +141,27 @@ def _print_fit(result: FitResult) -> None:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from desktop.core.models.facts import facts_for
-    from desktop.core.planning.fit import FitSettings, estimate, normalise_engine
+    from desktop.core.planning.evidence import corrected_fit, memory_checks
+    from desktop.core.planning.fit import default_ctx, estimate, normalise_engine, sizing_plan, validate_plan
 
     engine = normalise_engine(args.engine)
-    settings = FitSettings(ctx=args.ctx, parallel=args.parallel, kv_type=args.kv_type, gpu_layers=args.gpu_layers,
-                           quant=args.quant, gpu_memory_utilization=args.util, max_num_seqs=args.max_num_seqs,
-                           max_num_batched_tokens=args.max_num_batched_tokens, tensor_parallel=args.tp,
-                           enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype)
-    settings.validate()  # before any model download or hardware probe
+    vllm = engine == "vllm"
+    slots = args.parallel or args.max_num_seqs or (256 if vllm else 1)
+    fields: dict[str, Any] = {
+        "slots": slots, "gpu_layers": args.gpu_layers, "kv_cache_type": args.kv_cache_dtype if vllm else args.kv_type,
+        "gpu_memory_utilization": args.util if vllm else None, "tensor_parallel": args.tp,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "eager": args.enforce_eager}
+    validate_plan(sizing_plan(engine, ctx_per_request=args.ctx or 1, **fields))  # before any download or probe
     hardware = _hardware(args)
     facts = facts_for(args.model)
-    result = estimate(facts, engine, hardware, settings)
+    ctx = args.ctx or default_ctx(facts, engine)
+    result = estimate(facts, hardware, sizing_plan(engine, model_path=facts.path or args.model, ctx_per_request=ctx,
+                                                   **fields), quant=args.quant)
+    if not args.ctx:
+        result.notes.insert(0, f"ctx not given: sized for {ctx:,} tokens per request (pass --ctx)")
+    found = _evidence(args, facts).get(engine)
+    if found is not None and found.load_memory is not None:
+        result = corrected_fit(result, memory_checks(facts, hardware, found.load_memory))
     if args.json:
         emit_json(result.to_json())
     else:
@@ -137,6 +171,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     from desktop.core.models.facts import facts_for
+    from desktop.core.planning.launch import describe
     from desktop.core.planning.recommend import Workload, recommend
 
     workload = Workload(concurrency=args.concurrency, prompt_len=args.prompt_len, output_len=args.output_len,
@@ -144,16 +179,26 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     workload.validate()
     hardware = _hardware(args)
     facts = facts_for(args.model)
-    rec = recommend(facts, hardware, workload)
+    evidence = _evidence(args, facts)
+    rec = recommend(facts, hardware, workload, evidence=evidence)
+    launch = describe(rec.fit) if rec.fit is not None else None
     if args.json:
         data: dict[str, Any] = rec.to_json()
+        data["evidence"] = evidence.to_json()
+        if launch is not None:
+            data.update(argv=launch["argv"], env=launch["env"])
         emit_json(data)
         return 0
     print(f"Recommended: {rec.engine} with {rec.quant}")
     for key, value in rec.key_settings.items():
         print(f"  {key}: {value}")
+    if launch is not None:
+        print(f"  command: {shlex.join(launch['argv'])}")
     for reason in rec.reasons:
         print(f"  - {reason}")
+    for check in rec.numbers.get("memory_checks") or []:
+        print(f"  memory, {check['what']}: predicted {check['predicted_gib']:.2f} GiB, measured "
+              f"{check['measured_gib']:.2f} GiB (launch #{check['run_id']}, {check['run_date']})")
     if rec.runner_up:
         print(f"Runner-up: {rec.runner_up['engine']} ({rec.runner_up.get('quant') or '-'}): {rec.runner_up['why_lost']}")
     return 0

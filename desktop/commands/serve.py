@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,7 @@ from desktop.core.common.errors import EngineFailed, EngineNotInstalled, Switchy
 from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT, DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
 
 if TYPE_CHECKING:  # the engines, the proxy and the store load only when a command runs: `status` stays instant
+    from desktop.core.planning.fit import FitResult
     from desktop.core.runtime.supervisor import EngineProcess
     from desktop.core.serving.endpoint import EndpointEvent, EndpointManager
     from desktop.core.serving.fleet import Fleet
@@ -36,8 +39,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="serve several models behind the endpoint: a YAML list of entries name, engine, "
                              "model, ctx, parallel, ttl (seconds idle before unloading), loading_status")
     parser.add_argument("--port", type=N.port_or_free, default=0, help="engine port (default: a free one)")
-    parser.add_argument("--ctx", type=N.count, default=2048, help="context length per request")
-    parser.add_argument("--parallel", type=N.count, default=4, help="concurrent sequences (slots / max_num_seqs)")
+    parser.add_argument("--ctx", type=N.count, default=2048,
+                        help="context tokens per request (vLLM --max-model-len; llama.cpp's -c is ctx x parallel)")
+    parser.add_argument("--parallel", type=N.count, default=4, help="requests at once (llama.cpp slots / vLLM "
+                                                                "max_num_seqs)")
+    plan = parser.add_argument_group("launch plan (default: what the fit finds on this machine)")
+    plan.add_argument("--gpu-layers", type=N.non_negative, help="llama.cpp -ngl (default: as many as fit)")
+    plan.add_argument("--kv-type", help="KV cache type: llama.cpp f16/q8_0/q4_0..., vLLM auto/fp8")
+    plan.add_argument("--util", type=N.fraction, help="vLLM gpu_memory_utilization (default 0.9)")
+    plan.add_argument("--tp", type=N.count, default=1, help="vLLM tensor-parallel size")
+    plan.add_argument("--dtype", default="auto", help="vLLM --dtype (default auto: the checkpoint's)")
+    plan.add_argument("--hardware", help="plan for a snapshot from `switchyard detect --json` instead of this machine")
+    plan.add_argument("--dry-run", action="store_true",
+                      help="print the checked plan, the exact argv and env, and the memory breakdown; start nothing")
     parser.add_argument("--prompt", help="stream one completion for this prompt, print phase times, then stop")
     parser.add_argument("--max-tokens", type=N.count, default=32)
     parser.add_argument("--no-install", action="store_true", help="fail instead of installing a missing engine")
@@ -92,10 +106,29 @@ class _Terminate(Exception):
     pass
 
 
+def checked_plan(args: argparse.Namespace, adapter: Any, model_path: Path) -> FitResult:
+    """The fit of the plan the flags describe, on this machine (or --hardware): the plan to launch."""
+    from desktop.core.engines.base import LaunchPlan
+    from desktop.core.machine.hardware import HardwareSnapshot, detect
+    from desktop.core.models.facts import facts_for
+    from desktop.core.planning.fit import estimate, validate_plan
+
+    hardware = HardwareSnapshot.load(args.hardware) if args.hardware else detect()
+    facts = facts_for("demo" if args.model == "demo" else str(model_path))
+    plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=args.port, ctx_per_request=args.ctx,
+                      slots=args.parallel, gpu_layers=args.gpu_layers, kv_cache_type=args.kv_type,
+                      gpu_memory_utilization=args.util, tensor_parallel=args.tp, dtype=args.dtype)
+    validate_plan(plan)
+    return estimate(facts, hardware, plan)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from desktop.core.engines import get_adapter
     from desktop.core.engines.base import LaunchPlan
     from desktop.core.engines.model_path import resolve_model
+    from desktop.core.planning.fit import validate_plan
+    from desktop.core.planning.launch import describe, require_fit
+    from desktop.core.runtime.launches import record_launch
     from desktop.core.runtime.ports import ensure_port_free
     from desktop.core.runtime.supervisor import EngineProcess, reap_orphans
     from desktop.core.serving import control
@@ -109,11 +142,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.engine or not args.model:
         raise SwitchyardError("say what to serve: --engine and --model", "or --config models.yaml for several")
     adapter = get_adapter(args.engine)
+    validate_plan(LaunchPlan(engine=adapter.name, model_path=Path("model"), ctx_per_request=args.ctx,
+                             slots=args.parallel, gpu_layers=args.gpu_layers, kv_cache_type=args.kv_type,
+                             gpu_memory_utilization=args.util, tensor_parallel=args.tp, dtype=args.dtype))
+    if args.dry_run:
+        result = checked_plan(args, adapter, resolve_model(args.model, adapter, stderr_progress))
+        require_fit(result, args.model)
+        described = describe(result)
+        if args.json:
+            emit_json(described)
+        else:
+            print(shlex.join(described["argv"]))
+            for key, value in described["env"].items():
+                print(f"  env {key}={value}")
+            fit = described["fit"]
+            print(f"fits: {fit['fits']} on {fit['device']}: {fit['total_gib']:.2f} GiB of "
+                  f"{fit['available_gib']:.2f} GiB (weights {fit['weights_gib']:.2f}, KV {fit['kv_cache_gib']:.2f})")
+        return 0
     if (args.endpoint or args.proxy_port is not None) and args.prompt is None:
         return _serve_endpoint(args, adapter)
     if args.port:
         ensure_port_free(args.port)
     model_path = resolve_model(args.model, adapter, stderr_progress)
+    plan = require_fit(checked_plan(args, adapter, model_path), args.model)  # refuse before installing anything
     install = adapter.find_install()
     if install is None:
         if args.no_install:
@@ -123,8 +174,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         install = adapter.install(stderr_progress)
     reap_orphans()
-    plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=args.port, ctx=args.ctx,
-                      parallel=args.parallel)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         raise _Terminate(signum)
@@ -138,6 +187,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cold = engine.wait_ready(timeout=args.ready_timeout, first_request=args.prompt is None)
         if args.prompt is not None:
             return _prompt_once(args, engine)
+        record_launch(engine, args.model, source="serve")
         discovery = control.write_discovery(engine.plan.port, engine.base_url, "", kind="engine",
                                             info=_engine_status(engine))
         print(f"ready: {engine.base_url}/v1 serving {model_path.name} as '{plan.served_model_name}' "
@@ -246,10 +296,13 @@ class _ServeControl:
         return data
 
     def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]:
+        from desktop.core.serving.endpoint import SwitchResult
+
         if name is not None and name != self.manager.route:
             raise SwitchyardError(f"this endpoint serves one model; there is no '{name}' to pick",
                                   "drop --name")
-        return dict(self.manager.switch(engine, model).to_json())
+        result: SwitchResult = self.manager.switch(engine, model)
+        return result.to_json()
 
     def request_stop(self) -> None:
         self.stop_requested.set()
@@ -258,6 +311,7 @@ class _ServeControl:
 def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
     from desktop.core.engines import get_adapter
     from desktop.core.engines.model_path import resolve_model
+    from desktop.core.planning.launch import require_fit
     from desktop.core.runtime.ports import ensure_port_free
     from desktop.core.runtime.supervisor import reap_orphans
     from desktop.core.runtime.telemetry import Telemetry
@@ -279,7 +333,8 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
     if api_key and args.capture_bodies:
         raise SwitchyardError("--capture-bodies is not available on an endpoint with an API key",
                               "drop --capture-bodies (or --api-key-env)")
-    resolve_model(args.model, adapter, stderr_progress)  # a bad model fails here, before anything starts
+    model_path = resolve_model(args.model, adapter, stderr_progress)  # a bad model fails here, before anything starts
+    plan = require_fit(checked_plan(args, adapter, model_path), args.model)
     if adapter.find_install() is None:
         if args.no_install:
             raise EngineNotInstalled(f"{adapter.display_name} is not installed",
@@ -292,9 +347,10 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
         if standby_adapter.find_install() is None:
             raise EngineNotInstalled(f"the standby engine {standby_adapter.display_name} is not installed",
                                      f"run `switchyard engines install {standby_adapter.name}`")
-        standby_spec = EngineSpec(standby_adapter.name, args.model, ctx=args.ctx, parallel=args.parallel)
+        standby_spec = EngineSpec(standby_adapter.name, args.model, ctx_per_request=args.ctx, slots=args.parallel)
     reap_orphans()
-    spec = EngineSpec(adapter.name, args.model, ctx=args.ctx, parallel=args.parallel, port=args.port)
+    spec = EngineSpec(adapter.name, args.model, ctx_per_request=args.ctx, slots=args.parallel, port=args.port,
+                      plan=plan)
 
     proxy = ProxyServer(port=port, model_name=args.model_name, api_key=api_key, wait_timeout=args.wait_timeout,
                         capture_bodies=args.capture_bodies)

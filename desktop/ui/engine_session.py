@@ -27,14 +27,24 @@ LOG_DRAIN_MS = 100
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """What the user asked to serve: an engine, a model spec (`demo`, a path) and the main settings."""
+    """What the user asked to serve: an engine, a model spec (`demo`, a path) and either the form's two knobs or
+    a whole launch plan (the Recommend page's, checked by the fit), which is then launched as is."""
 
     engine: str
     model: str = "demo"
-    ctx: int = 2048
-    parallel: int = 4
+    ctx_per_request: int = 2048
+    slots: int = 4
     extra_args: tuple[str, ...] = ()
     ready_timeout_s: float = 900.0
+    plan: Any = None  # desktop.core.engines.base.LaunchPlan
+
+    @property
+    def shown_ctx(self) -> int:
+        return int(self.plan.ctx_per_request) if self.plan is not None else self.ctx_per_request
+
+    @property
+    def shown_slots(self) -> int:
+        return int(self.plan.slots) if self.plan is not None else self.slots
 
 
 class EngineSession(QObject):
@@ -180,8 +190,8 @@ class EngineSession(QObject):
 
         self._ensure_endpoint()
         self.manager.ready_timeout = request.ready_timeout_s
-        return self.manager.start(EngineSpec(request.engine, request.model, ctx=request.ctx,
-                                             parallel=request.parallel, extra_args=request.extra_args))
+        return self.manager.start(EngineSpec(request.engine, request.model, ctx_per_request=request.ctx_per_request,
+                                             slots=request.slots, extra_args=request.extra_args, plan=request.plan))
 
     def _on_ready(self, cold: Any) -> None:
         self.busy = False

@@ -82,6 +82,7 @@ class MainWindow(QMainWindow):
             from desktop.ui.pages.recommend import RecommendPage
             page = RecommendPage()
             page.launch_requested.connect(self.launch)
+            page.measure_requested.connect(lambda job: self.show_page("Compare").start(job))  # type: ignore[attr-defined]
             return page
 
         def serve() -> QWidget:

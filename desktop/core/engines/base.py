@@ -54,34 +54,84 @@ class DoctorFinding:
     fix: str | None = None
 
 
+Backend = Literal["cuda", "rocm", "vulkan", "metal", "sycl", "cpu"]
+
+
+def llama_ctx_size(ctx_per_request: int, slots: int) -> int:
+    """llama-server's `-c`: one context shared by all slots, so every slot gets the full per-request context.
+    The only place this product is formed (adapter, export and the fit all call it)."""
+    return ctx_per_request * max(1, slots)
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Everything needed to start one engine on one model. Produced by recommend, consumed by the supervisor."""
+    """The one launch plan: what the fit checks, what recommend returns, what the CLI/GUI/A-B launch and what
+    export writes. Context is stated once, per request; `slots` requests run at once (llama.cpp -np, vLLM
+    max_num_seqs). None means "the engine's own default"; a plan returned by the fit has every memory-relevant
+    field resolved, so the argv says exactly what was checked."""
 
     engine: str
     model_path: Path
     host: str = "127.0.0.1"
     port: int = 0
-    ctx: int = 2048
-    parallel: int = 4  # llama.cpp slots, vLLM max_num_seqs: matched for a fair A/B
+    ctx_per_request: int = 2048  # tokens one request may use (vLLM --max-model-len)
+    slots: int = 4  # requests served at once: llama.cpp --parallel, vLLM --max-num-seqs (matched for a fair A/B)
     served_model_name: str = "switchyard"
-    dtype: str = "float32"
-    gpu_layers: int | None = None
-    gpu_memory_utilization: float | None = None
-    kv_cache_gib: float | None = None  # vLLM CPU KV space; llama.cpp sizes KV from ctx
+    dtype: str = "auto"  # the checkpoint's own; "float32" only where needed (the demo on vLLM's CPU backend)
+    quantization: str | None = None  # vLLM --quantization (fp8 on the fly); llama.cpp: the file's own
+    gpu_layers: int | None = None  # llama.cpp --n-gpu-layers
+    kv_cache_type: str | None = None  # llama.cpp --cache-type-k/v (f16, q8_0 ...); vLLM --kv-cache-dtype (auto, fp8)
+    flash_attn: bool | None = None  # llama.cpp -fa on/off
+    ubatch: int | None = None  # llama.cpp --ubatch-size
+    gpu_memory_utilization: float | None = None  # vLLM
+    tensor_parallel: int = 1  # vLLM --tensor-parallel-size
+    max_num_batched_tokens: int | None = None  # vLLM
+    kv_cache_gib: float | None = None  # vLLM CPU KV space (VLLM_CPU_KVCACHE_SPACE); llama.cpp sizes KV from ctx
     prefix_cache: bool = False
     eager: bool = False  # vLLM: skip torch.compile/CUDA graphs (starts faster, may serve slower)
     threads: int | None = None
+    backend: Backend = "cpu"  # which build the plan needs: cuda | rocm | vulkan | metal | sycl | cpu
     api_key: str | None = None
     tokenizer_path: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the engine
     extra_args: tuple[str, ...] = ()
+
+    @property
+    def llama_ctx_size(self) -> int:
+        """llama-server's total `-c` for this plan."""
+        return llama_ctx_size(self.ctx_per_request, self.slots)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["model_path"] = str(self.model_path)
         data["tokenizer_path"] = str(self.tokenizer_path) if self.tokenizer_path else None
         data["extra_args"] = list(self.extra_args)
+        data["env"] = dict(self.env)
+        if self.api_key:
+            data["api_key"] = "***"  # plans are printed and stored: never the secret itself
         return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LaunchPlan:
+        """Rebuild from to_json(); unknown keys are an error, not silently dropped."""
+        from dataclasses import fields as dataclass_fields
+
+        from desktop.core.common.errors import SwitchyardError
+
+        known = {f.name for f in dataclass_fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SwitchyardError(f"unknown launch plan field(s): {', '.join(unknown)}",
+                                  f"known fields: {', '.join(sorted(known))}")
+        values = dict(data)
+        values["model_path"] = Path(str(values["model_path"]))
+        if values.get("tokenizer_path"):
+            values["tokenizer_path"] = Path(str(values["tokenizer_path"]))
+        values["extra_args"] = tuple(str(a) for a in values.get("extra_args") or ())
+        values["env"] = {str(k): str(v) for k, v in dict(values.get("env") or {}).items()}
+        if values.get("api_key") == "***":
+            values["api_key"] = None
+        return cls(**values)
 
 
 @dataclass(frozen=True)

@@ -261,23 +261,20 @@ class LlamaCppAdapter(EngineAdapter):
             "--model", str(plan.model_path),
             "--host", plan.host,
             "--port", str(plan.port),
-            # The context is shared by all slots: give every slot the full per-request context, like vLLM.
-            "--ctx-size", str(plan.ctx * max(1, plan.parallel)),
-            "--parallel", str(plan.parallel),
+            *plan_args(plan),
             "--alias", plan.served_model_name,
             "--metrics",
             "--slots",
             "--no-ui",
-            "-lv", "4",  # info level: model/KV/compute buffer sizes are what the fit estimator learns from
+            # Default verbosity: -lv 4 logged several lines per slot per step (~350k lines for ~700 requests) and
+            # cost throughput. The load memory is taken from the process instead (desktop.core.runtime.launches).
         ]
-        if plan.gpu_layers is not None:
-            argv += ["--n-gpu-layers", str(plan.gpu_layers)]
         if plan.threads:
             argv += ["--threads", str(plan.threads)]
         if not plan.prefix_cache:
             argv += ["--no-cache-prompt"]
         argv += list(plan.extra_args)
-        env: dict[str, str] = {}
+        env: dict[str, str] = dict(plan.env)
         if plan.api_key:
             env["LLAMA_API_KEY"] = plan.api_key  # the environment, not argv: argv is visible to every user in ps
         bin_dir = str(install.executable.parent)
@@ -310,6 +307,21 @@ class LlamaCppAdapter(EngineAdapter):
             if value is not None:
                 out[common] = value
         return out
+
+
+def plan_args(plan: LaunchPlan) -> list[str]:
+    """The memory-relevant flags of a plan, in llama-server's spelling; export writes the same ones."""
+    # The context is shared by all slots: every slot gets the full per-request context, like vLLM.
+    args = ["--ctx-size", str(plan.llama_ctx_size), "--parallel", str(plan.slots)]
+    if plan.gpu_layers is not None:
+        args += ["--n-gpu-layers", str(plan.gpu_layers)]
+    if plan.kv_cache_type is not None and plan.kv_cache_type != "f16":
+        args += ["--cache-type-k", plan.kv_cache_type, "--cache-type-v", plan.kv_cache_type]
+    if plan.flash_attn is not None:
+        args += ["--flash-attn", "on" if plan.flash_attn else "off"]
+    if plan.ubatch is not None:
+        args += ["--ubatch-size", str(plan.ubatch)]
+    return args
 
 
 def _this_os() -> runtimes.OsName:

@@ -69,7 +69,8 @@ class VllmAdapter(EngineAdapter):
         log_marker("kv_memory", r"Available KV cache memory:\s*(?P<gib>[\d.]+)\s*GiB"),
         log_marker("kv_tokens", r"KV cache size:\s*(?P<tokens>[\d,]+)\s*tokens"),
         log_marker("max_concurrency", r"Maximum concurrency for\s*(?P<len>[\d,]+)\s*tokens per request:\s*(?P<x>[\d.]+)"),
-        log_marker("graph_capture", r"Graph capturing finished in"),
+        log_marker("activation_peak", r"(?:activation|torch) peak memory (?:takes|increase:?)\s*(?P<gib>[\d.]+)\s*GiB"),
+        log_marker("graph_capture", r"Graph capturing finished in(?:\s*[\d.]+\s*secs?,\s*took\s*(?P<gib>[\d.]+)\s*GiB)?"),
         log_marker("init_engine", r"init engine .* took\s*(?P<seconds>[\d.]+)"),
         log_marker("listening", r"Application startup complete"),
     )
@@ -253,20 +254,16 @@ class VllmAdapter(EngineAdapter):
             "--host", plan.host,
             "--port", str(plan.port),
             "--served-model-name", plan.served_model_name,
-            "--max-model-len", str(plan.ctx),
-            "--max-num-seqs", str(plan.parallel),
-            "--dtype", plan.dtype,
+            *plan_args(plan),
         ]
         if not plan.prefix_cache:
             argv.append("--no-enable-prefix-caching")
         if plan.eager:
             argv.append("--enforce-eager")
-        if plan.gpu_memory_utilization is not None:
-            argv += ["--gpu-memory-utilization", str(plan.gpu_memory_utilization)]
         if plan.tokenizer_path:
             argv += ["--tokenizer", str(plan.tokenizer_path)]
         argv += list(plan.extra_args)
-        extra: dict[str, str] = {}
+        extra: dict[str, str] = dict(plan.env)
         if SLEEP_MODE_FLAG in plan.extra_args:
             extra["VLLM_SERVER_DEV_MODE"] = "1"  # registers POST /sleep and /wake_up (the endpoint's switch uses them)
         if plan.api_key:
@@ -307,6 +304,22 @@ class VllmAdapter(EngineAdapter):
             if value is not None:
                 out[common] = value
         return out
+
+
+def plan_args(plan: LaunchPlan) -> list[str]:
+    """The memory-relevant flags of a plan, in vLLM's spelling; export writes the same ones."""
+    args = ["--max-model-len", str(plan.ctx_per_request), "--max-num-seqs", str(plan.slots), "--dtype", plan.dtype]
+    if plan.quantization:
+        args += ["--quantization", plan.quantization]
+    if plan.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(plan.gpu_memory_utilization)]
+    if plan.tensor_parallel > 1:
+        args += ["--tensor-parallel-size", str(plan.tensor_parallel)]
+    if plan.kv_cache_type is not None and plan.kv_cache_type != "auto":
+        args += ["--kv-cache-dtype", plan.kv_cache_type]
+    if plan.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(plan.max_num_batched_tokens)]
+    return args
 
 
 def _engine_env(extra: Mapping[str, str]) -> dict[str, str]:

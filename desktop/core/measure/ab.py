@@ -26,6 +26,7 @@ from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_pro
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineInstall, LaunchPlan
 from desktop.core.engines.model_path import resolve_model
+from desktop.core.engines.vllm import has_cuda
 from desktop.core.measure.loadgen import (
     LoadConfig,
     RandomWorkload,
@@ -37,6 +38,7 @@ from desktop.core.measure.loadgen import (
 )
 from desktop.core.measure.loadgen.metrics import LiveBucket
 from desktop.core.measure.loadgen.workload import tokenizer_counter
+from desktop.core.planning.fit import launch_dtype
 from desktop.core.runtime.supervisor import EngineProcess
 from desktop.core.storage.history import machine_name
 
@@ -66,7 +68,7 @@ class ABConfig:
     prefix_cache: bool = False  # off on both: a fair A/B
     kv_cache_gib: float | None = 1.0
     threads: int | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"  # the checkpoint's; the demo on vLLM's CPU backend gets float32 (planning.fit.launch_dtype)
     eager: bool = False  # vLLM: --enforce-eager (skips torch.compile: starts sooner, may serve slower)
     ready_timeout_s: float = 900.0
     request_timeout_s: float = 300.0
@@ -286,8 +288,11 @@ def run_engine(
     adapter = get_adapter(name)
     model_path = resolve_model(config.model, adapter)
     install = _install(name, allow_install, progress)
-    plan = LaunchPlan(engine=adapter.name, model_path=model_path, ctx=config.ctx, parallel=config.slots,
-                      dtype=config.dtype, prefix_cache=config.prefix_cache, kv_cache_gib=config.kv_cache_gib,
+    dtype = config.dtype
+    if dtype == "auto":
+        dtype = launch_dtype(adapter.name, demo=config.model == "demo", cuda=has_cuda())
+    plan = LaunchPlan(engine=adapter.name, model_path=model_path, ctx_per_request=config.ctx, slots=config.slots,
+                      dtype=dtype, prefix_cache=config.prefix_cache, kv_cache_gib=config.kv_cache_gib,
                       threads=config.threads, eager=config.eager)
     result = EngineResult(adapter.name, adapter.display_name, install.version, str(model_path), plan.to_json())
     counter = _token_counter(config.model, model_path)

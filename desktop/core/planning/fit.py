@@ -10,6 +10,9 @@ max_num_batched_tokens tokens, non-torch memory and CUDA graphs; what is left is
 blocks. It refuses to start when free memory is below the budget, or when the KV cache cannot hold one
 max_model_len request.
 
+The input is a LaunchPlan (context per request x slots, KV type, -ngl, utilization, TP, dtype), and the result
+carries that plan back with everything the accounting assumed written into it, so the argv says what was checked.
+
 The constants below were fitted to published startup logs (see tests/test_fit_accuracy.py, which cites them).
 """
 
@@ -17,11 +20,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import GIB, MIB, GpuInfo, HardwareSnapshot
-from desktop.core.models.facts import ModelFacts, facts_from_config, hf_weight_bytes
+from desktop.core.models.facts import ModelFacts, estimate_params, facts_from_config, hf_weight_bytes
 
 Verdict = Literal["yes", "partial", "no"]
 ENGINES = ("llama.cpp", "vllm")
@@ -59,32 +64,68 @@ VLLM_BLOCK_SIZE = 16
 VLLM_BIG_GPU_BYTES = 70 * GIB  # from here vLLM's serve default max_num_batched_tokens is 8192 instead of 2048
 
 
+VLLM_DEFAULT_UTILIZATION = 0.9
+VLLM_CPU_DEFAULT_KV_GIB = 4  # VLLM_CPU_KVCACHE_SPACE the fit assumes (and the plan then sets) when none is given
+LLAMA_DEFAULT_UBATCH = 512  # llama-server's default --ubatch-size
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def backend_for(engine: str, hardware: HardwareSnapshot) -> str:
+    """Which engine build a plan needs on this hardware: cuda | rocm | vulkan | metal | cpu. For llama.cpp the
+    provisioning room decides (`runtimes.preferred_variant`, the build `engines install` makes with this machine's
+    compilers); vLLM runs on CUDA, or its CPU build."""
+    from desktop.core.engines import runtimes
+
+    if normalise_engine(engine) == "vllm":
+        return "cuda" if any(g.vendor == "nvidia" for g in hardware.cuda_gpus) else \
+            "rocm" if hardware.cuda_gpus else "cpu"
+    return runtimes.preferred_variant(hardware, runtimes.Toolchain.detect())[0]
+
+
 @dataclass(frozen=True)
 class FitSettings:
-    """Launch settings that change memory. None means "the engine's default for this model and machine"."""
+    """The fit's reading of a LaunchPlan: the plan's fields under the names the engines' own accounting uses.
+    Never built by callers; `FitSettings.of(plan)` is the only constructor used, so the fit checks the plan."""
 
-    ctx: int | None = None  # llama.cpp total context (all slots); vLLM max_model_len
-    parallel: int = 1  # llama.cpp slots (-np)
+    ctx: int  # llama.cpp total context (all slots, `-c`); vLLM max_model_len
+    parallel: int = 1  # llama.cpp slots (-np); vLLM max_num_seqs
     kv_type: str = "f16"  # llama.cpp --cache-type-k/v
     gpu_layers: int | None = None  # llama.cpp -ngl; None = as many as fit
-    ubatch: int = 512
-    flash_attn: bool | None = None  # None = auto (on with a GPU)
+    ubatch: int = LLAMA_DEFAULT_UBATCH
+    flash_attn: bool | None = None  # None = llama-server's auto, which turns it on (CPU, CUDA, Metal, Vulkan)
     quant: str | None = None  # "what if" quantization: a GGUF type (Q4_K_M) or a vLLM one (fp8, awq)
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
+    dtype: str = "auto"
+    gpu_memory_utilization: float = VLLM_DEFAULT_UTILIZATION
     max_num_batched_tokens: int | None = None
     tensor_parallel: int = 1
     enforce_eager: bool = False
     kv_cache_dtype: str = "auto"  # vLLM: auto | fp8
     cuda_graphs_in_budget: bool = True  # newer vLLM subtracts its CUDA-graph estimate from the KV budget
-    cpu_kv_cache_gib: float = 4.0  # vLLM CPU backend's VLLM_CPU_KVCACHE_SPACE
+    cpu_kv_cache_gib: float = VLLM_CPU_DEFAULT_KV_GIB  # vLLM CPU backend's VLLM_CPU_KVCACHE_SPACE
+
+    @classmethod
+    def of(cls, plan: LaunchPlan, quant: str | None = None, cuda_graphs_in_budget: bool = True) -> FitSettings:
+        llama = normalise_engine(plan.engine) == "llama.cpp"
+        if not llama and quant is None and plan.quantization:
+            quant = plan.quantization
+        return cls(
+            ctx=plan.llama_ctx_size if llama else plan.ctx_per_request, parallel=plan.slots,
+            kv_type=(plan.kv_cache_type or "f16") if llama else "f16", gpu_layers=plan.gpu_layers,
+            ubatch=plan.ubatch or LLAMA_DEFAULT_UBATCH, flash_attn=plan.flash_attn, quant=quant, dtype=plan.dtype,
+            gpu_memory_utilization=plan.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION,
+            max_num_batched_tokens=plan.max_num_batched_tokens, tensor_parallel=plan.tensor_parallel,
+            enforce_eager=plan.eager, kv_cache_dtype="auto" if llama else (plan.kv_cache_type or "auto"),
+            cuda_graphs_in_budget=cuda_graphs_in_budget,
+            # whole GiB, as the engine's VLLM_CPU_KVCACHE_SPACE takes it
+            cpu_kv_cache_gib=max(1, round(plan.kv_cache_gib)) if plan.kv_cache_gib is not None
+            else VLLM_CPU_DEFAULT_KV_GIB)
 
     def validate(self) -> None:
-        if self.ctx is not None and not (0 < self.ctx <= MAX_CTX):
+        if not (0 < self.ctx <= MAX_CTX):
             raise SwitchyardError(f"context length {self.ctx} is out of range",
                                   f"pass a ctx between 1 and {MAX_CTX:,} tokens")
-        if not (1 <= self.parallel <= 1024):
-            raise SwitchyardError(f"parallel slots must be between 1 and 1024, not {self.parallel}")
+        if not (1 <= self.parallel <= 65536):
+            raise SwitchyardError(f"parallel slots must be between 1 and 65536, not {self.parallel}")
         if self.kv_type.lower() not in KV_TYPE_BYTES:
             raise SwitchyardError(f"unknown KV cache type '{self.kv_type}'", f"use one of: {', '.join(KV_TYPE_BYTES)}")
         if self.gpu_layers is not None and self.gpu_layers < 0:
@@ -93,14 +134,44 @@ class FitSettings:
             raise SwitchyardError(f"gpu_memory_utilization must be in (0, 1], not {self.gpu_memory_utilization}")
         if not (1 <= self.tensor_parallel <= 64):
             raise SwitchyardError(f"tensor parallel size must be between 1 and 64, not {self.tensor_parallel}")
-        if not (1 <= self.max_num_seqs <= 65536) or not (1 <= self.ubatch <= 65536):
-            raise SwitchyardError("max_num_seqs and ubatch must be positive")
+        if not (1 <= self.ubatch <= 65536):
+            raise SwitchyardError("ubatch must be positive")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise SwitchyardError("max_num_batched_tokens must be positive")
         if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"):
             raise SwitchyardError(f"unknown vLLM kv_cache_dtype '{self.kv_cache_dtype}'", "use auto or fp8")
         if self.cpu_kv_cache_gib <= 0:
             raise SwitchyardError("the CPU KV cache size must be positive")
+        if self.dtype != "auto" and self.dtype not in DTYPE_BYTES:
+            raise SwitchyardError(f"unknown dtype '{self.dtype}'", f"use auto or one of: {', '.join(DTYPE_BYTES)}")
+
+
+def validate_plan(plan: LaunchPlan) -> None:
+    """Reject impossible plan values before anything slow happens (per-request ctx and slots checked here)."""
+    if not (0 < plan.ctx_per_request <= MAX_CTX):
+        raise SwitchyardError(f"context length {plan.ctx_per_request} is out of range",
+                              f"pass a ctx between 1 and {MAX_CTX:,} tokens per request")
+    if not (1 <= plan.slots <= 65536):
+        raise SwitchyardError(f"parallel slots must be between 1 and 65536, not {plan.slots}",
+                              "pass --parallel N with N >= 1")
+    FitSettings.of(plan).validate()
+
+
+def sizing_plan(engine: str, **fields: Any) -> LaunchPlan:
+    """A plan for sizing only (`switchyard fit`, export's target sizing): no model file needed."""
+    return LaunchPlan(engine=normalise_engine(engine), model_path=Path(str(fields.pop("model_path", "model"))),
+                      **fields)
+
+
+def launch_dtype(engine: str, *, demo: bool, cuda: bool) -> str:
+    """`auto` (the checkpoint's own dtype) everywhere, except the demo's float32 weights on vLLM's CPU backend,
+    where "auto" would cast them to a 16-bit type the CPU may only emulate. The one place float32 is chosen."""
+    return "float32" if normalise_engine(engine) == "vllm" and demo and not cuda else "auto"
+
+
+def default_ctx(facts: ModelFacts, engine: str) -> int:
+    """The per-request context when none is given: vLLM takes the model's; for llama.cpp 4096 at most."""
+    return facts.context_length if normalise_engine(engine) == "vllm" else min(facts.context_length, 4096)
 
 
 @dataclass(frozen=True)
@@ -124,11 +195,14 @@ class FitResult:
     max_concurrency: float | None = None
     quant: str | None = None
     breakdown: dict[str, float] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)  # the engine's own names for what was checked
     notes: list[str] = field(default_factory=list)
+    plan: LaunchPlan | None = None  # the plan checked, every memory-relevant field resolved: launch exactly this
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(replace(self, plan=None))
+        data["plan"] = self.plan.to_json() if self.plan else None
+        return data
 
 
 def normalise_engine(engine: str) -> str:
@@ -217,16 +291,15 @@ def _device_label(gpus: list[GpuInfo]) -> str:
 
 def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> FitResult:
     notes: list[str] = []
-    ctx = s.ctx or min(facts.context_length, 4096)
-    if s.ctx is None:
-        notes.append(f"ctx not given: assumed {ctx} (pass --ctx; llama-server's -c 0 would take the model's "
-                     f"{facts.context_length:,})")
-    if ctx > facts.context_length:
-        notes.append(f"ctx {ctx:,} is beyond the model's trained {facts.context_length:,} tokens: quality may drop")
+    ctx = s.ctx  # the total -c, shared by the slots
+    per_request = ctx // s.parallel
+    if per_request > facts.context_length:
+        notes.append(f"ctx {per_request:,} per request is beyond the model's trained {facts.context_length:,} "
+                     "tokens: quality may drop")
     kv_type = s.kv_type.lower()
     gpus = [g for g in hw.gpus if g.memory_total_bytes > 0]
     use_gpu = bool(gpus) and s.gpu_layers != 0
-    flash = s.flash_attn if s.flash_attn is not None else use_gpu
+    flash = s.flash_attn if s.flash_attn is not None else True  # -fa auto: on wherever the backend has it
     if kv_type != "f16" and kv_type not in ("f32", "bf16") and not flash:
         notes.append("a quantized V cache needs flash attention (-fa on)")
     weights, quant = llama_weight_bytes(facts, s.quant)
@@ -240,9 +313,9 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
     per_layer_w = max(weights - nonrep, 0) / n_layers
     per_layer_kv = kv / n_layers
     settings = {"ctx": ctx, "parallel": s.parallel, "kv_type": kv_type, "flash_attn": flash, "ubatch": s.ubatch,
-                "ctx_per_slot": ctx // s.parallel}
+                "ctx_per_slot": per_request}
     if s.parallel > 1:
-        notes.append(f"{s.parallel} slots share the {ctx:,}-token context: {ctx // s.parallel:,} tokens each")
+        notes.append(f"{s.parallel} slots of {per_request:,} tokens share one {ctx:,}-token context (-c)")
     breakdown = {"weights": _gib(weights), "kv_cache": _gib(kv), "compute_buffers": _gib(compute)}
 
     if not use_gpu:
@@ -254,7 +327,7 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         if verdict == "no":
             notes.append("not enough free RAM: pick a smaller quantization or a shorter context")
         return FitResult("llama.cpp", verdict, _gib(weights), _gib(kv), _gib(compute), _gib(need), _gib(ram),
-                         _gib(ram - need), "CPU", ctx, gpu_layers=0, total_layers=n_layers + 1,
+                         _gib(ram - need), "CPU", per_request, gpu_layers=0, total_layers=n_layers + 1,
                          cpu_ram_gib=_gib(need), quant=quant, breakdown=breakdown, settings=settings, notes=notes)
 
     context = sum(_context_bytes(g) for g in gpus)
@@ -298,15 +371,19 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         notes.append(f"{on_gpu_layers}/{n_layers} layers fit on the GPU (-ngl {on_gpu_layers}); the rest run on the "
                      "CPU, so generation is much slower than fully offloaded")
     return FitResult("llama.cpp", verdict, _gib(weights), _gib(kv), _gib(fixed), _gib(weights + kv + fixed),
-                     _gib(gpu_free), _gib(gpu_free - gpu_used), _device_label(gpus), ctx, gpu_layers=layers,
+                     _gib(gpu_free), _gib(gpu_free - gpu_used), _device_label(gpus), per_request, gpu_layers=layers,
                      total_layers=n_layers + 1, cpu_ram_gib=_gib(cpu_part), quant=quant, breakdown=breakdown,
                      settings=settings, notes=notes)
 
 
 # --- vLLM -----------------------------------------------------------------------------------------------
 
-def vllm_weight_bytes(facts: ModelFacts, quant: str | None) -> tuple[int, str]:
-    """Bytes vLLM loads: the checkpoint's own size, or params at the requested quantization."""
+def vllm_weight_bytes(facts: ModelFacts, quant: str | None, dtype: str = "auto") -> tuple[int, str]:
+    """Bytes vLLM loads: the checkpoint's own size, or params at the requested quantization or --dtype."""
+    if quant is None and dtype in DTYPE_BYTES and not facts.quant_bits:
+        # an explicit --dtype casts an unquantized checkpoint: float32 is twice bf16
+        label = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16"}.get(dtype, "fp16")
+        return int((facts.params or estimate_params(facts)) * DTYPE_BYTES[dtype]), label
     if quant is None:
         if facts.is_gguf:
             # vLLM would load the HF checkpoint of this architecture in BF16 (its GGUF path is experimental).
@@ -326,9 +403,11 @@ def vllm_weight_bytes(facts: ModelFacts, quant: str | None) -> tuple[int, str]:
     return hf_weight_bytes(variant, facts.params), key
 
 
-def vllm_kv_bytes_per_token(facts: ModelFacts, tp: int, kv_cache_dtype: str, max_model_len: int) -> float:
-    """KV bytes per token per GPU as vLLM pages it (heads split across ranks, replicated below one head)."""
-    elem = 1.0 if kv_cache_dtype.startswith("fp8") else 2.0
+def vllm_kv_bytes_per_token(facts: ModelFacts, tp: int, kv_cache_dtype: str, max_model_len: int,
+                            dtype: str = "auto") -> float:
+    """KV bytes per token per GPU as vLLM pages it (heads split across ranks, replicated below one head).
+    With kv_cache_dtype auto the cache has the model's dtype: 2 bytes, 4 under --dtype float32."""
+    elem = 1.0 if kv_cache_dtype.startswith("fp8") else 4.0 if DTYPE_BYTES.get(dtype) == 4 else 2.0
     if facts.kv_lora_rank:
         per_layer = (facts.kv_lora_rank + (facts.qk_rope_head_dim or 64)) * elem
     else:
@@ -358,19 +437,17 @@ def _vllm_cuda_graph_bytes(facts: ModelFacts) -> int:
 
 def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> FitResult:
     notes: list[str] = []
-    max_len = s.ctx or facts.context_length
-    if s.ctx is None:
-        notes.append(f"max_model_len not given: vLLM defaults to the model's {max_len:,} tokens")
-    weights, quant = vllm_weight_bytes(facts, s.quant)
+    max_len = s.ctx
+    weights, quant = vllm_weight_bytes(facts, s.quant, s.dtype)
     if facts.is_gguf and s.quant is None:
         notes.append("sized for the model's Hugging Face BF16 checkpoint: vLLM serves safetensors "
                      "(its GGUF support is experimental)")
     tp = s.tensor_parallel
     gpus = hw.cuda_gpus
     settings: dict[str, Any] = {"max_model_len": max_len, "gpu_memory_utilization": s.gpu_memory_utilization,
-                                "tensor_parallel": tp, "max_num_seqs": s.max_num_seqs,
+                                "tensor_parallel": tp, "max_num_seqs": s.parallel,
                                 "kv_cache_dtype": s.kv_cache_dtype, "enforce_eager": s.enforce_eager}
-    per_token = vllm_kv_bytes_per_token(facts, tp, s.kv_cache_dtype, max_len)
+    per_token = vllm_kv_bytes_per_token(facts, tp, s.kv_cache_dtype, max_len, s.dtype)
 
     if not gpus:
         # vLLM's CPU backend: weights in RAM plus a fixed KV space (VLLM_CPU_KVCACHE_SPACE).
@@ -379,7 +456,8 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
         need = weights + kv_space + int(1.0 * GIB)
         ram = hw.ram_available_bytes
         verdict: Verdict = "yes" if need <= ram and tokens >= max_len else "no"
-        notes.append("no CUDA/ROCm GPU: vLLM would use its CPU backend, which is far slower than llama.cpp here")
+        notes.append("no CUDA/ROCm GPU: vLLM would use its CPU build (whether it beats llama.cpp here is for an "
+                     "A/B on this machine to say: `switchyard ab`)")
         if hw.has_unified_memory or any(g.backend == "metal" for g in hw.gpus):
             verdict = "no"
             notes.append("vLLM has no Metal backend: use llama.cpp on Apple Silicon")
@@ -401,10 +479,10 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
     free = max(0, gpu.memory_free_bytes - min(VLLM_DRIVER_RESERVED_BYTES, gpu.memory_total_bytes // 20))
     budget = int(total * s.gpu_memory_utilization)
     batched = s.max_num_batched_tokens or (8192 if gpu.memory_total_bytes >= VLLM_BIG_GPU_BYTES else 2048)
-    batched = max(batched, min(s.max_num_seqs, 8192))
+    batched = max(batched, min(s.parallel, 8192))
     settings["max_num_batched_tokens"] = batched
     per_gpu_weights = weights // tp
-    activation = _vllm_activation_bytes(facts, batched, s.max_num_seqs, tp)
+    activation = _vllm_activation_bytes(facts, batched, s.parallel, tp)
     non_torch = VLLM_NON_TORCH_BYTES + (VLLM_NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
     graphs = 0 if s.enforce_eager else _vllm_cuda_graph_bytes(facts)
     in_budget_graphs = graphs if s.cuda_graphs_in_budget else 0
@@ -443,13 +521,46 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
                      max_concurrency=concurrency, quant=quant, breakdown=breakdown, settings=settings, notes=notes)
 
 
-def estimate(facts: ModelFacts, engine: str, hardware: HardwareSnapshot,
-             settings: FitSettings | None = None) -> FitResult:
-    """Memory breakdown and verdict for running `facts` on `engine` with `settings` on `hardware` now."""
-    chosen = settings or FitSettings()
-    chosen.validate()
-    key = normalise_engine(engine)
-    return _estimate_llama(facts, hardware, chosen) if key == "llama.cpp" else _estimate_vllm(facts, hardware, chosen)
+def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *, quant: str | None = None,
+             cuda_graphs_in_budget: bool = True) -> FitResult:
+    """Memory breakdown and verdict for launching `plan` (a model like `facts`) on `hardware` now.
+
+    The result carries the plan it checked with every memory-relevant field resolved (-ngl, KV type, flash
+    attention, gpu_memory_utilization, max_num_batched_tokens, the CPU KV space, dtype, backend): launching that
+    plan is launching what was checked. `quant` asks "what if" for another quantization (a GGUF type or a vLLM one).
+    """
+    validate_plan(plan)
+    key = normalise_engine(plan.engine)
+    plan = replace(plan, engine=key)
+    if plan.dtype == "auto":
+        plan = replace(plan, dtype=launch_dtype(key, demo=facts.source == "demo", cuda=bool(hardware.cuda_gpus)))
+    settings = FitSettings.of(plan, quant, cuda_graphs_in_budget)
+    settings.validate()
+    if key == "llama.cpp":
+        result = _estimate_llama(facts, hardware, settings)
+        kv_type = str(result.settings["kv_type"])
+        quantized_v = kv_type not in ("f16", "f32", "bf16")
+        # -fa stays auto (on, as the fit assumes) unless set, or a quantized V cache needs it on for certain
+        resolved = replace(plan, gpu_layers=result.gpu_layers, kv_cache_type=kv_type,
+                           flash_attn=plan.flash_attn if plan.flash_attn is not None else (True if quantized_v else None),
+                           backend="cpu" if result.device == "CPU" else backend_for(key, hardware))  # type: ignore[arg-type]
+    else:
+        result = _estimate_vllm(facts, hardware, settings)
+        vquant = (result.quant or "").lower()
+        flag = VLLM_QUANTS.get(vquant, (None, None))[1] if not (facts.quantization and not facts.is_gguf) else None
+        if quant in ("bf16", "fp16") and plan.dtype == "auto":
+            if vllm_weight_bytes(facts, None)[1] != vquant:  # a cast (bf16 checkpoint served as fp16): say so
+                plan = replace(plan, dtype="bfloat16" if vquant == "bf16" else "float16")
+        if result.device == "CPU":
+            resolved = replace(plan, quantization=flag or plan.quantization,
+                               kv_cache_gib=float(result.settings["kv_cache_gib"]), gpu_memory_utilization=None,
+                               backend="cpu")
+        else:
+            resolved = replace(plan, quantization=flag or plan.quantization,
+                               gpu_memory_utilization=settings.gpu_memory_utilization,
+                               max_num_batched_tokens=int(result.settings["max_num_batched_tokens"]),
+                               backend=backend_for(key, hardware))  # type: ignore[arg-type]
+    return replace(result, plan=resolved)
 
 
 def quick_verdict(engine: str, weights_bytes: int, config: dict[str, Any] | None, hardware: HardwareSnapshot) -> str:
@@ -463,7 +574,8 @@ def quick_verdict(engine: str, weights_bytes: int, config: dict[str, Any] | None
             facts = replace(facts, source="gguf", quantization="gguf:custom", embedding_bytes=None,
                             nonrepeating_bytes=None)
         try:
-            return estimate(facts, key, hardware, FitSettings(ctx=min(facts.context_length, 4096))).fits
+            return estimate(facts, hardware, sizing_plan(key, ctx_per_request=min(facts.context_length, 4096),
+                                                         slots=1)).fits
         except SwitchyardError:
             return "no"
     need = weights_bytes * 1.2 + GIB // 2
@@ -484,6 +596,50 @@ def vllm_kv_tokens(facts: ModelFacts, kv_bytes: float, tensor_parallel: int = 1,
     return max(0, int(kv_bytes // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE)
 
 
+def vllm_utilization(hardware: HardwareSnapshot, wanted: float = VLLM_DEFAULT_UTILIZATION) -> float:
+    """`wanted`, or less when other processes hold GPU memory: vLLM refuses to start when free memory is below
+    total x gpu_memory_utilization, so a plan for a desktop with a browser open asks for what is free."""
+    gpus = hardware.cuda_gpus
+    if not gpus:
+        return wanted
+    gpu = min(gpus, key=lambda g: g.memory_free_bytes)
+    reserved = min(VLLM_DRIVER_RESERVED_BYTES, gpu.memory_total_bytes // 20)
+    total = gpu.memory_total_bytes - reserved
+    fraction = math.floor(((gpu.memory_free_bytes - reserved) / total - 0.01) * 100) / 100 if total > 0 else 0.0
+    return wanted if fraction >= wanted or fraction < 0.5 else fraction
+
+
+def tensor_parallel_sizes(facts: ModelFacts, gpus: int) -> list[int]:
+    """vLLM tensor-parallel sizes worth trying: powers of two that divide the attention heads, at most `gpus`."""
+    heads = facts.n_heads or 1
+    return [tp for tp in (1, 2, 4, 8, 16, 32, 64) if tp <= max(gpus, 1) and heads % tp == 0]
+
+
+def size_vllm(facts: ModelFacts, hardware: HardwareSnapshot, base: LaunchPlan, *, concurrency: float,
+              quants: tuple[str | None, ...] = (None,)) -> FitResult | None:
+    """THE vLLM sizing rule, shared by recommend and export: for each quantization in order (e.g. bf16, fp8,
+    4-bit), the smallest tensor-parallel size whose KV cache holds `concurrency` requests of the plan's
+    max_model_len. Precision is kept before GPUs are saved: bf16 on 4 GPUs beats fp8 on 2. When no combination
+    holds the concurrency, the most precise quantization that starts, at the size that holds the most, is
+    returned (the excess requests queue); None when nothing starts."""
+    fallback: FitResult | None = None
+    sizes = tensor_parallel_sizes(facts, len(hardware.cuda_gpus))
+    for quant in quants:
+        for tp in sizes:
+            try:
+                result = estimate(facts, hardware, replace(base, tensor_parallel=tp), quant=quant)
+            except SwitchyardError:
+                continue
+            if result.fits != "yes" or (result.max_concurrency or 0) < 1:
+                continue
+            if (result.max_concurrency or 0) >= concurrency:
+                return result
+            if fallback is None or (fallback.quant == result.quant
+                                    and (result.max_concurrency or 0) > (fallback.max_concurrency or 0)):
+                fallback = result
+    return fallback
+
+
 @dataclass(frozen=True)
 class TensorParallelChoice:
     tensor_parallel_size: int
@@ -491,37 +647,35 @@ class TensorParallelChoice:
     fit: FitResult | None
 
 
+def target_hardware(gpu_name: str, gpus: int) -> HardwareSnapshot:
+    """An idle target machine with `gpus` of the table's `gpu_name` (for export and `--gpu` answers)."""
+    from desktop.core.machine.hardware import CpuInfo, hypothetical
+
+    base = HardwareSnapshot(gpus=[], cpu=CpuInfo("target host", "x86_64", 64, 128), ram_total_bytes=1024 * GIB,
+                            ram_available_bytes=1024 * GIB, disk_free_bytes=None, os="Linux", label="target")
+    return hypothetical(base, gpu_name=gpu_name, gpu_count=gpus)
+
+
 def choose_tensor_parallel(model_config: dict[str, Any], gpu_spec: Any, gpus: int, *, max_model_len: int = 8192,
-                           min_concurrency: float = 8.0) -> TensorParallelChoice:
-    """The smallest vLLM tensor-parallel size (a power of two dividing the attention heads, at most `gpus`) whose
-    KV cache holds `min_concurrency` requests of `max_model_len`; else the smallest size that starts at all.
+                           min_concurrency: float = 8.0, max_num_seqs: int = 256) -> TensorParallelChoice:
+    """Export's tensor-parallel size: `size_vllm` (the rule recommend uses) at the checkpoint's own precision.
 
     A server that merely starts, with room for two long requests, is no production launch plan: that is why the
     concurrency floor decides, and the reason says which rule chose.
     """
-    from desktop.core.machine.hardware import CpuInfo, hypothetical
-
     facts = facts_from_config(model_config)
-    base = HardwareSnapshot(gpus=[], cpu=CpuInfo("target host", "x86_64", 64, 128), ram_total_bytes=1024 * GIB,
-                            ram_available_bytes=1024 * GIB, disk_free_bytes=None, os="Linux", label="target")
-    heads = facts.n_heads or 1
-    sizes = [tp for tp in (1, 2, 4, 8, 16, 32, 64) if tp <= gpus and heads % tp == 0]
-    starts: list[tuple[int, FitResult]] = []
-    for tp in sizes:
-        target = hypothetical(base, gpu_name=gpu_spec.name, gpu_count=tp)
-        result = estimate(facts, "vllm", target, FitSettings(ctx=max_model_len, tensor_parallel=tp))
-        if result.fits != "yes":
-            continue
-        starts.append((tp, result))
-        if (result.max_concurrency or 0) >= min_concurrency:
-            return TensorParallelChoice(tp, (
-                f"TP {tp} on {gpu_spec.name}: {result.weights_gib:.1f} GiB weights per GPU leave KV for "
-                f"{result.max_concurrency:.1f} concurrent {max_model_len}-token requests (≥ {min_concurrency:g})"), result)
-    if starts:
-        tp, result = starts[0]
+    target = target_hardware(gpu_spec.name, gpus)
+    base = sizing_plan("vllm", ctx_per_request=max_model_len, slots=max_num_seqs)
+    result = size_vllm(facts, target, base, concurrency=min_concurrency)
+    if result is None or result.plan is None:
+        raise SwitchyardError(f"the model does not fit on {gpus}x {gpu_spec.name} with vLLM at max_model_len "
+                              f"{max_model_len}", "use more or larger GPUs, a quantized variant, or a shorter max_model_len")
+    tp = result.plan.tensor_parallel
+    if (result.max_concurrency or 0) >= min_concurrency:
         return TensorParallelChoice(tp, (
-            f"TP {tp} on {gpu_spec.name}: the smallest size that starts; only {result.max_concurrency or 0:.1f} "
-            f"concurrent {max_model_len}-token requests fit (no size up to {gpus} GPUs reaches {min_concurrency:g})"),
-            result)
-    raise SwitchyardError(f"the model does not fit on {gpus}x {gpu_spec.name} with vLLM at max_model_len {max_model_len}",
-                          "use more or larger GPUs, a quantized variant, or a shorter max_model_len")
+            f"TP {tp} on {gpu_spec.name}: {result.weights_gib:.1f} GiB weights per GPU leave KV for "
+            f"{result.max_concurrency:.1f} concurrent {max_model_len}-token requests (≥ {min_concurrency:g})"), result)
+    return TensorParallelChoice(tp, (
+        f"TP {tp} on {gpu_spec.name}: the size that holds the most; only {result.max_concurrency or 0:.1f} "
+        f"concurrent {max_model_len}-token requests fit (no size up to {gpus} GPUs reaches {min_concurrency:g})"),
+        result)

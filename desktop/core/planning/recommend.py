@@ -3,19 +3,24 @@
 The amortization rule: an engine's cold start C (seconds before it serves) is paid at every restart, and only
 its throughput gain over the service's run can repay it. Each engine's useful output over one run is
 throughput x (run - C); vLLM must beat llama.cpp by a clear margin (10%) to be worth its heavier start.
-Defaults, replaced by measured history when `measurements` are given:
-  cold start: llama.cpp ~20 s, vLLM ~120 s on a GPU (weights load, torch.compile, CUDA graphs);
-  throughput: vLLM ~1x llama.cpp with one request in flight, rising to ~3x at 8 or more (continuous batching,
-  paged KV, CUDA graphs), interpolated on log2(concurrency).
-vLLM is only a candidate on CUDA/ROCm GPUs and for Hugging Face checkpoints; llama.cpp runs everywhere, from a
-GGUF ladder Q8_0 -> Q6_K -> Q5_K_M -> Q4_K_M -> IQ4_XS -> Q3_K_M (first that fits fully wins).
+Defaults, replaced by this machine's history when `evidence` (desktop.core.planning.evidence) is given:
+  cold start: llama.cpp ~20 s, vLLM ~120 s on a GPU (weights load, torch.compile, CUDA graphs), ~60 s on a CPU;
+  throughput: on a GPU vLLM ~1x llama.cpp with one request in flight, rising to ~3x at 8 or more (continuous
+  batching, paged KV, CUDA graphs); on a CPU ~0.4x rising to ~0.75x (an A/B of the demo model with each engine's
+  defaults on a quiet 2-core machine measured llama.cpp 2.45x / 1.28x / 1.37x faster at c=1/8/32);
+  interpolated on log2(concurrency). Every figure is tagged measured (run id and date) or default.
+The 10% margin vLLM must win by covers the uncertainty of default figures; measured figures decide as measured.
+vLLM is a candidate for Hugging Face checkpoints on CUDA/ROCm GPUs and on CPUs (its CPU build); llama.cpp runs
+everywhere, from a GGUF ladder Q8_0 -> Q6_K -> Q5_K_M -> Q4_K_M -> IQ4_XS -> Q3_K_M (first that fits fully wins).
+vLLM is sized by `fit.size_vllm`, the rule export uses too: bf16 at the smallest tensor-parallel size whose KV
+cache holds the workload's concurrency, then fp8, then a 4-bit checkpoint. The answer is the fit's checked LaunchPlan.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +29,14 @@ from desktop.core.engines.base import LaunchPlan
 from desktop.core.engines.runtimes import engine_supported
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts
-from desktop.core.planning.fit import GGUF_LADDER, FitResult, FitSettings, estimate
+from desktop.core.planning.evidence import Evidence, Figure, corrected_fit, default, memory_checks
+from desktop.core.planning.fit import GGUF_LADDER, FitResult, estimate, size_vllm, vllm_utilization
 
 DEFAULT_COLD_START_S = {"llama.cpp": 20.0, "vllm": 120.0}
+DEFAULT_CPU_COLD_START_S = {"llama.cpp": 20.0, "vllm": 60.0}
 VLLM_MAX_GAIN = 3.0  # at concurrency >= 8
+VLLM_CPU_GAIN = (0.4, 0.75)  # CPU build: at 1 request in flight, at 8 or more (see the module docstring)
+CLOSE_SCORES = 1.5  # scores within this factor: a short A/B on this machine could change the answer
 VLLM_WIN_MARGIN = 1.10
 VLLM_LADDER = ("bf16", "fp8", "awq")
 MAX_SLOTS = 32
@@ -75,23 +84,24 @@ class EngineMeasurement:
 class Recommendation:
     engine: str
     quant: str
-    settings: dict[str, Any]  # LaunchPlan fields: LaunchPlan(**settings) works
+    plan: LaunchPlan  # the plan the fit checked: launch, export and print exactly this
     reasons: list[str]
     numbers: dict[str, Any]
     runner_up: dict[str, Any] | None
     fit: FitResult | None = None
     key_settings: dict[str, Any] = field(default_factory=dict)  # ctx, slots/max_num_seqs, -ngl, util, KV type
 
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The plan as JSON (a view, for readers of the older `settings` dict)."""
+        return self.plan.to_json()
+
     def launch_plan(self) -> LaunchPlan:
-        data = dict(self.settings)
-        data["model_path"] = Path(str(data["model_path"]))
-        if data.get("tokenizer_path"):
-            data["tokenizer_path"] = Path(str(data["tokenizer_path"]))
-        data["extra_args"] = tuple(data.get("extra_args", ()))
-        return LaunchPlan(**data)
+        return self.plan
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(replace(self, fit=None))
+        data["plan"] = self.plan.to_json()
         data["fit"] = self.fit.to_json() if self.fit else None
         return data
 
@@ -114,11 +124,13 @@ def _measurements(raw: Any) -> dict[str, EngineMeasurement]:
     return out
 
 
-def default_gain(concurrency: int) -> float:
-    """vLLM's throughput over llama.cpp's: ~1x at 1 request in flight, ~3x at 8 or more."""
+def default_gain(concurrency: int, cpu: bool = False) -> float:
+    """vLLM's throughput over llama.cpp's: on a GPU ~1x at 1 request in flight, ~3x at 8 or more; on a CPU
+    (vLLM's CPU build) ~0.4x rising to ~0.75x."""
+    low, high = VLLM_CPU_GAIN if cpu else (1.0, VLLM_MAX_GAIN)
     if concurrency <= 1:
-        return 1.0
-    return 1.0 + (VLLM_MAX_GAIN - 1.0) * min(1.0, math.log2(concurrency) / 3.0)
+        return low
+    return low + (high - low) * min(1.0, math.log2(concurrency) / 3.0)
 
 
 def _round_ctx(tokens: int, cap: int) -> int:
@@ -135,7 +147,7 @@ def _vllm_blocker(facts: ModelFacts, hw: HardwareSnapshot) -> str | None:
     if not hw.cuda_gpus:
         if hw.has_unified_memory:
             return "vLLM has no Metal backend for Apple Silicon"
-        return "vLLM needs an NVIDIA or AMD GPU here (its CPU backend is far slower than llama.cpp)"
+        return None  # vLLM's CPU build: whether it wins here is for measurements (or the stated default) to say
     old = [g for g in hw.cuda_gpus if g.vendor == "nvidia" and g.compute_capability
            and _cc(g.compute_capability) < 7.0]
     if old:
@@ -158,7 +170,7 @@ def _llama_candidates(facts: ModelFacts) -> list[str | None]:
     return list(GGUF_LADDER)
 
 
-def _best_llama(facts: ModelFacts, hw: HardwareSnapshot, ctx: int, slots: int, notes: list[str]) -> FitResult | None:
+def _best_llama(facts: ModelFacts, hw: HardwareSnapshot, base: LaunchPlan, notes: list[str]) -> FitResult | None:
     partial: FitResult | None = None
     cpu_only = not hw.gpus
     candidates = _llama_candidates(facts)
@@ -169,7 +181,7 @@ def _best_llama(facts: ModelFacts, hw: HardwareSnapshot, ctx: int, slots: int, n
     tight: FitResult | None = None
     for kv_type in ("f16", "q8_0"):
         for quant in candidates:
-            result = estimate(facts, "llama.cpp", hw, FitSettings(ctx=ctx, parallel=slots, kv_type=kv_type, quant=quant))
+            result = estimate(facts, hw, replace(base, kv_cache_type=kv_type), quant=quant)
             if result.fits == "yes":
                 if result.headroom_gib < SAFETY_GIB and hw.gpus:
                     tight = tight or result  # fits, but a browser tab could tip it over: look further first
@@ -182,22 +194,12 @@ def _best_llama(facts: ModelFacts, hw: HardwareSnapshot, ctx: int, slots: int, n
     return tight or partial
 
 
-def _best_vllm(facts: ModelFacts, hw: HardwareSnapshot, max_len: int, seqs: int, tp: int) -> FitResult | None:
-    ladder: list[str | None]
+def _vllm_ladder(facts: ModelFacts, hw: HardwareSnapshot) -> tuple[str | None, ...]:
+    """Precision first, then fewer bytes: bf16 (fp16 before Ampere), fp8 on the fly, then a 4-bit checkpoint."""
     if facts.quantization and not facts.is_gguf:
-        ladder = [None]  # already quantized checkpoint: serve as is
-    else:
-        cc = min((_cc(g.compute_capability or "0") for g in hw.cuda_gpus), default=0.0)
-        ladder = ["bf16" if cc >= 8.0 else "fp16", *(["fp8"] if cc >= 8.0 else []), "awq"]
-    for quant in ladder:
-        try:
-            result = estimate(facts, "vllm", hw, FitSettings(ctx=max_len, max_num_seqs=seqs, tensor_parallel=tp,
-                                                             quant=quant))
-        except SwitchyardError:
-            continue
-        if result.fits == "yes" and (result.max_concurrency or 0) >= 1:
-            return result
-    return None
+        return (None,)  # already quantized checkpoint: serve as is
+    cc = min((_cc(g.compute_capability or "0") for g in hw.cuda_gpus), default=0.0)
+    return ("bf16" if cc >= 8.0 else "fp16", *(("fp8",) if cc >= 8.0 else ()), "awq")
 
 
 def _model_ref(facts: ModelFacts, engine: str) -> str:
@@ -206,39 +208,24 @@ def _model_ref(facts: ModelFacts, engine: str) -> str:
     return facts.path if facts.is_gguf and facts.path else (facts.repo_id or facts.path or facts.name)
 
 
-def _settings(facts: ModelFacts, result: FitResult, slots: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    if result.engine == "llama.cpp":
-        kv_type = str(result.settings.get("kv_type", "f16"))
-        extra: list[str] = []
-        if kv_type != "f16":
-            extra += ["--cache-type-k", kv_type, "--cache-type-v", kv_type, "-fa", "on"]
-        settings = {"engine": "llama.cpp", "model_path": _model_ref(facts, "llama.cpp"), "ctx": result.ctx,
-                    "parallel": slots, "gpu_layers": result.gpu_layers, "dtype": "auto",
-                    "extra_args": extra}
-        key: dict[str, Any] = {"ctx": result.ctx, "slots": slots, "ctx_per_slot": result.ctx // slots,
-               "gpu_layers": result.gpu_layers, "kv_type": kv_type}
-        return settings, key
-    quant = result.quant or "bf16"
-    extra = ["--quantization", "fp8"] if quant == "fp8" and not facts.quantization else []
-    seqs = int(result.settings.get("max_num_seqs", slots))
-    settings = {"engine": "vllm", "model_path": _model_ref(facts, "vllm"), "ctx": result.ctx, "parallel": seqs,
-                "gpu_memory_utilization": float(result.settings.get("gpu_memory_utilization", 0.9)),
-                "dtype": "auto", "prefix_cache": True, "extra_args": extra}
-    tp = int(result.settings.get("tensor_parallel", 1))
-    if tp > 1:
-        settings["extra_args"] = [*extra, "--tensor-parallel-size", str(tp)]
-    if result.device == "CPU":
-        settings["kv_cache_gib"] = result.settings.get("kv_cache_gib", 4.0)
-        settings["dtype"] = "bfloat16"
-    key = {"max_model_len": result.ctx, "max_num_seqs": seqs, "tensor_parallel": tp,
-           "gpu_memory_utilization": settings["gpu_memory_utilization"], "kv_cache_tokens": result.kv_cache_tokens,
-           "max_concurrency": result.max_concurrency}
-    return settings, key
+def _key_settings(result: FitResult) -> dict[str, Any]:
+    """The few settings a person reads first, taken from the plan (never recomputed)."""
+    plan = result.plan
+    assert plan is not None
+    if plan.engine == "llama.cpp":
+        return {"ctx_per_request": plan.ctx_per_request, "slots": plan.slots, "ctx_size": plan.llama_ctx_size,
+                "gpu_layers": plan.gpu_layers, "kv_type": plan.kv_cache_type, "backend": plan.backend}
+    return {"max_model_len": plan.ctx_per_request, "max_num_seqs": plan.slots,
+            "tensor_parallel": plan.tensor_parallel, "gpu_memory_utilization": plan.gpu_memory_utilization,
+            "quantization": plan.quantization, "kv_cache_tokens": result.kv_cache_tokens,
+            "max_concurrency": result.max_concurrency, "backend": plan.backend}
 
 
 def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload | None = None,
-              measurements: Any = None) -> Recommendation:
-    """The engine, quantization and launch settings for this model, machine and workload, with reasons."""
+              measurements: Any = None, evidence: Evidence | None = None) -> Recommendation:
+    """The engine, quantization and launch settings for this model, machine and workload, with reasons.
+
+    `evidence`: this machine's history for the model (`evidence.gather`); None answers from defaults alone."""
     work = workload or Workload()
     work.validate()
     measured = _measurements(measurements)
@@ -249,35 +236,35 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
     per_request = _round_ctx(need, facts.context_length)
     slots = max(1, min(work.concurrency, MAX_SLOTS))
     llama_notes: list[str] = []
-    llama = _best_llama(facts, hardware, per_request * slots, slots, llama_notes)
+    llama_base = LaunchPlan(engine="llama.cpp", model_path=Path(_model_ref(facts, "llama.cpp")),
+                            ctx_per_request=per_request, slots=slots)
+    llama = _best_llama(facts, hardware, llama_base, llama_notes)
 
     blocker = _vllm_blocker(facts, hardware)
     vllm: FitResult | None = None
+    vllm_notes: list[str] = []
     seqs = max(8, min(256, 2 ** math.ceil(math.log2(max(work.concurrency, 1))) * 2))
     if blocker is None:
         max_len = _round_ctx(max(need, 4096), facts.context_length)
-        gpus = len(hardware.cuda_gpus)
-        for tp in sorted({1, *(n for n in (2, 4, 8) if n <= gpus)}):
-            vllm = _best_vllm(facts, hardware, max_len, seqs, tp)
-            if vllm is not None:
-                break
+        vllm_base = LaunchPlan(engine="vllm", model_path=Path(_model_ref(facts, "vllm")), ctx_per_request=max_len,
+                               slots=seqs, prefix_cache=True, gpu_memory_utilization=vllm_utilization(hardware))
+        vllm = size_vllm(facts, hardware, vllm_base, concurrency=work.concurrency,
+                         quants=_vllm_ladder(facts, hardware))
         if vllm is None:
             blocker = "vLLM does not fit: even AWQ 4-bit leaves no room for one full-length request's KV cache"
+        elif (vllm.max_concurrency or 0) < work.concurrency:
+            vllm_notes.append(f"vLLM's KV cache holds only {vllm.max_concurrency:.1f} of the {work.concurrency} "
+                               f"concurrent {max_len:,}-token requests asked for on this hardware")
 
-    cold = {e: DEFAULT_COLD_START_S[e] for e in DEFAULT_COLD_START_S}
-    sources = {e: "default" for e in cold}
-    for engine, m in measured.items():
-        if engine in cold and m.cold_start_s is not None and m.cold_start_s >= 0:
-            cold[engine] = m.cold_start_s
-            sources[engine] = "measured"
-    gain = default_gain(work.concurrency)
-    gain_source = "default"
-    ml, mv = measured.get("llama.cpp"), measured.get("vllm")
-    if ml and mv and ml.output_tok_s and mv.output_tok_s and ml.output_tok_s > 0:
-        gain = mv.output_tok_s / ml.output_tok_s
-        gain_source = "measured"
-    if llama is not None and llama.fits == "partial" and vllm is not None:
+    cpu_vllm = not hardware.cuda_gpus
+    figures = _figures(work.concurrency, cpu_vllm, measured, evidence, (work.prompt_len, work.output_len))
+    cold = {e: figures["cold_start_s"][e].value for e in DEFAULT_COLD_START_S}
+    sources = {e: figures["cold_start_s"][e].source for e in cold}
+    gain = figures["vllm_throughput_gain"].value
+    gain_source = figures["vllm_throughput_gain"].source
+    if llama is not None and llama.fits == "partial" and vllm is not None and gain_source == "default":
         gain *= 2.0  # llama.cpp with layers on the CPU is several times slower than fully on the GPU
+        figures["vllm_throughput_gain"] = default(gain, "x2: llama.cpp with layers in RAM")
     run_s = work.run_seconds
     useful_llama = max(0.0, run_s - cold["llama.cpp"]) / run_s
     useful_vllm = max(0.0, run_s - cold["vllm"]) / run_s
@@ -290,21 +277,41 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
         round(payback_s, 1) if payback_s is not None else None, "score_llama_cpp": round(score_llama, 3),
         "score_vllm": round(score_vllm, 3) if vllm else None, "concurrency": work.concurrency,
         "request_tokens": need,
+        "figures": {k: ({e: f.to_json() for e, f in v.items()} if isinstance(v, dict) else v.to_json())
+                    for k, v in figures.items()},
     }
 
     reasons: list[str] = []
-    vllm_wins = vllm is not None and score_vllm > score_llama * VLLM_WIN_MARGIN
+    margin = VLLM_WIN_MARGIN if gain_source == "default" else 1.0
+    vllm_wins = vllm is not None and score_vllm > score_llama * margin
+    numbers["close_call"] = bool(vllm is not None and llama is not None
+                                 and max(score_vllm, score_llama) <= CLOSE_SCORES * max(min(score_vllm, score_llama),
+                                                                                       1e-9))
+    numbers["rests_on_defaults"] = gain_source == "default" or "default" in sources.values()
     if llama is None and vllm is None:
         raise SwitchyardError(f"{facts.name} does not fit on this machine with either engine",
                               "pick a smaller model or a shorter context, or free GPU memory/RAM")
+    gain_tag = figures["vllm_throughput_gain"].tag()
+    cold_tag = {e: f"{_secs(cold[e])} ({figures['cold_start_s'][e].tag()})" for e in cold}
     if vllm is not None and (vllm_wins or llama is None):
         chosen, loser = vllm, llama
-        reasons.append(f"{work.concurrency} concurrent requests: vLLM's continuous batching gives ~{gain:.1f}x "
-                       f"llama.cpp's throughput ({gain_source})")
-        reasons.append(f"its {cold['vllm']:.0f} s cold start ({sources['vllm']}) is repaid after "
-                       f"{payback_s or 0:.0f} s of a {run_s / 3600:.1f} h run")
-        reasons.append(f"{vllm.quant} weights leave {vllm.kv_cache_gib:.1f} GiB of KV cache: {vllm.kv_cache_tokens:,} "
-                       f"tokens, {vllm.max_concurrency:.1f} full {vllm.ctx:,}-token requests at once")
+        reasons.append(f"{work.concurrency} concurrent requests: vLLM gives ~{gain:.2f}x llama.cpp's throughput "
+                       f"({gain_tag})")
+        reasons.append(f"its cold start of {cold_tag['vllm']} is repaid after {payback_s or 0:.0f} s of a "
+                       f"{run_s / 3600:.1f} h run" if payback_s is not None else
+                       f"its cold start: {cold_tag['vllm']}; llama.cpp's: {cold_tag['llama.cpp']}")
+        if vllm.kv_cache_tokens is not None and vllm.max_concurrency is not None:
+            reasons.append(f"{vllm.quant} weights leave {vllm.kv_cache_gib:.1f} GiB of KV cache: "
+                           f"{vllm.kv_cache_tokens:,} tokens, {vllm.max_concurrency:.1f} full {vllm.ctx:,}-token "
+                           f"requests at once")
+        tp = vllm.plan.tensor_parallel if vllm.plan else 1
+        if tp > 1:
+            reasons.append(f"tensor parallel {tp} over {vllm.device.split('x ', 1)[-1]} keeps {vllm.quant} weights "
+                           f"({vllm.weights_gib:.1f} GiB per GPU) instead of quantizing further")
+        reasons.extend(vllm_notes)
+        if vllm.plan is not None and vllm.plan.quantization in ("awq", "gptq") and not facts.quantization:
+            reasons.append(f"download a {vllm.plan.quantization.upper()} checkpoint of this model and point the plan "
+                           "at it: vLLM cannot quantize to 4-bit while loading")
         if llama is None:
             reasons.append("llama.cpp does not fit this model here")
     else:
@@ -312,13 +319,17 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
         chosen, loser = llama, vllm
         if blocker:
             reasons.append(f"llama.cpp: {blocker}")
-        elif gain <= 1.05:
-            reasons.append(f"with {work.concurrency} request(s) in flight vLLM is no faster (~{gain:.1f}x), so its "
-                           f"{cold['vllm']:.0f} s cold start ({sources['vllm']}) buys nothing over llama.cpp's "
-                           f"{cold['llama.cpp']:.0f} s ({sources['llama.cpp']})")
+        elif gain < 1.0:
+            reasons.append(f"with {work.concurrency} request(s) in flight llama.cpp serves ~{1 / gain:.2f}x vLLM's "
+                           f"throughput ({gain_tag}); cold start llama.cpp {cold_tag['llama.cpp']}, vLLM "
+                           f"{cold_tag['vllm']}")
+        elif gain <= margin:
+            reasons.append(f"with {work.concurrency} request(s) in flight vLLM is no clearly faster (~{gain:.2f}x, "
+                           f"{gain_tag}), so its cold start of {cold_tag['vllm']} buys nothing over llama.cpp's "
+                           f"{cold_tag['llama.cpp']}")
         else:
-            reasons.append(f"restarting every {run_s / 60:.0f} min, vLLM's {cold['vllm']:.0f} s cold start eats its "
-                           f"~{gain:.1f}x throughput gain (score {score_vllm:.2f} vs {score_llama:.2f})")
+            reasons.append(f"restarting every {run_s / 60:.0f} min, vLLM's cold start of {cold_tag['vllm']} eats its "
+                           f"~{gain:.2f}x throughput gain ({gain_tag}; score {score_vllm:.2f} vs {score_llama:.2f})")
         if llama.device == "CPU":
             reasons.append(f"runs on the CPU ({hardware.cpu.model}, {hardware.cpu.physical_cores} cores"
                            f"{', AVX-512' if hardware.cpu.avx512 else ', AVX2' if hardware.cpu.avx2 else ''}) "
@@ -330,7 +341,7 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
             reasons.append(f"{llama.quant} fits fully on the GPU with {llama.headroom_gib:.1f} GiB to spare")
             if llama.headroom_gib < SAFETY_GIB:
                 reasons.append("that is tight: close other GPU apps, or lower ctx if loading fails")
-        kv_type = str(llama.settings.get("kv_type", "f16"))
+        kv_type = (llama.plan.kv_cache_type if llama.plan else None) or "f16"
         if kv_type != "f16" and not any("q8_0" in n for n in llama_notes):
             reasons.append(f"KV cache quantized to {kv_type} (with flash attention) to keep every layer on the GPU")
         reasons.extend(llama_notes)
@@ -338,26 +349,87 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
             reasons.append(f"download a {llama.quant} GGUF of this model for llama.cpp (the Hub search lists them)")
     if any(s == "measured" for s in sources.values()) or gain_source == "measured":
         reasons.append("measured history from this machine replaced the default cold-start/throughput figures")
-    settings, key = _settings(facts, chosen, slots if chosen.engine == "llama.cpp" else seqs)
+    elif evidence is not None and evidence.consulted:
+        reasons.append("nothing measured on this machine for this model: default figures (an A/B here would "
+                       "replace them)")
+    chosen = _learned(facts, hardware, chosen, evidence, numbers)
+    assert chosen.plan is not None
     numbers["fit"] = {"weights_gib": chosen.weights_gib, "kv_cache_gib": chosen.kv_cache_gib,
                       "total_gib": chosen.total_gib, "available_gib": chosen.available_gib,
                       "headroom_gib": chosen.headroom_gib}
     runner_up: dict[str, Any] | None
     if loser is not None:
-        loser_settings, loser_key = _settings(facts, loser, slots if loser.engine == "llama.cpp" else seqs)
         if loser.engine == "vllm":
-            why = (f"~{gain:.1f}x throughput at concurrency {work.concurrency} does not repay a "
-                   f"{cold['vllm']:.0f} s cold start over {run_s / 60:.0f} min runs (score {score_vllm:.2f} vs "
-                   f"{score_llama:.2f})")
+            why = (f"~{gain:.2f}x llama.cpp's throughput at concurrency {work.concurrency} ({gain_tag}) does not "
+                   f"repay a cold start of {cold_tag['vllm']} over {run_s / 60:.0f} min runs (score "
+                   f"{score_vllm:.2f} vs {score_llama:.2f})")
         else:
-            why = (f"~{gain:.1f}x less throughput at concurrency {work.concurrency}; its faster start "
-                   f"({cold['llama.cpp']:.0f} s) matters little over {run_s / 3600:.1f} h runs")
-        runner_up = {"engine": loser.engine, "quant": loser.quant, "settings": loser_settings,
-                     "key_settings": loser_key, "fits": loser.fits, "why_lost": why}
+            why = (f"~{gain:.2f}x less throughput at concurrency {work.concurrency} ({gain_tag}); its faster start "
+                   f"({cold_tag['llama.cpp']}) matters little over {run_s / 3600:.1f} h runs")
+        runner_up = {"engine": loser.engine, "quant": loser.quant,
+                     "plan": loser.plan.to_json() if loser.plan else None,
+                     "key_settings": _key_settings(loser), "fits": loser.fits, "why_lost": why}
     else:
         other = "vllm" if chosen.engine == "llama.cpp" else "llama.cpp"
-        runner_up = {"engine": other, "quant": None, "settings": None, "fits": "no",
+        runner_up = {"engine": other, "quant": None, "plan": None, "fits": "no",
                      "why_lost": blocker or "it does not fit this model here"}
-    return Recommendation(engine=chosen.engine, quant=chosen.quant or "", settings=settings, reasons=reasons,
-                          numbers=numbers, runner_up=runner_up, fit=chosen, key_settings=key)
+    return Recommendation(engine=chosen.engine, quant=chosen.quant or "", plan=chosen.plan, reasons=reasons,
+                          numbers=numbers, runner_up=runner_up, fit=chosen, key_settings=_key_settings(chosen))
 
+
+def _secs(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+def _figures(concurrency: int, cpu_vllm: bool, measured: dict[str, EngineMeasurement],
+             evidence: Evidence | None, lengths: tuple[int, int]) -> dict[str, Any]:
+    """Cold starts, throughputs and vLLM's gain, each measured (history, or `measurements`) or default."""
+    base_cold = DEFAULT_CPU_COLD_START_S if cpu_vllm else DEFAULT_COLD_START_S
+    where = "CPU" if cpu_vllm else "GPU"
+    cold: dict[str, Figure] = {e: default(v, f"typical on a {where}") for e, v in base_cold.items()}
+    tput: dict[str, Figure] = {}
+    ttft: dict[str, Figure] = {}
+    gain = default(default_gain(concurrency, cpu_vllm), f"typical on a {where} at concurrency {concurrency}")
+    if evidence is not None:
+        for engine in cold:
+            found = evidence.cold_start(engine)
+            if found is not None and found.value >= 0:
+                cold[engine] = found
+        for engine in cold:
+            found_engine = evidence.get(engine)
+            ttft_figure = found_engine.ttft_at(concurrency) if found_engine else None
+            if ttft_figure is not None:
+                ttft[engine] = ttft_figure
+        measured_gain = evidence.gain(concurrency, lengths=lengths)
+        if measured_gain is not None:
+            tput = dict(measured_gain.figures)
+            runs = sorted({f.run_id for f in tput.values() if f.run_id is not None})
+            dates = sorted({f.run_date for f in tput.values() if f.run_date})
+            notes = [n for n in {f.note for f in tput.values()} if n]
+            gain = Figure(round(measured_gain.value, 3), "measured", runs[0] if len(runs) == 1 else runs[-1],
+                          dates[-1] if dates else None, "; ".join([*sorted(notes), *(
+                              [measured_gain.note] if measured_gain.note and measured_gain.note not in notes else [])])
+                          or None)
+    for engine, m in measured.items():  # explicit measurements (API callers) win over history
+        if engine in cold and m.cold_start_s is not None and m.cold_start_s >= 0:
+            cold[engine] = Figure(m.cold_start_s, "measured", note="given by the caller")
+    ml, mv = measured.get("llama.cpp"), measured.get("vllm")
+    if ml and mv and ml.output_tok_s and mv.output_tok_s and ml.output_tok_s > 0:
+        gain = Figure(mv.output_tok_s / ml.output_tok_s, "measured", note="given by the caller")
+        tput = {"llama.cpp": Figure(ml.output_tok_s, "measured", note="given by the caller"),
+                "vllm": Figure(mv.output_tok_s, "measured", note="given by the caller")}
+    return {"cold_start_s": cold, "throughput_tok_s": tput, "ttft_p50_ms": ttft, "vllm_throughput_gain": gain}
+
+
+def _learned(facts: ModelFacts, hardware: HardwareSnapshot, chosen: FitResult, evidence: Evidence | None,
+             numbers: dict[str, Any]) -> FitResult:
+    """The chosen fit corrected by the newest launch of this model and engine here (predicted vs measured)."""
+    found = evidence.get(chosen.engine) if evidence is not None else None
+    if found is None or found.load_memory is None:
+        return chosen
+    try:
+        checks = memory_checks(facts, hardware, found.load_memory)
+    except SwitchyardError:
+        return chosen
+    numbers["memory_checks"] = [c.to_json() for c in checks]
+    return corrected_fit(chosen, checks)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from desktop.core.machine.hardware import GIB, HardwareSnapshot
 from desktop.core.models.facts import ModelFacts, facts_for
-from desktop.core.planning.fit import FitResult, FitSettings, estimate, normalise_engine
+from desktop.core.planning.fit import FitResult, estimate, normalise_engine, sizing_plan
 
 MIN_CTX = 256  # below this a retry would serve nothing useful: stop shrinking
 SMALLER_KV = "q8_0"  # llama.cpp's KV cache type of the smaller plan (half of f16, near-lossless)
@@ -18,15 +18,10 @@ SMALLER_KV = "q8_0"  # llama.cpp's KV cache type of the smaller plan (half of f1
 
 def fit_for(engine: str, facts: ModelFacts, ctx: int, parallel: int, hardware: HardwareSnapshot, *,
             gpu_layers: int | None = None, kv_type: str | None = None) -> FitResult:
-    """The fit of one engine with the endpoint's conventions: `ctx` is per request (llama.cpp's context is
-    shared by its slots, so the fit sees ctx x parallel), `parallel` the slots / max_num_seqs."""
-    key = normalise_engine(engine)
-    if key == "llama.cpp":
-        settings = FitSettings(ctx=ctx * max(1, parallel), parallel=parallel, kv_type=kv_type or "f16",
-                               gpu_layers=gpu_layers)
-    else:
-        settings = FitSettings(ctx=ctx, max_num_seqs=parallel)
-    return estimate(facts, key, hardware, settings)
+    """The fit of one engine with the endpoint's conventions: `ctx` per request, `parallel` the slots /
+    max_num_seqs (the plan turns them into each engine's own flags)."""
+    plan = sizing_plan(engine, ctx_per_request=ctx, slots=parallel, gpu_layers=gpu_layers, kv_cache_type=kv_type)
+    return estimate(facts, hardware, plan)
 
 
 def memory_need_bytes(result: FitResult, hardware: HardwareSnapshot) -> float:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +26,9 @@ from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from desktop.core.engines.model_path import resolve_model
 from desktop.core.engines.vllm import SLEEP_MODE_FLAG, has_cuda
 from desktop.core.machine.hardware import HardwareSnapshot, detect
+from desktop.core.planning.fit import launch_dtype
 from desktop.core.planning.swap import SmallerPlan, engine_need_bytes, smaller_plan
+from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState, reap_orphans
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
 from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT
@@ -38,20 +41,33 @@ log = logging.getLogger("switchyard.endpoint")
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What the user asked to serve: engine, model (as typed: `demo`, a file, a folder) and the launch knobs."""
+    """What the user asked to serve: an engine, the model as typed (`demo`, a file, a folder: `demo` resolves to
+    each engine's format, so a switch works) and the launch plan. With `plan` (e.g. recommend's, checked by the
+    fit) that plan is launched as is, only its model path and port filled in; without one, a plain plan of
+    `ctx_per_request` x `slots`."""
 
     engine: str
     model: str
-    ctx: int = 2048
-    parallel: int = 4
+    ctx_per_request: int = 2048
+    slots: int = 4
     port: int = 0
     extra_args: tuple[str, ...] = ()
     gpu_layers: int | None = None  # llama.cpp -ngl; None = the engine's default
     kv_type: str | None = None  # llama.cpp KV cache type (f16, q8_0, ...); None = the engine's default
+    plan: LaunchPlan | None = None  # the checked plan (serve, recommend); None: a plain plan from the fields
+
+    def launch_plan(self, engine: str, model_path: Path) -> LaunchPlan:
+        if self.plan is not None:
+            return replace(self.plan, engine=engine, model_path=model_path, port=self.port or self.plan.port)
+        dtype = launch_dtype(engine, demo=self.model == "demo", cuda=has_cuda())
+        return LaunchPlan(engine=engine, model_path=model_path, port=self.port, ctx_per_request=self.ctx_per_request,
+                          slots=self.slots, dtype=dtype, extra_args=self.extra_args, gpu_layers=self.gpu_layers,
+                          kv_cache_type=self.kv_type)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(replace(self, plan=None))
         data["extra_args"] = list(self.extra_args)
+        data["plan"] = self.plan.to_json() if self.plan else None
         return data
 
 
@@ -78,14 +94,11 @@ def make_launcher(progress: ProgressCallback = no_progress, *, install_missing: 
             install = adapter.install(progress)
         reap_orphans()
         progress(ProgressEvent(f"Starting {adapter.display_name} on {model_path.name}; waiting until it serves"))
-        extra = list(spec.extra_args)
-        if spec.kv_type and adapter.name == "llama.cpp":
-            extra += ["--cache-type-k", spec.kv_type, "--cache-type-v", spec.kv_type]
-        if sleep and adapter.name == "vllm" and SLEEP_MODE_FLAG not in extra:
-            extra.append(SLEEP_MODE_FLAG)
-        plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=spec.port, ctx=spec.ctx,
-                          parallel=spec.parallel, extra_args=tuple(extra), gpu_layers=spec.gpu_layers,
-                          eager=vllm_eager and adapter.name == "vllm")
+        plan = spec.launch_plan(adapter.name, model_path)
+        if vllm_eager and adapter.name == "vllm":
+            plan = replace(plan, eager=True)
+        if sleep and adapter.name == "vllm" and SLEEP_MODE_FLAG not in plan.extra_args:
+            plan = replace(plan, extra_args=(*plan.extra_args, SLEEP_MODE_FLAG))
         return adapter, plan, install
 
     return launch
@@ -184,7 +197,7 @@ class MemoryBudget:
                 self._cache[key] = self.need(spec)
             else:
                 assert self.hardware is not None
-                self._cache[key] = engine_need_bytes(spec.engine, spec.model, spec.ctx, spec.parallel,
+                self._cache[key] = engine_need_bytes(spec.engine, spec.model, spec.ctx_per_request, spec.slots,
                                                      self.hardware)
         return self._cache[key]
 
@@ -245,6 +258,7 @@ class EndpointManager:
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         keep_standby: bool = False,
         failover: bool = False,
+        record_launches: bool = True,
         budget: MemoryBudget | None = None,
         auto_fit: bool = False,
         hardware: HardwareSnapshot | None = None,
@@ -252,6 +266,7 @@ class EndpointManager:
         meter: bool = True,
     ) -> None:
         self.proxy = proxy
+        self.record_launches = record_launches  # each ready engine's cold start and load memory go to history
         self.telemetry = telemetry
         self.launcher = launcher
         self.ready_timeout = ready_timeout
@@ -332,7 +347,9 @@ class EndpointManager:
             if not self.auto_fit:
                 raise LoadOutOfMemory(exc.message, f"{exc.hint}. The next smaller plan: {smaller.describe()} "
                                                    "(serve with --auto-fit to retry with it by itself)") from exc
-            retry = replace(spec, ctx=smaller.ctx, gpu_layers=smaller.gpu_layers, kv_type=smaller.kv_type)
+            retry = replace(spec, ctx_per_request=smaller.ctx, gpu_layers=smaller.gpu_layers, kv_type=smaller.kv_type,
+                            plan=replace(spec.plan, ctx_per_request=smaller.ctx, gpu_layers=smaller.gpu_layers,
+                                         kv_cache_type=smaller.kv_type) if spec.plan else None)
             self._emit("retrying", f"{exc.message}; retrying once with a smaller plan: {smaller.describe()}")
             managed = self._launch_once(retry)
             managed.retried = smaller.describe()
@@ -342,7 +359,7 @@ class EndpointManager:
         try:
             if self.hardware is None:
                 self.hardware = detect()
-            return smaller_plan(spec.engine, spec.model, spec.ctx, spec.parallel, self.hardware,
+            return smaller_plan(spec.engine, spec.model, spec.ctx_per_request, spec.slots, self.hardware,
                                 gpu_layers=spec.gpu_layers, kv_type=spec.kv_type)
         except SwitchyardError as exc:  # e.g. a model whose facts cannot be read: no retry, the OOM is reported
             log.warning("no smaller plan for %s: %s", spec.model, exc)
@@ -384,6 +401,8 @@ class EndpointManager:
         if self._closed:  # the endpoint was closed while this engine loaded
             process.stop()
             raise SwitchyardError("the endpoint was stopped while the engine was starting")
+        if self.record_launches:
+            record_launch(process, spec.model, source="endpoint")
         if process.cold_start.t1_health_s is not None:
             self.cold_starts[adapter.name] = process.cold_start.t1_health_s
         if self.telemetry is not None:
@@ -463,8 +482,11 @@ class EndpointManager:
         if model is None and base is None:
             raise SwitchyardError("nothing is running to switch from; give --model")
         adapter = get_adapter(engine)
-        return replace(base, engine=adapter.name, model=model or base.model, port=0) if base else \
-            EngineSpec(adapter.name, model or "demo")
+        if base is None:
+            return EngineSpec(adapter.name, model or "demo")
+        same = base.engine == adapter.name and (model is None or model == base.model)
+        # a checked plan is per engine and model: another engine or model gets its own plain plan
+        return replace(base, engine=adapter.name, model=model or base.model, port=0, plan=base.plan if same else None)
 
     def switch_preview(self, engine: str, model: str | None = None) -> dict[str, Any]:
         """Which kind of switch it would be and about how long it should take, for the GUI to say beforehand."""

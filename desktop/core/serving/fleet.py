@@ -57,7 +57,7 @@ class ModelEntry:
     loading_status: bool = False  # tell waiting streaming clients that the model loads (SSE comments)
 
     def spec(self) -> EngineSpec:
-        return EngineSpec(self.engine, self.model, ctx=self.ctx, parallel=self.parallel)
+        return EngineSpec(self.engine, self.model, ctx_per_request=self.ctx, slots=self.parallel)
 
     def info(self) -> dict[str, Any]:
         return {"engine": self.engine, "model": self.model, "ctx": self.ctx, "parallel": self.parallel,

@@ -33,6 +33,14 @@ def summarize(run: Any) -> str:
         errors = summary.get("errors") or []
         verdict = (summary.get("amortization") or {}).get("verdict") or ""
         return ("incomplete: " + "; ".join(errors)) if errors else verdict
+    if run.kind == "launch":  # recorded by every launch: what the recommender learns cold starts and memory from
+        cold = summary.get("cold_start") or {}
+        memory = summary.get("load_memory") or {}
+        t3 = cold.get("t3_first_request_s") or cold.get("t1_health_s")
+        parts = [f"cold start {t3:.2f} s" if isinstance(t3, (int, float)) else "cold start not measured"]
+        if isinstance(memory.get("rss_gib"), (int, float)):
+            parts.append(f"{memory['rss_gib']:.2f} GiB resident after load")
+        return "; ".join(parts)
     levels = summary.get("levels") or []
     if not levels:
         return "no results"

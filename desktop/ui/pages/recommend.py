@@ -1,5 +1,9 @@
 """Recommend: a few questions about the workload → engine + quantization + settings with reasons and the
-runner-up (desktop.core.planning.recommend); one click launches it on the Serve page."""
+runner-up (desktop.core.planning.recommend); one click launches it on the Serve page.
+
+The answer rests on this machine's history (desktop.core.planning.evidence): each figure says whether it was
+measured (run id, date) or is a default, and the memory the last launch of the model used stands next to the
+fit's prediction. When defaults decide a close call, "Measure it here" runs a short A/B on the Compare page."""
 
 from __future__ import annotations
 
@@ -25,19 +29,54 @@ from desktop.ui.workers import submit
 
 
 def compute_recommendation(model: str, concurrency: int, prompt_len: int, output_len: int,
-                           lifetime_hours: float, restarts_per_day: float) -> Any:
+                           lifetime_hours: float, restarts_per_day: float, use_history: bool = True) -> Any:
+    from desktop.core.common.errors import SwitchyardError
     from desktop.core.machine.hardware import detect
     from desktop.core.models.facts import facts_for
+    from desktop.core.planning.evidence import Evidence, gather
     from desktop.core.planning.recommend import Workload, recommend
 
     workload = Workload(concurrency=concurrency, prompt_len=prompt_len, output_len=output_len,
                         lifetime_hours=lifetime_hours, restarts_per_day=restarts_per_day)
-    return recommend(facts_for(model), detect(), workload)
+    facts = facts_for(model)
+    evidence = Evidence.none(facts.name)
+    if use_history:
+        try:
+            evidence = gather(facts)
+        except SwitchyardError as exc:  # a broken history file must not block the advice
+            evidence = Evidence.none(facts.name, f"history unreadable ({exc.message}): default figures")
+    return recommend(facts, detect(), workload, evidence=evidence)
+
+
+def figure_lines(rec: Any) -> list[str]:
+    """The figures the decision used, each with where it came from (measured run or default)."""
+    figures = rec.numbers.get("figures") or {}
+    lines = []
+    for engine, fig in (figures.get("cold_start_s") or {}).items():
+        lines.append(f"cold start {engine}: {fig['value']:.2f} s ({_tag(fig)})")
+    for engine, fig in (figures.get("throughput_tok_s") or {}).items():
+        lines.append(f"throughput {engine} at c={rec.numbers.get('concurrency')}: {fig['value']:.1f} tok/s "
+                     f"({_tag(fig)})")
+    for engine, fig in (figures.get("ttft_p50_ms") or {}).items():
+        lines.append(f"TTFT p50 {engine} at c={rec.numbers.get('concurrency')}: {fig['value']:.0f} ms ({_tag(fig)})")
+    gain = figures.get("vllm_throughput_gain")
+    if gain:
+        lines.append(f"vLLM / llama.cpp throughput: {gain['value']:.2f}x ({_tag(gain)})")
+    for check in rec.numbers.get("memory_checks") or []:
+        lines.append(f"memory, {check['what']}: predicted {check['predicted_gib']:.2f} GiB, measured "
+                     f"{check['measured_gib']:.2f} GiB (launch #{check['run_id']}, {check['run_date']})")
+    return lines
+
+
+def _tag(fig: dict[str, Any]) -> str:
+    text = f"measured, run #{fig['run_id']} on {fig['run_date']}" if fig.get("source") == "measured" else "default"
+    return f"{text}; {fig['note']}" if fig.get("note") else text
 
 
 class RecommendPage(QWidget):
     title = "Recommend"
     launch_requested = Signal(object)  # LaunchRequest
+    measure_requested = Signal(dict)  # a Compare-page A/B job that measures the engines here
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -83,6 +122,13 @@ class RecommendPage(QWidget):
         self.export_button.setEnabled(False)
         self.export_button.clicked.connect(lambda: self.open_export())
         buttons.addWidget(self.export_button)
+        self.measure_button = QPushButton("&Measure it here")
+        self.measure_button.setToolTip("A short A/B of both engines on this model here: the advice then rests "
+                                       "on measurements instead of defaults")
+        self.measure_button.setVisible(False)
+        self.measure_button.clicked.connect(self.measure)
+        buttons.addWidget(self.measure_button)
+        self.measure_job: dict[str, Any] | None = None
         buttons.addStretch(1)
         self.notice = Notice()
         self.result_box = QGroupBox("Recommendation")
@@ -130,29 +176,53 @@ class RecommendPage(QWidget):
         self.launch_button.setEnabled(True)
         self.export_button.setEnabled(True)
         self.notice.show_message("")
+        self._offer_measurement(rec)
         settings = ", ".join(f"{k} {v}" for k, v in rec.key_settings.items() if v is not None)
         lines = [f"<h3>{rec.engine} · {rec.quant}</h3>", f"<p><b>Settings:</b> {settings}</p>",
                  "<p><b>Why:</b></p><ul>" + "".join(f"<li>{_escape(r)}</li>" for r in rec.reasons) + "</ul>"]
         if rec.fit is not None:
             lines.append(f"<p><b>Memory:</b> {rec.fit.total_gib:.2f} GiB of {rec.fit.available_gib:.1f} GiB "
                          f"available on {rec.fit.device} ({rec.fit.fits})</p>")
+        figures = figure_lines(rec)
+        if figures:
+            lines.append("<p><b>Figures:</b></p><ul>" + "".join(f"<li>{_escape(f)}</li>" for f in figures) + "</ul>")
         runner = rec.runner_up
         if runner:
             why = runner.get("why_lost") or ""
             lines.append(f"<p><b>Runner-up:</b> {runner.get('engine')} {runner.get('quant') or ''} — {_escape(why)}</p>")
         self.result_label.setText("".join(lines))
 
+    def _offer_measurement(self, rec: Any) -> None:
+        """Offer a short A/B when defaults decide and the two engines are close."""
+        from desktop.core.planning.evidence import measure_job
+
+        numbers = rec.numbers
+        runner = rec.runner_up or {}
+        offer = bool(numbers.get("rests_on_defaults") and numbers.get("close_call") and runner.get("fits") != "no")
+        self.measure_job = None
+        if offer:
+            model = self.model_edit.text().strip() or "demo"
+            job, seconds = measure_job(model, int(numbers.get("concurrency") or 1),
+                                       dict(numbers.get("cold_start_s") or {}))
+            self.measure_job = job
+            self.measure_button.setText(f"&Measure it here (~{max(1, round(seconds / 60))} min A/B)")
+        self.measure_button.setVisible(offer)
+
+    def measure(self) -> None:
+        if self.measure_job is not None:
+            self.measure_requested.emit(self.measure_job)
+
     def launch_request(self) -> LaunchRequest | None:
         rec = self.recommendation
         if rec is None:
             return None
-        settings = rec.settings
+        plan = rec.plan
         typed = self.model_edit.text().strip() or "demo"
         # `demo` stays `demo`: it resolves to each engine's format, so a later switch to the other engine works
-        model = typed if typed == "demo" else str(settings.get("model_path") or typed)
-        return LaunchRequest(engine=rec.engine, model=model,
-                             ctx=int(settings.get("ctx", 2048)), parallel=int(settings.get("parallel", 4)),
-                             extra_args=tuple(settings.get("extra_args") or ()))
+        model = typed if typed == "demo" else str(plan.model_path or typed)
+        # the fit's plan, launched as is: per-request context, slots, -ngl, KV type, util, TP all as checked
+        return LaunchRequest(engine=rec.engine, model=model, ctx_per_request=plan.ctx_per_request, slots=plan.slots,
+                             plan=plan)
 
     def open_export(self, modal: bool = True) -> Any:
         """The export dialog for the recommended launch plan (tests pass modal=False and drive it)."""

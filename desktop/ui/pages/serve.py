@@ -60,11 +60,12 @@ SERIES_MAP: dict[str, tuple[str, float]] = {
 def plan_for_form(engine: str, model: str, ctx: int, parallel: int) -> Any:
     """The LaunchPlan the Start button would use (without installing or starting anything)."""
     from desktop.core.engines import get_adapter
-    from desktop.core.engines.base import LaunchPlan
     from desktop.core.engines.model_path import resolve_model
+    from desktop.core.serving.endpoint import EngineSpec
 
     adapter = get_adapter(engine)
-    return LaunchPlan(engine=adapter.name, model_path=resolve_model(model, adapter), ctx=ctx, parallel=parallel)
+    spec = EngineSpec(adapter.name, model, ctx_per_request=ctx, slots=parallel)
+    return spec.launch_plan(adapter.name, resolve_model(model, adapter))
 
 
 class ServePage(QWidget):
@@ -203,8 +204,8 @@ class ServePage(QWidget):
         if index >= 0:
             self.engine_box.setCurrentIndex(index)
         self.model_edit.setText(request.model)
-        self.ctx_spin.setValue(request.ctx)
-        self.parallel_spin.setValue(request.parallel)
+        self.ctx_spin.setValue(request.shown_ctx)
+        self.parallel_spin.setValue(request.shown_slots)
         self.timeline.clear()
         self.notice.show_message(f"Starting {request.engine} on {request.model}…")
         self.session.start(request)
@@ -212,7 +213,7 @@ class ServePage(QWidget):
 
     def start_clicked(self) -> None:
         self.launch(LaunchRequest(engine=self.engine_box.currentData(), model=self.model_edit.text().strip() or "demo",
-                                  ctx=self.ctx_spin.value(), parallel=self.parallel_spin.value()))
+                                  ctx_per_request=self.ctx_spin.value(), slots=self.parallel_spin.value()))
 
     def stop_clicked(self) -> None:
         self.notice.show_message("Stopping…")

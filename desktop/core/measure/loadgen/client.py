@@ -97,6 +97,73 @@ async def discover_model(client: httpx.AsyncClient, target: Target) -> str | Non
         return None
 
 
+class ServerTokenCounter:
+    """Counts tokens with the server's own `/tokenize`, so prompts have the asked length even without a local
+    tokenizer (one token per word, the fallback, was ~2.3x off for the demo model). llama-server answers
+    `{"content": ...}` with `{"tokens": [...]}`; vLLM answers `{"model": M, "prompt": ...}` with `{"count": N}`.
+    Counts leave out special tokens (BOS), like the local tokenizer counter. Results are cached per text."""
+
+    def __init__(self, target: Target, model: str | None, timeout: float = 10.0) -> None:
+        self.target = target
+        self.model = model
+        self.calls = 0
+        self._shape: str | None = None
+        self._cache: dict[str, int] = {}
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S),
+                                    verify=target.verify_tls, trust_env=False, follow_redirects=False,
+                                    headers=target.headers())
+
+    def _bodies(self, text: str) -> list[tuple[str, dict[str, Any]]]:
+        llama = ("llama", {"content": text, "add_special": False})
+        vllm = ("vllm", {"prompt": text, "add_special_tokens": False, **({"model": self.model} if self.model else {})})
+        shapes = [llama, vllm]
+        return [s for s in shapes if s[0] == self._shape] if self._shape else shapes
+
+    def _ask(self, text: str) -> int | None:
+        for shape, body in self._bodies(text):
+            self.calls += 1
+            try:
+                response = self._client.post(self.target.root + "/tokenize", json=body)
+                data = response.json() if response.status_code == 200 else None
+            except (httpx.TimeoutException, httpx.TransportError):
+                return None  # not answering at all: no point trying the other shape
+            except (httpx.HTTPError, ValueError):
+                data = None
+            if isinstance(data, dict):
+                if isinstance(data.get("count"), int):
+                    self._shape = shape
+                    return int(data["count"])
+                if isinstance(data.get("tokens"), list):
+                    self._shape = shape
+                    return len(data["tokens"])
+        return None
+
+    def probe(self) -> bool:
+        """True when the server counts tokens (answered a /tokenize)."""
+        return self._ask("hello world") is not None
+
+    def __call__(self, text: str) -> int:
+        if text not in self._cache:
+            count = self._ask(text)
+            if count is None:
+                raise SwitchyardError(f"{self.target.root}/tokenize stopped answering while prompts were sized",
+                                      "check the server, or give a tokenizer")
+            self._cache[text] = count
+        return self._cache[text]
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def server_token_counter(target: Target, model: str | None) -> ServerTokenCounter | None:
+    """A counter backed by the server's `/tokenize`, or None when the server has none (then words are counted)."""
+    counter = ServerTokenCounter(target, model)
+    if counter.probe():
+        return counter
+    counter.close()
+    return None
+
+
 def check_target(target: Target, timeout: float = 120.0) -> str | None:
     """Before a load test: prove the endpoint is reachable, accepts the key and answers one request, so a wrong
     address or key fails in seconds with a reason instead of as N failed requests. Returns the model name to send

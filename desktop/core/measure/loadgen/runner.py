@@ -22,9 +22,22 @@ import numpy as np
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
-from desktop.core.measure.loadgen.client import CONNECT_ERROR, Target, discover_model, send_request
+from desktop.core.measure.loadgen.client import (
+    CONNECT_ERROR,
+    ServerTokenCounter,
+    Target,
+    discover_model,
+    send_request,
+    server_token_counter,
+)
 from desktop.core.measure.loadgen.metrics import SLO, BenchmarkSummary, LiveBucket, RequestResult, summarize
-from desktop.core.measure.loadgen.workload import RequestSpec, TokenCounter, Workload, generate
+from desktop.core.measure.loadgen.workload import (
+    JsonlWorkload,
+    RequestSpec,
+    TokenCounter,
+    Workload,
+    generate,
+)
 
 Arrival = Literal["constant", "poisson", "gamma"]
 BucketCallback = Callable[[LiveBucket], None]
@@ -89,10 +102,18 @@ class LoadResult:
     warnings: list[str] = field(default_factory=list)
     aborted: str | None = None
     started_at: float = 0.0
+    prompt_tokens_source: str = "words (estimate)"  # how prompts were sized: tokenizer, server /tokenize, words
+    sent_prompt_tokens: float | None = None  # mean prompt tokens as sized before sending
 
     @property
     def label(self) -> str:
         return self.config.label
+
+    @property
+    def mean_prompt_tokens(self) -> float | None:
+        """Mean prompt tokens of the completed requests, as the server counted them (its usage) when it said."""
+        done = self.summary.completed
+        return round(self.summary.total_input_tokens / done, 2) if done else None
 
     def to_json(self, include_requests: bool = False) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -109,6 +130,9 @@ class LoadResult:
             "client_cpu": self.client_cpu,
             "warnings": list(self.warnings),
             "aborted": self.aborted,
+            "mean_prompt_tokens": self.mean_prompt_tokens,
+            "sent_prompt_tokens": self.sent_prompt_tokens,
+            "prompt_tokens_source": self.prompt_tokens_source,
             "buckets": [b.to_json() for b in self.buckets],
         }
         if include_requests:
@@ -170,14 +194,33 @@ def _arrival_gaps(config: LoadConfig) -> Iterator[float]:
             yield float(rng.gamma(shape, 1.0 / (config.rate * shape)))
 
 
-def _spec_stream(workload: Workload, config: LoadConfig, counter: TokenCounter | None) -> Iterator[RequestSpec]:
+def _specs(workload: Workload, config: LoadConfig, counter: TokenCounter | None) -> list[RequestSpec]:
     if config.num_requests is not None and config.duration_s is None:
-        yield from generate(workload, config.warmup_requests + config.num_requests + config.cooldown_requests,
-                            counter)
+        return generate(workload, config.warmup_requests + config.num_requests + config.cooldown_requests, counter)
+    return generate(workload, 512, counter)
+
+
+def _spec_stream(specs: list[RequestSpec], config: LoadConfig) -> Iterator[RequestSpec]:
+    if config.num_requests is not None and config.duration_s is None:
+        yield from specs
         return
-    batch = generate(workload, 512, counter)
     while True:
-        yield from batch
+        yield from specs
+
+
+def token_source(counter: TokenCounter | None) -> str:
+    if counter is None:
+        return "words (estimate)"
+    return "server /tokenize" if isinstance(counter, ServerTokenCounter) else "tokenizer"
+
+
+async def calibrating_counter(target: Target, workload: Workload, counter: TokenCounter | None
+                              ) -> TokenCounter | None:
+    """The given counter; without one, the server's own /tokenize (when it has one) for generated prompts, so
+    they have the asked length in the server's tokens."""
+    if counter is not None or isinstance(workload, JsonlWorkload):
+        return counter
+    return await asyncio.to_thread(server_token_counter, target, target.model)
 
 
 async def run_load(
@@ -193,6 +236,13 @@ async def run_load(
     stop: asyncio.Event | None = None,
 ) -> LoadResult:
     """Run one load level and summarize it. Never raises for server failures: see `aborted` and `failed`."""
+    own_counter = token_counter is None
+    token_counter = await calibrating_counter(target, workload, token_counter)
+    try:
+        specs = await asyncio.to_thread(_specs, workload, config, token_counter)
+    finally:
+        if own_counter and isinstance(token_counter, ServerTokenCounter):
+            token_counter.close()
     live = _Live()
     results: list[RequestResult] = []
     measured_tasks: set[asyncio.Task[RequestResult]] = set()
@@ -295,7 +345,7 @@ async def run_load(
         gaps = _arrival_gaps(config) if config.rate is not None else None
         next_send = 0.0
         try:
-            for index, spec in enumerate(_spec_stream(workload, config, token_counter)):
+            for index, spec in enumerate(_spec_stream(specs, config)):
                 if gaps is not None:
                     next_send += next(gaps)
                     delay = clock_zero + next_send - time.perf_counter()
@@ -354,8 +404,10 @@ async def run_load(
     if not aborted and measured and summary.completed == 0:
         first = next((r.error for r in measured if r.error), "unknown error")
         aborted = f"all {len(measured)} requests failed; first error: {first}"
+    sized = [s.input_tokens for s in specs[config.warmup_requests:][: config.num_requests or len(specs)]]
     return LoadResult(config, target, workload.to_json(), model, summary, results, buckets,
-                      round(client_cpu, 3), warnings, aborted, started_at)
+                      round(client_cpu, 3), warnings, aborted, started_at, token_source(token_counter),
+                      round(sum(sized) / len(sized), 2) if sized else None)
 
 
 async def run_sweep(
@@ -371,13 +423,20 @@ async def run_sweep(
 ) -> SweepResult:
     """Run levels in order; stop at the first level that aborted (a dead server), keeping what was measured."""
     sweep = SweepResult([])
-    for position, level in enumerate(levels):
-        progress(ProgressEvent(f"level {position + 1}/{len(levels)}: {level.label}"))
-        result = await run_load(target, workload, level, slo=slo, on_bucket=on_bucket, progress=progress,
-                                token_counter=token_counter, abort_check=abort_check)
-        sweep.levels.append(result)
-        if result.aborted:
-            break
+    counter = await calibrating_counter(target, workload, token_counter)  # once for all levels
+    if isinstance(counter, ServerTokenCounter):
+        progress(ProgressEvent(f"sizing prompts with {target.root}/tokenize (no local tokenizer)"))
+    try:
+        for position, level in enumerate(levels):
+            progress(ProgressEvent(f"level {position + 1}/{len(levels)}: {level.label}"))
+            result = await run_load(target, workload, level, slo=slo, on_bucket=on_bucket, progress=progress,
+                                    token_counter=counter, abort_check=abort_check)
+            sweep.levels.append(result)
+            if result.aborted:
+                break
+    finally:
+        if counter is not token_counter and isinstance(counter, ServerTokenCounter):
+            counter.close()
     return sweep
 
 

@@ -103,21 +103,30 @@ def _length(rng: random.Random, median: int, sigma: float) -> int:
 
 
 def _fit(text: str, tokens: int, counter: TokenCounter | None) -> tuple[str, int]:
-    """The longest word prefix a real tokenizer (when given) counts at most `tokens`; else one token per word."""
+    """The longest word prefix a real tokenizer (when given) counts at most `tokens`; else one token per word.
+
+    The count of the whole text gives tokens per word; the guess from it is then stepped a word at a time, so a
+    counter that is a server round trip is asked a handful of times per prompt, not log2(words) times."""
     if counter is None:
         return text, len(text.split())
     words = text.split()
-    while counter(" ".join(words)) < tokens:  # a tokenizer that merges words: add more
-        words += words[: max(1, tokens - counter(" ".join(words)))]
-    low, high = 1, len(words)  # binary search on the number of words
-    while low < high:
-        middle = (low + high + 1) // 2
-        if counter(" ".join(words[:middle])) <= tokens:
-            low = middle
-        else:
-            high = middle - 1
-    text = " ".join(words[:low])
-    return text, counter(text)
+    total = counter(" ".join(words))
+    while total < tokens:  # a tokenizer that merges words: add more
+        words += words[: max(1, tokens - total)]
+        total = counter(" ".join(words))
+    count = max(1, min(len(words), round(tokens * len(words) / max(total, 1))))
+    counted = counter(" ".join(words[:count]))
+    if counted <= tokens:
+        while count < len(words):
+            longer = counter(" ".join(words[: count + 1]))
+            if longer > tokens:
+                break
+            count, counted = count + 1, longer
+    else:
+        while count > 1 and counted > tokens:
+            count -= 1
+            counted = counter(" ".join(words[:count]))
+    return " ".join(words[:count]), counted
 
 
 def generate(workload: Workload, count: int, token_counter: TokenCounter | None = None) -> list[RequestSpec]:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines.base import llama_ctx_size
 from desktop.core.planning.export.plan import ExportPlan
 
 FORMATS = ("shell", "docker", "compose", "k8s", "ray", "helm")
@@ -55,7 +56,7 @@ def _llamacpp_args(plan: ExportPlan, bind_host: str) -> list[str]:
     args = [*source, "--host", bind_host, "--port", str(plan.port), "--alias", plan.served_model_name]
     if plan.max_model_len is not None:
         # llama-server shares --ctx-size among its slots: give each slot the full per-request length.
-        args += ["--ctx-size", str(plan.max_model_len * (plan.max_num_seqs or 1))]
+        args += ["--ctx-size", str(llama_ctx_size(plan.max_model_len, plan.max_num_seqs or 1))]
     if plan.max_num_seqs is not None:
         args += ["--parallel", str(plan.max_num_seqs)]
     if plan.gpu_layers is not None:

@@ -148,21 +148,34 @@ class ExportPlan:
 
     @classmethod
     def from_launch_plan(cls, plan: LaunchPlan, *, model: str | None = None, **target: Any) -> ExportPlan:
-        """The target-side twin of a local LaunchPlan: same model and serving settings, plus target fields.
+        """The target-side twin of a local LaunchPlan: the same fields, unchanged (the context stays per request;
+        llama.cpp's shared -c is formed from it by the one `llama_ctx_size`), plus target fields.
         `model` replaces the local path (e.g. with the Hugging Face repo id the weights came from)."""
+        vllm = plan.engine == "vllm"
+        extra: list[str] = []
+        if plan.kv_cache_type and plan.kv_cache_type not in ("f16", "auto"):
+            extra += (["--kv-cache-dtype", plan.kv_cache_type] if vllm else
+                      ["--cache-type-k", plan.kv_cache_type, "--cache-type-v", plan.kv_cache_type])
+        if not vllm and plan.flash_attn is not None:
+            extra += ["--flash-attn", "on" if plan.flash_attn else "off"]
+        if vllm and plan.max_num_batched_tokens is not None:
+            extra += ["--max-num-batched-tokens", str(plan.max_num_batched_tokens)]
+        fields: dict[str, Any] = {"tensor_parallel_size": plan.tensor_parallel} if vllm else {}
+        fields.update(target)
         return cls(
             engine=plan.engine,
             model=model or str(plan.model_path),
             served_model_name=plan.served_model_name,
-            max_model_len=plan.ctx,
-            max_num_seqs=plan.parallel,
-            gpu_memory_utilization=plan.gpu_memory_utilization,
-            dtype=plan.dtype if plan.engine == "vllm" and plan.dtype != "float32" else None,
+            max_model_len=plan.ctx_per_request,
+            max_num_seqs=plan.slots,
+            gpu_memory_utilization=plan.gpu_memory_utilization if vllm else None,
+            dtype=plan.dtype if vllm else None,
+            quantization=plan.quantization if vllm else None,
             prefix_cache=plan.prefix_cache,
-            gpu_layers=plan.gpu_layers,
+            gpu_layers=None if vllm else plan.gpu_layers,
             api_key_required=bool(plan.api_key),
-            extra_args=plan.extra_args,
-            **target,
+            extra_args=(*extra, *plan.extra_args),
+            **fields,
         )
 
 

@@ -193,6 +193,7 @@ def choose_for_target(
     max_model_len: int | None = None,
     gpu_memory_utilization: float | None = None,
     nodes: int = 1,
+    concurrency: float = 8.0,
 ) -> ParallelChoice:
     """Look the GPU up in the shared table and choose: the fit estimator's vLLM accounting when the model's config
     is known at its native precision, else the documented weights x 1.2 + KV arithmetic."""
@@ -201,7 +202,7 @@ def choose_for_target(
     spec = require_gpu(gpu)
     plain_precision = quantization is None and (dtype or "auto") in ("auto", "bfloat16", "bf16", "float16", "fp16")
     if model_config is not None and nodes == 1 and plain_precision:
-        fitted = _from_fit_module(model_config, spec, gpus, max_model_len)
+        fitted = _from_fit_module(model_config, spec, gpus, max_model_len, concurrency)
         if fitted is not None:
             return fitted
     shape = ModelShape.from_config(model_config) if model_config is not None else None
@@ -212,12 +213,14 @@ def choose_for_target(
 
 
 def _from_fit_module(model_config: Mapping[str, Any], spec: Any, gpus: int,
-                     max_model_len: int | None) -> ParallelChoice | None:
-    """vLLM's own accounting from `desktop.core.planning.fit` (weights, activation peak, KV for a concurrency floor)."""
+                     max_model_len: int | None, concurrency: float) -> ParallelChoice | None:
+    """vLLM's own accounting from `desktop.core.planning.fit` (weights, activation peak, KV for a concurrency
+    floor): `fit.size_vllm`, the same rule `recommend` sizes with."""
     from desktop.core.planning import fit
 
     try:
-        choice = fit.choose_tensor_parallel(dict(model_config), spec, gpus, max_model_len=max_model_len or 8192)
+        choice = fit.choose_tensor_parallel(dict(model_config), spec, gpus, max_model_len=max_model_len or 8192,
+                                            min_concurrency=concurrency)
     except SwitchyardError:
         return None  # the arithmetic below explains what does not fit
     tp, result = choice.tensor_parallel_size, choice.fit

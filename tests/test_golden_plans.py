@@ -1,0 +1,207 @@
+"""Golden launch plans: for every recorded machine x five models (8B GGUF Q4_K_M, 8B HF bf16, 32B AWQ, 70B bf16,
+demo), what `recommend` plans and the exact argv/env it launches with, compared with committed files; and the
+contract that the memory the argv implies (ctx x slots KV, layers on the GPU, dtype bytes, utilization,
+max_model_len, tensor parallel) equals what the fit computed.
+
+An intentional change regenerates the files (then review the diff):
+    SWITCHYARD_UPDATE_GOLDEN=1 python -m pytest -q tests/test_golden_plans.py
+The model fixtures carry real models' facts without weights: tests/fixtures/models/make_models.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines import get_adapter, runtimes
+from desktop.core.engines.base import CommandLine, EngineInstall, LaunchPlan
+from desktop.core.machine.hardware import HardwareSnapshot
+from desktop.core.models.facts import ModelFacts, facts_for
+from desktop.core.planning.fit import FitResult, estimate, normalise_engine
+from desktop.core.planning.recommend import Recommendation, Workload, recommend
+
+HERE = Path(__file__).parent
+SNAPSHOTS = sorted((HERE / "snapshots").glob("*.json"))
+FIXTURES = HERE / "fixtures" / "models"
+GOLDEN = HERE / "golden" / "plans"
+MODELS = {
+    "llama8b-q4_k_m": str(FIXTURES / "llama8b-q4_k_m.gguf"),
+    "llama8b-bf16": str(FIXTURES / "llama8b-bf16"),
+    "qwen32b-awq": str(FIXTURES / "qwen32b-awq"),
+    "llama70b-bf16": str(FIXTURES / "llama70b-bf16"),
+    "demo": "demo",
+}
+WORKLOAD = Workload(concurrency=4, prompt_len=1024, output_len=512)
+INSTALLS = {"llama.cpp": EngineInstall("llama.cpp", "golden", "cache", Path("/opt/switchyard/llama.cpp/bin/llama-server")),
+            "vllm": EngineInstall("vllm", "golden", "cache", Path("/opt/switchyard/vllm/venv/bin/python"))}
+UPDATE = bool(os.environ.get("SWITCHYARD_UPDATE_GOLDEN"))
+CASES = [(snap, model) for snap in SNAPSHOTS for model in MODELS]
+
+
+def _facts(model: str) -> ModelFacts:
+    return facts_for(MODELS[model])
+
+
+def _command(plan: LaunchPlan) -> CommandLine:
+    return get_adapter(plan.engine).build_command(plan, INSTALLS[plan.engine])
+
+
+def _recommend(snapshot: Path, model: str) -> Recommendation:
+    return recommend(_facts(model), HardwareSnapshot.load(snapshot), WORKLOAD)
+
+
+def _normalised(value: Any, model_path: str) -> Any:
+    """Machine-independent text: the model's path becomes <model>."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return json.loads(text.replace(model_path, "<model>"))
+
+
+def golden_case(snapshot: Path, model: str) -> dict[str, Any]:
+    try:
+        rec = _recommend(snapshot, model)
+    except SwitchyardError as exc:
+        return {"snapshot": snapshot.stem, "model": model, "error": exc.message}
+    assert rec.fit is not None
+    command = _command(rec.plan)
+    fit = rec.fit
+    data = {
+        "snapshot": snapshot.stem, "model": model, "engine": rec.engine, "quant": rec.quant,
+        "plan": rec.plan.to_json(), "argv": command.argv, "env": command.env,
+        "fit": {"fits": fit.fits, "device": fit.device, "weights_gib": fit.weights_gib,
+                "kv_cache_gib": fit.kv_cache_gib, "total_gib": fit.total_gib, "available_gib": fit.available_gib,
+                "gpu_layers": fit.gpu_layers, "kv_cache_tokens": fit.kv_cache_tokens,
+                "max_concurrency": fit.max_concurrency},
+    }
+    return dict(_normalised(data, str(rec.plan.model_path)))
+
+
+@pytest.fixture(autouse=True)
+def _machine_independent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)  # llama.cpp's env would otherwise carry this machine's
+    # the llama.cpp build a plan needs depends on the compilers here (nvcc: a CUDA source build); none, for golden
+    monkeypatch.setattr(runtimes.Toolchain, "detect", classmethod(lambda cls: cls()))
+
+
+def test_enough_golden_cases() -> None:
+    assert len(SNAPSHOTS) >= 8 and len(MODELS) == 5
+
+
+@pytest.mark.parametrize("snapshot, model", CASES, ids=[f"{s.stem}-{m}" for s, m in CASES])
+def test_golden_plan(snapshot: Path, model: str) -> None:
+    path = GOLDEN / f"{snapshot.stem}__{model}.json"
+    data = golden_case(snapshot, model)
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path.name}: run with SWITCHYARD_UPDATE_GOLDEN=1"
+    assert json.loads(path.read_text()) == data, f"{path.name} changed: review, then regenerate if intended"
+
+
+# --- the argv says what the fit checked --------------------------------------------------------------------
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def plan_from_argv(engine: str, argv: list[str], env: dict[str, str]) -> LaunchPlan:
+    """Read a command line back into the plan it launches, independently of the adapters' builders. What the
+    argv leaves out is what the engine then does by default (llama-server: no layers on the GPU)."""
+    engine = normalise_engine(engine)
+    model = Path(str(_flag(argv, "--model")))
+    if engine == "llama.cpp":
+        ctx_size, slots = int(_flag(argv, "--ctx-size") or 4096), int(_flag(argv, "--parallel") or 1)
+        kv_k, kv_v = _flag(argv, "--cache-type-k"), _flag(argv, "--cache-type-v")
+        assert kv_k == kv_v, "K and V cache types differ"
+        fa = _flag(argv, "--flash-attn")
+        ub = _flag(argv, "--ubatch-size")
+        return LaunchPlan(engine=engine, model_path=model, ctx_per_request=ctx_size // slots, slots=slots,
+                          gpu_layers=int(_flag(argv, "--n-gpu-layers") or 0), kv_cache_type=kv_k or "f16",
+                          flash_attn=None if fa is None else fa == "on", ubatch=int(ub) if ub else None)
+    util = _flag(argv, "--gpu-memory-utilization")
+    batched = _flag(argv, "--max-num-batched-tokens")
+    return LaunchPlan(engine=engine, model_path=model, ctx_per_request=int(_flag(argv, "--max-model-len") or 0),
+                      slots=int(_flag(argv, "--max-num-seqs") or 256), dtype=_flag(argv, "--dtype") or "auto",
+                      quantization=_flag(argv, "--quantization"), gpu_memory_utilization=float(util) if util else None,
+                      tensor_parallel=int(_flag(argv, "--tensor-parallel-size") or 1),
+                      kv_cache_type=_flag(argv, "--kv-cache-dtype"), eager="--enforce-eager" in argv,
+                      max_num_batched_tokens=int(batched) if batched else None,
+                      kv_cache_gib=float(env.get("VLLM_CPU_KVCACHE_SPACE", 0)) or None)
+
+
+MEMORY_FIELDS = ("fits", "weights_gib", "kv_cache_gib", "overhead_gib", "total_gib", "gpu_layers", "cpu_ram_gib",
+                 "kv_cache_tokens", "max_concurrency", "ctx", "quant")
+
+
+def memory_disagreements(checked: FitResult, facts: ModelFacts, hardware: HardwareSnapshot, command: CommandLine,
+                         what_if: str | None) -> list[str]:
+    """Where the memory the argv implies differs from the fit's: an empty list when they agree."""
+    implied = estimate(facts, hardware, plan_from_argv(checked.engine, command.argv, command.env), quant=what_if)
+    return [f"{name}: fit {getattr(checked, name)!r}, argv implies {getattr(implied, name)!r}"
+            for name in MEMORY_FIELDS if getattr(checked, name) != getattr(implied, name)]
+
+
+def _what_if(rec: Recommendation, facts: ModelFacts) -> str | None:
+    """The GGUF a llama.cpp plan for a safetensors model asks to download (its argv cannot name it yet)."""
+    return rec.quant if rec.engine == "llama.cpp" and not facts.is_gguf else None
+
+
+@pytest.mark.parametrize("snapshot, model", CASES, ids=[f"{s.stem}-{m}" for s, m in CASES])
+def test_argv_implies_the_memory_the_fit_computed(snapshot: Path, model: str) -> None:
+    try:
+        rec = _recommend(snapshot, model)
+    except SwitchyardError:
+        pytest.skip("no plan fits here (the golden file records why)")
+    assert rec.fit is not None
+    facts = _facts(model)
+    problems = memory_disagreements(rec.fit, facts, HardwareSnapshot.load(snapshot), _command(rec.plan),
+                                    _what_if(rec, facts))
+    assert problems == []
+    runner = rec.runner_up or {}
+    if runner.get("plan"):  # the runner-up's plan keeps the same contract
+        plan = LaunchPlan.from_json(runner["plan"])
+        other = estimate(facts, HardwareSnapshot.load(snapshot), plan, quant=runner["quant"]
+                         if plan.engine == "llama.cpp" and not facts.is_gguf else None)
+        assert memory_disagreements(other, facts, HardwareSnapshot.load(snapshot), _command(plan),
+                                    runner["quant"] if plan.engine == "llama.cpp" and not facts.is_gguf else None) == []
+
+
+def _break(argv: list[str], flag: str, value: str | None) -> list[str]:
+    out = list(argv)
+    if value is None:
+        i = out.index(flag)
+        del out[i:i + 2]
+    else:
+        out[out.index(flag) + 1] = value
+    return out
+
+
+def test_the_check_catches_an_argv_that_disagrees_with_the_fit() -> None:
+    """The bugs of issue 14: ctx multiplied by the slots twice, float32 weights, -ngl or TP never reaching argv."""
+    hw = HardwareSnapshot.load(HERE / "snapshots" / "rtx4090.json")
+    facts = _facts("llama8b-q4_k_m")
+    rec = recommend(facts, hw, WORKLOAD)
+    assert rec.engine == "llama.cpp" and rec.fit is not None
+    command = _command(rec.plan)
+    assert memory_disagreements(rec.fit, facts, hw, command, None) == []
+    twice = str(rec.plan.llama_ctx_size * rec.plan.slots)
+    broken = [_break(command.argv, "--ctx-size", twice), _break(command.argv, "--n-gpu-layers", None)]
+    for argv in broken:
+        assert memory_disagreements(rec.fit, facts, hw, replace(command, argv=argv), None), argv
+
+    h100x8 = HardwareSnapshot.load(HERE / "snapshots" / "h100_80gb.json")
+    h100x8 = replace(h100x8, gpus=[replace(h100x8.gpus[0], index=i) for i in range(8)])
+    big = _facts("llama70b-bf16")
+    rec = recommend(big, h100x8, Workload(concurrency=32))
+    assert rec.engine == "vllm" and rec.fit is not None and rec.plan.tensor_parallel >= 2
+    command = _command(rec.plan)
+    assert memory_disagreements(rec.fit, big, h100x8, command, None) == []
+    for argv in (_break(command.argv, "--tensor-parallel-size", None), _break(command.argv, "--dtype", "float32"),
+                 _break(command.argv, "--gpu-memory-utilization", "0.5"),
+                 _break(command.argv, "--max-model-len", str(rec.plan.ctx_per_request * rec.plan.slots))):
+        assert memory_disagreements(rec.fit, big, h100x8, replace(command, argv=argv), None), argv
