@@ -218,7 +218,7 @@ def _launch_demo(win, qtbot):  # type: ignore[no-untyped-def]
 
     serve = win.show_page("Serve")
     with qtbot.waitSignal(serve.engine_ready, timeout=300_000):
-        serve.launch(LaunchRequest("llama.cpp", "demo", parallel=2))
+        serve.launch(LaunchRequest("llama.cpp", "demo", slots=2))
     return serve
 
 
