@@ -16,7 +16,7 @@ from desktop.core.measure.ab import ABConfig, analyse
 from desktop.core.measure.reports import record_ab, record_bench
 from desktop.core.models.facts import facts_for, facts_from_config
 from desktop.core.planning.evidence import Evidence, from_runs, gather, model_key
-from desktop.core.planning.fit import FitSettings, estimate
+from desktop.core.planning.fit import estimate, sizing_plan
 from desktop.core.planning.recommend import Workload, recommend
 from desktop.core.runtime.launches import record_launch
 from desktop.core.storage.history import RunRecord, Store, machine_name
@@ -153,7 +153,7 @@ def test_a_real_launch_is_recorded_and_corrects_the_next_fit(tmp_path: Path, lla
     rec = recommend(demo, CPU, Workload(concurrency=8), evidence=evidence)
     checks = rec.numbers["memory_checks"]
     assert checks and checks[0]["what"] == "total (process RSS)" and checks[0]["measured_gib"] > 0
-    llama_fit = estimate(demo, "llama.cpp", CPU, FitSettings(ctx=2048 * 8, parallel=8))
+    llama_fit = estimate(demo, CPU, sizing_plan("llama.cpp", ctx_per_request=2048, slots=8))
     if rec.engine == "llama.cpp" and abs(checks[0]["error_gib"]) >= 0.005:
         assert rec.fit is not None and rec.fit.breakdown.get("measured_correction") == pytest.approx(
             checks[0]["error_gib"], abs=1e-3)
@@ -207,7 +207,7 @@ def test_endpoint_launches_go_to_history_for_the_next_recommendation(llama_insta
     proxy.start()
     manager = EndpointManager(proxy, ready_timeout=600)
     try:
-        manager.start(EngineSpec("llama.cpp", "demo", parallel=2))
+        manager.start(EngineSpec("llama.cpp", "demo", slots=2))
     finally:
         manager.close()
         proxy.stop()
@@ -226,7 +226,7 @@ def test_a_launch_that_used_more_memory_than_predicted_corrects_the_next_fit(tmp
 
     demo = facts_for("demo")
     settings = {"ctx": 512, "parallel": 4}
-    predicted = estimate(demo, "llama.cpp", CPU, FitSettings(ctx=2048, parallel=4))
+    predicted = estimate(demo, CPU, sizing_plan("llama.cpp", ctx_per_request=512, slots=4))
     measured_total = predicted.available_gib + 1.0  # the launch used more than this machine has free now
     with Store(tmp_path / "h.sqlite3") as store:
         run = store.add_run(RunRecord(kind="launch", engine="llama.cpp", model="demo", settings=settings,

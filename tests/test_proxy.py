@@ -375,7 +375,7 @@ def raw_http(port: int, payload: bytes, timeout: float = 10) -> bytes:
 
 def http_request(path: str, body: bytes = b"", *, close: bool = False, extra: str = "",
                  method: str = "POST") -> bytes:
-    head = f"{method} {path} HTTP/1.1\r\nHost: endpoint\r\nContent-Type: application/json\r\n"
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     if body or method == "POST":
         head += f"Content-Length: {len(body)}\r\n"
     if close:
@@ -417,7 +417,7 @@ def test_chunked_request_body_and_expect_continue(proxy: ProxyServer, engine_a: 
     """curl sends `Expect: 100-continue` for larger bodies; some clients send bodies chunked."""
     proxy.set_upstream(engine_a.upstream)
     body = json.dumps(completion_body(False)).encode()
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: endpoint\r\nContent-Type: application/json\r\n"
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Transfer-Encoding: chunked\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n")
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
         sock.sendall(head)
@@ -446,8 +446,8 @@ def test_http10_client_gets_a_close_delimited_stream(proxy: ProxyServer, engine_
 
 @pytest.mark.parametrize(("payload", "status", "message"), [
     (b"this is not HTTP\r\n\r\n", 400, "malformed HTTP request"),
-    (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431, "headers over"),
-    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n" + b"x" * 2000, 413,
+    (b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431, "headers over"),
+    (b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2000\r\n\r\n" + b"x" * 2000, 413,
      "request body over"),
 ])
 def test_unreadable_requests_get_a_clear_error_and_a_closed_connection(
@@ -535,17 +535,32 @@ class ClosingEngine:
         self._thread.join(10)
 
 
-def test_a_kept_alive_connection_closed_by_the_engine_is_retried_unseen(proxy: ProxyServer) -> None:
+def test_a_kept_alive_connection_closed_by_the_engine_is_retried_unseen_when_idempotent(proxy: ProxyServer
+                                                                                        ) -> None:
     engine = ClosingEngine()
     try:
         proxy.set_upstream(Upstream("closing@1", "closing", f"http://127.0.0.1:{engine.port}", "m"))
         for _ in range(3):
-            response = httpx.post(proxy.url + "/v1/completions", json=completion_body(False), trust_env=False,
-                                  timeout=10)
+            response = httpx.get(proxy.url + "/v1/completions", trust_env=False, timeout=10)
             assert response.status_code == 200 and response.json()["choices"][0]["text"] == "ok"
         # Requests 2 and 3 went first to the kept-alive connection, which the engine closed unanswered.
         assert engine.answered == 3 and engine.dropped == 2 and engine.connections == 3
         assert proxy.counters["failed"] == 0
+    finally:
+        engine.close()
+
+
+def test_a_post_the_engine_may_have_read_is_not_retried(proxy: ProxyServer) -> None:
+    """A generation must not run twice: a POST written in full and then dropped unanswered gets a 502."""
+    engine = ClosingEngine()
+    try:
+        proxy.set_upstream(Upstream("closing@1", "closing", f"http://127.0.0.1:{engine.port}", "m"))
+        first = httpx.post(proxy.url + "/v1/completions", json=completion_body(False), trust_env=False, timeout=10)
+        assert first.status_code == 200
+        second = httpx.post(proxy.url + "/v1/completions", json=completion_body(False), trust_env=False, timeout=10)
+        assert second.status_code == 502
+        assert "not retried" in second.json()["error"]["message"]
+        assert engine.dropped == 1 and engine.answered == 1  # sent once, never again
     finally:
         engine.close()
 

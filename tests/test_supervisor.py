@@ -347,7 +347,8 @@ def test_watchdog_stops_the_engine_when_the_app_is_killed() -> None:
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert app.stdout is not None
     engine_pid, watcher_pid = (int(word) for word in app.stdout.readline().split())
-    assert psutil.Process(watcher_pid).cmdline()[-2:] == [str(app.pid), str(engine_pid)]
+    # Popen returns once exec began; /proc shows the new argv only when the kernel finished loading it
+    assert _wait_for(lambda: psutil.Process(watcher_pid).cmdline()[-2:] == [str(app.pid), str(engine_pid)], 10)
     assert psutil.Process(engine_pid).status() != psutil.STATUS_ZOMBIE
     app.send_signal(signal.SIGKILL)
     app.wait(10)

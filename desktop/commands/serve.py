@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -21,13 +22,20 @@ from typing import TYPE_CHECKING, Any
 from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json, stderr_progress
 from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
-from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT, DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
+from desktop.core.serving.defaults import (
+    DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_FIRST_BYTE_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_PROXY_PORT,
+    DEFAULT_WAIT_TIMEOUT,
+)
 
 if TYPE_CHECKING:  # the engines, the proxy and the store load only when a command runs: `status` stays instant
     from desktop.core.planning.fit import FitResult
     from desktop.core.runtime.supervisor import EngineProcess
     from desktop.core.serving.endpoint import EndpointEvent, EndpointManager
     from desktop.core.serving.fleet import Fleet
+    from desktop.core.serving.proxy import ProxyServer
     from desktop.core.storage.history import Store
 
 
@@ -66,6 +74,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                           help="require this environment variable's value as the endpoint's API key")
     endpoint.add_argument("--wait-timeout", type=N.seconds, default=DEFAULT_WAIT_TIMEOUT,
                           help="how long a request waits for an engine while none is ready (seconds)")
+    endpoint.add_argument("--allowed-origins", metavar="ORIGINS",
+                          help="web pages allowed to call the endpoint besides local ones: comma-separated "
+                               "scheme://host[:port], or * for any (default: the allowed_origins setting)")
+    endpoint.add_argument("--first-byte-timeout", type=N.seconds, default=DEFAULT_FIRST_BYTE_TIMEOUT,
+                          help="seconds an engine may take before its first response byte (then 504)")
+    endpoint.add_argument("--idle-timeout", type=N.seconds, default=DEFAULT_IDLE_TIMEOUT,
+                          help="seconds an engine may stay silent mid-answer (then the request is cut)")
     endpoint.add_argument("--standby", metavar="ENGINE", help="also start ENGINE and keep it warm")
     endpoint.add_argument("--keep-standby", action="store_true",
                           help="after a switch keep the old engine warm when memory allows")
@@ -308,22 +323,20 @@ class _ServeControl:
         self.stop_requested.set()
 
 
-def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
-    from desktop.core.engines import get_adapter
-    from desktop.core.engines.model_path import resolve_model
-    from desktop.core.planning.launch import require_fit
-    from desktop.core.runtime.ports import ensure_port_free
-    from desktop.core.runtime.supervisor import reap_orphans
-    from desktop.core.runtime.telemetry import Telemetry
-    from desktop.core.serving import control
-    from desktop.core.serving.endpoint import EndpointManager, EngineSpec, machine_budget
-    from desktop.core.serving.proxy import ProxyServer
-    from desktop.core.serving.requestlog import RequestLog
+def _guard_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The endpoint's origins (the flag, else the setting) and engine timeouts, checked before anything starts."""
+    from desktop.core.common.origins import parse_allowed_origins
+    from desktop.core.serving.upstream import Timeouts
+    from desktop.core.storage import settings as core_settings
 
-    port = args.proxy_port if args.proxy_port is not None else DEFAULT_PROXY_PORT
-    ensure_port_free(port)
-    if args.port:
-        ensure_port_free(args.port)
+    allowed = parse_allowed_origins([args.allowed_origins]) if args.allowed_origins is not None \
+        else core_settings.load().allowed_origins
+    return {"allowed_origins": allowed, "timeouts": Timeouts(first_byte=args.first_byte_timeout,
+                                                            idle=args.idle_timeout)}
+
+
+def _endpoint_api_key(args: argparse.Namespace) -> str | None:
+    """The key clients must send (--api-key-env), checked with the capture flag before anything starts."""
     api_key: str | None = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -333,13 +346,101 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
     if api_key and args.capture_bodies:
         raise SwitchyardError("--capture-bodies is not available on an endpoint with an API key",
                               "drop --capture-bodies (or --api-key-env)")
-    model_path = resolve_model(args.model, adapter, stderr_progress)  # a bad model fails here, before anything starts
-    plan = require_fit(checked_plan(args, adapter, model_path), args.model)
+    return api_key
+
+
+def _ensure_engine(adapter: Any, args: argparse.Namespace, what: str = "") -> None:
     if adapter.find_install() is None:
         if args.no_install:
-            raise EngineNotInstalled(f"{adapter.display_name} is not installed",
+            raise EngineNotInstalled(f"{adapter.display_name}{what} is not installed",
                                      f"run `switchyard engines install {adapter.name}`")
         adapter.install(stderr_progress)
+
+
+class _Endpoint:
+    """What every `serve` with an endpoint runs: the proxy with its history, telemetry, request log and control
+    channel, a SIGTERM/Ctrl-C/`switchyard stop` loop, and the teardown in reverse order.
+
+    Made in two steps: the cheap checks (port, API key, origins) before anything slow starts, `open()` after."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from desktop.core.runtime.ports import ensure_port_free
+
+        self.args = args
+        self.port = args.proxy_port if args.proxy_port is not None else DEFAULT_PROXY_PORT
+        ensure_port_free(self.port)
+        self.api_key = _endpoint_api_key(args)
+        self.guard = _guard_options(args)
+
+    def open(self, model_name: str) -> ProxyServer:
+        from desktop.core.runtime.telemetry import Telemetry
+        from desktop.core.serving.proxy import ProxyServer
+        from desktop.core.serving.requestlog import RequestLog
+
+        args = self.args
+        self.proxy = ProxyServer(port=self.port, model_name=model_name, api_key=self.api_key,
+                                 wait_timeout=args.wait_timeout, capture_bodies=args.capture_bodies, **self.guard)
+        self.store = _history_store()
+        self.telemetry = Telemetry(sink=self.store)
+        self.request_log = RequestLog(sink=self.store)
+        self.request_log.attach(self.proxy)
+        return self.proxy
+
+    def run(self, target: _ServeControl | _FleetControl, announce: str, start: Callable[[], None],
+            check: Callable[[], None], close: Callable[[], None]) -> int:
+        """Serve until stopped; `start` runs in a thread (so `switchyard stop` works while engines load),
+        `check` raises when serving cannot go on, `close` stops the engines."""
+        from desktop.core.serving import control
+
+        proxy = self.proxy
+        token = control.new_token()
+        proxy.add_routes(control.control_routes(target, token))
+        proxy.add_routes(control.request_routes(self.request_log, token, lambda: proxy.capture_bodies))
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            raise _Terminate(signum)
+
+        previous = signal.signal(signal.SIGTERM, on_signal)
+        discovery = None
+        try:
+            proxy.start()
+            discovery = control.write_discovery(proxy.port, proxy.url, token)
+            self.telemetry.start()
+            print(f"endpoint listening on {proxy.url}/v1 {announce}", file=sys.stderr, flush=True)
+            threading.Thread(target=start, name="switchyard-start", daemon=True).start()
+            while not target.stop_requested.wait(0.5):
+                check()
+            print("stopping", file=sys.stderr, flush=True)
+            return 0
+        except (KeyboardInterrupt, _Terminate):
+            print("stopping", file=sys.stderr, flush=True)
+            return 0
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            if discovery is not None:
+                control.remove_discovery(discovery)
+            close()
+            self.telemetry.stop()
+            proxy.stop()
+            self.request_log.stop()
+            if self.store is not None:
+                self.store.close()
+
+
+def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.model_path import resolve_model
+    from desktop.core.planning.launch import require_fit
+    from desktop.core.runtime.ports import ensure_port_free
+    from desktop.core.runtime.supervisor import reap_orphans
+    from desktop.core.serving.endpoint import EndpointManager, EngineSpec, machine_budget
+
+    endpoint = _Endpoint(args)
+    if args.port:
+        ensure_port_free(args.port)
+    model_path = resolve_model(args.model, adapter, stderr_progress)  # a bad model fails here, before anything starts
+    plan = require_fit(checked_plan(args, adapter, model_path), args.model)
+    _ensure_engine(adapter, args)
     standby_spec = None
     if args.standby:
         standby_adapter = get_adapter(args.standby)
@@ -351,74 +452,39 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
     reap_orphans()
     spec = EngineSpec(adapter.name, args.model, ctx_per_request=args.ctx, slots=args.parallel, port=args.port,
                       plan=plan)
-
-    proxy = ProxyServer(port=port, model_name=args.model_name, api_key=api_key, wait_timeout=args.wait_timeout,
-                        capture_bodies=args.capture_bodies)
-    store = _history_store()
-    telemetry = Telemetry(sink=store)
-    request_log = RequestLog(sink=store)
-    request_log.attach(proxy)
-    manager = EndpointManager(proxy, telemetry=telemetry, ready_timeout=args.ready_timeout,
+    proxy = endpoint.open(args.model_name)
+    manager = EndpointManager(proxy, telemetry=endpoint.telemetry, ready_timeout=args.ready_timeout,
                               keep_standby=args.keep_standby or bool(args.standby), failover=args.failover,
                               budget=machine_budget(), auto_fit=args.auto_fit, drain_timeout=args.drain_timeout)
     manager.subscribe(lambda event: _print_event(event, args.json))
     target = _ServeControl(manager)
-    token = control.new_token()
-    proxy.add_routes(control.control_routes(target, token))
-    proxy.add_routes(control.request_routes(request_log, token, lambda: proxy.capture_bodies))
+    failures: list[BaseException] = []
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        raise _Terminate(signum)
+    def start_engines() -> None:
+        try:
+            cold = manager.start(spec)
+            active = manager.active
+            print(f"ready: {proxy.url}/v1 serving '{args.model_name}' through {adapter.display_name} "
+                  f"(engine pid {active.process.pid if active else None}, T1 {cold.t1_health_s:.2f} s, "
+                  f"first token {cold.t2_first_token_s:.2f} s). Ctrl-C or `switchyard stop` to stop.",
+                  file=sys.stderr, flush=True)
+            if standby_spec is not None:
+                print(f"starting the warm standby {standby_spec.engine}", file=sys.stderr, flush=True)
+                manager.prepare_standby(standby_spec)
+            if args.json:
+                emit_json(manager.status())
+        except BaseException as exc:  # handed to the main thread, which reports it
+            failures.append(exc)
 
-    previous = signal.signal(signal.SIGTERM, on_signal)
-    discovery = None
-    try:
-        proxy.start()
-        discovery = control.write_discovery(proxy.port, proxy.url, token)
-        telemetry.start()
-        print(f"endpoint listening on {proxy.url}/v1 (model '{args.model_name}'); starting {adapter.display_name}",
-              file=sys.stderr, flush=True)
-        failures: list[BaseException] = []
+    def check() -> None:
+        if failures and not target.stop_requested.is_set():
+            raise failures[0]
+        if manager.down.is_set():
+            raise EngineFailed(f"the endpoint has no engine left: {manager.last_error}",
+                               "start it again; add --standby ENGINE --failover to survive an engine crash")
 
-        def start_engines() -> None:  # in a thread, so `switchyard stop` works while an engine still loads
-            try:
-                cold = manager.start(spec)
-                active = manager.active
-                print(f"ready: {proxy.url}/v1 serving '{args.model_name}' through {adapter.display_name} "
-                      f"(engine pid {active.process.pid if active else None}, T1 {cold.t1_health_s:.2f} s, "
-                      f"first token {cold.t2_first_token_s:.2f} s). Ctrl-C or `switchyard stop` to stop.",
-                      file=sys.stderr, flush=True)
-                if standby_spec is not None:
-                    print(f"starting the warm standby {standby_spec.engine}", file=sys.stderr, flush=True)
-                    manager.prepare_standby(standby_spec)
-                if args.json:
-                    emit_json(manager.status())
-            except BaseException as exc:  # handed to the main thread, which reports it
-                failures.append(exc)
-
-        starter = threading.Thread(target=start_engines, name="switchyard-start", daemon=True)
-        starter.start()
-        while not target.stop_requested.wait(0.5):
-            if failures and not target.stop_requested.is_set():
-                raise failures[0]
-            if manager.down.is_set():
-                raise EngineFailed(f"the endpoint has no engine left: {manager.last_error}",
-                                   "start it again; add --standby ENGINE --failover to survive an engine crash")
-        print("stopping", file=sys.stderr, flush=True)
-        return 0
-    except (KeyboardInterrupt, _Terminate):
-        print("stopping", file=sys.stderr, flush=True)
-        return 0
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if discovery is not None:
-            control.remove_discovery(discovery)
-        manager.close()
-        telemetry.stop()
-        proxy.stop()
-        request_log.stop()
-        if store is not None:
-            store.close()
+    return endpoint.run(target, f"(model '{args.model_name}'); starting {adapter.display_name}", start_engines,
+                        check, manager.close)
 
 
 class _FleetControl:
@@ -444,80 +510,33 @@ def _serve_fleet(args: argparse.Namespace) -> int:
     """`serve --config models.yaml`: every model of the list behind one endpoint, routed by `model`."""
     from desktop.core.engines import get_adapter
     from desktop.core.engines.model_path import resolve_model
-    from desktop.core.runtime.ports import ensure_port_free
     from desktop.core.runtime.supervisor import reap_orphans
-    from desktop.core.runtime.telemetry import Telemetry
-    from desktop.core.serving import control
     from desktop.core.serving.endpoint import machine_budget
     from desktop.core.serving.fleet import Fleet, load_models_config
-    from desktop.core.serving.proxy import ProxyServer
 
     config = load_models_config(args.config)
-    port = args.proxy_port if args.proxy_port is not None else DEFAULT_PROXY_PORT
-    ensure_port_free(port)
-    api_key: str | None = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise SwitchyardError(f"the environment variable {args.api_key_env} is empty or not set",
-                                  "export it with the API key clients must send")
+    endpoint = _Endpoint(args)
     for entry in config.models:  # a bad model or a missing engine fails here, before anything starts
         entry_adapter = get_adapter(entry.engine)
         resolve_model(entry.model, entry_adapter, stderr_progress)
-        if entry_adapter.find_install() is None:
-            if args.no_install:
-                raise EngineNotInstalled(f"{entry_adapter.display_name} (for '{entry.name}') is not installed",
-                                         f"run `switchyard engines install {entry_adapter.name}`")
-            entry_adapter.install(stderr_progress)
+        _ensure_engine(entry_adapter, args, f" (for '{entry.name}')")
     reap_orphans()
-    proxy = ProxyServer(port=port, model_name=config.names()[0], api_key=api_key, wait_timeout=args.wait_timeout)
-    store = _history_store()
-    telemetry = Telemetry(sink=store)
-    fleet = Fleet(proxy, config, telemetry=telemetry, ready_timeout=args.ready_timeout,
+    proxy = endpoint.open(config.names()[0])
+    fleet = Fleet(proxy, config, telemetry=endpoint.telemetry, ready_timeout=args.ready_timeout,
                   drain_timeout=args.drain_timeout, budget=machine_budget(), auto_fit=args.auto_fit)
     fleet.subscribe(lambda event: _print_event(event, args.json))
-    target = _FleetControl(fleet)
-    token = control.new_token()
-    proxy.add_routes(control.control_routes(target, token))
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        raise _Terminate(signum)
+    def preload() -> None:
+        try:
+            fleet.start()
+            print(f"ready: {proxy.url}/v1 serves {', '.join(config.names())}. Ctrl-C or `switchyard stop` "
+                  "to stop.", file=sys.stderr, flush=True)
+            if args.json:
+                emit_json(fleet.status())
+        except SwitchyardError as exc:  # that model loads again on its next request
+            print(f"a model did not load: {exc}", file=sys.stderr, flush=True)
 
-    previous = signal.signal(signal.SIGTERM, on_signal)
-    discovery = None
-    try:
-        proxy.start()
-        discovery = control.write_discovery(proxy.port, proxy.url, token)
-        telemetry.start()
-        print(f"endpoint listening on {proxy.url}/v1 for {', '.join(config.names())}", file=sys.stderr, flush=True)
-
-        def preload() -> None:  # in a thread, so `switchyard stop` works while engines load
-            try:
-                fleet.start()
-                print(f"ready: {proxy.url}/v1 serves {', '.join(config.names())}. Ctrl-C or `switchyard stop` "
-                      "to stop.", file=sys.stderr, flush=True)
-                if args.json:
-                    emit_json(fleet.status())
-            except SwitchyardError as exc:  # that model loads again on its next request
-                print(f"a model did not load: {exc}", file=sys.stderr, flush=True)
-
-        threading.Thread(target=preload, name="switchyard-start", daemon=True).start()
-        while not target.stop_requested.wait(0.5):
-            pass
-        print("stopping", file=sys.stderr, flush=True)
-        return 0
-    except (KeyboardInterrupt, _Terminate):
-        print("stopping", file=sys.stderr, flush=True)
-        return 0
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if discovery is not None:
-            control.remove_discovery(discovery)
-        fleet.close()
-        telemetry.stop()
-        proxy.stop()
-        if store is not None:
-            store.close()
+    return endpoint.run(_FleetControl(fleet), f"for {', '.join(config.names())}", preload, lambda: None, fleet.close)
 
 
 def _print_event(event: EndpointEvent, as_json: bool) -> None:

@@ -117,8 +117,9 @@ class EngineSession(QObject):
             from desktop.core.serving.proxy import ProxyServer
             from desktop.core.storage import settings as core_settings
 
-            port = self.endpoint_port if self.endpoint_port is not None else core_settings.load().endpoint_port
-            proxy = ProxyServer(port=port)
+            saved = core_settings.load()
+            port = self.endpoint_port if self.endpoint_port is not None else saved.endpoint_port
+            proxy = ProxyServer(port=port, allowed_origins=saved.allowed_origins)
             self._attach_request_log(proxy)  # before start: its control route (if any) is added before start too
             # `switchyard status|switch|stop|requests` from a shell reach this endpoint like one the CLI started
             token = control.new_token()

@@ -9,3 +9,7 @@ DEFAULT_WAIT_TIMEOUT = 600.0
 # for a long answer on a busy CPU box (streams caught at a switch took up to ~330 s there), and a bound all the same.
 # One deadline for the endpoint, the fleet and the CLI.
 DEFAULT_DRAIN_TIMEOUT = 300.0
+# How long the endpoint waits on an engine: for the first response byte (bounds a whole non-streamed generation on
+# a slow CPU) and for the longest silence once the answer started (see serving.upstream.Timeouts).
+DEFAULT_FIRST_BYTE_TIMEOUT = 600.0
+DEFAULT_IDLE_TIMEOUT = 300.0

@@ -9,6 +9,7 @@ the old one or keep it warm when memory allows. If the new engine fails to start
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -368,6 +369,8 @@ class EndpointManager:
     def _launch_once(self, spec: EngineSpec) -> ManagedEngine:
         """Start an engine for `spec` and wait until it really serves; stop it again if it does not."""
         adapter, plan, install = self.launcher(spec)
+        if not plan.api_key:  # a per-launch key only the endpoint holds: the engine's own port is no side door
+            plan = replace(plan, api_key=secrets.token_urlsafe(32))
         process = EngineProcess(adapter, plan, install)
         process.start()
         upstream = Upstream(name=f"{adapter.name}@{process.plan.port}", engine=adapter.name,

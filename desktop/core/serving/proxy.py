@@ -10,6 +10,11 @@ the routes it answers itself (/health, /v1/models, the control channel), and for
 
 Streams pass through chunk by chunk as they arrive (no buffering). While no engine is ready, requests wait
 (bounded) instead of failing.
+
+What it refuses, from a request's head alone (before any body is kept): a `Host` that is not this machine (DNS
+rebinding), an `Origin` that is neither local nor allowed by the user (a web page the user visits), a missing or
+wrong API key. CORS is answered for allowed origins only. Engines behind it hold a per-launch key (Upstream.api_key)
+that only the endpoint sends, so their own ports are no side door.
 """
 
 from __future__ import annotations
@@ -18,18 +23,21 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from desktop.core.common.errors import PortBusy, SwitchyardError
+from desktop.core.common.origins import ANY_ORIGIN, is_local_origin, is_loopback_host, normalize_origin
 from desktop.core.runtime.ports import holder_of
 from desktop.core.serving.http1 import (
     HOP_HEADERS,
     ClientConnection,
     Headers,
     Incoming,
+    Limits,
     LocalHandler,
     LocalRequest,
     LocalResponse,
@@ -40,7 +48,7 @@ from desktop.core.serving.http1 import (
 )
 from desktop.core.serving.metering import CapturingMeter, RequestListener, RequestRecord, request_model
 from desktop.core.serving.router import Lease, OnDemand, Route, Router, Unavailable, Upstream
-from desktop.core.serving.upstream import Exchange, Target, UpstreamConnection, UpstreamPool
+from desktop.core.serving.upstream import Exchange, Target, Timeouts, UpstreamConnection, UpstreamPool
 
 __all__ = ["CONTROL_PREFIX", "DEFAULT_PROXY_PORT", "DEFAULT_WAIT_TIMEOUT", "ProxyServer", "RequestRecord", "Upstream"]
 
@@ -53,6 +61,8 @@ STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Cont
               b"Transfer-Encoding: chunked\r\n\r\n"
 CONTROL_PREFIX = "/switchyard/"
 MESSAGES_PATH = "/v1/messages"  # Anthropic Messages: forwarded only to engines that answer it
+CORS_MAX_AGE_S = 600
+_TOKEN_LIST = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*")
 T = TypeVar("T")
 
 
@@ -69,13 +79,22 @@ class ProxyServer:
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
         retry_window: float = 30.0,
         capture_bodies: bool = False,
+        allowed_origins: Iterable[str] = (),
+        timeouts: Timeouts | None = None,
+        limits: Limits | None = None,
     ) -> None:
+        """`allowed_origins`: normalized origins (common.origins.parse_allowed_origins) web pages may call from,
+        besides local ones; `*` allows any."""
         self.host = host
         self.port = port
         self.model_name = model_name
         self.api_key = api_key
         self.wait_timeout = wait_timeout
         self.retry_window = retry_window
+        self.allowed_origins = frozenset(allowed_origins)
+        self.limits = limits or Limits()
+        self.queued = 0  # requests read ahead on all connections + those waiting for an engine
+        self._hosts: dict[str, bool] = {}
         self.started_at = time.time()
         self._listeners: list[RequestListener] = []
         self._started: list[RequestListener] = []
@@ -86,7 +105,7 @@ class ProxyServer:
         self._thread: threading.Thread | None = None
         self._server: asyncio.AbstractServer | None = None
         self.connections: set[ClientConnection] = set()
-        self.upstreams = UpstreamPool()
+        self.upstreams = UpstreamPool(timeouts)
         self.counters = {"requests": 0, "failed": 0, "waited": 0}
         self.router = Router(self.counters)  # owned by the proxy's loop
 
@@ -252,8 +271,58 @@ class ProxyServer:
         token = header[7:] if header.lower().startswith("bearer ") else headers.get("x-api-key")
         return hmac.compare_digest(token.encode(), self.api_key.encode())
 
+    def screen(self, method: str, path: str, headers: Headers) -> tuple[LocalResponse | None, bytes]:
+        """Judge a request by its head (ClientConnection calls this before reading the body): refuse a foreign
+        Host or Origin (403) and a missing API key (401), answer a CORS preflight; otherwise return the CORS
+        lines the answer will carry (none without an Origin)."""
+        error = anthropic_error if path.startswith(MESSAGES_PATH) else json_error  # each API's own error shape
+        host = headers.get("Host")
+        if host and not self._local_host(host):
+            return error(403, f"the endpoint answers only requests addressed to this machine, not to "
+                              f"'{host[:100]}'", "permission_error"), b""
+        origin = headers.get("Origin")
+        cors = b""
+        if origin:
+            if not self._origin_allowed(origin):
+                return error(403, f"requests from web pages at '{origin[:100]}' are refused; allow the origin with "
+                                  "`switchyard serve --allowed-origins ORIGIN` or the allowed_origins setting",
+                             "permission_error"), b""
+            cors = f"Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n".encode("latin-1")
+            if method == "OPTIONS" and "Access-Control-Request-Method" in headers:
+                return self._preflight(origin, headers), b""
+        if path.startswith(CONTROL_PREFIX) or path == "/health":
+            return None, cors  # the control routes check their own token
+        if not self._authorized(headers):
+            return error(401, "invalid or missing API key", "authentication_error"), cors
+        return None, cors
+
+    def _local_host(self, host: str) -> bool:
+        """is_loopback_host, remembered: clients send the same few Host values on every request."""
+        local = self._hosts.get(host)
+        if local is None:
+            if len(self._hosts) >= 256:
+                self._hosts.clear()
+            local = self._hosts[host] = is_loopback_host(host)
+        return local
+
+    def _origin_allowed(self, origin: str) -> bool:
+        if is_local_origin(origin) or ANY_ORIGIN in self.allowed_origins:
+            return True
+        normalized = normalize_origin(origin)
+        return normalized is not None and normalized in self.allowed_origins
+
+    def _preflight(self, origin: str, headers: Headers) -> LocalResponse:
+        """A browser asks whether a page at `origin` (allowed) may send this request."""
+        requested = headers.get("Access-Control-Request-Headers").strip()
+        allow_headers = requested if _TOKEN_LIST.fullmatch(requested) else "Authorization, Content-Type"
+        return LocalResponse(204, b"", headers=(
+            ("Access-Control-Allow-Origin", origin), ("Vary", "Origin"),
+            ("Access-Control-Allow-Methods", "GET, POST, OPTIONS"),
+            ("Access-Control-Allow-Headers", allow_headers),
+            ("Access-Control-Max-Age", str(CORS_MAX_AGE_S))))
+
     def dispatch(self, request: Incoming, client: ClientConnection) -> None:
-        """Answer one request; calls client.request_done() when finished, now or later."""
+        """Answer one request that passed screen(); calls client.request_done() when finished, now or later."""
         path = request.path
         if path.startswith(CONTROL_PREFIX):
             routes = self._routes.get(path)
@@ -267,9 +336,6 @@ class ProxyServer:
             return
         if path == "/health":
             client.write_response(self._health(), request=request)
-        elif not self._authorized(request.headers):
-            client.write_response(json_error(401, "invalid or missing API key", "authentication_error"),
-                                  request=request)
         elif path == "/v1/models" and request.method in ("GET", "HEAD"):
             client.write_response(self._models(), request=request)
         elif not self.router.multi:
@@ -390,6 +456,11 @@ class ProxyServer:
         while True:
             upstream = self.router.try_acquire(avoid, route)
             if upstream is None:
+                if self.queued >= self.limits.queued:
+                    return self._fail(request, client, wall, arrived, None, 503,
+                                      f"the endpoint already holds {self.limits.queued} queued requests",
+                                      retry_after=True)
+                self.queued += 1
                 try:
                     if route.loading_status and model is not None and not request.http10 and \
                             _wants_stream(request.body):
@@ -403,6 +474,8 @@ class ProxyServer:
                     if told:
                         return self._fail_stream(request, client, wall, arrived, message)
                     return self._fail(request, client, wall, arrived, None, 503, message)
+                finally:
+                    self.queued -= 1
             if not upstream.messages_api and request.path.startswith(MESSAGES_PATH):
                 self.router.release(upstream)
                 return self._unsupported(request, client, wall, arrived, upstream)
@@ -438,7 +511,8 @@ class ProxyServer:
                 note = f": loading model {model} ({time.monotonic() - since:.0f} s)\n\n" if since is not None \
                     else f": waiting for model {model}\n\n"
                 payload = note.encode()
-                client.transport.write((b"" if told else STREAM_HEAD) + b"%x\r\n%b\r\n" % (len(payload), payload))
+                head = b"" if told else STREAM_HEAD[:-2] + request.cors + b"\r\n"
+                client.transport.write(head + b"%x\r\n%b\r\n" % (len(payload), payload))
                 told = True
         finally:
             if not waiting.done():
@@ -477,7 +551,8 @@ class ProxyServer:
                connection: UpstreamConnection, arrived: float, wall: float, told: bool = False) -> Exchange:
         upstream = lease.upstream
         target = self.upstreams.target(upstream.base_url)
-        exchange = Exchange(self._record, client, request, lease, arrived, wall, connection, head_sent=told)
+        exchange = Exchange(self._record, client, request, lease, arrived, wall, connection, self.upstreams,
+                            head_sent=told)
         if self.capture_bodies:
             exchange.meter = CapturingMeter(arrived, request.body)
         if client.closed:
@@ -515,7 +590,7 @@ class ProxyServer:
         return json.dumps(data).encode()
 
     def _fail(self, request: Incoming, client: ClientConnection, wall: float, arrived: float,
-              upstream: Upstream | None, status: int, message: str) -> bool:
+              upstream: Upstream | None, status: int, message: str, retry_after: bool = False) -> bool:
         now = asyncio.get_running_loop().time()
         self._record(RequestRecord(wall, request.method, request.path, upstream.name if upstream else None,
                                    status, False, None, now - arrived, None, message,
@@ -523,6 +598,8 @@ class ProxyServer:
                                    client=client.peer, seq=request.seq))
         error = anthropic_error(status, message) if request.path.startswith(MESSAGES_PATH) else \
             json_error(status, message, "upstream_unavailable")
+        if retry_after:
+            error.headers = (("Retry-After", str(self.limits.retry_after_s)),)
         client.write_response(error, request=request)
         return True
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import select
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
@@ -14,6 +15,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from desktop.core.common.errors import SwitchyardError
+from desktop.core.serving.defaults import DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_IDLE_TIMEOUT
 from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error
 from desktop.core.serving.metering import (
     RequestListener,
@@ -26,12 +28,36 @@ from desktop.core.serving.router import Lease
 
 log = logging.getLogger("switchyard.proxy")
 
-CONNECT_TIMEOUT = 10.0
+# Methods whose repetition has the effect of one (RFC 9110 §9.2.2): the only ones retried once the engine may
+# have received them.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 # Idle connections to an engine are reused for this long: well under the 5 s after which llama-server
 # (cpp-httplib) and vLLM (uvicorn) close them, so the race with their close is rare (and retried when it happens).
 POOL_IDLE_SECONDS = 2.0
 POOL_MAX_IDLE = 64
 KEPT_BODY_BYTES = 1 << 20  # of a non-streamed answer, for its token count
+
+
+class _Spent:
+    """What a finished exchange's parser points at instead of the exchange (see Exchange._finish)."""
+
+
+_SPENT_PARSER = httptools.HttpResponseParser(_Spent())
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long the endpoint waits on an engine before giving up on a request (seconds).
+
+    `first_byte` runs from the request's start to the engine's first response byte: a non-streamed answer
+    arrives whole, so it bounds a whole generation on a slow CPU and is generous. `idle` is the longest silence
+    once the answer started (a stream's gap between tokens, a long prompt's prefill). A request that runs out gets
+    a 504 (or, mid-stream, an error event) and its engine connection is aborted, which cancels it in the engine.
+    """
+
+    connect: float = 10.0
+    first_byte: float = DEFAULT_FIRST_BYTE_TIMEOUT
+    idle: float = DEFAULT_IDLE_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -51,19 +77,53 @@ class Target:
         return cls(parts.hostname or "127.0.0.1", parts.port or 80, parts.path.rstrip("/"), parts.netloc)
 
 
+class Pool:
+    """Idle kept-alive connections to one engine, and what the engine showed about keeping them.
+
+    llama-server (cpp-httplib) closes its connection right after a chunked (streamed) answer although the answer
+    says `Keep-Alive`; a connection pooled after one is dead a few µs later. Seen once (it closed idle, or was
+    found readable at reuse), such connections are no longer pooled for that engine: reusing one would send a
+    request into a closing connection, which then cannot be retried safely. Engines that keep them (vLLM) keep
+    the pool's speed.
+    """
+
+    __slots__ = ("closes_after_chunked", "idle")
+
+    def __init__(self) -> None:
+        self.idle: list[UpstreamConnection] = []
+        self.closes_after_chunked = False
+
+
 class UpstreamConnection(asyncio.Protocol):
     """A connection to an engine, kept alive between requests: connecting afresh costs the proxy's one thread
     ~0.2 ms per request, and under a burst of concurrent requests every client waits on the sum of those."""
 
-    def __init__(self, pool: list[UpstreamConnection]) -> None:
+    def __init__(self, pool: Pool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.exchange: Exchange | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.reused = False  # it carried an earlier request (the engine may close it while idle)
+        self.unsent = False  # part of the current request is still in our buffer: the engine cannot have it all
+        self.after_chunked = False  # idle after a chunked answer (see Pool)
+        self._poll: select.poll | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        # pause_writing/resume_writing as soon as anything is buffered/once all is handed to the kernel: they
+        # tell whether the engine can have received the whole request (see Exchange.connection_lost).
+        self.transport.set_write_buffer_limits(high=0, low=0)
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            self._poll = select.poll()  # ~0.5 µs a check, where select() costs ~3.5
+            self._poll.register(sock.fileno(), select.POLLIN)
+
+    def pause_writing(self) -> None:
+        self.unsent = True
+
+    def resume_writing(self) -> None:
+        self.unsent = False
 
     def data_received(self, data: bytes) -> None:
         if self.exchange is not None:
@@ -72,32 +132,46 @@ class UpstreamConnection(asyncio.Protocol):
             self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed and self.exchange is None and self.after_chunked:
+            self.pool.closes_after_chunked = True  # the engine closed it, idle, right after a chunked answer
         self.closed = True
         with contextlib.suppress(ValueError):
-            self.pool.remove(self)
+            self.pool.idle.remove(self)
         if self.exchange is not None:
             self.exchange.connection_lost(exc)
+
+    def readable(self) -> bool:
+        """Whether the engine sent something (its FIN, most likely) that the loop has not handled yet. An idle
+        kept-alive connection never should: one that is readable was closed by the engine and must not carry a
+        request that could not then be retried. One poll (a few µs) per reuse narrows that race to the
+        microseconds between this check and the write."""
+        return self._poll is None or bool(self._poll.poll(0))
 
     def begin(self, exchange: Exchange, request: bytes) -> None:
         assert self.transport is not None
         self.exchange = exchange
+        self.unsent = False
         self.transport.write(request)
 
-    def release(self, reusable: bool, now: float) -> None:
-        """The exchange is over: back to the pool when the engine left it clean, else closed."""
+    def release(self, reusable: bool, now: float, chunked: bool = False) -> None:
+        """The exchange is over: back to the pool when the engine left it clean (and will keep it), else closed."""
         self.exchange = None
-        if reusable and not self.closed and self.transport is not None and len(self.pool) < POOL_MAX_IDLE:
+        pool = self.pool
+        if reusable and not self.closed and self.transport is not None and len(pool.idle) < POOL_MAX_IDLE \
+                and not (chunked and pool.closes_after_chunked):
             if not self.transport.is_reading():  # paused for a slow client
                 self.transport.resume_reading()
             self.idle_since = now
-            self.pool.append(self)
+            self.reused = True
+            self.after_chunked = chunked
+            pool.idle.append(self)
         else:
             self.abort()
 
     def abort(self) -> None:
         self.closed = True
         with contextlib.suppress(ValueError):
-            self.pool.remove(self)
+            self.pool.idle.remove(self)
         if self.transport is not None:
             self.transport.abort()
 
@@ -105,9 +179,15 @@ class UpstreamConnection(asyncio.Protocol):
 class UpstreamPool:
     """Idle kept-alive connections per engine base URL, and each URL parsed once."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeouts: Timeouts | None = None) -> None:
+        self.timeouts = timeouts or Timeouts()
+        # Exchanges in flight, swept for timeouts a few times per timeout (at most each second): one timer for
+        # all of them, so a request costs a set add/discard and a chunk nothing.
+        self.active: set[Exchange] = set()
+        self.sweep_interval = max(0.05, min(1.0, self.timeouts.first_byte / 5, self.timeouts.idle / 5))
+        self._sweep: asyncio.TimerHandle | None = None
         self._targets: dict[str, Target] = {}
-        self._pools: dict[str, list[UpstreamConnection]] = {}
+        self._pools: dict[str, Pool] = {}
 
     def target(self, base_url: str) -> Target:
         target = self._targets.get(base_url)
@@ -118,36 +198,69 @@ class UpstreamPool:
     def pooled(self, base_url: str, now: float) -> UpstreamConnection | None:
         """The most recently used idle connection to `base_url` that is still fresh, if any."""
         pool = self._pools.get(base_url)
-        while pool:
-            connection = pool.pop()
-            if not connection.closed and now - connection.idle_since < POOL_IDLE_SECONDS:
+        idle = pool.idle if pool is not None else None
+        while idle:
+            connection = idle.pop()
+            if connection.closed or now - connection.idle_since >= POOL_IDLE_SECONDS:
+                connection.abort()
+            elif connection.readable():
+                if connection.after_chunked and pool is not None:
+                    pool.closes_after_chunked = True
+                connection.abort()
+            else:
                 return connection
-            connection.abort()
         return None
 
     async def connect(self, base_url: str) -> UpstreamConnection:
         """A fresh connection (OSError or TimeoutError when the engine does not take it in time)."""
         target = self.target(base_url)
-        connection = UpstreamConnection(self._pools.setdefault(base_url, []))
-        async with asyncio.timeout(CONNECT_TIMEOUT):
+        pool = self._pools.get(base_url)
+        if pool is None:
+            pool = self._pools[base_url] = Pool()
+        connection = UpstreamConnection(pool)
+        async with asyncio.timeout(self.timeouts.connect):
             await asyncio.get_running_loop().create_connection(lambda: connection, target.host, target.port)
         return connection
 
+    def track(self, exchange: Exchange) -> None:
+        self.active.add(exchange)
+        if self._sweep is None:
+            self._sweep = exchange.loop.call_later(self.sweep_interval, self._sweep_now)
+
+    def _sweep_now(self) -> None:
+        self._sweep = None
+        if not self.active:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for exchange in list(self.active):
+            exchange.check_time(now)
+        if self.active:
+            self._sweep = loop.call_later(self.sweep_interval, self._sweep_now)
+
     def close_idle(self) -> None:
         for pool in self._pools.values():
-            for idle in list(pool):
+            for idle in list(pool.idle):
                 idle.abort()
 
 
 class Exchange:
     """One forwarded request on an upstream connection; the answer is written to the client as it arrives.
 
-    `done` resolves to the RequestRecord, or to None when the engine took nothing (refused or closed before
-    answering), so the caller may retry elsewhere without the client noticing.
+    `done` resolves to the RequestRecord, or to None when the engine provably never got the request, so the
+    caller may retry (elsewhere) without the client noticing. The rule (a retried generation must not run twice):
+    a connection closed before any response byte is retried only when part of the request was still unsent
+    (the engine cannot have read all of it) or the method is idempotent. A POST the engine may have read is
+    answered 502 instead. (Refused connects are retried by the caller: nothing was sent.) Kept-alive connections
+    are reused for at most POOL_IDLE_SECONDS, well before the engines close idle ones, so that race stays rare.
+
+    Time is checked without per-chunk work: UpstreamPool sweeps the exchanges in flight and compares the time of
+    the last upstream bytes (which data_received notes anyway) with the timeouts.
     """
 
     def __init__(self, record: RequestListener, client: ClientConnection, request: Incoming, lease: Lease,
-                 arrived: float, wall: float, connection: UpstreamConnection, *, head_sent: bool = False) -> None:
+                 arrived: float, wall: float, connection: UpstreamConnection, upstreams: UpstreamPool, *,
+                 head_sent: bool = False) -> None:
         self.record = record
         self.client = client
         self.connection = connection
@@ -167,19 +280,25 @@ class Exchange:
         self.streamed = False
         self.framing = "length"  # to the client: "length", "chunked", "close" or "none"
         self.upstream_framed = True  # the engine said how long its body is (length or chunked)
+        self.upstream_chunked = False
         self.upstream_keep_alive = False  # the engine will take another request on this connection
         self.complete = False
         self.finished = False
         self.out: list[bytes] = []
         self.kept: list[bytes] = []
         self.kept_size = 0
-        self.now = 0.0
+        self.now = 0.0  # when upstream bytes last arrived; 0.0 until the first do
         self.paused = False
         self.cut_reason: str | None = None  # the endpoint took the engine away (see cut())
         # The endpoint already sent a 200 event-stream head (it told the client its model loads): the engine's
         # head is not passed on, its body is chunked, and an engine error becomes an SSE error event.
         self.head_sent = head_sent
         self.engine_error = False
+        self.paused_at = 0.0
+        self.upstreams = upstreams
+        self.timeouts = upstreams.timeouts
+        self.started = self.loop.time()
+        upstreams.track(self)
 
     # --- from the upstream connection ---
     def data_received(self, data: bytes) -> None:
@@ -200,7 +319,12 @@ class Exchange:
         if self.finished:
             return
         if not self.answered:
-            self._finish(None, retry=True, reason=f"closed before answering ({exc or 'no response'})")
+            why = f"{type(exc).__name__}: {exc}" if exc else "no response"
+            if self.now == 0.0 and (self.connection.unsent or self.request.method in IDEMPOTENT):
+                self._finish(None, retry=True, reason=f"closed before answering ({why})")
+            else:
+                self._finish(f"the engine {self.upstream.engine} closed the connection without answering ({why}); "
+                             "not retried, since it may have started on the request")
         elif not self.upstream_framed and not self.complete:
             self.complete = True  # a body delimited by the connection's end
             if self.framing == "chunked":
@@ -235,7 +359,9 @@ class Exchange:
             if lower == b"content-length":
                 length = value
             elif lower == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
+                chunked = self.upstream_chunked = b"chunked" in value.lower()
+            elif lower.startswith(b"access-control-"):
+                continue  # CORS is the endpoint's decision (request.cors), not the engine's
             elif lower.decode("latin-1") not in HOP_HEADERS:
                 if lower == b"content-type" and b"text/event-stream" in value:
                     self.streamed = True
@@ -260,7 +386,7 @@ class Exchange:
         if close:
             lines.append(b"Connection: close")
             request.keep_alive = False
-        self.out.append(b"\r\n".join(lines) + b"\r\n\r\n")
+        self.out.append(b"\r\n".join(lines) + b"\r\n" + request.cors + b"\r\n")
         self.answered = True
         if no_body:
             self.complete = True
@@ -306,15 +432,19 @@ class Exchange:
         self.out.clear()
 
     def pause_upstream(self) -> None:
+        """The client reads slower than the engine writes: stop reading the engine (TCP slows it down)."""
         transport = self.connection.transport
         if transport is not None and not self.paused:
             self.paused = True
+            self.paused_at = self.loop.time()
             transport.pause_reading()
 
     def resume_upstream(self) -> None:
         transport = self.connection.transport
         if transport is not None and self.paused:
             self.paused = False
+            if self.now:
+                self.now = self.loop.time()  # the engine's silence while paused was ours
             transport.resume_reading()
 
     def cut(self, message: str) -> None:
@@ -324,18 +454,39 @@ class Exchange:
             self.cut_reason = message
             self._finish(message)
 
+    def check_time(self, now: float) -> None:
+        """Called by the pool's sweep: time the request out when the engine (or the client) is late."""
+        if self.finished:
+            return
+        if self.paused:  # waiting on the client, not the engine
+            if now - self.paused_at >= self.timeouts.idle:
+                self._finish(f"the client read nothing for {self.timeouts.idle:g} s", client_gone=True)
+                if self.client.transport is not None:
+                    self.client.transport.abort()  # close() would wait for it to read what is buffered
+        elif self.now == 0.0:
+            if now - self.started >= self.timeouts.first_byte:
+                self._finish(f"the engine {self.upstream.engine} did not answer within "
+                             f"{self.timeouts.first_byte:g} s; the request was cancelled", timed_out=True)
+        elif now - self.now >= self.timeouts.idle:
+            self._finish(f"the engine {self.upstream.engine} sent nothing for {self.timeouts.idle:g} s; "
+                         "the request was cancelled", timed_out=True)
+
     def client_gone(self) -> None:
         """The client hung up: abort the upstream request so the engine stops working on it."""
         if not self.finished:
             self._finish("the client disconnected", client_gone=True)
 
-    def _finish(self, error: str | None, *, retry: bool = False, reason: str = "", client_gone: bool = False
-                ) -> None:
+    def _finish(self, error: str | None, *, retry: bool = False, reason: str = "", client_gone: bool = False,
+                timed_out: bool = False) -> None:
         self.finished = True
+        self.upstreams.active.discard(self)
+        # The parser holds this exchange (its callbacks) and the exchange its request: a cycle that only the
+        # cyclic GC would free, keeping every request body (up to 64 MiB each) alive until it runs.
+        self.parser = _SPENT_PARSER
         self.client.exchange = None
         done = self.loop.time()
         reusable = self.complete and error is None and self.upstream_framed and self.upstream_keep_alive
-        self.connection.release(reusable and not (retry or client_gone), done)
+        self.connection.release(reusable and not (retry or client_gone), done, self.upstream_chunked)
         if retry:
             log.info("%s refused a request (%s): retrying", self.upstream.name, reason)
             self.done.set_result(None)
@@ -351,6 +502,8 @@ class Exchange:
         status = self.status
         if client_gone:
             status = 499
+        elif timed_out:
+            status = 504
         elif not self.answered and error is not None:  # e.g. a malformed response head: the client gets a 502
             status = 503 if self.cut_reason else 502
         elif error is None and status >= 400:
@@ -368,13 +521,17 @@ class Exchange:
         self.lease.release()  # counted off and published before the client sees the end of its answer
         self.record(record)
         self._flush()
-        if told is not None and not self.answered and self.cut_reason:
+        if told is not None and not self.answered and self.head_sent:
+            self.framing, self.streamed = "chunked", True  # the client has the endpoint's event-stream head
+            self._tell_client(told)
+        elif told is not None and not self.answered and self.cut_reason:
             response = json_error(503, told, "engine_switch")
             response.headers = (("Retry-After", "1"),)
             self.client.write_response(response, request=self.request)
         elif told is not None and not self.answered:
             self.request.keep_alive = False
-            self.client.write_response(json_error(502, told, "upstream_error"), close=True, request=self.request)
+            self.client.write_response(json_error(status, told, "upstream_timeout" if timed_out else "upstream_error"),
+                                       close=True, request=self.request)
         elif told is not None:
             self._tell_client(told)
         self.done.set_result(record)

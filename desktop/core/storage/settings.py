@@ -18,10 +18,11 @@ from typing import Any
 
 from desktop.core.common import paths
 from desktop.core.common.errors import SwitchyardError
+from desktop.core.common.origins import parse_allowed_origins
 
 log = logging.getLogger("switchyard.settings")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SETTINGS_FILE = "settings.json"
 WORKLOADS = ("chat", "long-context", "many-users", "batch")
 ENGINES = ("auto", "llama.cpp", "vllm")
@@ -36,6 +37,8 @@ class Settings:
     endpoint_port: int = 8765
     default_workload: str = "chat"
     preferred_engine: str = "auto"
+    # Web pages (origins) allowed to call the endpoint besides local ones; "*" allows any. Empty: local only.
+    allowed_origins: tuple[str, ...] = ()
     version: int = SCHEMA_VERSION
     notes: tuple[str, ...] = field(default=(), compare=False)  # what load() had to fix; never saved
 
@@ -52,6 +55,9 @@ class Settings:
             value = getattr(self, name)
             if value and not Path(value).expanduser().is_absolute():
                 raise SwitchyardError(f"{name.replace('_', ' ')} must be an absolute path, not '{value}'")
+        if parse_allowed_origins(self.allowed_origins) != self.allowed_origins:
+            raise SwitchyardError(f"allowed origins must be distinct, lower-case scheme://host[:port] entries or *, "
+                                  f"not {list(self.allowed_origins)}", "e.g. http://192.168.1.5:3000")
         return self
 
     def to_json(self) -> dict[str, Any]:
@@ -76,7 +82,12 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "preferred_engine": data.get("preferred_engine", "auto")}
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1, 1: _v1_to_v2}
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v3 added `allowed_origins`; v2 files allow local pages only, as before."""
+    return {**data, "allowed_origins": data.get("allowed_origins", [])}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1, 1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def migrate(data: dict[str, Any]) -> dict[str, Any]:
@@ -104,6 +115,8 @@ def from_dict(data: dict[str, Any]) -> Settings:
         if key not in known:
             continue
         default = getattr(Settings(), key)
+        if isinstance(default, tuple) and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = tuple(value)  # JSON has lists
         if isinstance(default, bool) or not isinstance(value, type(default)):
             raise SwitchyardError(f"setting '{key}' should be {type(default).__name__}, not {value!r}")
         values[key] = value
