@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -58,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return watchdog.main(arguments[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    import logging  # after parsing: `--version` and `--help` answer without it
+
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s: %(message)s",

@@ -34,6 +34,27 @@ def test_version() -> None:
     assert result.stdout.strip() == f"switchyard {__version__}"
 
 
+HEAVY_MODULES = ("PySide6", "numpy", "httpx", "huggingface_hub", "torch", "gguf", "asyncio")
+_IMPORTS_AFTER = """
+import contextlib, json, sys
+from desktop import cli
+with contextlib.redirect_stdout(sys.stderr), contextlib.suppress(SystemExit):
+    cli.main(sys.argv[1:])
+print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
+"""
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["status", "--port", "1"], ["serve", "--help"]])
+def test_quick_commands_load_no_heavy_module(args: list[str]) -> None:
+    """`--version`, `--help` and `status` answer at once because no command loads its libraries up front."""
+    result = subprocess.run([sys.executable, "-c", _IMPORTS_AFTER, *args], capture_output=True,  # noqa: S603
+                            text=True, timeout=60, env={**os.environ})
+    assert result.returncode == 0, result.stderr
+    loaded = set(json.loads(result.stdout))
+    assert loaded.isdisjoint(HEAVY_MODULES), sorted(loaded & set(HEAVY_MODULES))
+    assert "desktop" in loaded
+
+
 def test_engines_list_json_names_both_engines() -> None:
     result = run_cli("engines", "list", "--json")
     assert result.returncode == 0, result.stderr

@@ -61,6 +61,15 @@ def controlled() -> Iterator[tuple[ProxyServer, FakeTarget, control.Discovery]]:
     proxy.stop()
 
 
+def test_endpoint_defaults_are_the_proxys() -> None:
+    """The CLI reads the defaults from a module that imports nothing (fast `--help`); they are the proxy's."""
+    from desktop.core.serving import defaults, endpoint, proxy
+
+    assert (defaults.DEFAULT_PROXY_PORT, defaults.DEFAULT_WAIT_TIMEOUT) == (proxy.DEFAULT_PROXY_PORT,
+                                                                            proxy.DEFAULT_WAIT_TIMEOUT)
+    assert defaults.DEFAULT_DRAIN_TIMEOUT == endpoint.DEFAULT_DRAIN_TIMEOUT
+
+
 def test_discovery_file_is_private_and_found(controlled: tuple[ProxyServer, FakeTarget, control.Discovery]) -> None:
     proxy, _target, discovery = controlled
     mode = stat.S_IMODE(control.discovery_path(proxy.port).stat().st_mode)
@@ -450,6 +459,48 @@ def test_cli_serve_config_routes_two_models_and_switches_one(llama_install: Any,
         assert _cli("stop", "--port", str(port)).returncode == 0
         assert proc.wait(30) == 0
         assert not any(psutil.pid_exists(pid) for pid in pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_plain_serve_is_visible_to_status_and_stop(llama_install: Any, demo_model: Any) -> None:
+    """A `switchyard serve` without the endpoint registers too: `status` shows it, `switch` explains why it cannot,
+    `stop` ends it cleanly (engine gone, discovery file gone)."""
+    proc = subprocess.Popen(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp", "--model", "demo", "--parallel", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("ready:"):
+                break
+        assert lines and lines[-1].startswith("ready: http://127.0.0.1:"), "".join(lines)
+        base_url = lines[-1].split()[1].removesuffix("/v1")
+        port = int(base_url.rsplit(":", 1)[1])
+        result = _cli("status", "--json")
+        assert result.returncode == 0, result.stderr
+        status = json.loads(result.stdout)
+        assert status["kind"] == "engine" and status["pid"] == proc.pid and status["url"] == base_url
+        assert status["active"]["engine"] == "llama.cpp" and status["state"] == "serving"
+        engine_pid = status["active"]["pid"]
+        assert psutil.pid_exists(engine_pid)
+        human = _cli("status")
+        assert human.returncode == 0 and "engine (no stable endpoint)" in human.stdout
+        refused = _cli("switch", "--to", "vllm")
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr
+        assert "without the stable endpoint" in refused.stderr and "--endpoint" in refused.stderr
+        stopped = _cli("stop", "--json")
+        assert stopped.returncode == 0, stopped.stderr
+        assert json.loads(stopped.stdout)["stopped"] is True
+        assert proc.wait(30) == 0
+        assert not psutil.pid_exists(engine_pid)
+        assert not control.discovery_path(port).exists()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -208,3 +211,98 @@ def test_compare_ab_llamacpp_vs_vllm_live_results_verdict_and_report(window, qtb
     history = window.show_page("History")
     qtbot.waitUntil(lambda: history.table.rowCount() == 1, timeout=10_000)
     assert history.runs[0].kind == "ab"
+
+
+def _launch_demo(win, qtbot):  # type: ignore[no-untyped-def]
+    from desktop.ui.engine_session import LaunchRequest
+
+    serve = win.show_page("Serve")
+    with qtbot.waitSignal(serve.engine_ready, timeout=300_000):
+        serve.launch(LaunchRequest("llama.cpp", "demo", slots=2))
+    return serve
+
+
+def test_try_it_chat_streams_through_the_endpoint_and_stops(window, qtbot, llama_ready, demo_model) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """The chat pane asks the stable endpoint (not the engine) like any client, streams the answer into the
+    conversation with its speed, keeps the conversation, and Stop ends a long answer at once."""
+    from PySide6.QtCore import Qt
+
+    serve = _launch_demo(window, qtbot)
+    chat = serve.chat
+    serve.bottom_tabs.setCurrentWidget(chat)
+    assert chat.base_url == window.session.endpoint_url and chat.send_button.isEnabled()
+    requests_before = window.session.proxy.counters.get("requests", 0)
+    chat.system_edit.setText("Answer in one short sentence.")
+    chat.temperature_spin.setValue(0.0)
+    chat.max_tokens_spin.setValue(16)
+    chat.input.setPlainText("Say hello.")
+    with qtbot.waitSignal(chat.answered, timeout=120_000) as answered:
+        qtbot.mouseClick(chat.send_button, Qt.MouseButton.LeftButton)
+    answer = answered.args[0]
+    assert answer.text and not answer.stopped and answer.output_tokens > 0
+    assert answer.text.strip()[:20] in chat.transcript.toPlainText()
+    assert "tokens/s" in chat.stats_label.text() and "first token" in chat.stats_label.text()
+    assert [m["role"] for m in chat.messages] == ["user", "assistant"]
+    assert window.session.proxy.counters.get("requests", 0) > requests_before  # through the endpoint
+    assert chat.send_button.isEnabled() and not chat.stop_button.isEnabled() and not chat.input.toPlainText()
+
+    chat.max_tokens_spin.setValue(1500)
+    assert chat.send("Count from one to one thousand.")
+    assert not chat.send_button.isEnabled() and chat.stop_button.isEnabled()
+    qtbot.waitUntil(lambda: len(chat._reply) >= 3, timeout=60_000)
+    with qtbot.waitSignal(chat.answered, timeout=30_000) as stopped:
+        qtbot.mouseClick(chat.stop_button, Qt.MouseButton.LeftButton)
+    assert stopped.args[0].stopped and stopped.args[0].output_tokens < 1500
+    assert "stopped" in chat.stats_label.text()
+    assert [m["role"] for m in chat.messages] == ["user", "assistant", "user", "assistant"]
+    chat.clear()
+    assert chat.messages == [] and not chat.transcript.toPlainText()
+
+
+def _cli_off_thread(qtbot, *args: str) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    """Run the CLI while the Qt event loop keeps turning (the app answers some control calls on its GUI thread)."""
+    done: list[subprocess.CompletedProcess[str]] = []
+    thread = threading.Thread(target=lambda: done.append(subprocess.run(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "desktop", *args], capture_output=True, text=True, timeout=300,
+        env={**os.environ})))
+    thread.start()
+    qtbot.waitUntil(lambda: not thread.is_alive(), timeout=310_000)
+    return done[0]
+
+
+def test_app_endpoint_is_visible_to_status_switch_and_stop(window, qtbot, llama_ready, demo_model, tmp_path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """The app's endpoint registers like `switchyard serve --endpoint`: `status` sees it, `switch` moves it (the
+    Serve page follows), `stop` stops its engines while the app stays; closing the app unregisters it."""
+    from desktop.core.serving import control
+
+    serve = _launch_demo(window, qtbot)
+    port = window.session.proxy.port
+    result = _cli_off_thread(qtbot, "status", "--json", "--port", str(port))
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["kind"] == "app" and status["pid"] == os.getpid() and status["state"] == "serving"
+    assert status["openai_base_url"] == window.session.endpoint_url and status["active"]["engine"] == "llama.cpp"
+    old_pid = status["active"]["pid"]
+
+    refused = _cli_off_thread(qtbot, "switch", "--to", "llama.cpp", "--port", str(port))
+    assert refused.returncode != 0 and "already serves" in refused.stderr and "Traceback" not in refused.stderr
+    assert not window.session.busy and serve.notice.level == "error"  # the page shows it too
+    copy = tmp_path / "demo-copy.gguf"
+    shutil.copyfile(demo_model.gguf_path, copy)
+    switched = _cli_off_thread(qtbot, "switch", "--to", "llama.cpp", "--model", str(copy), "--port", str(port),
+                               "--json")
+    assert switched.returncode == 0, switched.stderr
+    assert json.loads(switched.stdout)["to_engine"] == "llama.cpp"
+    assert window.session.process.plan.model_path == copy.resolve()
+    assert serve.switch_label.text().startswith("Switched llama.cpp → llama.cpp")
+    assert window.session.process.pid != old_pid and not window.session.busy
+
+    stopped = _cli_off_thread(qtbot, "stop", "--port", str(port))
+    assert stopped.returncode == 0, stopped.stderr
+    assert not window.session.is_running() and serve.state_label.text() == "stopped"
+    assert not serve.chat.send_button.isEnabled()
+    after = json.loads(_cli_off_thread(qtbot, "status", "--json", "--port", str(port)).stdout)
+    assert after["kind"] == "app" and after["active"] is None  # the app and its endpoint stay
+    window.close()
+    qtbot.waitUntil(lambda: not window.isVisible(), timeout=120_000)
+    assert not control.discovery_path(port).exists()

@@ -138,6 +138,112 @@ def test_out_of_order_and_non_finite_samples_are_dropped(qtbot) -> None:
     assert not board.push("a", float("nan"), board.origin + 6)
 
 
+def test_legend_sits_outside_the_plot_and_follows_the_series(qtbot) -> None:
+    from desktop.ui.charts import ChartBoard, LiveChart
+
+    board = ChartBoard()
+    chart = LiveChart("Throughput", "tokens/s")
+    qtbot.addWidget(chart)
+    board.add(chart, {"gen": "generated", "prompt": "prompt"})
+    assert chart.plot.getPlotItem().legend is None  # nothing drawn over the data
+    assert "generated" in chart.legend.text() and "prompt" in chart.legend.text()
+    assert chart.curves["gen"].color in chart.legend.text()
+    board.remove_all_series(chart)
+    assert chart.legend.text() == ""
+
+
+@pytest.mark.parametrize(("low", "high", "span", "expected"), [
+    (0.52, 0.521, 0.5, (0.2705, 0.7705)),  # barely moves: centred on the data
+    (0.0, 0.3, 5.0, (0.0, 5.0)),  # near zero, never negative: starts at 0
+    (10.0, 90.0, 5.0, None),  # moves enough: the plot fits it
+    (-3.0, -2.9, 1.0, (-3.45, -2.45)),  # negative data may stay negative
+])
+def test_y_range_keeps_a_minimum_span(low: float, high: float, span: float,
+                                      expected: tuple[float, float] | None) -> None:
+    from desktop.ui.charts import y_range
+
+    result = y_range(low, high, span)
+    assert result == expected if expected is None else result == pytest.approx(expected)
+
+
+def test_a_flat_series_gets_a_readable_axis(qtbot) -> None:
+    from desktop.ui.charts import ChartBoard, LiveChart
+
+    board = ChartBoard()
+    chart = LiveChart("Memory", "GiB")
+    qtbot.addWidget(chart)
+    board.add(chart, {"rss": "RSS"})
+    for i in range(10):
+        board.push("rss", 0.52 + i * 1e-5, board.origin + i)
+    board.tick()
+    low, high = chart.plot.getPlotItem().vb.viewRange()[1]
+    assert high - low >= chart.min_span and low <= 0.52 <= high
+    for i in range(10, 20):
+        board.push("rss", 0.52 + (i - 9) * 2.0, board.origin + i)  # now it moves: plain auto-range
+    board.tick()
+    chart.show()  # pyqtgraph applies auto-range when it paints
+    qtbot.waitExposed(chart)
+    vb = chart.plot.getPlotItem().vb
+    assert vb.autoRangeEnabled()[1]
+    qtbot.waitUntil(lambda: vb.viewRange()[1][1] >= 0.52 + 20 and vb.viewRange()[1][0] <= 2.6, timeout=5_000)
+    board.stop()
+
+
+@pytest.mark.parametrize(("line", "level"), [
+    ("0.00.474.146 I srv  llama_server: listening on http://127.0.0.1:43203", "info"),
+    ("0.00.010.632 W llama_model_loader: something odd", "warning"),
+    ("0.00.010.632 E srv  load_model: failed to load model", "error"),
+    ("0.00.010.632 D slot update: debug detail", "debug"),
+    ("(APIServer pid=20263) WARNING 12-01 05:04:20 [system_utils.py:255] Found ulimit of 20000", "warning"),
+    ("(EngineCore pid=1) INFO 12-01 05:04:20 [core.py:1] ready", "info"),
+    ("ERROR 12-01 05:04:20 [engine.py:1] EngineDeadError", "error"),
+    ("Traceback (most recent call last):", "error"),
+    ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig", "error"),
+    ('error while handling argument "--ctx-size": stoi', "error"),
+    ("/x/api_server.py:24: DeprecationWarning: deprecated", "warning"),
+    ("usage:", "info"),
+])
+def test_engine_log_levels_are_read_from_both_engines_formats(line: str, level: str) -> None:
+    from desktop.core.engines.loglevel import line_level
+
+    assert line_level(line) == level
+
+
+def test_a_traceback_frame_keeps_the_error_level() -> None:
+    from desktop.core.engines.loglevel import line_level
+
+    assert line_level('  File "x.py", line 3, in main', "error") == "error"
+    assert line_level('  File "x.py", line 3, in main', "info") == "info"
+
+
+def test_log_pane_colours_levels_and_filters_by_level_and_text(qtbot) -> None:
+    from desktop.ui.widgets import LogPane
+
+    pane = LogPane()
+    qtbot.addWidget(pane)
+    lines = ["0.00.1.1 I srv  listening on http://127.0.0.1:1", "0.00.1.2 W srv  slow disk",
+             "0.00.1.3 E srv  failed to load", "0.00.1.4 D slot detail", "Traceback (most recent call last):",
+             '  File "x.py", line 3']
+    pane.append_lines(lines)
+    assert pane.text_shown().splitlines() == lines
+    block = pane.view.document().findBlockByNumber(2)  # the error line: red and bold
+    fmt = block.begin().fragment().charFormat()
+    assert fmt.foreground().color().name() == LogPane.COLORS["error"] and fmt.fontWeight() > 400
+    pane.level_box.setCurrentIndex(pane.level_box.findData("warning"))
+    assert pane.text_shown().splitlines() == [lines[1], lines[2], lines[4], lines[5]]
+    assert pane.count_label.text() == "4 of 6 lines"
+    pane.append_lines(["0.00.1.5 I srv  more info", "0.00.1.6 E srv  another failure"])
+    assert pane.text_shown().splitlines()[-1] == "0.00.1.6 E srv  another failure"
+    assert "more info" not in pane.text_shown()
+    pane.filter_edit.setText("FAIL")  # case-insensitive, on top of the level choice
+    assert pane.text_shown().splitlines() == [lines[2], "0.00.1.6 E srv  another failure"]
+    pane.level_box.setCurrentIndex(pane.level_box.findData("debug"))
+    pane.filter_edit.clear()
+    assert len(pane.text_shown().splitlines()) == 8 and pane.count_label.text() == ""
+    pane.search.setText("slow disk")
+    assert pane.status.text() == ""  # found
+
+
 # --- workers --------------------------------------------------------------------------------------------------
 def test_worker_delivers_progress_and_result_on_the_gui_thread(qtbot) -> None:
     from desktop.ui.workers import submit, wait_idle
@@ -210,3 +316,29 @@ def test_many_signal_emits_from_threads_do_not_crash_the_app(qtbot) -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,  # noqa: S603
                             env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
     assert result.returncode == 0 and "ok 60000" in result.stdout, result.stderr[-500:]
+
+
+def test_app_control_runs_session_work_on_the_gui_thread_and_hands_back_errors(qtbot) -> None:
+    """Control requests arrive on the endpoint's threads; what touches Qt state must run on the GUI thread."""
+    import threading
+
+    from PySide6.QtCore import QObject
+
+    from desktop.core.common.errors import SwitchyardError
+    from desktop.ui.app_control import AppControl
+
+    owner = QObject()
+    control = AppControl(owner)
+    results: list[object] = []
+
+    def from_another_thread() -> None:
+        results.append(control._on_gui(threading.get_ident))
+        try:
+            control._on_gui(lambda: (_ for _ in ()).throw(SwitchyardError("no engine", "start one")))
+        except SwitchyardError as exc:
+            results.append(exc.hint)
+
+    thread = threading.Thread(target=from_another_thread)
+    thread.start()
+    qtbot.waitUntil(lambda: not thread.is_alive(), timeout=10_000)
+    assert results == [threading.get_ident(), "start one"]

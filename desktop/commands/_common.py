@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 
 def to_jsonable(value: Any) -> Any:
@@ -34,3 +36,31 @@ def stderr_progress(event: Any) -> None:
     fraction = getattr(event, "fraction", None)
     prefix = f"[{fraction * 100:5.1f}%] " if isinstance(fraction, float) else ""
     print(f"{prefix}{event.message}", file=sys.stderr, flush=True)
+
+
+class LazyChoices(Sequence[str]):
+    """argparse `choices` read from a core module only when a parser checks or prints them, so registering every
+    command for `switchyard --help` loads no engine code. Give the argument a `metavar` too: argparse iterates
+    the choices to build a default metavar when the argument is added."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(getattr(importlib.import_module(self.module), self.name))
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._names()

@@ -3,32 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json, stderr_progress
 from desktop.core.common import paths
 from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
-from desktop.core.measure.loadgen import (
-    SLO,
-    JsonlWorkload,
-    LoadConfig,
-    RandomWorkload,
-    SharedPrefixWorkload,
-    SweepResult,
-    Target,
-    Workload,
-    check_target,
-    run_sweep,
-    sweep_levels,
-)
-from desktop.core.measure.loadgen.metrics import LiveBucket
+
+if TYPE_CHECKING:  # the load generator loads when a benchmark runs, not for `--help`
+    from desktop.core.measure.loadgen import SLO, LoadConfig, SweepResult, Target, Workload
+    from desktop.core.measure.loadgen.metrics import LiveBucket
 
 
 def _ints(text: str) -> list[int]:
@@ -122,6 +111,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 # --- bench ----------------------------------------------------------------------------------------------
 def _workload(args: argparse.Namespace) -> Workload:
+    from desktop.core.measure.loadgen import JsonlWorkload, RandomWorkload, SharedPrefixWorkload
+
     if args.workload == "random":
         return RandomWorkload(args.input_len, args.output_len, args.input_sigma, args.output_sigma)
     if args.workload == "shared-prefix":
@@ -141,6 +132,8 @@ def _live_printer(label: str) -> Any:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from desktop.core.measure.loadgen import SLO, LoadConfig, Target, check_target, sweep_levels
+
     if args.requests < 1:
         raise SwitchyardError("--requests must be at least 1")
     workload = _workload(args)
@@ -173,6 +166,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _run(target: Target, workload: Workload, levels: list[LoadConfig], slo: SLO | None,
          abort_check: Any = None) -> SweepResult:
+    import asyncio
+
+    from desktop.core.measure.loadgen import run_sweep
+
     started = time.monotonic()
     print(f"benchmarking {target.base_url} ({len(levels)} levels)", file=sys.stderr)
     sweep = asyncio.run(run_sweep(target, workload, levels, slo=slo, progress=_every_tenth(),
@@ -197,6 +194,7 @@ def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[Loa
                   meta: dict[str, Any]) -> SweepResult:
     from desktop.core.engines import get_adapter
     from desktop.core.engines.model_path import resolve_model
+    from desktop.core.measure.loadgen import Target
     from desktop.core.runtime.supervisor import EngineProcess, reap_orphans
     from desktop.core.serving.endpoint import EngineSpec
 

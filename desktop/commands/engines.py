@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from desktop.commands._common import emit_json, stderr_progress
+from desktop.commands._common import LazyChoices, emit_json, stderr_progress
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.engines import ADAPTERS, engine_builds, get_adapter
-from desktop.core.engines.runtimes import VARIANTS
-from desktop.core.machine.hardware import HardwareSnapshot, detect
+
+if TYPE_CHECKING:  # the engines and hardware probing load when a command runs, not for `--help`
+    from desktop.core.machine.hardware import HardwareSnapshot
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,8 +23,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p_install = sub.add_parser("install", help="provision an engine's build for this machine (cached per user)")
     p_install.add_argument("engine", nargs="+", help="llama.cpp, vllm, or all")
-    p_install.add_argument("--variant", choices=VARIANTS,
-                           help="a specific backend instead of the one chosen from the hardware")
+    p_install.add_argument("--variant", choices=LazyChoices("desktop.core.engines.runtimes", "VARIANTS"),
+                           metavar="VARIANT",
+                           help="a specific backend instead of the one chosen from the hardware: %(choices)s")
     p_install.add_argument("--source", choices=("release", "source"),
                            help="llama.cpp: official release assets or a local source build (default: per platform)")
     p_install.add_argument("--allow-cpu", action="store_true", help="install a CPU-only build even on a GPU machine")
@@ -45,10 +47,14 @@ def _hardware_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _hardware(args: argparse.Namespace) -> HardwareSnapshot:
+    from desktop.core.machine.hardware import HardwareSnapshot, detect
+
     return HardwareSnapshot.load(args.hardware) if args.hardware else detect()
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from desktop.core.engines import ADAPTERS, engine_builds
+
     builds = engine_builds(_hardware(args))
     rows = [{**build.to_json(), "model_format": ADAPTERS[build.engine].model_format} for build in builds]
     if args.json:
@@ -71,6 +77,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
+    from desktop.core.engines import ADAPTERS, get_adapter
+
     names = list(ADAPTERS) if args.engine == ["all"] else args.engine
     adapters = [get_adapter(name) for name in names]  # validate every name before a long install starts
     hardware = _hardware(args)
@@ -103,6 +111,8 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from desktop.core.engines import ADAPTERS
+
     hardware = _hardware(args)
     findings = [finding for adapter in ADAPTERS.values() for finding in adapter.doctor(hardware)]
     if args.json:

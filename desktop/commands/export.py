@@ -7,26 +7,15 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from desktop.commands import _numbers as N
-from desktop.commands._common import emit_json
+from desktop.commands._common import LazyChoices, emit_json
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.engines.external import (
-    EndpointReport,
-    EndpointStore,
-    ExternalEndpoint,
-    normalize_base_url,
-    probe_endpoint,
-    resolve_endpoint,
-)
-from desktop.core.planning.export import (
-    FORMATS,
-    ExportPlan,
-    choose_for_target,
-    export_plan,
-    load_model_config,
-)
+
+if TYPE_CHECKING:  # the endpoint client (httpx) loads when an endpoints command runs
+    from desktop.core.engines.external import EndpointReport
+    from desktop.core.planning.export import ExportPlan
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,7 +31,8 @@ def _register_export(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
                     "fields or, without PLAN, describe the plan. With --gpu and --gpus the tensor-parallel "
                     "size is chosen from the model's size unless --tp is given.")
     p.add_argument("plan", nargs="?", type=Path, help="a plan JSON file (ExportPlan.to_json)")
-    p.add_argument("--format", "-f", choices=FORMATS, default="shell")
+    p.add_argument("--format", "-f", choices=LazyChoices("desktop.core.planning.export.formats", "FORMATS"), default="shell", metavar="FORMAT",
+                   help="%(choices)s (default: %(default)s)")
     p.add_argument("--out", "-o", type=Path, help="write to this file instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--save-plan", type=Path, help="also write the resolved plan as JSON here")
@@ -90,6 +80,8 @@ _FIELD_FLAGS = ("engine", "model", "served_model_name", "port", "image", "gpu_na
 
 def resolve_plan(args: argparse.Namespace) -> ExportPlan:
     """The plan file (if any) with the flags laid over it, and the tensor-parallel size chosen when needed."""
+    from desktop.core.planning.export import ExportPlan, choose_for_target, load_model_config
+
     fields: dict[str, Any] = ExportPlan.load(args.plan).to_json() if args.plan else {}
     fields.pop("schema", None)
     for key in _FIELD_FLAGS:
@@ -130,6 +122,8 @@ def resolve_plan(args: argparse.Namespace) -> ExportPlan:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from desktop.core.planning.export import export_plan
+
     plan = resolve_plan(args)
     text = export_plan(plan, args.format)
     if args.out:
@@ -207,6 +201,13 @@ def _read_key(args: argparse.Namespace) -> str | None:
 
 
 def cmd_endpoints_add(args: argparse.Namespace) -> int:
+    from desktop.core.engines.external import (
+        EndpointStore,
+        ExternalEndpoint,
+        normalize_base_url,
+        probe_endpoint,
+    )
+
     store = EndpointStore()
     key = _read_key(args)
     report = None
@@ -224,6 +225,8 @@ def cmd_endpoints_add(args: argparse.Namespace) -> int:
 
 
 def cmd_endpoints_list(args: argparse.Namespace) -> int:
+    from desktop.core.engines.external import EndpointStore
+
     endpoints = EndpointStore().list()
     if args.json:
         emit_json([e.to_json() for e in endpoints])
@@ -238,12 +241,16 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
 
 
 def cmd_endpoints_remove(args: argparse.Namespace) -> int:
+    from desktop.core.engines.external import EndpointStore
+
     EndpointStore().remove(args.name)
     print(f"removed {args.name}")
     return 0
 
 
 def cmd_endpoints_check(args: argparse.Namespace) -> int:
+    from desktop.core.engines.external import probe_endpoint, resolve_endpoint
+
     report = probe_endpoint(resolve_endpoint(args.endpoint))
     if args.json:
         emit_json(report)

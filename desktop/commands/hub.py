@@ -7,18 +7,18 @@ Progress goes to stderr; stdout carries only the result (the local path for `pul
 from __future__ import annotations
 
 import argparse
-import getpass
 import signal
 import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json
-from desktop.core.hub import cache, library, tokens
-from desktop.core.hub.download import DownloadControl, DownloadProgress, RetryPolicy, pull
-from desktop.core.hub.search import list_variants, search
+
+if TYPE_CHECKING:  # the hub client (huggingface_hub, httpx) loads when a hub command runs
+    from desktop.core.hub.download import DownloadProgress
 
 FORMAT_FLAGS = ("gguf", "safetensors", "awq", "gptq", "fp8")
 
@@ -73,6 +73,8 @@ def _size(n: float) -> str:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from desktop.core.hub.search import search
+
     formats = [f for f in FORMAT_FLAGS if getattr(args, f)]
     hits = search(
         args.query,
@@ -94,6 +96,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_variants(args: argparse.Namespace) -> int:
+    from desktop.core.hub.search import list_variants
+
     result = list_variants(args.repo, args.revision)
     if args.json:
         emit_json(result)
@@ -134,6 +138,8 @@ class _StderrProgress:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from desktop.core.hub.download import DownloadControl, RetryPolicy, pull
+
     control = DownloadControl()
 
     def on_sigint(signum: int, frame: FrameType | None) -> None:
@@ -158,6 +164,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from desktop.core.hub import cache, library
+
     if args.add:
         library.add_path(args.add)
     models = library.list_local()
@@ -172,6 +180,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    from desktop.core.hub import library
+
     result = library.delete(args.model)
     if args.json:
         emit_json(result)
@@ -183,6 +193,10 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
+    import getpass
+
+    from desktop.core.hub import tokens
+
     if args.action == "set":
         value = sys.stdin.readline() if not sys.stdin.isatty() else getpass.getpass("Hugging Face token: ")
         tokens.set_token(value)

@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.machine.hardware import GIB, HardwareSnapshot, detect, hypothetical
-from desktop.core.models.facts import facts_for
-from desktop.core.planning.evidence import Evidence, corrected_fit, gather, memory_checks
-from desktop.core.planning.fit import (
-    FitResult,
-    default_ctx,
-    estimate,
-    normalise_engine,
-    sizing_plan,
-    validate_plan,
-)
-from desktop.core.planning.launch import describe
-from desktop.core.planning.recommend import Workload, recommend
+
+if TYPE_CHECKING:  # hardware probing and the model readers (gguf, numpy) load when a command runs
+    from desktop.core.machine.hardware import HardwareSnapshot
+    from desktop.core.planning.evidence import Evidence
+    from desktop.core.planning.fit import FitResult
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,6 +66,8 @@ def _hardware_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _hardware(args: argparse.Namespace) -> HardwareSnapshot:
+    from desktop.core.machine.hardware import HardwareSnapshot, detect, hypothetical
+
     base = HardwareSnapshot.load(args.hardware) if getattr(args, "hardware", None) else detect()
     if args.gpu_mem_gib is not None and args.gpu_mem_gib <= 0:
         raise SwitchyardError(f"--gpu-mem-gib must be positive, not {args.gpu_mem_gib}")
@@ -90,6 +84,8 @@ def _this_machine(args: argparse.Namespace) -> bool:
 
 
 def _evidence(args: argparse.Namespace, facts: Any) -> Evidence:
+    from desktop.core.planning.evidence import Evidence, gather
+
     if args.no_history:
         return Evidence.none(facts.name)
     if not _this_machine(args):
@@ -99,10 +95,14 @@ def _evidence(args: argparse.Namespace, facts: Any) -> Evidence:
 
 
 def _gib(value: int | None) -> str:
+    from desktop.core.machine.hardware import GIB
+
     return "?" if value is None else f"{value / GIB:.1f} GiB"
 
 
 def cmd_detect(args: argparse.Namespace) -> int:
+    from desktop.core.machine.hardware import detect
+
     snapshot = detect(args.models_dir)
     if args.json:
         emit_json(snapshot.to_json())
@@ -140,6 +140,10 @@ def _print_fit(result: FitResult) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    from desktop.core.models.facts import facts_for
+    from desktop.core.planning.evidence import corrected_fit, memory_checks
+    from desktop.core.planning.fit import default_ctx, estimate, normalise_engine, sizing_plan, validate_plan
+
     engine = normalise_engine(args.engine)
     vllm = engine == "vllm"
     slots = args.parallel or args.max_num_seqs or (256 if vllm else 1)
@@ -166,6 +170,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
+    from desktop.core.models.facts import facts_for
+    from desktop.core.planning.launch import describe
+    from desktop.core.planning.recommend import Workload, recommend
+
     workload = Workload(concurrency=args.concurrency, prompt_len=args.prompt_len, output_len=args.output_len,
                         lifetime_hours=args.lifetime_hours, restarts_per_day=args.restarts_per_day)
     workload.validate()

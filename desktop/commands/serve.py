@@ -17,38 +17,26 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json, stderr_progress
 from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
-from desktop.core.common.origins import parse_allowed_origins
-from desktop.core.engines import get_adapter
-from desktop.core.engines.base import LaunchPlan
-from desktop.core.engines.model_path import resolve_model
-from desktop.core.machine.hardware import HardwareSnapshot, detect
-from desktop.core.models.facts import facts_for
-from desktop.core.planning.fit import FitResult, estimate, validate_plan
-from desktop.core.planning.launch import describe, require_fit
-from desktop.core.runtime.launches import record_launch
-from desktop.core.runtime.ports import ensure_port_free
-from desktop.core.runtime.supervisor import EngineProcess, reap_orphans, stream_completion
-from desktop.core.runtime.telemetry import Telemetry
-from desktop.core.serving import control
-from desktop.core.serving.endpoint import (
+from desktop.core.serving.defaults import (
     DEFAULT_DRAIN_TIMEOUT,
-    EndpointEvent,
-    EndpointManager,
-    EngineSpec,
-    SwitchResult,
-    machine_budget,
+    DEFAULT_FIRST_BYTE_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_PROXY_PORT,
+    DEFAULT_WAIT_TIMEOUT,
 )
-from desktop.core.serving.fleet import Fleet, load_models_config
-from desktop.core.serving.proxy import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT, ProxyServer
-from desktop.core.serving.requestlog import RequestLog
-from desktop.core.serving.upstream import Timeouts
-from desktop.core.storage import settings as core_settings
-from desktop.core.storage.history import Store
+
+if TYPE_CHECKING:  # the engines, the proxy and the store load only when a command runs: `status` stays instant
+    from desktop.core.planning.fit import FitResult
+    from desktop.core.runtime.supervisor import EngineProcess
+    from desktop.core.serving.endpoint import EndpointEvent, EndpointManager
+    from desktop.core.serving.fleet import Fleet
+    from desktop.core.serving.proxy import ProxyServer
+    from desktop.core.storage.history import Store
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -89,9 +77,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     endpoint.add_argument("--allowed-origins", metavar="ORIGINS",
                           help="web pages allowed to call the endpoint besides local ones: comma-separated "
                                "scheme://host[:port], or * for any (default: the allowed_origins setting)")
-    endpoint.add_argument("--first-byte-timeout", type=N.seconds, default=Timeouts.first_byte,
+    endpoint.add_argument("--first-byte-timeout", type=N.seconds, default=DEFAULT_FIRST_BYTE_TIMEOUT,
                           help="seconds an engine may take before its first response byte (then 504)")
-    endpoint.add_argument("--idle-timeout", type=N.seconds, default=Timeouts.idle,
+    endpoint.add_argument("--idle-timeout", type=N.seconds, default=DEFAULT_IDLE_TIMEOUT,
                           help="seconds an engine may stay silent mid-answer (then the request is cut)")
     endpoint.add_argument("--standby", metavar="ENGINE", help="also start ENGINE and keep it warm")
     endpoint.add_argument("--keep-standby", action="store_true",
@@ -135,6 +123,11 @@ class _Terminate(Exception):
 
 def checked_plan(args: argparse.Namespace, adapter: Any, model_path: Path) -> FitResult:
     """The fit of the plan the flags describe, on this machine (or --hardware): the plan to launch."""
+    from desktop.core.engines.base import LaunchPlan
+    from desktop.core.machine.hardware import HardwareSnapshot, detect
+    from desktop.core.models.facts import facts_for
+    from desktop.core.planning.fit import estimate, validate_plan
+
     hardware = HardwareSnapshot.load(args.hardware) if args.hardware else detect()
     facts = facts_for("demo" if args.model == "demo" else str(model_path))
     plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=args.port, ctx_per_request=args.ctx,
@@ -145,6 +138,16 @@ def checked_plan(args: argparse.Namespace, adapter: Any, model_path: Path) -> Fi
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.base import LaunchPlan
+    from desktop.core.engines.model_path import resolve_model
+    from desktop.core.planning.fit import validate_plan
+    from desktop.core.planning.launch import describe, require_fit
+    from desktop.core.runtime.launches import record_launch
+    from desktop.core.runtime.ports import ensure_port_free
+    from desktop.core.runtime.supervisor import EngineProcess, reap_orphans
+    from desktop.core.serving import control
+
     # Validate everything cheap before anything slow starts.
     if args.config is not None:
         if args.engine or args.model or args.prompt is not None or args.standby:
@@ -192,6 +195,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGTERM, on_signal)
     engine = EngineProcess(adapter, plan, install)
+    discovery = None
     try:
         engine.start()
         print(f"starting {adapter.display_name} on {engine.base_url} (log: {engine.log_path})", file=sys.stderr)
@@ -199,9 +203,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.prompt is not None:
             return _prompt_once(args, engine)
         record_launch(engine, args.model, source="serve")
+        discovery = control.write_discovery(engine.plan.port, engine.base_url, "", kind="engine",
+                                            info=_engine_status(engine))
         print(f"ready: {engine.base_url}/v1 serving {model_path.name} as '{plan.served_model_name}' "
-              f"(T1 {cold.t1_health_s:.2f} s, first token {cold.t2_first_token_s:.2f} s). Ctrl-C to stop.",
-              file=sys.stderr)
+              f"(T1 {cold.t1_health_s:.2f} s, first token {cold.t2_first_token_s:.2f} s). "
+              "Ctrl-C or `switchyard stop` to stop.", file=sys.stderr)
         stopped = threading.Event()
         engine.subscribe(lambda event: stopped.set() if event.state and event.state.value == "crashed" else None)
         while not stopped.wait(0.5):
@@ -211,11 +217,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("stopping", file=sys.stderr)
         return 0
     finally:
+        if discovery is not None:
+            control.remove_discovery(discovery)
         engine.stop()
         signal.signal(signal.SIGTERM, previous)
 
 
+def _engine_status(engine: EngineProcess) -> dict[str, Any]:
+    """What `switchyard status` shows for a plain serve, shaped like an endpoint's status (it has no channel)."""
+    return {
+        "url": engine.base_url,
+        "openai_base_url": f"{engine.base_url}/v1",
+        "model_name": engine.plan.served_model_name,
+        "state": "serving",
+        "active": {"engine": engine.adapter.name, "state": "serving", "pid": engine.pid,
+                   "base_url": engine.base_url, "model_path": str(engine.plan.model_path)},
+    }
+
+
 def _prompt_once(args: argparse.Namespace, engine: EngineProcess) -> int:
+    from desktop.core.runtime.supervisor import stream_completion
+
     cold = engine.cold_start
     t0 = time.monotonic() - engine.elapsed()
     sent = time.monotonic() - t0
@@ -267,6 +289,8 @@ def _prompt_once(args: argparse.Namespace, engine: EngineProcess) -> int:
 # --- the stable endpoint -------------------------------------------------------------------------------------
 def _history_store() -> Store | None:
     """Telemetry history in the app's SQLite store; serving goes on without it if it cannot be opened."""
+    from desktop.core.storage.history import Store
+
     try:
         return Store()
     except SwitchyardError as exc:
@@ -287,6 +311,8 @@ class _ServeControl:
         return data
 
     def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]:
+        from desktop.core.serving.endpoint import SwitchResult
+
         if name is not None and name != self.manager.route:
             raise SwitchyardError(f"this endpoint serves one model; there is no '{name}' to pick",
                                   "drop --name")
@@ -299,6 +325,10 @@ class _ServeControl:
 
 def _guard_options(args: argparse.Namespace) -> dict[str, Any]:
     """The endpoint's origins (the flag, else the setting) and engine timeouts, checked before anything starts."""
+    from desktop.core.common.origins import parse_allowed_origins
+    from desktop.core.serving.upstream import Timeouts
+    from desktop.core.storage import settings as core_settings
+
     allowed = parse_allowed_origins([args.allowed_origins]) if args.allowed_origins is not None \
         else core_settings.load().allowed_origins
     return {"allowed_origins": allowed, "timeouts": Timeouts(first_byte=args.first_byte_timeout,
@@ -334,6 +364,8 @@ class _Endpoint:
     Made in two steps: the cheap checks (port, API key, origins) before anything slow starts, `open()` after."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        from desktop.core.runtime.ports import ensure_port_free
+
         self.args = args
         self.port = args.proxy_port if args.proxy_port is not None else DEFAULT_PROXY_PORT
         ensure_port_free(self.port)
@@ -341,6 +373,10 @@ class _Endpoint:
         self.guard = _guard_options(args)
 
     def open(self, model_name: str) -> ProxyServer:
+        from desktop.core.runtime.telemetry import Telemetry
+        from desktop.core.serving.proxy import ProxyServer
+        from desktop.core.serving.requestlog import RequestLog
+
         args = self.args
         self.proxy = ProxyServer(port=self.port, model_name=model_name, api_key=self.api_key,
                                  wait_timeout=args.wait_timeout, capture_bodies=args.capture_bodies, **self.guard)
@@ -354,6 +390,8 @@ class _Endpoint:
             check: Callable[[], None], close: Callable[[], None]) -> int:
         """Serve until stopped; `start` runs in a thread (so `switchyard stop` works while engines load),
         `check` raises when serving cannot go on, `close` stops the engines."""
+        from desktop.core.serving import control
+
         proxy = self.proxy
         token = control.new_token()
         proxy.add_routes(control.control_routes(target, token))
@@ -390,6 +428,13 @@ class _Endpoint:
 
 
 def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.model_path import resolve_model
+    from desktop.core.planning.launch import require_fit
+    from desktop.core.runtime.ports import ensure_port_free
+    from desktop.core.runtime.supervisor import reap_orphans
+    from desktop.core.serving.endpoint import EndpointManager, EngineSpec, machine_budget
+
     endpoint = _Endpoint(args)
     if args.port:
         ensure_port_free(args.port)
@@ -463,6 +508,12 @@ class _FleetControl:
 
 def _serve_fleet(args: argparse.Namespace) -> int:
     """`serve --config models.yaml`: every model of the list behind one endpoint, routed by `model`."""
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.model_path import resolve_model
+    from desktop.core.runtime.supervisor import reap_orphans
+    from desktop.core.serving.endpoint import machine_budget
+    from desktop.core.serving.fleet import Fleet, load_models_config
+
     config = load_models_config(args.config)
     endpoint = _Endpoint(args)
     for entry in config.models:  # a bad model or a missing engine fails here, before anything starts
@@ -494,12 +545,15 @@ def _print_event(event: EndpointEvent, as_json: bool) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    client = control.ControlClient(control.find_instance(args.port))
-    data = client.status()
+    from desktop.core.serving import control
+
+    discovery = control.find_instance(args.port)
+    data = {"kind": discovery.kind, **control.ControlClient(discovery).status()}
     if args.json:
         emit_json(data)
         return 0
-    print(f"endpoint {data['openai_base_url']}  model '{data['model_name']}'  state {data['state']}  "
+    what = {"app": "app endpoint", "engine": "engine (no stable endpoint)"}.get(data.get("kind", ""), "endpoint")
+    print(f"{what} {data['openai_base_url']}  model '{data['model_name']}'  state {data['state']}  "
           f"(pid {data.get('pid')})")
     for role in ("active", "standby", "starting", "sleeping"):
         engine = data.get(role)
@@ -512,14 +566,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         ttl = f"ttl {model['ttl']:g} s" if model.get("ttl") else "no ttl"
         where = f"pid {engine['pid']}  {engine['base_url']}" if engine else "not loaded (loads on its next request)"
         print(f"  model {name:14} {spec.get('engine', '?'):10} {model['state']:9} {where}  ({ttl})")
-    requests = data["requests"]
-    print(f"  requests {requests['requests']} total, {requests['failed']} failed, {requests['inflight']} in flight")
+    requests = data.get("requests")
+    if requests:
+        print(f"  requests {requests['requests']} total, {requests['failed']} failed, {requests['inflight']} in flight")
     if data.get("last_error"):
         print(f"  last error: {data['last_error']}")
     return 0
 
 
 def cmd_switch(args: argparse.Namespace) -> int:
+    from desktop.core.engines import get_adapter
+    from desktop.core.serving import control
+
     engine = get_adapter(args.to).name  # an unknown engine fails here, clearly
     client = control.ControlClient(control.find_instance(args.port))
     if not args.json:
@@ -542,6 +600,8 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from desktop.core.serving import control
+
     discovery = control.find_instance(args.port)
     stopped = control.ControlClient(discovery).stop()
     if args.json:
@@ -549,6 +609,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
     elif stopped:
         print(f"stopped the endpoint on port {discovery.port} (pid {discovery.pid})")
     if not stopped:
-        raise SwitchyardError(f"the endpoint (pid {discovery.pid}) did not exit in time",
+        raise SwitchyardError(f"the {'engine' if discovery.kind == 'engine' else 'endpoint'} (pid {discovery.pid}) did not exit in time",
                               f"kill it with `kill {discovery.pid}`")
     return 0

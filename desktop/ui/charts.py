@@ -10,6 +10,7 @@ worst-case delay small.
 
 from __future__ import annotations
 
+import html
 import math
 import time
 from collections.abc import Callable
@@ -27,6 +28,23 @@ DEFAULT_CAPACITY = 4096
 REDRAW_MS = 1000  # per chart
 
 PALETTE = ("#2b8cbe", "#e6550d", "#31a354", "#756bb1", "#de2d26", "#636363")
+# The smallest y span shown, per unit: a value that barely moves (KV cache at 0.3 %, RSS at 0.52 GiB) stays a flat
+# line in a readable range instead of being stretched into noise with ticks like 0.5200001.
+MIN_SPAN = {"%": 5.0, "GiB": 0.5, "ms": 10.0, "tokens/s": 5.0, "requests": 2.0}
+DEFAULT_MIN_SPAN = 1.0
+
+
+def y_range(low: float, high: float, min_span: float) -> tuple[float, float] | None:
+    """The y range for data between `low` and `high`: None (let the plot fit it) when it spans at least
+    `min_span`; else `min_span` centred on the data, moved up to start at 0 rather than show negative values for
+    data that has none."""
+    if not (math.isfinite(low) and math.isfinite(high)) or high - low >= min_span:
+        return None
+    middle = (low + high) / 2
+    bottom, top = middle - min_span / 2, middle + min_span / 2
+    if bottom < 0 <= low:
+        bottom, top = 0.0, min_span
+    return bottom, top
 
 
 class RingBuffer:
@@ -70,6 +88,7 @@ class Curve:
     buffer: RingBuffer
     item: pg.PlotDataItem
     dirty: bool = False
+    color: str = PALETTE[0]
 
 
 class LiveChart(QWidget):
@@ -79,11 +98,13 @@ class LiveChart(QWidget):
     """
 
     def __init__(self, title: str, unit: str = "", parent: QWidget | None = None, *, follow_time: bool = True,
-                 symbols: bool = False) -> None:
+                 symbols: bool = False, min_span: float | None = None) -> None:
         """`follow_time`: x is wall time and the view follows the last 10 minutes; without it x is whatever the
-        caller pushes and the view fits the data. `symbols`: mark each point (sparse series stay visible)."""
+        caller pushes and the view fits the data. `symbols`: mark each point (sparse series stay visible).
+        `min_span`: the smallest y range shown (default: by unit, see MIN_SPAN)."""
         super().__init__(parent)
         self.title = title
+        self.min_span = min_span if min_span is not None else MIN_SPAN.get(unit, DEFAULT_MIN_SPAN)
         self.follow_time = follow_time
         self.symbols = symbols
         self.unit = unit
@@ -108,23 +129,27 @@ class LiveChart(QWidget):
         if unit:
             item.setLabel("left", unit)
             item.getAxis("left").enableAutoSIPrefix(False)  # "GiB (x0.001)" helps nobody: units are already scaled
-        item.addLegend(offset=(5, 5))
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")
         item.vb.setMouseEnabled(x=True, y=False)
         item.vb.sigRangeChangedManually.connect(self._user_zoomed)
+        # The legend sits above the plot, never over the data it explains.
+        self.legend = QLabel("")
+        self.legend.setAccessibleName(f"{title} legend")
+        self.legend.setWordWrap(True)
         self.readout = QLabel(" ")
         self.readout.setAccessibleName(f"{title} read-out")
         self.reset_button = QPushButton("Follow")
         self.reset_button.setToolTip("Show the last 10 minutes again after zooming")
         self.reset_button.clicked.connect(self.follow)
         header = QHBoxLayout()
-        header.addWidget(self.readout, 1)
+        header.addWidget(self.legend, 1)
         header.addWidget(self.reset_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(header)
         layout.addWidget(self.plot)
+        layout.addWidget(self.readout)
         self.plot.scene().sigMouseMoved.connect(self._hover)
 
     def showEvent(self, event: QShowEvent) -> None:  # hidden charts are not redrawn: catch up at once
@@ -136,7 +161,13 @@ class LiveChart(QWidget):
         color = PALETTE[len(self.curves) % len(PALETTE)]
         extra = {"symbol": "o", "symbolSize": 5, "symbolBrush": color, "symbolPen": None} if self.symbols else {}
         item = self.plot.plot([], [], name=label, pen=pg.mkPen(color, width=2), **extra)
-        self.curves[key] = Curve(key, label, RingBuffer(capacity), item)
+        self.curves[key] = Curve(key, label, RingBuffer(capacity), item, color=color)
+        self.update_legend()
+
+    def update_legend(self) -> None:
+        self.legend.setText("&nbsp;&nbsp; ".join(
+            f'<span style="color:{curve.color}">&#9632;</span>&nbsp;{html.escape(curve.label)}'
+            for curve in self.curves.values()))
 
     def set_origin(self, origin: float) -> None:
         self._origin = origin
@@ -167,7 +198,25 @@ class LiveChart(QWidget):
         self._now = rel_now
         if self.following and self.follow_time:
             self.plot.getPlotItem().vb.setXRange(max(0.0, rel_now - WINDOW_S), max(rel_now, 60.0), padding=0)
+        if self.following and drawn:
+            self._fit_y(rel_now)
         return drawn
+
+    def _fit_y(self, rel_now: float) -> None:
+        """Auto-range y, but never narrower than `min_span` (see y_range)."""
+        low, high = math.inf, -math.inf
+        since = rel_now - WINDOW_S if self.follow_time else -math.inf
+        for curve in self.curves.values():
+            t, v = curve.buffer.view()
+            v = v[int(np.searchsorted(t, since)):]
+            if len(v):
+                low, high = min(low, float(v.min())), max(high, float(v.max()))
+        vb = self.plot.getPlotItem().vb
+        fixed = y_range(low, high, self.min_span)
+        if fixed is None:
+            vb.enableAutoRange(axis="y")
+        else:
+            vb.setYRange(*fixed, padding=0.05)
 
     def follow(self) -> None:
         self.following = True
@@ -175,6 +224,7 @@ class LiveChart(QWidget):
         if not self.follow_time:
             self.plot.getPlotItem().vb.enableAutoRange(axis="x")
         self.redraw(time.time())
+        self._fit_y(self._now)
 
     def _user_zoomed(self, *_: object) -> None:
         self.following = False
@@ -237,6 +287,7 @@ class ChartBoard(QObject):
             chart.plot.getPlotItem().removeItem(curve.item)
             self.routes.pop(key, None)
         chart.curves.clear()
+        chart.update_legend()
 
     def push(self, key: str, value: float, t: float | None = None) -> bool:
         chart = self.routes.get(key)

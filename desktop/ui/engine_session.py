@@ -80,6 +80,10 @@ class EngineSession(QObject):
         self._pending_lines: deque[str] = deque(maxlen=5000)
         self._lines_lock = threading.Lock()
         self._setup_lock = threading.Lock()
+        from desktop.ui.app_control import AppControl
+
+        self.remote = AppControl(self)  # `switchyard status|switch|stop` from a shell reach this session
+        self._discovery: Any = None
         self.log_timer = QTimer(self)
         self.log_timer.setInterval(LOG_DRAIN_MS)
         self.log_timer.timeout.connect(self._tick)
@@ -108,6 +112,7 @@ class EngineSession(QObject):
             if self.manager is not None:
                 return
             from desktop.core.runtime.telemetry import Telemetry
+            from desktop.core.serving import control
             from desktop.core.serving.endpoint import EndpointManager, machine_budget, make_launcher
             from desktop.core.serving.proxy import ProxyServer
             from desktop.core.storage import settings as core_settings
@@ -116,6 +121,10 @@ class EngineSession(QObject):
             port = self.endpoint_port if self.endpoint_port is not None else saved.endpoint_port
             proxy = ProxyServer(port=port, allowed_origins=saved.allowed_origins)
             self._attach_request_log(proxy)  # before start: its control route (if any) is added before start too
+            # `switchyard status|switch|stop|requests` from a shell reach this endpoint like one the CLI started
+            token = control.new_token()
+            proxy.add_routes(control.control_routes(self.remote, token))
+            proxy.add_routes(control.request_routes(self.request_log, token, lambda: proxy.capture_bodies))
             try:
                 proxy.start()  # PortBusy (a readable SwitchyardError) when the port is taken
             except BaseException:
@@ -128,6 +137,7 @@ class EngineSession(QObject):
                 self._progress, install_missing=True, vllm_eager=self.vllm_eager)(spec), budget=machine_budget())
             manager.subscribe(self._on_endpoint_event)
             self.proxy, self.telemetry, self.manager = proxy, telemetry, manager
+            self._discovery = control.write_discovery(proxy.port, proxy.url, token, kind="app")
 
     def _attach_request_log(self, proxy: Any) -> None:
         """The endpoint's request log, kept in history too (serving goes on without history if it cannot open)."""
@@ -222,14 +232,14 @@ class EngineSession(QObject):
         except SwitchyardError:
             return None
 
-    def _switch(self, engine: str) -> Any:
+    def _switch(self, engine: str, model: str | None = None) -> Any:
         failed_before = self.proxy.counters.get("failed", 0)
-        result = self.manager.switch(engine)
+        result = self.manager.switch(engine, model)
         result.failed_requests = self.proxy.counters.get("failed", 0) - failed_before
         if self.request is not None:
             from dataclasses import replace
 
-            self.request = replace(self.request, engine=result.to_engine)
+            self.request = replace(self.request, engine=result.to_engine, model=model or self.request.model)
         return result
 
     def _on_switched(self, result: Any) -> None:
@@ -274,6 +284,11 @@ class EngineSession(QObject):
 
     def _shutdown_core(self) -> None:
         """The Qt-free part of shutting down, safe even after this QObject was deleted."""
+        if self._discovery is not None:  # first: `switchyard status` must not find an endpoint going away
+            from desktop.core.serving import control
+
+            control.remove_discovery(self._discovery)
+            self._discovery = None
         if self.telemetry is not None:
             self.telemetry.unsubscribe(self._on_samples)
         if self.manager is not None:

@@ -1,5 +1,6 @@
 """`switchyard gui --screenshots DIR`: drive the real window through every page with real data (hardware, the
-demo model, a recommendation, llama.cpp serving, a short benchmark sweep) and save one PNG per page."""
+demo model, a recommendation, llama.cpp serving, a short benchmark sweep, a chat answer) and save one PNG per
+page."""
 
 from __future__ import annotations
 
@@ -116,6 +117,17 @@ def _drive(window: Any, out: Path) -> None:
     _save(window, out, 4, "Serve")
     if serve.endpoint_edit.text():
         save_requests_panel(window, out)
+    if serve.endpoint_edit.text():  # Try it: one streamed answer through the endpoint, with its speed
+        serve.bottom_tabs.setCurrentWidget(serve.chat)
+        serve.chat.temperature_spin.setValue(0.0)
+        serve.chat.max_tokens_spin.setValue(48)
+        if serve.chat.send("Write one sentence about railway switchyards."):
+            if not wait_until(lambda: serve.chat.last_answer is not None, 120):
+                print("the chat answer did not arrive in time", file=sys.stderr)
+        wait_until(lambda: False, 0.4)
+        window.grab().save(str(out / "4c-serve-chat.png"))
+        print(f"saved {out / '4c-serve-chat.png'}", file=sys.stderr, flush=True)
+        serve.bottom_tabs.setCurrentWidget(serve.log_pane)
     window.session.stop()  # the A/B starts its own engines: nothing else should share the cores
     wait_until(lambda: not window.session.is_running() and not window.session.busy, 120)
 

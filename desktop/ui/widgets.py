@@ -1,10 +1,22 @@
-"""Small shared widgets: the cold-start phase timeline, a searchable log pane, notices, key/value grids."""
+"""Small shared widgets: the cold-start phase timeline, a coloured, filterable log pane, notices, key/value grids."""
 
 from __future__ import annotations
 
+from collections import deque
+
 from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QFont, QGuiApplication, QPainter, QPalette, QTextCursor, QTextDocument
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QGuiApplication,
+    QPainter,
+    QPalette,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+)
 from PySide6.QtWidgets import (
+    QComboBox,
     QFormLayout,
     QHBoxLayout,
     QLabel,
@@ -80,45 +92,123 @@ class PhaseTimeline(QWidget):
 
 
 class LogPane(QWidget):
-    """The engine log, bounded to the newest lines, with find-as-you-type (Enter: next, Shift+Enter: previous)."""
+    """The engine log, bounded to the newest lines: levels coloured (errors red, warnings amber, debug muted), a
+    level choice and a filter box that show only matching lines, and find-as-you-type (Enter: next, Shift+Enter:
+    previous)."""
 
     MAX_LINES = 5000
+    LEVEL_CHOICES = (("All levels", "debug"), ("Info and above", "info"), ("Warnings and errors", "warning"),
+                     ("Errors only", "error"))
+    COLORS = {"error": "#c0392b", "warning": "#b36b00"}
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.lines: deque[tuple[str, str]] = deque(maxlen=self.MAX_LINES)  # (level, text), filtered or not
+        self._previous_level = "info"
+        self.shown = 0
         self.view = QPlainTextEdit()
         self.view.setReadOnly(True)
         self.view.setMaximumBlockCount(self.MAX_LINES)
         self.view.setFont(QFont("Monospace"))
         self.view.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
         self.view.setAccessibleName("Engine log")
+        self.formats = self._make_formats()
+        self.level_box = QComboBox()
+        for label, level in self.LEVEL_CHOICES:
+            self.level_box.addItem(label, level)
+        self.level_box.setAccessibleName("Log levels shown")
+        self.level_box.currentIndexChanged.connect(lambda _index: self.refilter())
+        self.filter_edit = QLineEdit()
+        self.filter_edit.setPlaceholderText("Show only lines containing…")
+        self.filter_edit.setAccessibleName("Filter the log")
+        self.filter_edit.setClearButtonEnabled(True)
+        self.filter_edit.textChanged.connect(lambda _text: self.refilter())
         self.search = QLineEdit()
-        self.search.setPlaceholderText("Search the log (Enter: next, Shift+Enter: previous)")
+        self.search.setPlaceholderText("Find (Enter: next, Shift+Enter: previous)")
         self.search.setAccessibleName("Search the log")
         self.search.setClearButtonEnabled(True)
         self.search.returnPressed.connect(self.find_next)
         self.search.textChanged.connect(lambda _text: self.find_next(from_start=True))
         self.status = QLabel("")
+        self.count_label = QLabel("")
+        self.count_label.setAccessibleName("Lines shown")
         row = QHBoxLayout()
-        search_label = QLabel("&Find:")
-        search_label.setBuddy(self.search)
-        row.addWidget(search_label)
-        row.addWidget(self.search, 1)
+        for caption, widget, stretch in (("Le&vels:", self.level_box, 0), ("F&ilter:", self.filter_edit, 1),
+                                         ("&Find:", self.search, 1)):
+            buddy = QLabel(caption)
+            buddy.setBuddy(widget)
+            row.addWidget(buddy)
+            row.addWidget(widget, stretch)
         row.addWidget(self.status)
+        row.addWidget(self.count_label)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(row)
         layout.addWidget(self.view)
 
-    def append_lines(self, lines: list[str]) -> None:
-        bar = self.view.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 2
-        self.view.appendPlainText("\n".join(lines))
-        if at_bottom:
-            bar.setValue(bar.maximum())
+    def _make_formats(self) -> dict[str, QTextCharFormat]:
+        formats: dict[str, QTextCharFormat] = {}
+        text = self.view.palette().color(QPalette.ColorRole.Text)
+        for level in ("debug", "info", "warning", "error"):
+            fmt = QTextCharFormat()
+            if level in self.COLORS:
+                fmt.setForeground(QColor(self.COLORS[level]))
+            elif level == "debug":
+                fmt.setForeground(muted(text))
+            if level == "error":
+                fmt.setFontWeight(QFont.Weight.Bold)
+            formats[level] = fmt
+        return formats
 
-    def clear(self) -> None:
+    def level_shown(self) -> str:
+        return str(self.level_box.currentData())
+
+    def _passes(self, level: str, text: str) -> bool:
+        from desktop.core.engines.loglevel import at_least
+
+        needle = self.filter_edit.text()
+        return at_least(level, self.level_shown()) and (not needle or needle.lower() in text.lower())
+
+    def append_lines(self, lines: list[str]) -> None:
+        from desktop.core.engines.loglevel import line_level
+
+        entries = []
+        for text in lines:
+            level = line_level(text, self._previous_level)
+            self._previous_level = level
+            entries.append((level, text))
+        self.lines.extend(entries)
+        self._render([e for e in entries if self._passes(*e)])
+
+    def _render(self, entries: list[tuple[str, str]]) -> None:
+        if entries:
+            bar = self.view.verticalScrollBar()
+            at_bottom = bar.value() >= bar.maximum() - 2
+            cursor = QTextCursor(self.view.document())
+            cursor.movePosition(QTextCursor.MoveOperation.End)
+            cursor.beginEditBlock()
+            for level, text in entries:
+                if self.shown:
+                    cursor.insertBlock()
+                cursor.insertText(text, self.formats[level])
+                self.shown += 1
+            cursor.endEditBlock()
+            if at_bottom:
+                bar.setValue(bar.maximum())
+        self._count()
+
+    def _count(self) -> None:
+        filtered = self.level_shown() != "debug" or bool(self.filter_edit.text())
+        shown = min(self.shown, self.view.document().blockCount())
+        self.count_label.setText(f"{shown} of {len(self.lines)} lines" if filtered else "")
+
+    def refilter(self) -> None:
+        """Show the kept lines again through the current level choice and filter."""
         self.view.clear()
+        self.shown = 0
+        self._render([e for e in self.lines if self._passes(*e)])
+        if self.search.text():
+            self.find_next(from_start=True)
 
     def find_next(self, from_start: bool = False, backward: bool | None = None) -> bool:
         needle = self.search.text()
@@ -137,6 +227,15 @@ class LogPane(QWidget):
         self.status.setText("" if found else "not found")
         return found
 
+    def text_shown(self) -> str:
+        return self.view.toPlainText()
+
+    def clear(self) -> None:
+        self.lines.clear()
+        self._previous_level = "info"
+        self.view.clear()
+        self.shown = 0
+        self._count()
 
 class Notice(QLabel):
     """A readable message: info, warning or error, word-wrapped and selectable (so it can be copied)."""

@@ -4,35 +4,42 @@ process.
 It is plain HTTP on the endpoint's own loopback port under /switchyard/, guarded by a random token that only the
 user can read: the running instance writes `run_dir()/endpoint-<port>.json` (mode 0600) with its pid, port and
 token, and removes it on exit. Clients find the instance through that file.
+
+Three kinds register: `endpoint` (`switchyard serve --endpoint`), `app` (the desktop app's endpoint: `stop` stops
+its engines, the app stays open) and `engine` (a plain `switchyard serve`: no control channel, so its file carries
+what `status` shows, `stop` sends it SIGTERM and `switch` explains that it needs the endpoint). The client side
+loads neither httpx nor the server's HTTP code until it talks to an endpoint, so `switchyard status` answers at once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import json
 import os
 import secrets
+import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs
 
-import httpx
 import psutil
 
 from desktop.core.common import paths
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.runtime import proctree
-from desktop.core.serving.http1 import LocalRequest, LocalResponse, LocalRoute
-from desktop.core.serving.requestlog import RequestLog
+
+if TYPE_CHECKING:  # the server side's HTTP code (asyncio) and the request log load with the server only
+    from desktop.core.serving.http1 import LocalRequest, LocalResponse, LocalRoute
+    from desktop.core.serving.requestlog import RequestLog
 
 REQUESTS_MAX_WAIT = 30.0  # seconds a `requests?wait=` long poll may hold (the client asks again)
 
 TOKEN_HEADER = "X-Switchyard-Token"
 PREFIX = "/switchyard"
+KINDS = ("endpoint", "app", "engine")
 
 
 class NoInstance(SwitchyardError):
@@ -49,6 +56,8 @@ class Discovery:
     token: str
     started_at: float
     created: float | None = None  # the process's start time: a reused pid is not this instance
+    kind: str = "endpoint"
+    info: dict[str, Any] = field(default_factory=dict)  # kind `engine`: what `status` shows (no channel to ask)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -64,11 +73,14 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def write_discovery(port: int, url: str, token: str) -> Path:
+def write_discovery(port: int, url: str, token: str, kind: str = "endpoint", info: dict[str, Any] | None = None
+                    ) -> Path:
     """Create the discovery file readable by this user only (created 0600, never widened)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown discovery kind {kind!r}")
     path = discovery_path(port)
     record = {"pid": os.getpid(), "created": psutil.Process().create_time(), "port": port, "url": url,
-              "token": token, "started_at": time.time()}
+              "token": token, "started_at": time.time(), "kind": kind, "info": info or {}}
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
@@ -99,7 +111,8 @@ def find_instances() -> list[Discovery]:
             created = record.get("created")
             discovery = Discovery(int(record["pid"]), int(record["port"]), str(record["url"]), str(record["token"]),
                                   float(record.get("started_at", 0)),
-                                  float(created) if isinstance(created, int | float) else None)
+                                  float(created) if isinstance(created, int | float) else None,
+                                  str(record.get("kind", "endpoint")), dict(record.get("info") or {}))
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if not _alive(discovery.pid, discovery.created):
@@ -130,10 +143,14 @@ class ControlTarget(Protocol):
 
     def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]: ...
 
-    def request_stop(self) -> None: ...
+    def request_stop(self) -> bool | None:
+        """Start stopping. False: the process stays (the app) and its engines are already stopped on return."""
+        ...
 
 
 def _error(status: int, exc: Exception) -> LocalResponse:
+    from desktop.core.serving.http1 import LocalResponse
+
     message = exc.message if isinstance(exc, SwitchyardError) else str(exc)
     hint = exc.hint if isinstance(exc, SwitchyardError) else None
     return LocalResponse.json({"error": message, "hint": hint}, status=status)
@@ -143,16 +160,22 @@ def _allowed(request: LocalRequest, token: str) -> bool:
     return hmac.compare_digest(request.headers.get(TOKEN_HEADER).encode(), token.encode())
 
 
-_DENIED = LocalResponse.json({"error": "missing or wrong control token"}, status=403)
+def _denied() -> LocalResponse:
+    from desktop.core.serving.http1 import LocalResponse
+
+    return LocalResponse.json({"error": "missing or wrong control token"}, status=403)
 
 
 def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
     """Routes under /switchyard/ for the endpoint. Each checks the token; slow work runs in a thread."""
+    import asyncio
+
+    from desktop.core.serving.http1 import LocalResponse, LocalRoute
 
     def allowed(request: LocalRequest) -> bool:
         return _allowed(request, token)
 
-    denied = _DENIED
+    denied = _denied()
 
     async def status(request: LocalRequest) -> LocalResponse:
         if not allowed(request):
@@ -181,8 +204,11 @@ def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
     async def stop(request: LocalRequest) -> LocalResponse:
         if not allowed(request):
             return denied
-        target.request_stop()
-        return LocalResponse.json({"stopping": True})
+        try:
+            exits = await asyncio.to_thread(target.request_stop)  # the app stops its engines before it answers
+        except Exception as exc:  # reported to the client instead of dropping the connection
+            return _error(409 if isinstance(exc, SwitchyardError) else 500, exc)
+        return LocalResponse.json({"stopping": True, "exits": exits is not False})
 
     return [
         LocalRoute("GET", f"{PREFIX}/status", status),
@@ -195,10 +221,15 @@ def request_routes(request_log: RequestLog, token: str, capture: Any = None) -> 
     """`GET /switchyard/requests?limit=N&after=SEQ&wait=S`: the requests in flight and the last finished ones
     (seq > after). With `wait`, an empty answer is held until a request finishes (a long poll for --follow).
     `capture` is a callable telling whether bodies are being captured (shown, not changed, here)."""
+    import asyncio
+
+    from desktop.core.serving.http1 import LocalResponse, LocalRoute
+
+    denied = _denied()
 
     async def requests(request: LocalRequest) -> LocalResponse:
         if not _allowed(request, token):
-            return _DENIED
+            return denied
         try:
             query = {key: values[-1] for key, values in parse_qs(request.query).items()}
             limit = max(1, min(int(query.get("limit", 100)), request_log.capacity))
@@ -242,6 +273,8 @@ class ControlClient:
 
     def _request(self, method: str, route: str, timeout: float, body: dict[str, Any] | None = None,
                  params: dict[str, Any] | None = None) -> dict[str, Any]:
+        import httpx
+
         url = f"{self.discovery.url}{PREFIX}/{route}"
         try:
             with httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False) as client:
@@ -261,23 +294,38 @@ class ControlClient:
         return data
 
     def status(self) -> dict[str, Any]:
+        if self.discovery.kind == "engine":
+            return {**self.discovery.info, "pid": self.discovery.pid}
         return self._request("GET", "status", 10.0)
 
     def requests(self, limit: int = 100, after: int = 0, wait: float = 0.0) -> dict[str, Any]:
         """The request log: {"inflight": [...], "requests": [...] (oldest first)}; with `wait`, held until a
         request newer than `after` finishes (or `wait` seconds pass)."""
+        if self.discovery.kind == "engine":
+            raise SwitchyardError(f"the `switchyard serve` on port {self.discovery.port} runs an engine without the "
+                                  "stable endpoint, which is what logs requests",
+                                  "start it with --endpoint (or --proxy-port P)")
         return self._request("GET", "requests", 10.0 + wait, params={"limit": limit, "after": after, "wait": wait})
 
     def switch(self, engine: str, model: str | None = None, name: str | None = None, timeout: float = 1800.0
                ) -> dict[str, Any]:
+        if self.discovery.kind == "engine":
+            raise SwitchyardError(f"the `switchyard serve` on port {self.discovery.port} runs an engine without the "
+                                  "stable endpoint, so it cannot switch engines",
+                                  "start it with --endpoint (or --proxy-port P) to switch without changing the URL")
         body: dict[str, Any] = {"engine": engine, "model": model}
         if name:
             body["name"] = name
         return self._request("POST", "switch", timeout, body)
 
     def stop(self, wait: float = 60.0) -> bool:
-        """Ask the instance to stop and wait until its process is gone. True when it exited in time."""
-        self._request("POST", "stop", 10.0)
+        """Ask the instance to stop and wait until its process is gone (the app: until its engines are stopped).
+        True when that happened in time."""
+        if self.discovery.kind == "engine":  # a plain serve stops cleanly on SIGTERM
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.discovery.pid, signal.SIGTERM)
+        elif self._request("POST", "stop", wait).get("exits") is False:
+            return True
         deadline = time.monotonic() + wait
         pid, created = self.discovery.pid, self.discovery.created
         with contextlib.suppress(psutil.Error):

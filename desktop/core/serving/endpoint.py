@@ -32,14 +32,12 @@ from desktop.core.planning.swap import SmallerPlan, engine_need_bytes, smaller_p
 from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState, reap_orphans
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
+from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT
 from desktop.core.serving.proxy import ProxyServer
 from desktop.core.serving.router import Upstream
 
 log = logging.getLogger("switchyard.endpoint")
 
-# How long a switch lets requests on the old engine finish before ending them with a retryable error: long enough
-# for a long answer on a busy CPU box (streams caught at a switch took up to ~330 s there), and a bound all the same.
-DEFAULT_DRAIN_TIMEOUT = 300.0
 
 
 @dataclass(frozen=True)

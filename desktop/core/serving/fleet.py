@@ -24,8 +24,8 @@ from desktop.core.engines import get_adapter
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.planning.fit import MAX_CTX
 from desktop.core.runtime.telemetry import Telemetry
+from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT
 from desktop.core.serving.endpoint import (
-    DEFAULT_DRAIN_TIMEOUT,
     EndpointListener,
     EndpointManager,
     EngineSpec,

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from desktop.core.common.errors import SwitchyardError
+from desktop.core.serving.defaults import DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_IDLE_TIMEOUT
 from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error
 from desktop.core.serving.metering import (
     RequestListener,
@@ -55,8 +56,8 @@ class Timeouts:
     """
 
     connect: float = 10.0
-    first_byte: float = 600.0
-    idle: float = 300.0
+    first_byte: float = DEFAULT_FIRST_BYTE_TIMEOUT
+    idle: float = DEFAULT_IDLE_TIMEOUT
 
 
 @dataclass(frozen=True)

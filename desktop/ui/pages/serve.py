@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.ui.charts import ChartBoard, LiveChart, pause_checkbox
+from desktop.ui.chat import ChatPane
 from desktop.ui.engine_session import EngineSession, LaunchRequest
 from desktop.ui.requests_panel import RequestsPanel
 from desktop.ui.widgets import LogPane, Notice, PhaseTimeline
@@ -158,6 +159,7 @@ class ServePage(QWidget):
         charts_layout.addLayout(grid)
 
         self.log_pane = LogPane()
+        self.chat = ChatPane()
         upper = QWidget()
         upper_layout = QVBoxLayout(upper)
         upper_layout.setContentsMargins(0, 0, 0, 0)
@@ -174,6 +176,8 @@ class ServePage(QWidget):
         self.bottom_tabs.addTab(self.requests_panel, self.requests_panel.title)
         self.requests_panel.title_changed.connect(
             lambda title: self.bottom_tabs.setTabText(self.bottom_tabs.indexOf(self.requests_panel), title))
+        self.bottom_tabs.addTab(self.chat, "T&ry it (chat)")
+        self.bottom_tabs.setAccessibleName("Engine log, requests and chat")
         splitter.addWidget(self.bottom_tabs)
         splitter.setStretchFactor(0, 4)
         splitter.setStretchFactor(1, 1)
@@ -279,6 +283,7 @@ class ServePage(QWidget):
         if process is None:
             return
         self.endpoint_edit.setText(self.session.endpoint_url or f"{process.base_url}/v1")
+        self.chat.set_endpoint(self.endpoint_edit.text(), getattr(self.session.proxy, "model_name", None))
         t2 = cold.t2_first_token_s
         self.notice.show_message(
             f"{process.adapter.display_name} serves {process.plan.model_path.name} (engine at {process.base_url})"
@@ -305,6 +310,8 @@ class ServePage(QWidget):
 
     def on_stopped(self) -> None:
         self.state_label.setText("stopped")
+        self.chat.stop()
+        self.chat.set_endpoint(None)
         if self.notice.level != "error":
             self.notice.show_message("Engine stopped")
         self._update_buttons()
@@ -349,5 +356,6 @@ class ServePage(QWidget):
         self.switch_button.setText(f"S&witch to {self.other_engine()}")
 
     def shutdown(self) -> None:
+        self.chat.shutdown()
         self.board.stop()
         self.requests_panel.shutdown()

@@ -1,0 +1,187 @@
+"""Try it: a chat with the model being served, through the stable endpoint's URL exactly as any client would ask
+it (HTTP, streamed), so what the user sees is what their own client gets.
+
+The request runs in a worker (`desktop.core.measure.chat.ChatStream`); each piece of text arrives as a progress
+signal on the GUI thread; Stop closes the connection. The conversation is kept for follow-up questions; Clear
+starts over.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut, QTextCursor
+from PySide6.QtWidgets import (
+    QDoubleSpinBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop.ui.workers import submit
+
+DEFAULT_SYSTEM = "You are a helpful assistant."
+
+
+class ChatPane(QWidget):
+    answered = Signal(object)  # a ChatAnswer, after each reply (also a stopped one)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.base_url: str | None = None
+        self.model: str | None = None
+        self.messages: list[dict[str, str]] = []
+        self.stream: Any = None  # the ChatStream running now
+        self.last_answer: Any = None
+        self._reply: list[str] = []
+
+        self.system_edit = QLineEdit(DEFAULT_SYSTEM)
+        self.system_edit.setAccessibleName("System prompt")
+        self.system_edit.setToolTip("Sent first in every request; changing it applies to the next question")
+        self.temperature_spin = QDoubleSpinBox()
+        self.temperature_spin.setRange(0.0, 2.0)
+        self.temperature_spin.setSingleStep(0.1)
+        self.temperature_spin.setValue(0.7)
+        self.temperature_spin.setAccessibleName("Temperature")
+        self.max_tokens_spin = QSpinBox()
+        self.max_tokens_spin.setRange(1, 32_768)
+        self.max_tokens_spin.setValue(256)
+        self.max_tokens_spin.setAccessibleName("Maximum answer tokens")
+        settings = QHBoxLayout()
+        for caption, widget, stretch in (("S&ystem:", self.system_edit, 1), ("Temperat&ure:", self.temperature_spin, 0),
+                                         ("Max to&kens:", self.max_tokens_spin, 0)):
+            label = QLabel(caption)
+            label.setBuddy(widget)
+            settings.addWidget(label)
+            settings.addWidget(widget, stretch)
+
+        self.transcript = QTextBrowser()
+        self.transcript.setAccessibleName("Conversation")
+        self.transcript.setOpenLinks(False)
+        self.transcript.setPlaceholderText("Start an engine above, then ask the model something here.")
+        self.input = QPlainTextEdit()
+        self.input.setAccessibleName("Your message")
+        self.input.setPlaceholderText("Ask the model… (Ctrl+Enter sends)")
+        self.input.setMaximumHeight(70)
+        self.send_button = QPushButton("Sen&d")
+        self.send_button.clicked.connect(self.send)
+        self.stop_button = QPushButton("Stop &answer")
+        self.stop_button.clicked.connect(self.stop)
+        self.clear_button = QPushButton("C&lear")
+        self.clear_button.setToolTip("Forget the conversation")
+        self.clear_button.clicked.connect(self.clear)
+        for keys in ("Ctrl+Return", "Ctrl+Enter"):
+            shortcut = QShortcut(QKeySequence(keys), self.input)
+            shortcut.setContext(Qt.ShortcutContext.WidgetShortcut)
+            shortcut.activated.connect(self.send)
+        self.stats_label = QLabel("")
+        self.stats_label.setAccessibleName("Answer speed")
+        self.stats_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        buttons = QVBoxLayout()
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.clear_button)
+        entry = QHBoxLayout()
+        entry.addWidget(self.input, 1)
+        entry.addLayout(buttons)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(settings)
+        layout.addWidget(self.transcript, 1)
+        layout.addWidget(self.stats_label)
+        layout.addLayout(entry)
+        self._update()
+
+    # --- state ---
+    def set_endpoint(self, base_url: str | None, model: str | None = None) -> None:
+        """The OpenAI base URL (…/v1) to talk to, and the model name clients use; None: nothing serves."""
+        self.base_url, self.model = base_url, model
+        self._update()
+
+    @property
+    def answering(self) -> bool:
+        return self.stream is not None
+
+    def _update(self) -> None:
+        self.send_button.setEnabled(self.base_url is not None and not self.answering)
+        self.stop_button.setEnabled(self.answering)
+        self.clear_button.setEnabled(not self.answering and bool(self.messages))
+
+    # --- actions ---
+    def send(self, text: str | None = None) -> bool:
+        """Ask `text` (default: what is typed); False when nothing can be sent now."""
+        from desktop.core.measure.chat import ChatStream
+
+        question = (text if isinstance(text, str) else self.input.toPlainText()).strip()
+        if not question or self.base_url is None or self.answering:
+            return False
+        self.input.clear()
+        self.messages.append({"role": "user", "content": question})
+        system = self.system_edit.text().strip()
+        request = ([{"role": "system", "content": system}] if system else []) + self.messages
+        self._append_block("You", question)
+        self._append_block(self.model or "Model", "")
+        self._reply = []
+        self.stats_label.setText("waiting for the first token…")
+        stream = ChatStream(self.base_url, request, model=self.model, temperature=self.temperature_spin.value(),
+                            max_tokens=self.max_tokens_spin.value())
+        self.stream = stream
+        self._update()
+        submit(stream.run, on_progress=self._on_text, on_finished=self._on_answer, on_error=self._on_error)
+        return True
+
+    def stop(self) -> None:
+        if self.stream is not None:
+            self.stream.stop()
+            self.stats_label.setText("stopping…")
+
+    def clear(self) -> None:
+        if self.answering:
+            return
+        self.messages.clear()
+        self.transcript.clear()
+        self.stats_label.setText("")
+        self._update()
+
+    def shutdown(self) -> None:
+        """Window closing: end a running answer so its worker finishes at once."""
+        self.stop()
+
+    # --- worker callbacks (GUI thread) ---
+    def _on_text(self, text: Any) -> None:
+        self._reply.append(str(text))
+        cursor = self.transcript.textCursor()
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        cursor.insertText(str(text))
+        bar = self.transcript.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    def _on_answer(self, answer: Any) -> None:
+        self.stream = None
+        self.last_answer = answer
+        if answer.text:
+            self.messages.append({"role": "assistant", "content": answer.text})
+        else:  # nothing came back: the question is not part of the conversation
+            self.messages.pop()
+        self.stats_label.setText(answer.summary())
+        self._update()
+        self.answered.emit(answer)
+
+    def _on_error(self, message: str) -> None:
+        self.stream = None
+        self.messages.pop()  # the question got no answer
+        self.stats_label.setText("")
+        self._append_block("Error", message)
+        self._update()
+
+    def _append_block(self, who: str, text: str) -> None:
+        self.transcript.append(f"<p><b>{html.escape(who)}:</b> {html.escape(text).replace(chr(10), '<br>')}</p>")
