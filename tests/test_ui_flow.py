@@ -126,8 +126,9 @@ def test_compare_sweeps_the_endpoint_in_a_child_process_into_charts_report_and_h
     assert all(table.item(r, 1).text() == "12" and table.item(r, 2).text() == "0" for r in range(2))
     assert Path(compare.report["html"]).is_file() and compare.export_button.isEnabled()
     history = window.show_page("History")
-    qtbot.waitUntil(lambda: history.table.rowCount() == 1, timeout=10_000)
-    assert history.runs[0].kind == "bench" and history.runs[0].report_path == compare.report["html"]
+    qtbot.waitUntil(lambda: history.table.rowCount() == 2, timeout=10_000)  # the launch, then the sweep
+    assert [run.kind for run in history.runs] == ["bench", "launch"]
+    assert history.runs[0].report_path == compare.report["html"]
     assert serve.samples_received > 0  # the endpoint's own telemetry saw the benchmark's requests
 
 

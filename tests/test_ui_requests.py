@@ -83,6 +83,8 @@ def test_requests_through_the_guis_endpoint_appear_on_the_serve_page(  # type: i
                          json={"model": "switchyard", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
     assert chat.status_code == message.status_code == 200
     panel = serve.requests_panel
+    assert panel.title == "Requests"  # the tab title follows while another tab is in front
+    serve.bottom_tabs.setCurrentWidget(panel)  # the table is built when it is looked at
     qtbot.waitUntil(lambda: panel.table.rowCount() == 2, timeout=10_000)
     assert [cells(panel, row)[9] for row in (0, 1)] == ["POST /v1/messages", "POST /v1/chat/completions"]
     assert all(cells(panel, row)[2] == "llama.cpp" and cells(panel, row)[5] == "4" for row in (0, 1))

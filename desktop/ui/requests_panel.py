@@ -30,6 +30,7 @@ from desktop.ui.widgets import muted
 HEADERS = ["Time", "Model", "Engine", "Status", "Prompt", "Output", "TTFT ms", "Duration s", "Client", "Request"]
 SHOWN = 200  # finished requests in the table
 TICK_MS = 500  # in-flight durations tick while any request is in flight
+REFRESH_MS = 250  # at most four table rebuilds a second, however fast requests arrive (a sweep sends hundreds)
 
 
 def row_for(record: Any, now: float) -> list[str]:
@@ -98,10 +99,28 @@ class RequestsPanel(QWidget):
         self.ticker = QTimer(self)  # only while requests are in flight: their durations count up
         self.ticker.setInterval(TICK_MS)
         self.ticker.timeout.connect(self.refresh)
-        session.requests_changed.connect(self.refresh)
+        self.pending = QTimer(self)  # coalesces bursts of requests_changed into one refresh
+        self.pending.setSingleShot(True)
+        self.pending.setInterval(REFRESH_MS)
+        self.pending.timeout.connect(self.refresh)
+        self.stale = False  # the table missed refreshes while hidden: rebuild it when shown
+        session.requests_changed.connect(self._changed)
+
+    def _changed(self) -> None:
+        if not self.pending.isActive():
+            self.pending.start()
+
+    def showEvent(self, event: Any) -> None:
+        super().showEvent(event)
+        if self.stale:
+            self.refresh()
 
     def refresh(self) -> None:
         inflight, finished = self.session.request_snapshot(SHOWN)
+        self.stale = not self.isVisible()
+        if self.stale:  # only the tab title shows: rebuilding a hidden table costs the GUI thread for nothing
+            self._title(inflight)
+            return
         self.records = [*reversed(inflight), *reversed(finished)]
         now = time.time()
         selected = self._selected_seq()
@@ -122,6 +141,9 @@ class RequestsPanel(QWidget):
                 self.table.selectRow(row)
         self.table.setUpdatesEnabled(True)
         self._summarize(inflight, finished)
+        self._title(inflight)
+
+    def _title(self, inflight: list[Any]) -> None:
         title = f"Requests ({len(inflight)} in flight)" if inflight else "Requests"
         if title != self.title:
             self.title = title
@@ -168,3 +190,4 @@ class RequestsPanel(QWidget):
 
     def shutdown(self) -> None:
         self.ticker.stop()
+        self.pending.stop()

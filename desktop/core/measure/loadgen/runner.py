@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -194,15 +195,22 @@ def _arrival_gaps(config: LoadConfig) -> Iterator[float]:
             yield float(rng.gamma(shape, 1.0 / (config.rate * shape)))
 
 
+DISTINCT_PROMPTS = 512  # a pool this large varies prompts enough for any concurrency; sizing more costs time only
+
+
 def _specs(workload: Workload, config: LoadConfig, counter: TokenCounter | None) -> list[RequestSpec]:
+    """The distinct requests of a run (cycled when it sends more). Capped because sizing a prompt can be a server
+    round trip (/tokenize): 100,000 requests must not mean 100,000 round trips before the first one is sent."""
+    wanted = DISTINCT_PROMPTS
     if config.num_requests is not None and config.duration_s is None:
-        return generate(workload, config.warmup_requests + config.num_requests + config.cooldown_requests, counter)
-    return generate(workload, 512, counter)
+        wanted = min(wanted, config.warmup_requests + config.num_requests + config.cooldown_requests)
+    return generate(workload, wanted, counter)
 
 
 def _spec_stream(specs: list[RequestSpec], config: LoadConfig) -> Iterator[RequestSpec]:
     if config.num_requests is not None and config.duration_s is None:
-        yield from specs
+        yield from itertools.islice(itertools.cycle(specs), config.warmup_requests + config.num_requests
+                                    + config.cooldown_requests)
         return
     while True:
         yield from specs
@@ -404,7 +412,8 @@ async def run_load(
     if not aborted and measured and summary.completed == 0:
         first = next((r.error for r in measured if r.error), "unknown error")
         aborted = f"all {len(measured)} requests failed; first error: {first}"
-    sized = [s.input_tokens for s in specs[config.warmup_requests:][: config.num_requests or len(specs)]]
+    sized = [s.input_tokens for s in specs[config.warmup_requests:][: config.num_requests or len(specs)]] \
+        or [s.input_tokens for s in specs]
     return LoadResult(config, target, workload.to_json(), model, summary, results, buckets,
                       round(client_cpu, 3), warnings, aborted, started_at, token_source(token_counter),
                       round(sum(sized) / len(sized), 2) if sized else None)
