@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from desktop.core.common.errors import PortBusy, SwitchyardError
 from desktop.core.common.origins import ANY_ORIGIN, is_local_origin, is_loopback_host, normalize_origin
 from desktop.core.runtime.ports import holder_of
+from desktop.core.serving.defaults import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
 from desktop.core.serving.http1 import (
     HOP_HEADERS,
     ClientConnection,
@@ -54,8 +55,6 @@ __all__ = ["CONTROL_PREFIX", "DEFAULT_PROXY_PORT", "DEFAULT_WAIT_TIMEOUT", "Prox
 
 log = logging.getLogger("switchyard.proxy")
 
-DEFAULT_PROXY_PORT = 8800
-DEFAULT_WAIT_TIMEOUT = 600.0
 LOADING_NOTE_EVERY = 2.0  # seconds between ": loading model X (12 s)" comments to a waiting streaming client
 STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" \
               b"Transfer-Encoding: chunked\r\n\r\n"
