@@ -31,8 +31,11 @@ sys.path.insert(0, str(ROOT))
 from desktop.core.engines import get_adapter  # noqa: E402
 from desktop.core.engines.base import LaunchPlan  # noqa: E402
 from desktop.core.engines.model_path import resolve_model  # noqa: E402
+from desktop.core.machine.hardware import detect  # noqa: E402
 from desktop.core.measure.ab import _token_counter  # noqa: E402
 from desktop.core.measure.loadgen import LoadConfig, RandomWorkload, Target, run_load_sync  # noqa: E402
+from desktop.core.models.facts import facts_for  # noqa: E402
+from desktop.core.planning.fit import estimate  # noqa: E402
 from desktop.core.runtime.ports import find_free_port  # noqa: E402
 from desktop.core.runtime.supervisor import EngineProcess  # noqa: E402
 
@@ -114,7 +117,10 @@ def main() -> int:
         return 2
     model = resolve_model(args.model, adapter)
     slots = args.concurrency
-    plan = LaunchPlan(engine=adapter.name, model_path=model, ctx=args.ctx, parallel=slots, threads=args.threads)
+    # the plan as the app launches it: the fit resolves every memory-relevant field (-ngl, KV type, -fa, dtype)
+    asked = LaunchPlan(engine=adapter.name, model_path=model, ctx_per_request=args.ctx, slots=slots,
+                       threads=args.threads)
+    plan = estimate(facts_for(args.model if args.model == "demo" else str(model)), detect(), asked).plan or asked
     counter = _token_counter(args.model, model)
     app_argv = adapter.build_command(plan, install).argv
     rows: list[dict[str, Any]] = []
@@ -129,7 +135,7 @@ def main() -> int:
                 finally:
                     app.stop()
             else:
-                plain = PlainServer(install.executable, model, args.ctx * slots, slots, args.threads)
+                plain = PlainServer(install.executable, model, plan.llama_ctx_size, slots, args.threads)
                 try:
                     plain.start()
                     row = _round(plain.base_url, args, counter)
@@ -150,7 +156,7 @@ def main() -> int:
     result = {
         "benchmark": "launch_flags", "model": str(model), "concurrency": args.concurrency,
         "requests": args.requests, "rounds": args.rounds, "ctx_per_slot": args.ctx, "slots": slots,
-        "app_argv": app_argv[1:], "plain_argv": PlainServer(install.executable, model, args.ctx * slots, slots,
+        "app_argv": app_argv[1:], "plain_argv": PlainServer(install.executable, model, plan.llama_ctx_size, slots,
                                                               args.threads).argv[1:],
         "ratio_median": statistics.median(ratios) if ratios else None, "ratios": ratios,
         "load_average": {"min": min(loads), "max": max(loads), "cpus": os.cpu_count()}, "rounds_detail": rows,

@@ -85,7 +85,7 @@ def test_measurements_replace_the_defaults_and_reasons_say_so() -> None:
 def test_gain_curve() -> None:
     assert default_gain(1) == 1.0 and default_gain(8) == pytest.approx(3.0) and default_gain(64) == pytest.approx(3.0)
     assert 1.0 < default_gain(2) < default_gain(4) < 3.0
-    assert default_gain(1, cpu=True) == pytest.approx(0.4) and default_gain(32, cpu=True) == pytest.approx(0.75)
+    assert default_gain(1, cpu=True) == pytest.approx(0.6) and default_gain(32, cpu=True) == pytest.approx(0.9)
 
 
 def test_this_machine_recommends_llama_cpp_with_reasons() -> None:

@@ -6,8 +6,9 @@ throughput x (run - C); vLLM must beat llama.cpp by a clear margin (10%) to be w
 Defaults, replaced by this machine's history when `evidence` (desktop.core.planning.evidence) is given:
   cold start: llama.cpp ~20 s, vLLM ~120 s on a GPU (weights load, torch.compile, CUDA graphs), ~60 s on a CPU;
   throughput: on a GPU vLLM ~1x llama.cpp with one request in flight, rising to ~3x at 8 or more (continuous
-  batching, paged KV, CUDA graphs); on a CPU ~0.4x rising to ~0.75x (an A/B of the demo model with each engine's
-  defaults on a quiet 2-core machine measured llama.cpp 2.45x / 1.28x / 1.37x faster at c=1/8/32);
+  batching, paged KV, CUDA graphs); on a CPU ~0.6x rising to ~0.9x (benchmarks/results/ab/: the demo model
+  with each engine's default threads on a quiet 2-core machine, vLLM/llama.cpp 0.58 / 0.91 / 0.86 at c=1/8/32;
+  with one thread each, 0.68 / 1.43 / 1.51 — the CPU figure depends on threads, so measure it here);
   interpolated on log2(concurrency). Every figure is tagged measured (run id and date) or default.
 The 10% margin vLLM must win by covers the uncertainty of default figures; measured figures decide as measured.
 vLLM is a candidate for Hugging Face checkpoints on CUDA/ROCm GPUs and on CPUs (its CPU build); llama.cpp runs
@@ -35,7 +36,7 @@ from desktop.core.planning.fit import GGUF_LADDER, FitResult, estimate, size_vll
 DEFAULT_COLD_START_S = {"llama.cpp": 20.0, "vllm": 120.0}
 DEFAULT_CPU_COLD_START_S = {"llama.cpp": 20.0, "vllm": 60.0}
 VLLM_MAX_GAIN = 3.0  # at concurrency >= 8
-VLLM_CPU_GAIN = (0.4, 0.75)  # CPU build: at 1 request in flight, at 8 or more (see the module docstring)
+VLLM_CPU_GAIN = (0.6, 0.9)  # CPU build: at 1 request in flight, at 8 or more (benchmarks/results/ab/)
 CLOSE_SCORES = 1.5  # scores within this factor: a short A/B on this machine could change the answer
 VLLM_WIN_MARGIN = 1.10
 VLLM_LADDER = ("bf16", "fp8", "awq")
@@ -126,7 +127,7 @@ def _measurements(raw: Any) -> dict[str, EngineMeasurement]:
 
 def default_gain(concurrency: int, cpu: bool = False) -> float:
     """vLLM's throughput over llama.cpp's: on a GPU ~1x at 1 request in flight, ~3x at 8 or more; on a CPU
-    (vLLM's CPU build) ~0.4x rising to ~0.75x."""
+    (vLLM's CPU build) ~0.6x rising to ~0.9x (benchmarks/results/ab/, each engine's default threads)."""
     low, high = VLLM_CPU_GAIN if cpu else (1.0, VLLM_MAX_GAIN)
     if concurrency <= 1:
         return low
