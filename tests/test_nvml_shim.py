@@ -37,7 +37,9 @@ def shim_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cli(shim: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LD_LIBRARY_PATH": str(shim), "PYTHONPATH": str(HERE.parent)}
+    # its own SWITCHYARD_HOME: runs other tests recorded (a CPU A/B) must not steer this GPU's recommendation
+    env = {**os.environ, "LD_LIBRARY_PATH": str(shim), "PYTHONPATH": str(HERE.parent),
+           "SWITCHYARD_HOME": str(shim / "home")}
     return subprocess.run([sys.executable, "-m", "desktop", *args], capture_output=True, text=True, timeout=300,
                           env=env, check=False)
 

@@ -206,6 +206,10 @@ class EngineAdapter(ABC):
     # The server answers the Anthropic Messages API (`/v1/messages`, streaming and not): the endpoint forwards
     # such requests to it, and answers 501 for engines without it.
     anthropic_messages: bool = False
+    # The server closes a kept-alive connection right after a streamed (chunked) answer although it says
+    # Keep-Alive: the endpoint then never pools such connections for it (one reused before its FIN arrives would
+    # carry a request that cannot safely be retried).
+    closes_after_stream: bool = False
 
     # --- provisioning -------------------------------------------------------------------------------
     @abstractmethod

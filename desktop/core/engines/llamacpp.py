@@ -55,6 +55,7 @@ class LlamaCppAdapter(EngineAdapter):
     display_name = "llama.cpp (llama-server)"
     model_format = "gguf"
     anthropic_messages = True  # llama-server's /v1/messages (this build)
+    closes_after_stream = True  # seen with 11434: the connection is closed after every streamed answer
     log_markers = (
         log_marker("loading_model", r"llama_model_loader: loaded meta data|loading model"),
         log_marker("model_buffer", r"model buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),

@@ -376,7 +376,8 @@ class EndpointManager:
         upstream = Upstream(name=f"{adapter.name}@{process.plan.port}", engine=adapter.name,
                             base_url=process.base_url, served_model_name=process.plan.served_model_name,
                             api_key=process.plan.api_key, model=str(process.plan.model_path),
-                            messages_api=adapter.anthropic_messages)
+                            messages_api=adapter.anthropic_messages,
+                            closes_after_stream=adapter.closes_after_stream)
         managed = ManagedEngine(spec, process, upstream, "starting")
         with self._lock:
             self.starting = managed

@@ -539,7 +539,7 @@ class ProxyServer:
         reused = connection is not None
         if connection is None:
             try:
-                connection = await self.upstreams.connect(upstream.base_url)
+                connection = await self.upstreams.connect(upstream.base_url, upstream.closes_after_stream)
             except (OSError, TimeoutError) as exc:
                 log.info("%s refused a request (%s): retrying", upstream.name, exc or type(exc).__name__)
                 return None, False

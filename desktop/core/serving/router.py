@@ -28,6 +28,7 @@ class Upstream:
     api_key: str | None = None
     model: str = ""  # what it serves, for /v1/models
     messages_api: bool = False  # answers Anthropic Messages (/v1/messages): EngineAdapter.anthropic_messages
+    closes_after_stream: bool = False  # EngineAdapter.closes_after_stream: don't pool after a streamed answer
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

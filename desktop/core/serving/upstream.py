@@ -211,12 +211,14 @@ class UpstreamPool:
                 return connection
         return None
 
-    async def connect(self, base_url: str) -> UpstreamConnection:
-        """A fresh connection (OSError or TimeoutError when the engine does not take it in time)."""
+    async def connect(self, base_url: str, closes_after_stream: bool = False) -> UpstreamConnection:
+        """A fresh connection (OSError or TimeoutError when the engine does not take it in time).
+        `closes_after_stream`: known from the engine's adapter, so the pool need not learn it by a failed reuse."""
         target = self.target(base_url)
         pool = self._pools.get(base_url)
         if pool is None:
             pool = self._pools[base_url] = Pool()
+            pool.closes_after_chunked = closes_after_stream
         connection = UpstreamConnection(pool)
         async with asyncio.timeout(self.timeouts.connect):
             await asyncio.get_running_loop().create_connection(lambda: connection, target.host, target.port)
