@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import ssl
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,3 +90,18 @@ def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     return context
+
+
+def serve_until_ready(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    """Start `switchyard serve ARGS` as its own process and read its stderr up to the "ready:" line (returned; the
+    caller asserts on it and stops the process). Ends at the process's exit when it never gets ready."""
+    proc = subprocess.Popen(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "desktop", "serve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env if env is not None else {**os.environ})
+    assert proc.stderr is not None
+    lines: list[str] = []
+    for line in proc.stderr:
+        lines.append(line)
+        if line.startswith("ready:"):
+            break
+    return proc, "".join(lines) if not lines or not lines[-1].startswith("ready:") else lines[-1]

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
+from conftest import serve_until_ready
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.runtime.ports import find_free_port
@@ -498,18 +499,11 @@ def test_capture_is_refused_for_an_endpoint_with_an_api_key(tmp_path: Path) -> N
 def test_cli_serve_then_switchyard_requests_live_and_from_history(llama_install: Any, demo_model: Any,
                                                                   tmp_path: Path) -> None:
     home, port = tmp_path / "home", find_free_port()
-    proc = subprocess.Popen(  # noqa: S603 - our own CLI
-        [sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp", "--model", "demo",
-         "--proxy-port", str(port), "--parallel", "2", "--capture-bodies"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "SWITCHYARD_HOME": str(home)})
+    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--proxy-port", str(port),
+                                    "--parallel", "2", "--capture-bodies",
+                                    env={**os.environ, "SWITCHYARD_HOME": str(home)})
     try:
-        assert proc.stderr is not None
-        lines = []
-        for line in proc.stderr:
-            lines.append(line)
-            if line.startswith("ready:"):
-                break
-        assert lines and lines[-1].startswith(f"ready: http://127.0.0.1:{port}/v1"), "".join(lines)
+        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
         url = f"http://127.0.0.1:{port}"
         body = {"model": "switchyard", "max_tokens": 8, "messages": [{"role": "user", "content": "captured prompt"}]}
         assert httpx.post(url + "/v1/messages", json=body, trust_env=False, timeout=120).status_code == 200

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from conftest import serve_until_ready
 
 from desktop.core.common.errors import EngineFailed, SwitchyardError
 from desktop.core.runtime.ports import find_free_port
@@ -364,18 +365,10 @@ def test_cli_status_without_an_endpoint_is_one_clear_line() -> None:
 @pytest.mark.llamacpp
 def test_cli_endpoint_status_switch_stop(llama_install: Any, demo_model: Any, second_gguf: Path) -> None:
     port = find_free_port()
-    proc = subprocess.Popen(  # noqa: S603 - our own CLI
-        [sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp", "--model", "demo",
-         "--proxy-port", str(port), "--parallel", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--proxy-port", str(port),
+                                    "--parallel", "2")
     try:
-        assert proc.stderr is not None
-        lines = []
-        for line in proc.stderr:
-            lines.append(line)
-            if line.startswith("ready:"):
-                break
-        assert lines and lines[-1].startswith(f"ready: http://127.0.0.1:{port}/v1"), "".join(lines)
+        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
         status = json.loads(_cli("status", "--json", "--port", str(port)).stdout)
         assert status["state"] == "serving" and status["active"]["engine"] == "llama.cpp"
         assert status["pid"] == proc.pid and status["model_name"] == "switchyard"
@@ -423,18 +416,9 @@ def test_cli_serve_config_routes_two_models_and_switches_one(llama_install: Any,
     config.write_text(f"models:\n  - {{name: small, engine: llama.cpp, model: demo, parallel: 2}}\n"
                       f"  - {{name: copy, engine: llama.cpp, model: '{second_gguf}', parallel: 2}}\n")
     port = find_free_port()
-    proc = subprocess.Popen(  # noqa: S603 - our own CLI
-        [sys.executable, "-m", "desktop", "serve", "--config", str(config), "--proxy-port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    proc, ready = serve_until_ready("--config", str(config), "--proxy-port", str(port))
     try:
-        assert proc.stderr is not None
-        lines = []
-        for line in proc.stderr:
-            lines.append(line)
-            if line.startswith("ready:"):
-                break
-        assert lines and lines[-1].startswith(f"ready: http://127.0.0.1:{port}/v1 serves small, copy"), \
-            "".join(lines)
+        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1 serves small, copy"), ready
         url = f"http://127.0.0.1:{port}/v1"
         assert [m["id"] for m in httpx.get(url + "/models", trust_env=False).json()["data"]] == ["small", "copy"]
         for name in ("small", "copy"):
@@ -470,18 +454,10 @@ def test_cli_serve_config_routes_two_models_and_switches_one(llama_install: Any,
 def test_plain_serve_is_visible_to_status_and_stop(llama_install: Any, demo_model: Any) -> None:
     """A `switchyard serve` without the endpoint registers too: `status` shows it, `switch` explains why it cannot,
     `stop` ends it cleanly (engine gone, discovery file gone)."""
-    proc = subprocess.Popen(  # noqa: S603 - our own CLI
-        [sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp", "--model", "demo", "--parallel", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
+    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--parallel", "1")
     try:
-        assert proc.stderr is not None
-        lines = []
-        for line in proc.stderr:
-            lines.append(line)
-            if line.startswith("ready:"):
-                break
-        assert lines and lines[-1].startswith("ready: http://127.0.0.1:"), "".join(lines)
-        base_url = lines[-1].split()[1].removesuffix("/v1")
+        assert ready.startswith("ready: http://127.0.0.1:"), ready
+        base_url = ready.split()[1].removesuffix("/v1")
         port = int(base_url.rsplit(":", 1)[1])
         result = _cli("status", "--json")
         assert result.returncode == 0, result.stderr
