@@ -277,8 +277,11 @@ def main() -> int:
             settings.append((f"engine on {int(word)} of {cores} cores", int(word)))
     results = []
     for label, threads in settings:
+        load_before = os.getloadavg()[0]  # a busy machine changes the numbers more than the endpoint does
         result = {"setting": label, "concurrency": args.concurrency, "requests_per_round": args.requests,
                   "max_tokens": args.max_tokens, "rounds": args.rounds, **_measure(args, threads)}
+        result["load_average_1min"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2),
+                                       "cpus": os.cpu_count()}
         results.append(result)
         if not args.json:
             direct, proxied = result["direct"], result["proxy"]
