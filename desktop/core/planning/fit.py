@@ -55,6 +55,7 @@ VLLM_QUANTS: dict[str, tuple[float | None, str | None]] = {
     "int8": (8.0, None), "awq": (4.0, "awq"), "gptq": (4.0, "gptq"), "int4": (4.0, None), "w4a16": (4.0, None),
 }
 
+CHECKPOINT_QUANTS = frozenset({"awq", "gptq"})  # only a checkpoint quantized that way can be served that way
 LLAMA_CUDA_CONTEXT_BYTES = 350 * MIB  # CUDA context + cuBLAS handles per GPU; not in llama.cpp's logs
 LLAMA_ROCM_CONTEXT_BYTES = 450 * MIB
 VLLM_DRIVER_RESERVED_BYTES = int(0.45 * GIB)  # NVML total minus what torch/cudaMemGetInfo reports as total
@@ -331,7 +332,7 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
                          cpu_ram_gib=_gib(need), quant=quant, breakdown=breakdown, settings=settings, notes=notes)
 
     context = sum(_context_bytes(g) for g in gpus)
-    fixed = compute + context
+    fixed = compute * len(gpus) + context  # with -sm layer every GPU allocates its own compute buffer
     gpu_free = sum(g.memory_free_bytes for g in gpus)
     if len(gpus) > 1:
         notes.append(f"layers are split across {len(gpus)} GPUs (llama.cpp --split-mode layer)")
@@ -358,6 +359,11 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         verdict = "no"
         notes.append(f"-ngl {layers} needs {_gib(gpu_used):.2f} GiB of GPU memory but {_gib(gpu_free):.2f} GiB is "
                      f"free: at most {layers_that_fit()} layers fit")
+    elif hw.has_unified_memory and gpu_used + cpu_part > hw.ram_available_bytes:
+        # Apple Silicon: the GPU's working set and the CPU's part come from the same RAM, counted once
+        verdict = "no"
+        notes.append(f"unified memory: {_gib(gpu_used):.2f} GiB on the GPU + {_gib(cpu_part):.2f} GiB for the CPU "
+                     f"part is more than the {_gib(hw.ram_available_bytes):.2f} GiB of RAM available (one pool)")
     elif layers > n_layers:
         verdict = "yes"
     elif cpu_part > hw.ram_available_bytes:
@@ -548,6 +554,14 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
         result = _estimate_vllm(facts, hardware, settings)
         vquant = (result.quant or "").lower()
         flag = VLLM_QUANTS.get(vquant, (None, None))[1] if not (facts.quantization and not facts.is_gguf) else None
+        if flag in CHECKPOINT_QUANTS:
+            # vLLM cannot quantize to AWQ/GPTQ while loading ("Cannot find the config file for awq"): a what-if
+            # for a checkpoint of that kind, never a flag on these weights
+            flag = None
+            result = replace(result, settings={**result.settings, "needs_checkpoint": vquant},
+                             notes=[*result.notes, f"what if only: vLLM cannot quantize to {vquant.upper()} while "
+                                    f"loading; these numbers are for a {vquant.upper()} checkpoint of this model "
+                                    "(download one from the Hub), not for these weights"])
         if quant in ("bf16", "fp16") and plan.dtype == "auto":
             if vllm_weight_bytes(facts, None)[1] != vquant:  # a cast (bf16 checkpoint served as fp16): say so
                 plan = replace(plan, dtype="bfloat16" if vquant == "bf16" else "float16")
@@ -560,7 +574,34 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
                                gpu_memory_utilization=settings.gpu_memory_utilization,
                                max_num_batched_tokens=int(result.settings["max_num_batched_tokens"]),
                                backend=backend_for(key, hardware))  # type: ignore[arg-type]
-    return replace(result, plan=resolved)
+    return replace(result, plan=pin_devices(resolved, sized_gpus(key, hardware, resolved)))
+
+
+def sized_gpus(engine: str, hardware: HardwareSnapshot, plan: LaunchPlan) -> list[GpuInfo]:
+    """The GPUs the fit sized this plan on: llama.cpp all of them (layers split by free memory), vLLM the
+    tensor-parallel group of the tightest-free GPUs; none for a CPU plan."""
+    if plan.backend == "cpu":
+        return []
+    if normalise_engine(engine) == "llama.cpp":
+        return [g for g in hardware.gpus if g.memory_total_bytes > 0]
+    gpus = hardware.cuda_gpus
+    tp = plan.tensor_parallel
+    return sorted(gpus, key=lambda g: g.memory_free_bytes)[:tp] if tp < len(gpus) else list(gpus)
+
+
+def pin_devices(plan: LaunchPlan, gpus: list[GpuInfo]) -> LaunchPlan:
+    """Make the engine run on exactly the GPUs that were sized: CUDA_VISIBLE_DEVICES by UUID (NVML lists GPUs in
+    PCI order, CUDA fastest first, so an index could name another card), and for llama.cpp's CUDA build its own
+    device selection (`--device CUDA0,...`, the pinned GPUs in that order). Without UUIDs (a hypothetical GPU)
+    nothing is pinned."""
+    nvidia = [g for g in gpus if g.vendor == "nvidia"]
+    if plan.backend != "cuda" or not nvidia or any(not g.uuid for g in nvidia):
+        return plan
+    env = {**dict(plan.env), "CUDA_VISIBLE_DEVICES": ",".join(str(g.uuid) for g in nvidia)}
+    extra = plan.extra_args
+    if normalise_engine(plan.engine) == "llama.cpp" and "--device" not in extra and "-dev" not in extra:
+        extra = (*extra, "--device", ",".join(f"CUDA{i}" for i in range(len(nvidia))))
+    return replace(plan, env=env, extra_args=extra)
 
 
 def quick_verdict(engine: str, weights_bytes: int, config: dict[str, Any] | None, hardware: HardwareSnapshot) -> str:
@@ -679,3 +720,79 @@ def choose_tensor_parallel(model_config: dict[str, Any], gpu_spec: Any, gpus: in
         f"TP {tp} on {gpu_spec.name}: the size that holds the most; only {result.max_concurrency or 0:.1f} "
         f"concurrent {max_model_len}-token requests fit (no size up to {gpus} GPUs reaches {min_concurrency:g})"),
         result)
+
+
+# --- a sleeping vLLM: what it still holds ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SleepFootprint:
+    """What a vLLM put to sleep still holds, per GPU of its group and in host RAM (bytes)."""
+
+    level: int
+    gpu_bytes_per_gpu: int  # CUDA context, cuBLAS/NCCL, the CUDA-graph pool: not in vLLM's CuMemAllocator pools
+    host_bytes: int  # level 1: the weights, offloaded to pinned host RAM; level 2: discarded
+
+
+def sleeping_vllm_footprint(result: FitResult, level: int = 1) -> SleepFootprint:
+    """vLLM's worker `sleep()` releases only its CuMemAllocator pools (weights, KV cache) and logs "Sleep mode
+    freed X GiB, Y GiB memory is still in use": the CUDA context, non-torch buffers and the CUDA-graph pool stay
+    on every GPU. Level 1 keeps the weights in pinned host RAM (all ranks together), level 2 drops them."""
+    if level not in (1, 2):
+        raise SwitchyardError(f"vLLM sleep level must be 1 or 2, not {level}")
+    if result.engine != "vllm" or result.device == "CPU":
+        raise SwitchyardError("only vLLM on a GPU has a sleep mode")
+    breakdown = result.breakdown
+    context = int(VLLM_DRIVER_RESERVED_BYTES // 2)  # the CUDA context itself (not part of non_torch's buffers)
+    leftover = int((breakdown.get("non_torch", 0.0) + breakdown.get("cuda_graphs", 0.0)) * GIB) + context
+    tp = result.plan.tensor_parallel if result.plan is not None else 1
+    host = int(result.weights_gib * GIB) * tp if level == 1 else 0
+    return SleepFootprint(level, leftover, host)
+
+
+SLEEP_HOST_MARGIN_BYTES = 2 * GIB  # what the rest of the machine keeps after the weights are pinned
+
+
+def level1_sleep_allowed(weights_bytes: int, ram_available_bytes: int, next_host_bytes: int = 0) -> bool:
+    """Whether host RAM can take the weights a level-1 sleep pins there, beside the next engine's RAM part and
+    a margin. When not, the manager stops the vLLM instead (a level-2 wake must reload the weights itself)."""
+    return weights_bytes + next_host_bytes + SLEEP_HOST_MARGIN_BYTES <= ram_available_bytes
+
+
+def sleep_level(result: FitResult, hardware: HardwareSnapshot, next_host_bytes: int = 0) -> int:
+    """1 when host RAM holds the weights a level-1 sleep pins (plus what the next engine needs in RAM and a
+    margin), else 2 (weights dropped: the wake reloads them from disk)."""
+    need = sleeping_vllm_footprint(result, 1).host_bytes + next_host_bytes + SLEEP_HOST_MARGIN_BYTES
+    return 1 if need <= hardware.ram_available_bytes else 2
+
+
+def hardware_with_sleeping(hardware: HardwareSnapshot, footprint: SleepFootprint,
+                           gpus: list[GpuInfo]) -> HardwareSnapshot:
+    """`hardware` as the next engine finds it while that vLLM sleeps on `gpus`: their free memory less what the
+    sleeper still holds, RAM available less the pinned weights. The next engine is sized against this."""
+    held = {id(g) for g in gpus}
+    keys = {(g.uuid, g.index) for g in gpus}
+    changed = []
+    for gpu in hardware.gpus:
+        if id(gpu) in held or (gpu.uuid, gpu.index) in keys:
+            free = max(0, gpu.memory_free_bytes - footprint.gpu_bytes_per_gpu)
+            gpu = replace(gpu, memory_free_bytes=free, memory_used_bytes=gpu.memory_total_bytes - free,
+                          other_processes_bytes=gpu.other_processes_bytes + footprint.gpu_bytes_per_gpu)
+        changed.append(gpu)
+    return replace(hardware, gpus=changed,
+                   ram_available_bytes=max(0, hardware.ram_available_bytes - footprint.host_bytes))
+
+
+def plan_after_sleep(result: FitResult, hardware: HardwareSnapshot, next_host_bytes: int = 0,
+                     next_gpu_bytes: int = 0) -> tuple[int | None, HardwareSnapshot]:
+    """How to put a vLLM away before the next engine starts: the sleep level (1, 2, or None = stop it), and the
+    hardware the next engine is planned against. Level 1 needs host RAM for the weights; any level needs the
+    next engine's GPU part (`next_gpu_bytes`, 0 = unknown) to fit beside the sleeper's leftovers."""
+    if result.plan is None:
+        return None, hardware
+    gpus = sized_gpus("vllm", hardware, result.plan)
+    level = sleep_level(result, hardware, next_host_bytes)
+    footprint = sleeping_vllm_footprint(result, level)
+    after = hardware_with_sleeping(hardware, footprint, gpus)
+    if next_gpu_bytes and gpus and sum(g.memory_free_bytes for g in after.gpus) < next_gpu_bytes:
+        return None, hardware  # the leftovers would not leave room: stop it instead
+    return level, after

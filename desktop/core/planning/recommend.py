@@ -14,7 +14,9 @@ The 10% margin vLLM must win by covers the uncertainty of default figures; measu
 vLLM is a candidate for Hugging Face checkpoints on CUDA/ROCm GPUs and on CPUs (its CPU build); llama.cpp runs
 everywhere, from a GGUF ladder Q8_0 -> Q6_K -> Q5_K_M -> Q4_K_M -> IQ4_XS -> Q3_K_M (first that fits fully wins).
 vLLM is sized by `fit.size_vllm`, the rule export uses too: bf16 at the smallest tensor-parallel size whose KV
-cache holds the workload's concurrency, then fp8, then a 4-bit checkpoint. The answer is the fit's checked LaunchPlan.
+cache holds the workload's concurrency, then fp8 (quantized while loading, so it runs on the checkpoint as is).
+A 4-bit rung is only ever offered (download an AWQ checkpoint), never launched on bf16 weights: vLLM cannot
+quantize to AWQ while loading. The answer is the fit's checked LaunchPlan.
 """
 
 from __future__ import annotations
@@ -149,10 +151,6 @@ def _vllm_blocker(facts: ModelFacts, hw: HardwareSnapshot) -> str | None:
         if hw.has_unified_memory:
             return "vLLM has no Metal backend for Apple Silicon"
         return None  # vLLM's CPU build: whether it wins here is for measurements (or the stated default) to say
-    old = [g for g in hw.cuda_gpus if g.vendor == "nvidia" and g.compute_capability
-           and _cc(g.compute_capability) < 7.0]
-    if old:
-        return f"vLLM needs compute capability 7.0 or newer ({old[0].name} is {old[0].compute_capability})"
     if facts.is_gguf and not facts.hf_dir and facts.source != "demo":
         return "the model is a GGUF file; vLLM serves Hugging Face safetensors checkpoints (its GGUF support is experimental)"
     return None
@@ -198,9 +196,23 @@ def _best_llama(facts: ModelFacts, hw: HardwareSnapshot, base: LaunchPlan, notes
 def _vllm_ladder(facts: ModelFacts, hw: HardwareSnapshot) -> tuple[str | None, ...]:
     """Precision first, then fewer bytes: bf16 (fp16 before Ampere), fp8 on the fly, then a 4-bit checkpoint."""
     if facts.quantization and not facts.is_gguf:
-        return (None,)  # already quantized checkpoint: serve as is
+        return (None,)  # already quantized checkpoint: serve as is (vLLM reads its quantization_config)
     cc = min((_cc(g.compute_capability or "0") for g in hw.cuda_gpus), default=0.0)
-    return ("bf16" if cc >= 8.0 else "fp16", *(("fp8",) if cc >= 8.0 else ()), "awq")
+    # Only rungs vLLM can run on these weights as they are: fp8 is quantized while loading; AWQ/GPTQ need a
+    # checkpoint of that kind (offered by `_awq_offer`, never launched on these weights).
+    return ("bf16" if cc >= 8.0 else "fp16", *(("fp8",) if cc >= 8.0 else ()))
+
+
+def _awq_offer(facts: ModelFacts, hw: HardwareSnapshot, base: LaunchPlan, concurrency: int) -> str | None:
+    """When only a 4-bit checkpoint would start: say so and where to get one (vLLM cannot quantize to AWQ)."""
+    what_if = size_vllm(facts, hw, base, concurrency=concurrency, quants=("awq",))
+    if what_if is None:
+        return None
+    name = facts.repo_id or facts.name
+    return (f"an AWQ checkpoint of this model would fit ({what_if.weights_gib:.1f} GiB weights per GPU, "
+            f"{what_if.max_concurrency or 0:.1f} full requests at once): download one "
+            f"(`switchyard hub search {name} --awq`) and plan for it; vLLM cannot quantize these weights to "
+            "AWQ while loading")
 
 
 def _model_ref(facts: ModelFacts, engine: str) -> str:
@@ -252,7 +264,10 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
         vllm = size_vllm(facts, hardware, vllm_base, concurrency=work.concurrency,
                          quants=_vllm_ladder(facts, hardware))
         if vllm is None:
-            blocker = "vLLM does not fit: even AWQ 4-bit leaves no room for one full-length request's KV cache"
+            offer = _awq_offer(facts, hardware, vllm_base, work.concurrency) if not facts.quantization else None
+            blocker = (f"vLLM does not fit these weights (bf16 or fp8); {offer}" if offer else
+                       "vLLM does not fit: even a 4-bit checkpoint leaves no room for one full-length request's "
+                       "KV cache")
         elif (vllm.max_concurrency or 0) < work.concurrency:
             vllm_notes.append(f"vLLM's KV cache holds only {vllm.max_concurrency:.1f} of the {work.concurrency} "
                                f"concurrent {max_len:,}-token requests asked for on this hardware")
@@ -310,9 +325,9 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
             reasons.append(f"tensor parallel {tp} over {vllm.device.split('x ', 1)[-1]} keeps {vllm.quant} weights "
                            f"({vllm.weights_gib:.1f} GiB per GPU) instead of quantizing further")
         reasons.extend(vllm_notes)
-        if vllm.plan is not None and vllm.plan.quantization in ("awq", "gptq") and not facts.quantization:
-            reasons.append(f"download a {vllm.plan.quantization.upper()} checkpoint of this model and point the plan "
-                           "at it: vLLM cannot quantize to 4-bit while loading")
+        if vllm.plan is not None and vllm.plan.quantization == "fp8" and not facts.quantization:
+            reasons.append("fp8: vLLM quantizes these weights while loading, so the plan runs on this checkpoint "
+                           "as it is (no download)")
         if llama is None:
             reasons.append("llama.cpp does not fit this model here")
     else:

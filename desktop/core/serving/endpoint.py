@@ -25,9 +25,9 @@ from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_pro
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from desktop.core.engines.model_path import resolve_model
-from desktop.core.engines.vllm import SLEEP_MODE_FLAG, has_cuda
+from desktop.core.engines.vllm import SLEEP_MODE_FLAG, has_cuda, sleep_mode_supported
 from desktop.core.machine.hardware import HardwareSnapshot, detect
-from desktop.core.planning.fit import launch_dtype
+from desktop.core.planning.fit import launch_dtype, level1_sleep_allowed
 from desktop.core.planning.swap import SmallerPlan, engine_need_bytes, smaller_plan
 from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState, reap_orphans
@@ -98,7 +98,8 @@ def make_launcher(progress: ProgressCallback = no_progress, *, install_missing: 
         plan = spec.launch_plan(adapter.name, model_path)
         if vllm_eager and adapter.name == "vllm":
             plan = replace(plan, eager=True)
-        if sleep and adapter.name == "vllm" and SLEEP_MODE_FLAG not in plan.extra_args:
+        if sleep and adapter.name == "vllm" and SLEEP_MODE_FLAG not in plan.extra_args \
+                and sleep_mode_supported(install):  # never on vLLM's CPU build, which rejects the flag
             plan = replace(plan, extra_args=(*plan.extra_args, SLEEP_MODE_FLAG))
         return adapter, plan, install
 
@@ -223,6 +224,13 @@ def machine_budget(hardware: HardwareSnapshot | None = None) -> MemoryBudget | N
     if not gpus:
         return None
     return MemoryBudget(float(sum(g.memory_free_bytes for g in gpus)), hardware=snapshot)
+
+
+def _host_holds_weights(engine: ManagedEngine) -> bool:
+    """A level-1 sleep pins the weights in host RAM: only when RAM has room for them (else the vLLM is stopped)."""
+    model = Path(engine.process.plan.model_path)
+    weights = sum(f.stat().st_size for f in model.glob("*.safetensors")) if model.is_dir() else 0
+    return level1_sleep_allowed(weights, int(psutil.virtual_memory().available))
 
 
 def memory_allows_standby(engine_rss_bytes: float, available_bytes: float, headroom: float = 1.5) -> bool:
@@ -623,7 +631,8 @@ class EndpointManager:
     def _put_away(self, old: ManagedEngine) -> bool:
         """Free the old engine's memory: sleep a vLLM that has sleep mode (level 1: weights to host RAM, KV cache
         dropped), stop anything else. True when it sleeps."""
-        if old.can_sleep and old.process.state == EngineState.READY and self._engine_post(old, "/sleep?level=1"):
+        if old.can_sleep and old.process.state == EngineState.READY and _host_holds_weights(old) \
+                and self._engine_post(old, "/sleep?level=1"):
             with self._lock:
                 previous, self.sleeping = self.sleeping, old
                 old.role = "sleeping"
