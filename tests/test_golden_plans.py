@@ -62,11 +62,24 @@ def _normalised(value: Any, model_path: str) -> Any:
     return json.loads(text.replace(model_path, "<model>"))
 
 
+def vllm_build(snapshot: Path) -> dict[str, Any]:
+    """Which vLLM build `engines install vllm` makes on this machine, or the refusal (issue 22: by the driver)."""
+    from desktop.core.engines.vllm import VLLM_CPU_VERSION, VLLM_CUDA_VERSION
+
+    try:
+        choice = runtimes.choose_vllm_build(HardwareSnapshot.load(snapshot), cuda_version=VLLM_CUDA_VERSION,
+                                            cpu_version=VLLM_CPU_VERSION)
+    except SwitchyardError as exc:
+        return {"refused": exc.message, "fix": exc.hint}
+    return {"variant": choice.variant, "packages": list(choice.packages),
+            "cuda_build": choice.extra.get("cuda_build"), "reason": choice.reason}
+
+
 def golden_case(snapshot: Path, model: str) -> dict[str, Any]:
     try:
         rec = _recommend(snapshot, model)
     except SwitchyardError as exc:
-        return {"snapshot": snapshot.stem, "model": model, "error": exc.message}
+        return {"snapshot": snapshot.stem, "model": model, "error": exc.message, "vllm_build": vllm_build(snapshot)}
     assert rec.fit is not None
     command = _command(rec.plan)
     fit = rec.fit
@@ -77,6 +90,7 @@ def golden_case(snapshot: Path, model: str) -> dict[str, Any]:
                 "kv_cache_gib": fit.kv_cache_gib, "total_gib": fit.total_gib, "available_gib": fit.available_gib,
                 "gpu_layers": fit.gpu_layers, "kv_cache_tokens": fit.kv_cache_tokens,
                 "max_concurrency": fit.max_concurrency},
+        "vllm_build": vllm_build(snapshot),
     }
     return dict(_normalised(data, str(rec.plan.model_path)))
 
@@ -205,3 +219,79 @@ def test_the_check_catches_an_argv_that_disagrees_with_the_fit() -> None:
                  _break(command.argv, "--gpu-memory-utilization", "0.5"),
                  _break(command.argv, "--max-model-len", str(rec.plan.ctx_per_request * rec.plan.slots))):
         assert memory_disagreements(rec.fit, big, h100x8, replace(command, argv=argv), None), argv
+
+
+# --- the goldens reviewed as plans the engines accept (issue 22) ---------------------------------------------------
+GOLDEN_FILES = sorted(GOLDEN.glob("*.json"))
+
+
+def _checkpoint_quantization(model: str) -> str | None:
+    return _facts(model).quantization
+
+
+def test_no_golden_plan_launches_a_quantization_its_checkpoint_lacks() -> None:
+    """vLLM quantizes to fp8 while loading, never to AWQ/GPTQ ("Cannot find the config file for awq"): a
+    --quantization in argv is fp8, or the checkpoint's own method (and then vLLM reads it, so none is forced)."""
+    seen = 0
+    for path in GOLDEN_FILES:
+        data = json.loads(path.read_text())
+        if data.get("engine") != "vllm":
+            continue
+        seen += 1
+        flag = _flag(data["argv"], "--quantization")
+        own = _checkpoint_quantization(data["model"])
+        assert flag in (None, "fp8"), f"{path.name}: --quantization {flag} on a {own or 'bf16'} checkpoint"
+        if own:
+            assert flag is None, f"{path.name}: a forced --quantization on a {own} checkpoint picks the slow kernel"
+    assert seen >= 8
+
+
+def test_driver_550_snapshots_get_a_cuda12_vllm_build_or_a_refusal_naming_the_driver() -> None:
+    for path in GOLDEN_FILES:
+        data = json.loads(path.read_text())
+        hardware = HardwareSnapshot.load(HERE / "snapshots" / f"{data['snapshot']}.json")
+        nvidia = [g for g in hardware.gpus if g.vendor == "nvidia"]
+        if not nvidia or hardware.os.lower().startswith(("win", "darwin")):
+            continue
+        build = data["vllm_build"]
+        level = float(nvidia[0].cuda_version or "0")
+        if level < 13.0:
+            assert build.get("cuda_build") == "cu129" or nvidia[0].driver_version in build.get("refused", ""), path.name
+            if build.get("cuda_build"):
+                assert build["packages"] == [f"vllm=={build['packages'][0].split('==')[1]}"]
+                assert build["packages"][0].endswith("+cu129")
+        else:
+            assert build.get("cuda_build") == "cu130" and "+" not in build["packages"][0], path.name
+
+
+def test_apple_unified_memory_70b_on_32gb_is_no() -> None:
+    data = json.loads((GOLDEN / "m2max_32gb__llama70b-bf16.json").read_text())
+    assert "error" in data and "does not fit" in data["error"]
+    fit = estimate(_facts("llama70b-bf16"), HardwareSnapshot.load(HERE / "snapshots" / "m2max_32gb.json"),
+                   LaunchPlan(engine="llama.cpp", model_path=Path("m"), ctx_per_request=2048, slots=4), quant="Q4_K_M")
+    assert fit.fits == "no" and any("unified memory" in note for note in fit.notes)
+
+
+def test_no_cpu_only_vllm_variable_in_a_gpu_launch() -> None:
+    for path in GOLDEN_FILES:
+        data = json.loads(path.read_text())
+        if data.get("engine") != "vllm":
+            continue
+        names = set(data["env"]) | set(data["plan"]["env"])
+        cpu_vars = {n for n in names if n.startswith("VLLM_CPU_")}
+        if data["plan"]["backend"] == "cpu":
+            assert "VLLM_CPU_KVCACHE_SPACE" in cpu_vars, path.name
+        else:
+            assert not cpu_vars and not any(a.startswith("VLLM_CPU_") for a in data["argv"]), path.name
+
+
+def test_gpu_plans_pin_the_gpus_they_sized_by_uuid() -> None:
+    for path in GOLDEN_FILES:
+        data = json.loads(path.read_text())
+        plan = data.get("plan")
+        if not plan or plan["backend"] != "cuda":
+            continue
+        hardware = HardwareSnapshot.load(HERE / "snapshots" / f"{data['snapshot']}.json")
+        uuids = {g.uuid for g in hardware.gpus}
+        pinned = data["env"]["CUDA_VISIBLE_DEVICES"].split(",")
+        assert pinned and set(pinned) <= uuids, path.name
