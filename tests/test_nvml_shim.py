@@ -36,16 +36,16 @@ def shim_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def cli(shim: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(shim: Path, *args: str, knobs: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     # its own SWITCHYARD_HOME: runs other tests recorded (a CPU A/B) must not steer this GPU's recommendation
     env = {**os.environ, "LD_LIBRARY_PATH": str(shim), "PYTHONPATH": str(HERE.parent),
-           "SWITCHYARD_HOME": str(shim / "home")}
+           "SWITCHYARD_HOME": str(shim / "home"), **(knobs or {})}
     return subprocess.run([sys.executable, "-m", "desktop", *args], capture_output=True, text=True, timeout=300,
                           env=env, check=False)
 
 
-def cli_json(shim: Path, *args: str) -> Any:
-    out = cli(shim, *args)
+def cli_json(shim: Path, *args: str, knobs: dict[str, str] | None = None) -> Any:
+    out = cli(shim, *args, knobs=knobs)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -57,6 +57,46 @@ def test_detect_reads_the_gpu_through_pynvml(shim_dir: Path) -> None:
     assert gpu["memory_total_bytes"] == 24 * GIB and gpu["memory_free_bytes"] == 20 * GIB
     assert gpu["other_processes_bytes"] == 3.5 * GIB and gpu["compute_capability"] == "8.9"
     assert gpu["cuda_version"] == "12.4" and gpu["driver_version"] == "550.127.05"
+    assert gpu["uuid"].startswith("GPU-") and "mig" not in gpu  # a whole card
+
+
+# --- the shim's knobs: driver level, MIG, several GPUs (issue 22) ---------------------------------------------------
+
+def test_several_gpus_each_with_its_uuid_in_nvml_order(shim_dir: Path) -> None:
+    snapshot = cli_json(shim_dir, "detect", "--json", knobs={"NVML_SHIM_GPUS": "3060,4090"})
+    gpus = [g for g in snapshot["gpus"] if g["vendor"] == "nvidia"]
+    assert [g["name"] for g in gpus] == ["NVIDIA GeForce RTX 3060", "NVIDIA GeForce RTX 4090"]
+    assert [g["compute_capability"] for g in gpus] == ["8.6", "8.9"]
+    assert len({g["uuid"] for g in gpus}) == 2
+    assert any("CUDA_VISIBLE_DEVICES" in note and "UUID" in note for note in snapshot["notes"])
+
+
+def test_a_gpu_whose_calls_fail_is_skipped_and_the_others_kept(shim_dir: Path) -> None:
+    snapshot = cli_json(shim_dir, "detect", "--json", knobs={"NVML_SHIM_GPUS": "3060,4090", "NVML_SHIM_BROKEN": "0"})
+    assert [g["name"] for g in snapshot["gpus"] if g["vendor"] == "nvidia"] == ["NVIDIA GeForce RTX 4090"]
+    assert any("GPU 0 skipped" in note for note in snapshot["notes"])
+
+
+@pytest.mark.parametrize("root", [True, False])
+def test_mig_instances_are_devices_with_their_own_memory(shim_dir: Path, root: bool) -> None:
+    """Without root NVML refuses the parent's memory in MIG mode; with root it would give the whole card."""
+    knobs = {"NVML_SHIM_GPUS": "a100,4090", "NVML_SHIM_MIG": "2", **({} if root else {"NVML_SHIM_NOROOT": "1"})}
+    snapshot = cli_json(shim_dir, "detect", "--json", knobs=knobs)
+    gpus = [g for g in snapshot["gpus"] if g["vendor"] == "nvidia"]
+    migs = [g for g in gpus if g.get("mig")]
+    assert len(migs) == 2 and all(g["memory_total_bytes"] < 10 * GIB for g in migs)
+    assert all(g["uuid"].startswith("MIG-") and "MIG 1g.10gb" in g["name"] for g in migs)
+    assert gpus[-1]["name"] == "NVIDIA GeForce RTX 4090"  # the GPU after the MIG card is still there
+    rec = cli_json(shim_dir, "recommend", str(HF_8B), "--concurrency", "1", "--json", knobs=knobs)
+    pinned = rec["plan"]["env"].get("CUDA_VISIBLE_DEVICES")
+    assert pinned is None or pinned in {g["uuid"] for g in gpus}  # one device: CUDA enumerates one MIG instance
+
+
+@pytest.mark.parametrize(("driver", "cuda", "build"), [("550.127.05", "12040", "cu129"), ("580.95.05", "13000", "cu130")])
+def test_the_vllm_build_follows_the_live_driver(shim_dir: Path, driver: str, cuda: str, build: str) -> None:
+    knobs = {"NVML_SHIM_DRIVER": driver, "NVML_SHIM_CUDA": cuda}
+    [choice] = cli_json(shim_dir, "engines", "install", "vllm", "--dry-run", "--json", knobs=knobs)
+    assert choice["cuda_build"] == build and driver in choice["reason"]
 
 
 def _flag(argv: list[str], name: str) -> str:

@@ -290,6 +290,15 @@ def _device_label(gpus: list[GpuInfo]) -> str:
     return f"{len(gpus)}x {' + '.join(names)}"
 
 
+def llama_gpus(hw: HardwareSnapshot) -> list[GpuInfo]:
+    """The GPUs llama.cpp splits layers over: all of them, except that a CUDA process enumerates only one MIG
+    instance, so a machine with MIG instances is sized on its single roomiest device."""
+    gpus = [g for g in hw.gpus if g.memory_total_bytes > 0]
+    if any(g.mig for g in gpus) and len(gpus) > 1:
+        return [max(gpus, key=lambda g: g.memory_free_bytes)]
+    return gpus
+
+
 def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> FitResult:
     notes: list[str] = []
     ctx = s.ctx  # the total -c, shared by the slots
@@ -298,7 +307,9 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         notes.append(f"ctx {per_request:,} per request is beyond the model's trained {facts.context_length:,} "
                      "tokens: quality may drop")
     kv_type = s.kv_type.lower()
-    gpus = [g for g in hw.gpus if g.memory_total_bytes > 0]
+    gpus = llama_gpus(hw)
+    if len(gpus) < len([g for g in hw.gpus if g.memory_total_bytes > 0]):
+        notes.append(f"a CUDA process sees one MIG instance: sized on {gpus[0].name} alone")
     use_gpu = bool(gpus) and s.gpu_layers != 0
     flash = s.flash_attn if s.flash_attn is not None else True  # -fa auto: on wherever the backend has it
     if kv_type != "f16" and kv_type not in ("f32", "bf16") and not flash:
@@ -480,6 +491,9 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
         raise SwitchyardError(f"tensor parallel {tp} needs {tp} GPUs; this machine has {len(gpus)}",
                               "lower --tp, or answer for other hardware with --gpu NAME --gpus N")
     group = sorted(gpus, key=lambda g: g.memory_free_bytes)[:tp] if tp < len(gpus) else gpus
+    if tp > 1 and any(g.mig for g in group):
+        raise SwitchyardError("MIG instances cannot be joined for tensor parallel (a CUDA process sees one)",
+                              "use --tp 1 on one MIG instance, or whole GPUs")
     gpu = min(group, key=lambda g: g.memory_free_bytes)  # vLLM sizes every rank like the tightest one
     total = gpu.memory_total_bytes - min(VLLM_DRIVER_RESERVED_BYTES, gpu.memory_total_bytes // 20)
     free = max(0, gpu.memory_free_bytes - min(VLLM_DRIVER_RESERVED_BYTES, gpu.memory_total_bytes // 20))
@@ -583,7 +597,7 @@ def sized_gpus(engine: str, hardware: HardwareSnapshot, plan: LaunchPlan) -> lis
     if plan.backend == "cpu":
         return []
     if normalise_engine(engine) == "llama.cpp":
-        return [g for g in hardware.gpus if g.memory_total_bytes > 0]
+        return llama_gpus(hardware)
     gpus = hardware.cuda_gpus
     tp = plan.tensor_parallel
     return sorted(gpus, key=lambda g: g.memory_free_bytes)[:tp] if tp < len(gpus) else list(gpus)
