@@ -320,11 +320,11 @@ FAKE_SERVER = ("#!/bin/sh\nif [ \"$1\" = --list-devices ]; then cat <<'EOF'\n"
                + "EOF\nelse echo 'version: 11434 (fake release build)' >&2; fi\n")
 
 
-def linux_tarball(padding: int = 256 * 1024) -> bytes:
+def linux_tarball(padding: int = 256 * 1024, server: str = FAKE_SERVER) -> bytes:
     """A release-shaped tarball: one `llama-<tag>/` folder with llama-server and a backend library."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data, mode in ((f"llama-{RELEASE_TAG}/llama-server", FAKE_SERVER.encode(), 0o755),
+        for name, data, mode in ((f"llama-{RELEASE_TAG}/llama-server", server.encode(), 0o755),
                                  (f"llama-{RELEASE_TAG}/libggml-vulkan.so", os.urandom(padding), 0o644)):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), mode
@@ -361,6 +361,21 @@ def test_release_install_downloads_verifies_and_is_found(release_server: Release
     again = adapter.install(hardware=snapshot("cpu_laptop"), variant="vulkan")
     assert again.root == root
     assert sum(path.startswith("/download/") for path, _ in release_server.requests) == 1  # cached: no new download
+
+
+def test_a_release_build_that_lists_no_device_of_its_backend_is_refused(release_server: ReleaseServer,
+                                                                        tmp_path: Path) -> None:
+    """The Vulkan plugin failed to load (no ICD): `--version` works, `--list-devices` shows none (issue 22)."""
+    none = (Path(__file__).parent / "data" / "list-devices" / "none.txt").read_text()
+    cpu_only = FAKE_SERVER.replace((Path(__file__).parent / "data" / "list-devices" / "vulkan-rtx4090.txt")
+                                   .read_text(), none)
+    release_server.files[VULKAN_ASSET] = linux_tarball(server=cpu_only)
+    with pytest.raises(SwitchyardError, match="lists no Vulkan device") as caught:
+        get_adapter("llama.cpp").install(hardware=rtx4090(), variant="vulkan")
+    assert "Vulkan loader" in caught.value.message
+    assert caught.value.hint is not None and "--variant cpu --allow-cpu" in caught.value.hint
+    engines = tmp_path / "engines" / "llama.cpp"
+    assert not list(engines.rglob(provision.MARKER)) and not list(engines.rglob("llama-server"))
 
 
 def test_a_wrong_checksum_installs_nothing(release_server: ReleaseServer, tmp_path: Path) -> None:

