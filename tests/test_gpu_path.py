@@ -469,3 +469,20 @@ def test_no_cpu_only_variable_in_a_gpu_vllm_launch() -> None:
     cpu_install = EngineInstall("vllm", "0.32.0", "cache", Path("/py"), details={"backend": "cpu"})
     cpu_env = adapter.build_command(replace(gpu_plan, backend="cpu"), cpu_install).env
     assert cpu_env["VLLM_CPU_KVCACHE_SPACE"] == "1" and cpu_env["VLLM_CPU_OMP_THREADS_BIND"] == "0-7"
+
+
+def test_the_manager_sleeps_a_vllm_only_when_host_ram_holds_its_weights(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from desktop.core.serving import endpoint
+
+    model = tmp_path / "hf"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"\0" * 4096)
+    engine = SimpleNamespace(process=SimpleNamespace(plan=LaunchPlan(engine="vllm", model_path=model)))
+    monkeypatch.setattr(endpoint.psutil, "virtual_memory", lambda: SimpleNamespace(available=64 * GIB))
+    assert endpoint._host_holds_weights(engine)  # type: ignore[arg-type]
+    with open(model / "model.safetensors", "r+b") as handle:  # a sparse 63 GiB "checkpoint": no room beside it
+        handle.truncate(63 * GIB)
+    assert not endpoint._host_holds_weights(engine)  # type: ignore[arg-type]
