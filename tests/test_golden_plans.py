@@ -124,8 +124,10 @@ def _flag(argv: list[str], name: str) -> str | None:
 
 
 def plan_from_argv(engine: str, argv: list[str], env: dict[str, str]) -> LaunchPlan:
-    """Read a command line back into the plan it launches, independently of the adapters' builders. What the
-    argv leaves out is what the engine then does by default (llama-server: no layers on the GPU)."""
+    """Read a command line back into the plan it launches, independently of the adapters' builders. llama-server's
+    own defaults are not the fit's (common/common.h: `n_gpu_layers = -1` is auto with its own 1 GiB margin, `n_ctx
+    = 0` is the model's trained context), so a llama.cpp argv must state both: see
+    test_llama_argv_states_layers_and_context; a missing one reads as 0 layers / 4096 here and fails the check."""
     engine = normalise_engine(engine)
     model = Path(str(_flag(argv, "--model")))
     if engine == "llama.cpp":
@@ -295,3 +297,13 @@ def test_gpu_plans_pin_the_gpus_they_sized_by_uuid() -> None:
         uuids = {g.uuid for g in hardware.gpus}
         pinned = data["env"]["CUDA_VISIBLE_DEVICES"].split(",")
         assert pinned and set(pinned) <= uuids, path.name
+
+
+def test_llama_argv_states_layers_and_context() -> None:
+    """What a missing -ngl / -c would mean to llama-server 11434 (auto offload, the trained context) is not what
+    the fit checked, so every llama.cpp plan spells both out."""
+    for path in GOLDEN_FILES:
+        data = json.loads(path.read_text())
+        if data.get("engine") == "llama.cpp":
+            argv = data["argv"]
+            assert "--n-gpu-layers" in argv and "--ctx-size" in argv and "--parallel" in argv, path.name
