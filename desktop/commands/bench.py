@@ -295,7 +295,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
                       repetitions=args.repetitions, requests_per_level=args.requests, input_len=args.input_len,
                       output_len=args.output_len, ctx=args.ctx, parallel=args.parallel, prefix_cache=args.prefix_cache,
                       expected_concurrency=args.expected_concurrency, price_per_hour=args.price_per_hour,
-                      power_watts=args.power_watts, price_per_kwh=args.price_per_kwh,
+                      power_watts=args.power_watts, price_per_kwh=_price_per_kwh(args),
                       service_lifetime_h=args.lifetime_h, ready_timeout_s=args.ready_timeout, eager=args.eager)
     if args.replay:
         config = replace(config, **_replay_options(args))
@@ -315,6 +315,16 @@ def cmd_ab(args: argparse.Namespace) -> int:
     if result.errors:
         raise SwitchyardError("A/B incomplete: " + "; ".join(result.errors), f"partial results are in {report.json}")
     return 0
+
+
+def _price_per_kwh(args: argparse.Namespace) -> float | None:
+    """--price-per-kwh, else the price_per_kwh setting (0 there means not set)."""
+    if args.price_per_kwh is not None:
+        return float(args.price_per_kwh)
+    from desktop.core.storage import settings
+
+    saved = settings.load().price_per_kwh
+    return saved if saved > 0 else None
 
 
 def _replay_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineInstall, LaunchPlan
 from desktop.core.engines.model_path import resolve_model
 from desktop.core.engines.vllm import has_cuda
+from desktop.core.measure.energy import PowerSampler, energy_cost
 from desktop.core.measure.loadgen import (
     LoadConfig,
     RandomWorkload,
@@ -163,11 +164,13 @@ class Repetition:
     memory: list[tuple[float, float, str]]
     error: str | None = None
     replay: Any = None  # a loadgen.replay.ReplayResult when the A/B replays recorded traffic
+    power: list[tuple[float, float]] = field(default_factory=list)  # (wall time, GPU watts) where NVML reports it
 
     def to_json(self, include_requests: bool = False) -> dict[str, Any]:
         return {"cold_start": self.cold_start, "sweep": self.sweep.to_json(include_requests) if self.sweep else None,
                 "peak_rss_mib": self.peak_rss_mib, "memory": [list(row) for row in self.memory],
-                "error": self.error, "replay": self.replay.to_json(include_requests) if self.replay else None}
+                "error": self.error, "replay": self.replay.to_json(include_requests) if self.replay else None,
+                "power_samples": len(self.power)}
 
 
 @dataclass
@@ -202,6 +205,24 @@ class EngineResult:
                 if level.config.concurrency == concurrency and level.summary.completed:
                     values.append(float(level.summary.to_json()[key]))
         return values
+
+    def level_energy(self, concurrency: int, price_per_kwh: float | None) -> dict[str, Any] | None:
+        """Measured GPU energy of this level (mean over repetitions that have power samples), per 1M tokens."""
+        costs = []
+        for rep in self.repetitions:
+            for level in rep.sweep.levels if rep.sweep and rep.power else []:
+                if level.config.concurrency == concurrency and level.summary.completed:
+                    cost = energy_cost(rep.power, level.started_at, level.started_at + level.summary.duration,
+                                       level.summary.total_output_tokens, price_per_kwh)
+                    if cost is not None:
+                        costs.append(cost)
+        if not costs:
+            return None
+        prices = [c.cost_per_million_output_tokens for c in costs if c.cost_per_million_output_tokens is not None]
+        return {"mean_power_w": _mean([c.mean_power_w for c in costs]),
+                "wh_per_million_tokens": _mean([c.wh_per_million_tokens for c in costs]),
+                "energy_cost_per_million": _mean(prices) if prices else None,
+                "samples": sum(c.samples for c in costs)}
 
     def peak_rss(self) -> float | None:
         peaks = [max(r.peak_rss_mib.values()) for r in self.repetitions if r.peak_rss_mib]
@@ -312,12 +333,14 @@ def run_engine(
         progress(ProgressEvent(f"{prefix}: starting {adapter.display_name}"))
         engine = EngineProcess(adapter, plan, install)
         sampler: MemorySampler | None = None
+        power: PowerSampler | None = None
         repetition = Repetition({}, None, {}, [])
         result.repetitions.append(repetition)
         try:
             engine.start()
             assert engine.pid is not None
             sampler = MemorySampler(engine.pid).start()
+            power = PowerSampler().start()  # issue 25: energy cost where NVML reports power
             cold = engine.wait_ready(timeout=config.ready_timeout_s)
             repetition.cold_start = cold.to_json()
             progress(ProgressEvent(f"{prefix}: ready (health {cold.t1_health_s:.2f} s, first token "
@@ -341,6 +364,8 @@ def run_engine(
             repetition.error = result.error = str(exc)
             progress(ProgressEvent(f"{prefix}: failed: {exc}"))
         finally:
+            if power is not None:
+                repetition.power = power.stop()
             if sampler is not None:
                 sampler.stop()
                 repetition.peak_rss_mib = {k: round(v, 1) for k, v in sampler.peaks.items()}
@@ -598,6 +623,8 @@ def unit_costs(config: ABConfig, engines: list[EngineResult]) -> list[dict[str, 
                 "cost_per_million_output_tokens": cost_per_million(price, tput, cold, lifetime) if tput else None,
                 "steady_state_cost_per_million": price / 3600.0 / tput * 1e6 if tput else None,
                 "unit": unit, "price_per_hour": price, "service_lifetime_h": config.service_lifetime_h,
+                # measured energy (NVML power x time x price per kWh), beside the hourly price; None without power
+                "energy": engine.level_energy(level, config.price_per_kwh),
             })
     return rows
 
