@@ -78,6 +78,8 @@ class EndpointMetrics:
                                     buckets=COLD_BUCKETS, registry=r)
         self.decisions = Counter("switchyard_autopilot_decisions", "Hybrid-policy decisions by action", ("action",),
                                  registry=r)
+        self._status: dict[tuple[str, str, int], Any] = {}
+        self._children: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._request_log = request_log
         if request_log is not None:
             self.in_flight.set_function(lambda: float(len(request_log.inflight())))
@@ -90,21 +92,30 @@ class EndpointMetrics:
 
     def observe_request(self, record: RequestRecord) -> None:
         model, engine = record.model or "", record.engine or ""
-        self.requests.labels(model, engine, str(record.status)).inc()
-        self.e2e.labels(model, engine).observe(max(0.0, record.e2e_s))
+        status = self._status.get((model, engine, record.status))
+        if status is None:  # labels() costs ~10 us; a dict lookup per request instead
+            status = self._status[(model, engine, record.status)] = self.requests.labels(model, engine,
+                                                                                        str(record.status))
+        status.inc()
+        kids = self._children.get((model, engine))
+        if kids is None:
+            kids = self._children[(model, engine)] = tuple(
+                m.labels(model, engine) for m in (self.e2e, self.ttft, self.itl, self.prompt_tokens,
+                                                  self.output_tokens, self.queue_wait))
+        e2e, ttft, itl, prompt, output, queue_wait = kids
+        e2e.observe(max(0.0, record.e2e_s))
         if record.ttft_s is not None:
-            self.ttft.labels(model, engine).observe(max(0.0, record.ttft_s))
+            ttft.observe(max(0.0, record.ttft_s))
             if record.output_tokens and record.output_tokens > 1:
-                gap = (record.e2e_s - record.ttft_s) / (record.output_tokens - 1)
-                self.itl.labels(model, engine).observe(max(0.0, gap))
+                itl.observe(max(0.0, (record.e2e_s - record.ttft_s) / (record.output_tokens - 1)))
         if record.status < 400 and record.error is None:
             if record.prompt_tokens:
-                self.prompt_tokens.labels(model, engine).inc(record.prompt_tokens)
+                prompt.inc(record.prompt_tokens)
             if record.output_tokens:
-                self.output_tokens.labels(model, engine).inc(record.output_tokens)
+                output.inc(record.output_tokens)
         wait = getattr(record, "queue_wait_s", None)
         if isinstance(wait, (int, float)):
-            self.queue_wait.labels(model, engine).observe(max(0.0, float(wait)))
+            queue_wait.observe(max(0.0, float(wait)))
 
     def observe_switch(self, from_engine: str | None, to_engine: str, kind: str, gap_s: float) -> None:
         self.switches.labels(from_engine or "", to_engine, kind).inc()
