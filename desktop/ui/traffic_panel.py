@@ -60,7 +60,7 @@ class TrafficPanel(QGroupBox):
         self.plot.setAccessibleName("crossover chart")
         item = self.plot.getPlotItem()
         item.setTitle("Output throughput vs concurrency", color=palette.color(QPalette.ColorRole.Text))
-        item.setLabel("bottom", "concurrency (log2)")
+        item.setLabel("bottom", "concurrency (requests in flight)")
         item.setLabel("left", "tokens/s")
         item.showGrid(x=True, y=True, alpha=0.25)
         self.legend = QLabel("")
@@ -119,6 +119,8 @@ class TrafficPanel(QGroupBox):
                 self.marks[name] = float(value)
                 item.addItem(pg.InfiniteLine(math.log2(value), angle=90, pen=pg.mkPen(color, width=1),
                                              label=f"{name} c={value:g}", labelOpts={"position": 0.9}))
+        levels = sorted({p.concurrency for c in x.curves for p in c.points})
+        item.getAxis("bottom").setTicks([[(math.log2(c), str(c)) for c in levels]])  # log2 axis, labelled in c
         self.legend.setText(" · ".join(legend))
         self.verdict.setText(x.verdict)
 

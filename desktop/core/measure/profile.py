@@ -355,7 +355,7 @@ def build_profile(rows: Sequence[Mapping[str, Any]], launches: Sequence[RunRecor
     span = max(0.0, span_end - first)
     bucket, rate = rate_buckets(times, first, last)
     values = [v for _, v in rate]
-    mean_rpm = len(times) / max(span / 60.0, bucket / 60.0)
+    mean_rpm = sum(values) / len(values)  # per bucket, as the peak is: peak / mean is never below 1
     peak = max(values) if values else 0.0
     ok = [r for r in requests if int(r["status"]) < 400 and not r.get("error")]
     prompts = [int(r["prompt_tokens"]) for r in ok if isinstance(r.get("prompt_tokens"), int)]
