@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "desktop.commands.engines",
     "desktop.commands.serve",
     "desktop.commands.requests",
+    "desktop.commands.profile",
     "desktop.commands.machine",
     "desktop.commands.hub",
     "desktop.commands.bench",

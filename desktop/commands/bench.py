@@ -106,6 +106,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ab.add_argument("--report", metavar="DIR", help="report folder (default: in the data dir)")
     ab.add_argument("--json", action="store_true", help="print the result JSON on stdout")
     ab.add_argument("--no-history", action="store_true")
+    replay = ab.add_argument_group("replay the endpoint's recorded traffic (open loop, after the sweep)")
+    replay.add_argument("--replay", action="store_true", help="also send the request log's traffic open loop to "
+                                                              "both engines (recorded arrival gaps and lengths)")
+    replay.add_argument("--since", default="1d", help="with --replay: how far back the log is read (default 1d)")
+    replay.add_argument("--speed", default="1x", help="with --replay: 2x sends twice as fast as recorded")
+    replay.add_argument("--replay-max", type=N.count, help="with --replay: at most this many requests (oldest first)")
     ab.set_defaults(func=cmd_ab)
 
 
@@ -289,8 +295,10 @@ def cmd_ab(args: argparse.Namespace) -> int:
                       repetitions=args.repetitions, requests_per_level=args.requests, input_len=args.input_len,
                       output_len=args.output_len, ctx=args.ctx, parallel=args.parallel, prefix_cache=args.prefix_cache,
                       expected_concurrency=args.expected_concurrency, price_per_hour=args.price_per_hour,
-                      power_watts=args.power_watts, price_per_kwh=args.price_per_kwh,
+                      power_watts=args.power_watts, price_per_kwh=_price_per_kwh(args),
                       service_lifetime_h=args.lifetime_h, ready_timeout_s=args.ready_timeout, eager=args.eager)
+    if args.replay:
+        config = replace(config, **_replay_options(args))
     directory = Path(args.report) if args.report else paths.data_dir() / "reports" / time.strftime("ab-%Y%m%d-%H%M%S")
     result = run_ab(config, progress=_every_tenth(), allow_install=args.install)
     report = write_ab_report(result, directory)
@@ -309,6 +317,34 @@ def cmd_ab(args: argparse.Namespace) -> int:
     return 0
 
 
+def _price_per_kwh(args: argparse.Namespace) -> float | None:
+    """--price-per-kwh, else the price_per_kwh setting (0 there means not set)."""
+    if args.price_per_kwh is not None:
+        return float(args.price_per_kwh)
+    from desktop.core.storage import settings
+
+    saved = settings.load().price_per_kwh
+    return saved if saved > 0 else None
+
+
+def _replay_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The recorded schedule and speed for `ab --replay`; a bad span or speed, or an empty log, fails here,
+    before any engine starts."""
+    from desktop.core.measure.loadgen.replay import ReplaySchedule, parse_speed
+    from desktop.core.measure.profile import parse_since
+    from desktop.core.storage.history import Store
+
+    speed = parse_speed(args.speed)
+    since = parse_since(args.since)
+    with Store() as store:
+        rows = store.requests_between(since)
+    schedule = ReplaySchedule.from_rows(rows, max_requests=args.replay_max,
+                                        source=f"request log since {args.since}")
+    print(f"replay: {len(schedule.items)} recorded requests over {schedule.span_s:.1f} s at {speed:g}x",
+          file=sys.stderr)
+    return {"replay": schedule, "replay_speed": speed}
+
+
 def _print_ab(result: Any) -> None:
     a, b = (e.engine for e in result.engines)
     print(f"cold start (s)       {a:>14}{b:>14}{'ratio':>10}")
@@ -324,6 +360,16 @@ def _print_ab(result: Any) -> None:
     for engine, note in result.cold_start.get("notes", {}).items():
         print(f"{engine}: {note}")
     print(f"\n{result.amortization.get('verdict', '')}")
+    if result.replay:
+        print(f"\nreplay of {result.replay['schedule']['requests']} recorded requests at {result.replay['speed']:g}x "
+              "(open loop):")
+        for engine, cell in result.replay["engines"].items():
+            if cell:
+                print(f"  {engine:<16} {_f(cell['output_throughput'])} tok/s, TTFT p50 {_f(cell['median_ttft_ms'])} ms, "
+                      f"p95 {_f(cell['p95_ttft_ms'])} ms, failed {cell['failed']:.0f}, send lag p95 "
+                      f"{_f(cell['send_lag_p95_ms'])} ms")
+    if result.crossover:
+        print(result.crossover["verdict"])
 
 
 def _f(value: float | None) -> str:

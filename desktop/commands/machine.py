@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:  # hardware probing and the model readers (gguf, numpy) load w
     from desktop.core.machine.hardware import HardwareSnapshot
     from desktop.core.planning.evidence import Evidence
     from desktop.core.planning.fit import FitResult
+    from desktop.core.planning.recommend import Workload
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,11 +48,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p_rec = subparsers.add_parser("recommend", help="engine, quantization and settings for MODEL and a workload")
     p_rec.add_argument("model", help="a .gguf file, a config.json, a Hugging Face folder, a Hub repo id, or demo")
-    p_rec.add_argument("--concurrency", type=N.count, default=1, help="requests in flight at busy times")
-    p_rec.add_argument("--prompt-len", type=N.count, default=512, help="typical prompt tokens")
-    p_rec.add_argument("--output-len", type=N.count, default=256, help="typical output tokens")
-    p_rec.add_argument("--lifetime-hours", type=N.seconds, default=8.0, help="how long one server run lives")
-    p_rec.add_argument("--restarts-per-day", type=N.non_negative_number, default=0.0, help="restarts (model/setting switches) a day")
+    p_rec.add_argument("--concurrency", type=N.count, help="requests in flight at busy times (default 1)")
+    p_rec.add_argument("--prompt-len", type=N.count, help="typical prompt tokens (default 512)")
+    p_rec.add_argument("--output-len", type=N.count, help="typical output tokens (default 256)")
+    p_rec.add_argument("--lifetime-hours", type=N.seconds, help="how long one server run lives (default 8)")
+    p_rec.add_argument("--restarts-per-day", type=N.non_negative_number, help="restarts (model/setting switches) a "
+                                                                              "day (default 0)")
+    p_rec.add_argument("--from-traffic", action="store_true",
+                       help="take the workload from the endpoint's request log (`switchyard profile`); typed "
+                            "numbers still override")
+    p_rec.add_argument("--since", default="7d", help="with --from-traffic: how far back (default 7d)")
+    p_rec.add_argument("--traffic-model", help="with --from-traffic: only requests that asked for this name")
     _hardware_options(p_rec)
     p_rec.add_argument("--no-history", action="store_true",
                        help="answer from the default figures alone (not from this machine's measured runs)")
@@ -174,8 +182,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from desktop.core.planning.launch import describe
     from desktop.core.planning.recommend import Workload, recommend
 
-    workload = Workload(concurrency=args.concurrency, prompt_len=args.prompt_len, output_len=args.output_len,
-                        lifetime_hours=args.lifetime_hours, restarts_per_day=args.restarts_per_day)
+    typed = {"concurrency": args.concurrency, "prompt_len": args.prompt_len, "output_len": args.output_len,
+             "lifetime_hours": args.lifetime_hours, "restarts_per_day": args.restarts_per_day}
+    traffic = _traffic_workload(args, typed) if args.from_traffic else None
+    workload = traffic[0] if traffic else Workload(**{k: v for k, v in typed.items() if v is not None})
     workload.validate()
     hardware = _hardware(args)
     facts = facts_for(args.model)
@@ -185,10 +195,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.json:
         data: dict[str, Any] = rec.to_json()
         data["evidence"] = evidence.to_json()
+        data["workload"] = {**dataclasses.asdict(workload), "source": traffic[1] if traffic else "typed"}
         if launch is not None:
             data.update(argv=launch["argv"], env=launch["env"])
         emit_json(data)
         return 0
+    if traffic:
+        print(f"Workload {traffic[1]}")
     print(f"Recommended: {rec.engine} with {rec.quant}")
     for key, value in rec.key_settings.items():
         print(f"  {key}: {value}")
@@ -202,3 +215,24 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if rec.runner_up:
         print(f"Runner-up: {rec.runner_up['engine']} ({rec.runner_up.get('quant') or '-'}): {rec.runner_up['why_lost']}")
     return 0
+
+
+def _traffic_workload(args: argparse.Namespace, typed: dict[str, Any]) -> tuple[Workload, str]:
+    """The workload the request log profiles, typed numbers overriding it, and a line saying where it came from
+    ("from 4,212 requests over 3 days: p95 concurrency 11, lifetime 9 h"). Too little traffic is an error: the
+    user asked for the traffic's numbers, and defaults would pass for them silently."""
+    from desktop.core.measure.profile import MIN_REQUESTS, load_profile, parse_since
+    from desktop.core.storage.history import Store
+
+    with Store() as store:
+        profile = load_profile(store, since=parse_since(args.since), model=args.traffic_model)
+    if not profile.enough:
+        raise SwitchyardError(f"too little traffic for --from-traffic: {profile.requests} requests in the request "
+                              f"log since {args.since} (at least {MIN_REQUESTS} answered ones needed)",
+                              "serve through the endpoint for a while, widen --since, or type the numbers")
+    workload = profile.workload(**typed)
+    overridden = [name.replace("_", "-") for name, value in typed.items() if value is not None]
+    line = profile.summary_line()
+    if overridden:
+        line += f" (typed {', '.join('--' + name for name in overridden)} override it)"
+    return workload, line

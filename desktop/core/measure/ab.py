@@ -27,6 +27,7 @@ from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineInstall, LaunchPlan
 from desktop.core.engines.model_path import resolve_model
 from desktop.core.engines.vllm import has_cuda
+from desktop.core.measure.energy import PowerSampler, energy_cost
 from desktop.core.measure.loadgen import (
     LoadConfig,
     RandomWorkload,
@@ -78,6 +79,8 @@ class ABConfig:
     price_per_kwh: float | None = None
     service_lifetime_h: float = 8.0
     seed: int = 0
+    replay: Any = None  # a loadgen.replay.ReplaySchedule: the recorded traffic, sent open loop after the sweep
+    replay_speed: float = 1.0
 
     def __post_init__(self) -> None:
         if len(self.engines) != 2 or self.engines[0] == self.engines[1]:
@@ -106,6 +109,7 @@ class ABConfig:
         data = asdict(self)
         data["engines"] = list(self.engines)
         data["concurrency"] = list(self.concurrency)
+        data["replay"] = self.replay.to_json() if self.replay is not None else None  # its summary, not every item
         return data
 
 
@@ -159,11 +163,14 @@ class Repetition:
     peak_rss_mib: dict[str, float]
     memory: list[tuple[float, float, str]]
     error: str | None = None
+    replay: Any = None  # a loadgen.replay.ReplayResult when the A/B replays recorded traffic
+    power: list[tuple[float, float]] = field(default_factory=list)  # (wall time, GPU watts) where NVML reports it
 
     def to_json(self, include_requests: bool = False) -> dict[str, Any]:
         return {"cold_start": self.cold_start, "sweep": self.sweep.to_json(include_requests) if self.sweep else None,
                 "peak_rss_mib": self.peak_rss_mib, "memory": [list(row) for row in self.memory],
-                "error": self.error}
+                "error": self.error, "replay": self.replay.to_json(include_requests) if self.replay else None,
+                "power_samples": len(self.power)}
 
 
 @dataclass
@@ -198,6 +205,24 @@ class EngineResult:
                 if level.config.concurrency == concurrency and level.summary.completed:
                     values.append(float(level.summary.to_json()[key]))
         return values
+
+    def level_energy(self, concurrency: int, price_per_kwh: float | None) -> dict[str, Any] | None:
+        """Measured GPU energy of this level (mean over repetitions that have power samples), per 1M tokens."""
+        costs = []
+        for rep in self.repetitions:
+            for level in rep.sweep.levels if rep.sweep and rep.power else []:
+                if level.config.concurrency == concurrency and level.summary.completed:
+                    cost = energy_cost(rep.power, level.started_at, level.started_at + level.summary.duration,
+                                       level.summary.total_output_tokens, price_per_kwh)
+                    if cost is not None:
+                        costs.append(cost)
+        if not costs:
+            return None
+        prices = [c.cost_per_million_output_tokens for c in costs if c.cost_per_million_output_tokens is not None]
+        return {"mean_power_w": _mean([c.mean_power_w for c in costs]),
+                "wh_per_million_tokens": _mean([c.wh_per_million_tokens for c in costs]),
+                "energy_cost_per_million": _mean(prices) if prices else None,
+                "samples": sum(c.samples for c in costs)}
 
     def peak_rss(self) -> float | None:
         peaks = [max(r.peak_rss_mib.values()) for r in self.repetitions if r.peak_rss_mib]
@@ -248,6 +273,8 @@ class ABResult:
     amortization: dict[str, Any]
     costs: list[dict[str, Any]]
     scenarios: list[dict[str, Any]]
+    replay: dict[str, Any] | None = None  # both engines on the recorded traffic (issue 25), when replayed
+    crossover: dict[str, Any] | None = None  # planning.crossover's picture of this A/B
 
     @property
     def errors(self) -> list[str]:
@@ -258,7 +285,8 @@ class ABResult:
                 "started_at": self.started_at, "finished_at": self.finished_at,
                 "engines": [e.to_json(include_requests) for e in self.engines], "comparison": self.comparison,
                 "cold_start": self.cold_start, "amortization": self.amortization, "costs": self.costs,
-                "scenarios": self.scenarios, "errors": self.errors}
+                "scenarios": self.scenarios, "errors": self.errors, "replay": self.replay,
+                "crossover": self.crossover}
 
 
 # --- running ----------------------------------------------------------------------------------------------
@@ -305,12 +333,14 @@ def run_engine(
         progress(ProgressEvent(f"{prefix}: starting {adapter.display_name}"))
         engine = EngineProcess(adapter, plan, install)
         sampler: MemorySampler | None = None
+        power: PowerSampler | None = None
         repetition = Repetition({}, None, {}, [])
         result.repetitions.append(repetition)
         try:
             engine.start()
             assert engine.pid is not None
             sampler = MemorySampler(engine.pid).start()
+            power = PowerSampler().start()  # issue 25: energy cost where NVML reports power
             cold = engine.wait_ready(timeout=config.ready_timeout_s)
             repetition.cold_start = cold.to_json()
             progress(ProgressEvent(f"{prefix}: ready (health {cold.t1_health_s:.2f} s, first token "
@@ -327,10 +357,15 @@ def run_engine(
                                               token_counter=counter, abort_check=engine_gone, on_bucket=on_bucket)
             if repetition.sweep.aborted:
                 repetition.error = result.error = repetition.sweep.aborted
+            _replay(config, target, repetition, counter, engine_gone, progress, prefix)  # issue 25: open loop
+            if repetition.error:
+                result.error = repetition.error
         except SwitchyardError as exc:
             repetition.error = result.error = str(exc)
             progress(ProgressEvent(f"{prefix}: failed: {exc}"))
         finally:
+            if power is not None:
+                repetition.power = power.stop()
             if sampler is not None:
                 sampler.stop()
                 repetition.peak_rss_mib = {k: round(v, 1) for k, v in sampler.peaks.items()}
@@ -388,7 +423,27 @@ def run_attached(
         if sweep.aborted:
             repetition.error = result.error = sweep.aborted
             break
+        _replay(config, target, repetition, counter, None, progress, prefix)
+        if repetition.error:
+            result.error = repetition.error
+            break
     return result
+
+
+def _replay(config: ABConfig, target: Target, repetition: Repetition, counter: Callable[[str], int] | None,
+            abort_check: Callable[[], str | None] | None, progress: ProgressCallback, prefix: str) -> None:
+    """After the closed-loop sweep, the recorded traffic open loop (when the A/B replays a profile)."""
+    if config.replay is None or repetition.error:
+        return
+    from desktop.core.measure.loadgen.replay import run_replay_sync
+
+    progress(ProgressEvent(f"{prefix}: replaying {len(config.replay.items)} recorded requests open loop at "
+                           f"{config.replay_speed:g}x"))
+    repetition.replay = run_replay_sync(target, config.replay, speed=config.replay_speed, token_counter=counter,
+                                        request_timeout_s=config.request_timeout_s, abort_check=abort_check,
+                                        seed=config.seed)
+    if repetition.replay.aborted:
+        repetition.error = f"replay: {repetition.replay.aborted}"
 
 
 def _prefixed(progress: ProgressCallback, prefix: str) -> ProgressCallback:
@@ -454,7 +509,44 @@ def analyse(config: ABConfig, engines: list[EngineResult], started: float, finis
     costs = unit_costs(config, engines)
     scenarios = scenario_table(config, engines)
     return ABResult(config, machine_name(), started, finished, engines, comparison, cold, amortization, costs,
-                    scenarios)
+                    scenarios, replay_comparison(config, engines), ab_crossover(config, engines, started))
+
+
+def replay_comparison(config: ABConfig, engines: list[EngineResult]) -> dict[str, Any] | None:
+    """Per engine, the replayed traffic's numbers (mean over repetitions) and how close sends kept to schedule."""
+    if config.replay is None:
+        return None
+    keys = ("completed", "failed", "output_throughput", "request_throughput", "median_ttft_ms", "p95_ttft_ms",
+            "p95_e2el_ms", "median_itl_ms")
+    out: dict[str, Any] = {"schedule": config.replay.to_json(), "speed": config.replay_speed, "engines": {}}
+    for engine in engines:
+        runs = [r.replay for r in engine.repetitions if r.replay is not None]
+        if not runs:
+            out["engines"][engine.engine] = None
+            continue
+        summaries = [run.summary.to_json() for run in runs]
+        cell: dict[str, Any] = {key: _mean([float(s[key]) for s in summaries]) for key in keys}
+        cell["send_lag_p95_ms"] = max((run.lag_stats()["p95_ms"] or 0.0) for run in runs)
+        cell["warnings"] = sorted({w for run in runs for w in run.warnings})
+        out["engines"][engine.engine] = cell
+    return out
+
+
+def ab_crossover(config: ABConfig, engines: list[EngineResult], started: float) -> dict[str, Any] | None:
+    """The crossover picture from this A/B's own curves (planning.crossover), at the expected concurrency."""
+    from desktop.core.planning.crossover import EngineCurve, crossover
+
+    curves = []
+    for engine in engines:
+        points = []
+        for level in config.concurrency:
+            tput = _mean(engine.level_values(level, "output_throughput"))
+            if tput is not None:
+                points.append((level, tput, _mean(engine.level_values(level, "p95_ttft_ms"))))
+        curves.append(EngineCurve.measured_points(engine.engine, points, started,
+                                                  cold_start_s=engine.cold_start_for_cost()))
+    expected = config.expected_concurrency or sorted(config.concurrency)[len(config.concurrency) // 2]
+    return crossover(curves, operating_concurrency=float(expected)).to_json()
 
 
 def _nearest(levels: tuple[int, ...], wanted: int) -> int:
@@ -531,6 +623,8 @@ def unit_costs(config: ABConfig, engines: list[EngineResult]) -> list[dict[str, 
                 "cost_per_million_output_tokens": cost_per_million(price, tput, cold, lifetime) if tput else None,
                 "steady_state_cost_per_million": price / 3600.0 / tput * 1e6 if tput else None,
                 "unit": unit, "price_per_hour": price, "service_lifetime_h": config.service_lifetime_h,
+                # measured energy (NVML power x time x price per kWh), beside the hourly price; None without power
+                "energy": engine.level_energy(level, config.price_per_kwh),
             })
     return rows
 

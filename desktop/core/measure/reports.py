@@ -339,10 +339,68 @@ def render_ab_html(result: ABResult) -> str:
             + f"<h2>Cost per million output tokens ({html.escape(unit)})</h2>"
             + _table(["engine", "concurrency", "tok/s", "steady state", f"with cold start over {cfg.service_lifetime_h:g} h"],
                      cost_rows)
+            + _energy_section(result)
+            + _crossover_section(result)
+            + _replay_section(result)
             + "<h2>Scenarios on this machine</h2><p><small>cells: cold start / tok/s / cost per 1M tokens "
             "(cold start amortized over the lifetime)</small></p>"
             + _table(["scenario", "concurrency", "lifetime", a.engine, b.engine, "winner"], scenario_rows))
     return _page(f"Switchyard A/B: {a.engine} vs {b.engine}", body)
+
+
+def _energy_section(result: ABResult) -> str:
+    """Cost per 1M output tokens from measured GPU power (NVML) beside the hourly price, where power was read."""
+    rows = [[c["engine"], str(c["concurrency"]), _num(c["energy"]["mean_power_w"], 1),
+             _num(c["energy"]["wh_per_million_tokens"], 2), _num(c["energy"]["energy_cost_per_million"], 4),
+             _num(c["steady_state_cost_per_million"], 3)]
+            for c in result.costs if c.get("energy")]
+    if not rows:
+        return ("<h2>Cost from power</h2><p><small>no GPU power readings (NVML) on this machine: the cost above "
+                "uses the hourly price alone</small></p>")
+    price = result.config.price_per_kwh
+    head = f"price {price:g} per kWh" if price is not None else "no price per kWh set (the energy is shown)"
+    return (f"<h2>Cost from power (measured GPU energy, {html.escape(head)})</h2>"
+            + _table(["engine", "concurrency", "mean W", "Wh per 1M tokens", "energy cost per 1M",
+                      "hourly-price cost per 1M"], rows))
+
+
+def _crossover_section(result: ABResult) -> str:
+    x = result.crossover
+    if not x:
+        return ""
+    tags = "".join(f"<li>{html.escape(c['engine'])}: {html.escape(c['tag'])}; cold start "
+                   f"{_num(c['cold_start_s'])} s ({html.escape(c['cold_start_tag'])})</li>" for c in x["curves"])
+    cells = [[_num(x.get("crossover_concurrency")), _num(x.get("operating_concurrency"), 0),
+              html.escape(str(x.get("faster_at_operating") or "–")), _life_or_dash(x.get("break_even_s"))]]
+    return ("<h2>Crossover</h2>" + f'<p class="verdict">{html.escape(x["verdict"])}</p><ul>{tags}</ul>'
+            + _table(["crossover concurrency", "operating point", "faster there", "break-even service time"], cells))
+
+
+def _replay_section(result: ABResult) -> str:
+    r = result.replay
+    if not r:
+        return ""
+    sched = r["schedule"]
+    rows = []
+    for engine, cell in r["engines"].items():
+        if not cell:
+            rows.append([html.escape(engine), "–", "–", "–", "–", "–", "–"])
+            continue
+        rows.append([html.escape(engine), _num(cell["completed"], 0), _num(cell["failed"], 0),
+                     _num(cell["output_throughput"]), _num(cell["median_ttft_ms"], 1), _num(cell["p95_ttft_ms"], 1),
+                     _num(cell["send_lag_p95_ms"], 1)])
+    return (f"<h2>Replay of the recorded traffic (open loop, {r['speed']:g}x)</h2><p><small>"
+            f"{sched['requests']} requests over {sched['span_s']:g} s from the {html.escape(str(sched['source']))}; "
+            f"{sched['captured_bodies']} with captured bodies, the rest random prompts of the recorded lengths; "
+            "the closed-loop sweep above is the other half of the picture</small></p>"
+            + _table(["engine", "completed", "failed", "output tok/s", "TTFT p50 ms", "TTFT p95 ms",
+                      "send lag p95 ms"], rows))
+
+
+def _life_or_dash(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "–"
+    return f"{seconds:.0f} s" if seconds < 120 else _life(float(seconds))
 
 
 def _avg(values: list[float]) -> float | None:

@@ -261,7 +261,10 @@ def request_routes(request_log: RequestLog, token: str, capture: Any = None) -> 
             "capture_bodies": bool(capture()) if capture is not None else False,
         })
 
-    return [LocalRoute("GET", f"{PREFIX}/requests", requests)]
+    from desktop.core.serving.metrics import metrics_routes  # GET /metrics (Prometheus), fed by the same log
+
+    return [LocalRoute("GET", f"{PREFIX}/requests", requests),
+            *metrics_routes(request_log, getattr(request_log, "_sink", None))]
 
 
 # --- client side -------------------------------------------------------------------------------------------

@@ -323,7 +323,7 @@ class ProxyServer:
     def dispatch(self, request: Incoming, client: ClientConnection) -> None:
         """Answer one request that passed screen(); calls client.request_done() when finished, now or later."""
         path = request.path
-        if path.startswith(CONTROL_PREFIX):
+        if path.startswith(CONTROL_PREFIX) or path == "/metrics":  # /metrics: serving.metrics, when registered
             routes = self._routes.get(path)
             handler = routes.get(request.method) if routes else None
             if handler is None:

@@ -240,6 +240,26 @@ class Store:
             row["streamed"] = bool(row["streamed"])
         return out
 
+    def requests_between(self, since: float = 0.0, until: float | None = None, model: str | None = None,
+                         limit: int = 1_000_000) -> list[dict[str, Any]]:
+        """Finished requests that arrived in [since, until), oldest first (the workload profile's input); only
+        those that asked for `model` when given. Bodies are included (NULL unless capture was on)."""
+        query = f"SELECT id, {', '.join(REQUEST_COLUMNS)} FROM requests WHERE t >= ?"
+        args: list[Any] = [since]
+        if until is not None:
+            query += " AND t < ?"
+            args.append(until)
+        if model is not None:
+            query += " AND model = ?"
+            args.append(model)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY t, id LIMIT ?", (*args, limit)).fetchall()
+        names = ("id", *REQUEST_COLUMNS)
+        out = [dict(zip(names, row, strict=True)) for row in rows]
+        for row in out:
+            row["streamed"] = bool(row["streamed"])
+        return out
+
     def prune_requests(self, keep: int) -> int:
         """Keep only the newest `keep` requests (request-log retention)."""
         with self._lock, self._db:

@@ -22,7 +22,7 @@ from desktop.core.common.origins import parse_allowed_origins
 
 log = logging.getLogger("switchyard.settings")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SETTINGS_FILE = "settings.json"
 WORKLOADS = ("chat", "long-context", "many-users", "batch")
 ENGINES = ("auto", "llama.cpp", "vllm")
@@ -39,6 +39,8 @@ class Settings:
     preferred_engine: str = "auto"
     # Web pages (origins) allowed to call the endpoint besides local ones; "*" allows any. Empty: local only.
     allowed_origins: tuple[str, ...] = ()
+    # Electricity price per kWh in the user's currency, for the energy cost where NVML reports power; 0: not set.
+    price_per_kwh: float = 0.0
     version: int = SCHEMA_VERSION
     notes: tuple[str, ...] = field(default=(), compare=False)  # what load() had to fix; never saved
 
@@ -55,6 +57,9 @@ class Settings:
             value = getattr(self, name)
             if value and not Path(value).expanduser().is_absolute():
                 raise SwitchyardError(f"{name.replace('_', ' ')} must be an absolute path, not '{value}'")
+        if not (0.0 <= self.price_per_kwh <= 1000.0) or self.price_per_kwh != self.price_per_kwh:
+            raise SwitchyardError(f"price per kWh must be between 0 and 1000, not {self.price_per_kwh}",
+                                  "e.g. 0.30; 0 leaves the energy cost out")
         if parse_allowed_origins(self.allowed_origins) != self.allowed_origins:
             raise SwitchyardError(f"allowed origins must be distinct, lower-case scheme://host[:port] entries or *, "
                                   f"not {list(self.allowed_origins)}", "e.g. http://192.168.1.5:3000")
@@ -87,7 +92,13 @@ def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "allowed_origins": data.get("allowed_origins", [])}
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1, 1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """v4 added `price_per_kwh` (energy cost from measured power); v3 files have none set (0)."""
+    return {**data, "price_per_kwh": data.get("price_per_kwh", 0.0)}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1, 1: _v1_to_v2, 2: _v2_to_v3,
+                                                                      3: _v3_to_v4}
 
 
 def migrate(data: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +128,8 @@ def from_dict(data: dict[str, Any]) -> Settings:
         default = getattr(Settings(), key)
         if isinstance(default, tuple) and isinstance(value, list) and all(isinstance(v, str) for v in value):
             value = tuple(value)  # JSON has lists
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)  # JSON writes 1.0 as 1 when a person edits the file
         if isinstance(default, bool) or not isinstance(value, type(default)):
             raise SwitchyardError(f"setting '{key}' should be {type(default).__name__}, not {value!r}")
         values[key] = value

@@ -141,6 +141,13 @@ class RecommendPage(QWidget):
         layout.addLayout(buttons)
         layout.addWidget(self.notice)
         layout.addWidget(self.result_box, 1)
+        from desktop.ui.traffic_panel import TrafficPanel  # issue 25: the profiled traffic and the crossover
+
+        self.traffic = TrafficPanel(self)
+        self.traffic.use_requested.connect(self.use_traffic)
+        layout.addWidget(self.traffic, 1)
+        self.traffic.refresh(self.model_edit.text().strip())
+        self.traffic_workload: Any = None  # the profile's workload while the questions still hold its numbers
 
     def _apply_default_workload(self) -> None:
         """Pre-fill the questions from the default workload in settings."""
@@ -156,6 +163,16 @@ class RecommendPage(QWidget):
         self.concurrency.setValue(concurrency)
         self.prompt_len.setValue(prompt)
         self.output_len.setValue(output)
+
+    def use_traffic(self, workload: Any) -> None:
+        """Fill the questions from the profile; any number changed afterwards overrides it."""
+        self.concurrency.setValue(workload.concurrency)
+        self.prompt_len.setValue(workload.prompt_len)
+        self.output_len.setValue(workload.output_len)
+        self.lifetime.setValue(workload.lifetime_hours)
+        self.restarts.setValue(workload.restarts_per_day)
+        self.traffic_workload = (self.concurrency.value(), self.prompt_len.value(), self.output_len.value(),
+                                 self.lifetime.value(), self.restarts.value())
 
     def compute(self) -> None:
         self.recommend_button.setEnabled(False)
@@ -178,7 +195,7 @@ class RecommendPage(QWidget):
         self.notice.show_message("")
         self._offer_measurement(rec)
         settings = ", ".join(f"{k} {v}" for k, v in rec.key_settings.items() if v is not None)
-        lines = [f"<h3>{rec.engine} · {rec.quant}</h3>", f"<p><b>Settings:</b> {settings}</p>",
+        lines = [f"<h3>{rec.engine} · {rec.quant}</h3>", *self._traffic_line(), f"<p><b>Settings:</b> {settings}</p>",
                  "<p><b>Why:</b></p><ul>" + "".join(f"<li>{_escape(r)}</li>" for r in rec.reasons) + "</ul>"]
         if rec.fit is not None:
             lines.append(f"<p><b>Memory:</b> {rec.fit.total_gib:.2f} GiB of {rec.fit.available_gib:.1f} GiB "
@@ -191,6 +208,15 @@ class RecommendPage(QWidget):
             why = runner.get("why_lost") or ""
             lines.append(f"<p><b>Runner-up:</b> {runner.get('engine')} {runner.get('quant') or ''} — {_escape(why)}</p>")
         self.result_label.setText("".join(lines))
+
+    def _traffic_line(self) -> list[str]:
+        """Says the workload came from the traffic while the questions still hold the profile's numbers."""
+        asked = (self.concurrency.value(), self.prompt_len.value(), self.output_len.value(), self.lifetime.value(),
+                 self.restarts.value())
+        picture = self.traffic.picture
+        if self.traffic_workload is None or picture is None or asked != self.traffic_workload:
+            return []
+        return [f"<p><b>Workload:</b> {_escape(picture['profile'].summary_line())}</p>"]
 
     def _offer_measurement(self, rec: Any) -> None:
         """Offer a short A/B when defaults decide and the two engines are close."""
