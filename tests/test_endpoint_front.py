@@ -617,3 +617,40 @@ def test_the_pool_reuses_connections_without_select_poll(monkeypatch: pytest.Mon
             assert httpx.post(proxy.url + "/v1/completions", json={"prompt": "x"}, trust_env=False).status_code == 200
     assert engine.accepted == 1  # one pooled engine connection carried all three
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+# --- the real llama-server behind the endpoint -------------------------------------------------------------------
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_real_llama_server_admin_routes_are_closed_and_inference_still_works(llama_server: Any) -> None:
+    base = llama_server.base_url
+    proxy = ProxyServer(port=0, model_name="stable", extra_routes=[])
+    opted = ProxyServer(port=0, model_name="stable", extra_routes=["/props"])
+    upstream = Upstream("llama.cpp@real", "llama.cpp", base, llama_server.plan.served_model_name)
+    proxy.start()
+    opted.start()
+    try:
+        proxy.set_upstream(upstream)
+        opted.set_upstream(upstream)
+        with httpx.Client(trust_env=False, timeout=120) as client:
+            assert client.get(base + "/slots").status_code == 200  # the engine has them (with --slots, --metrics)
+            assert client.get(base + "/props").status_code == 200
+            for method, path in [("GET", "/slots"), ("GET", "/props"), ("POST", "/slots/0?action=erase"),
+                                 ("GET", "/metrics"), ("POST", "/props"), ("POST", "/lora-adapters")]:
+                response = client.request(method, proxy.url + path, json={} if method == "POST" else None)
+                assert response.status_code == 404, (method, path, response.text[:200])
+                assert "the endpoint forwards only" in response.json()["error"]["message"]
+            assert client.get(opted.url + "/props").status_code == 200  # opted in: forwarded
+            chat = client.post(proxy.url + "/v1/chat/completions", json={
+                "model": "anything", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+            assert chat.status_code == 200 and chat.json()["choices"][0]["message"]
+            for path, body in [("/v1/embeddings", {"model": "x", "input": "hello"}),
+                               ("/v1/responses", {"model": "x", "input": "Hi", "max_output_tokens": 4})]:
+                direct = client.post(base + path, json=body)
+                through = client.post(proxy.url + path, json=body)
+                # Forwarded: the engine's own answer (200, or its "start with --embeddings"), never the endpoint's 404.
+                assert through.status_code == direct.status_code, (path, through.text[:300], direct.text[:300])
+                assert "the endpoint forwards only" not in through.text
+    finally:
+        proxy.stop()
+        opted.stop()

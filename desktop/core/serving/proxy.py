@@ -203,7 +203,8 @@ class ProxyServer:
         if self._server is not None:
             await self._server.wait_closed()
         self.upstreams.close_idle()
-        tasks = [c.worker for c in self.connections if c.worker is not None and not c.worker.done()]
+        # Every request still waiting (also those of clients that just left, whose cancellation is under way).
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         if tasks:
