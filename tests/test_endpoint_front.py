@@ -152,7 +152,9 @@ def test_extra_routes_are_per_model_in_a_fleet(engine: RecordingEngine) -> None:
         proxy.set_upstream(engine.upstream, model="b")
         assert status_of(exchange(proxy.port, post("/props", b'{"model": "a"}'))) == 200
         assert status_of(exchange(proxy.port, post("/props", b'{"model": "b"}'))) == 404
-        assert engine.seen == ["POST /props HTTP/1.1"]
+        get = b"GET /props HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        assert status_of(exchange(proxy.port, get)) == 200  # no model to route on: the one that opted it in
+        assert engine.seen == ["POST /props HTTP/1.1", "GET /props HTTP/1.1"]
     finally:
         proxy.stop()
 

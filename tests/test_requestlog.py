@@ -23,8 +23,8 @@ from desktop.core.common.errors import SwitchyardError
 from desktop.core.runtime.ports import find_free_port
 from desktop.core.serving import control
 from desktop.core.serving.metering import RequestRecord, StreamMeter, count_json_tokens
-from desktop.core.serving.requestinfo import scan
 from desktop.core.serving.proxy import ProxyServer, Upstream
+from desktop.core.serving.requestinfo import scan
 from desktop.core.serving.requestlog import RequestLog
 from desktop.core.storage.history import Store
 

@@ -225,14 +225,13 @@ def conformance(method: str, target: bytes, headers: list[tuple[str, str]], http
     return None
 
 
-class ClientConnection(asyncio.Protocol):
-    """One client's connection: HTTP/1.1 parsed by llhttp (httptools), keep-alive, pipelined requests answered
-    in order, every byte it makes the endpoint hold bounded (Limits).
+class RequestReader(asyncio.Protocol):
+    """Reading requests off one client connection within the front end's bounds (ClientConnection answers them).
 
     The head limit counts from a message's first byte: while a head (or a chunked body's framing and trailers)
     is arriving, data is fed to the parser at most up to what is left of MAX_HEAD_BYTES, and what it cannot have
     consumed otherwise counts against the limit, so a header line that never ends is refused at 64 KiB instead
-    of growing inside the parser."""
+    of growing inside the parser. Heads, silent bodies and idle keep-alive waits time out (check_time)."""
 
     def __init__(self, handler: RequestHandler) -> None:
         self.handler = handler
@@ -273,20 +272,6 @@ class ClientConnection(asyncio.Protocol):
         self._dropped = 0  # body bytes of a request answered from its head, read and thrown away
         self._held = 0  # budget reserved for the body being read
 
-    # --- asyncio.Protocol ---
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else None
-        self.peer_host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        if not self.guard.admit(self):
-            self.ended = self.closed = True
-            self.transport.write(encode_response(overloaded(self.limits, "the endpoint holds all the connections "
-                                                                         "it may; retry shortly"), True, False, b""))
-            self.transport.close()
-            return
-        self.handler.connections.add(self)
-
     def data_received(self, data: bytes) -> None:
         view = memoryview(data)
         while view and not self.ended:
@@ -321,26 +306,6 @@ class ClientConnection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         return None  # a half-closed client is treated as gone: the transport closes and connection_lost follows
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.handler.connections.discard(self)
-        self.guard.forget(self)
-        self._drop_pending()
-        self._free_message()
-        if self.exchange is not None:
-            self.exchange.client_gone()
-        elif self.worker is not None and not self.worker.done():
-            self.worker.cancel()  # still waiting for an engine: nobody is left to answer
-
-    def pause_writing(self) -> None:
-        if self.exchange is not None:
-            self.exchange.pause_upstream()
-
-    def resume_writing(self) -> None:
-        if self.exchange is not None:
-            self.exchange.resume_upstream()
-
-    # --- timeouts and eviction (Guard) ---
     def evictable(self) -> bool:
         """Nothing is being answered or held for it: closing it loses no request."""
         return not self.busy and not self.pending and not self.closed and self.phase != "body"
@@ -362,7 +327,6 @@ class ClientConnection(asyncio.Protocol):
                 now - self.since >= self.limits.idle_timeout_s:
             self.close_quietly()
 
-    # --- httptools callbacks ---
     def on_message_begin(self) -> None:
         self._begin_seen = self._seen
         self._in_head = True
@@ -390,6 +354,137 @@ class ClientConnection(asyncio.Protocol):
         if self._head_size > MAX_HEAD_BYTES:
             self._refuse(431, f"request headers over {MAX_HEAD_BYTES // 1024} KiB")
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_body(self, body: bytes) -> None:
+        self._seen += len(body)
+        self.since = time.monotonic()
+        if self._answer is not None:  # answered from its head: read (to keep the connection in step), dropped
+            self._dropped += len(body)
+            if self._dropped > MAX_BODY_BYTES:
+                self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB")
+            return
+        self._body_size += len(body)
+        if self._body_size > MAX_BODY_BYTES:
+            self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB")
+        if self._body_size > self._held:  # chunked: reserved as it arrives
+            if not self.guard.reserve(self._body_size - self._held):
+                self._refuse(503, f"the endpoint holds {self.limits.body_budget >> 20} MiB of request bodies "
+                                  "already", overloaded(self.limits, "the endpoint holds too many request bodies"))
+            self._held = self._body_size
+        self._body.append(body)
+        if (self.busy or self.pending) and not self.reading_paused and \
+                self._body_size + self.pending_bytes > self.limits.readahead_bytes:
+            self._pause_reading()
+
+    def _pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _maybe_resume_reading(self) -> None:
+        if not self.reading_paused or self.closed or self.transport is None or self.ended:
+            return
+        if (not self.busy and not self.pending) or (len(self.pending) < self.limits.pipelined and
+                                                    self.pending_bytes + self._body_size <= self.limits.readahead_bytes):
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def _pop(self) -> Incoming:
+        request = self.pending.popleft()
+        self.pending_bytes -= len(request.body)
+        if request.answer is None:
+            self.handler.queued -= 1
+        return request
+
+    def _release(self, request: Incoming) -> None:
+        """The request is answered: its body leaves the budget."""
+        if request.held:
+            self.guard.free(request.held)
+            request.held = 0
+
+    def _free_message(self) -> None:
+        if self._held:
+            self.guard.free(self._held)
+            self._held = 0
+        self._body = []
+
+    def _drop_pending(self) -> None:
+        while self.pending:
+            self._release(self._pop())
+        self.pending_bytes = 0
+
+    def _reject(self, status: int, message: str, answer: LocalResponse | None = None) -> None:
+        """A request we cannot read (or will not wait for): answer once, if nothing else is being answered,
+        and close."""
+        if self.rejected:
+            return
+        self.rejected = self.ended = True
+        self._drop_pending()
+        self._free_message()
+        if self.transport is not None and not self.closed:
+            if not self.busy and not self._answered_early:
+                self.write_response(answer or json_error(status, message, "invalid_request_error"), close=True)
+            if not self.busy:
+                self.transport.close()
+
+    def _refuse(self, status: int, message: str, answer: LocalResponse | None = None) -> None:
+        """_reject() from inside a parser callback, which also stops the parser (caught in data_received)."""
+        self._reject(status, message, answer)
+        raise httptools.HttpParserCallbackError(message)
+
+    def write_response(self, response: LocalResponse, close: bool = False, request: Incoming | None = None,
+                       cors: bytes | None = None) -> None:
+        if self.closed or self.transport is None:
+            return
+        if cors is None:
+            cors = request.cors if request is not None else b""
+        self.transport.write(encode_response(response, close or (request is not None and not request.keep_alive),
+                                             request is not None and request.method == "HEAD", cors))
+
+    # --- what answering adds (ClientConnection) ---
+    def on_headers_complete(self) -> None:
+        raise NotImplementedError
+
+    def on_message_complete(self) -> None:
+        raise NotImplementedError
+
+
+
+class ClientConnection(RequestReader):
+    """One client's connection: HTTP/1.1 parsed by llhttp (httptools), keep-alive, pipelined requests answered
+    in order, every byte it makes the endpoint hold bounded (Limits, Guard)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else None
+        self.peer_host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if not self.guard.admit(self):
+            self.ended = self.closed = True
+            self.transport.write(encode_response(overloaded(self.limits, "the endpoint holds all the connections "
+                                                                         "it may; retry shortly"), True, False, b""))
+            self.transport.close()
+            return
+        self.handler.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.handler.connections.discard(self)
+        self.guard.forget(self)
+        self._drop_pending()
+        self._free_message()
+        if self.exchange is not None:
+            self.exchange.client_gone()
+        elif self.worker is not None and not self.worker.done():
+            self.worker.cancel()  # still waiting for an engine: nobody is left to answer
+
+    def pause_writing(self) -> None:
+        if self.exchange is not None:
+            self.exchange.pause_upstream()
+
+    def resume_writing(self) -> None:
+        if self.exchange is not None:
+            self.exchange.resume_upstream()
 
     def on_headers_complete(self) -> None:
         """The head is complete: judge it now (conformance, origin, API key, room), before any body is kept."""
@@ -433,27 +528,6 @@ class ClientConnection(asyncio.Protocol):
             assert self.transport is not None
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
-    def on_body(self, body: bytes) -> None:
-        self._seen += len(body)
-        self.since = time.monotonic()
-        if self._answer is not None:  # answered from its head: read (to keep the connection in step), dropped
-            self._dropped += len(body)
-            if self._dropped > MAX_BODY_BYTES:
-                self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB")
-            return
-        self._body_size += len(body)
-        if self._body_size > MAX_BODY_BYTES:
-            self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB")
-        if self._body_size > self._held:  # chunked: reserved as it arrives
-            if not self.guard.reserve(self._body_size - self._held):
-                self._refuse(503, f"the endpoint holds {self.limits.body_budget >> 20} MiB of request bodies "
-                                  "already", overloaded(self.limits, "the endpoint holds too many request bodies"))
-            self._held = self._body_size
-        self._body.append(body)
-        if (self.busy or self.pending) and not self.reading_paused and \
-                self._body_size + self.pending_bytes > self.limits.readahead_bytes:
-            self._pause_reading()
-
     def on_message_complete(self) -> None:
         self._in_head, self._chunked, self._overhead = True, False, 0
         self.phase, self.since = "idle", time.monotonic()
@@ -477,64 +551,6 @@ class ClientConnection(asyncio.Protocol):
         elif not self.reading_paused and (len(self.pending) >= self.limits.pipelined
                                           or self.pending_bytes > self.limits.readahead_bytes):
             self._pause_reading()
-
-    # --- flow control towards the client ---
-    def _pause_reading(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.reading_paused = True
-            self.transport.pause_reading()
-
-    def _maybe_resume_reading(self) -> None:
-        if not self.reading_paused or self.closed or self.transport is None or self.ended:
-            return
-        if (not self.busy and not self.pending) or (len(self.pending) < self.limits.pipelined and
-                                                    self.pending_bytes + self._body_size <= self.limits.readahead_bytes):
-            self.reading_paused = False
-            self.transport.resume_reading()
-
-    def _pop(self) -> Incoming:
-        request = self.pending.popleft()
-        self.pending_bytes -= len(request.body)
-        if request.answer is None:
-            self.handler.queued -= 1
-        return request
-
-    def _release(self, request: Incoming) -> None:
-        """The request is answered: its body leaves the budget."""
-        if request.held:
-            self.guard.free(request.held)
-            request.held = 0
-
-    def _free_message(self) -> None:
-        if self._held:
-            self.guard.free(self._held)
-            self._held = 0
-        self._body = []
-
-    def _drop_pending(self) -> None:
-        while self.pending:
-            self._release(self._pop())
-        self.pending_bytes = 0
-
-    # --- answering ---
-    def _reject(self, status: int, message: str, answer: LocalResponse | None = None) -> None:
-        """A request we cannot read (or will not wait for): answer once, if nothing else is being answered,
-        and close."""
-        if self.rejected:
-            return
-        self.rejected = self.ended = True
-        self._drop_pending()
-        self._free_message()
-        if self.transport is not None and not self.closed:
-            if not self.busy and not self._answered_early:
-                self.write_response(answer or json_error(status, message, "invalid_request_error"), close=True)
-            if not self.busy:
-                self.transport.close()
-
-    def _refuse(self, status: int, message: str, answer: LocalResponse | None = None) -> None:
-        """_reject() from inside a parser callback, which also stops the parser (caught in data_received)."""
-        self._reject(status, message, answer)
-        raise httptools.HttpParserCallbackError(message)
 
     def _last(self, answer: LocalResponse) -> None:
         """Past the pipelining cap: this request is answered `answer` after those before it, and the connection
@@ -600,12 +616,3 @@ class ClientConnection(asyncio.Protocol):
                 self.request_done(done.result())
 
         task.add_done_callback(finished)
-
-    def write_response(self, response: LocalResponse, close: bool = False, request: Incoming | None = None,
-                       cors: bytes | None = None) -> None:
-        if self.closed or self.transport is None:
-            return
-        if cors is None:
-            cors = request.cors if request is not None else b""
-        self.transport.write(encode_response(response, close or (request is not None and not request.keep_alive),
-                                             request is not None and request.method == "HEAD", cors))

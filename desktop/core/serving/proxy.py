@@ -104,8 +104,7 @@ class ProxyServer:
         self.guard = Guard(self.limits, 0)  # sized for the descriptor limit at start()
         self.queued = 0  # requests read ahead on all connections + those waiting for an engine
         self.started_at = time.time()
-        self._listeners: list[RequestListener] = []
-        self._started: list[RequestListener] = []
+        self.events = RequestEvents()
         self.capture_bodies = False
         self.set_capture_bodies(capture_bodies)
         self._routes: dict[str, dict[str, LocalHandler]] = {}
@@ -115,20 +114,18 @@ class ProxyServer:
         self._scanner: ThreadPoolExecutor | None = None  # reads bodies too large to read on the loop
         self.connections: set[ClientConnection] = set()
         self.upstreams = UpstreamPool(timeouts)
-        # "failed": the endpoint or an engine failed the request (5xx, a cut or broken stream); "client_errors":
-        # the request was refused as the client's fault (4xx, including a client that left: 499).
-        self.counters = {"requests": 0, "failed": 0, "client_errors": 0, "waited": 0}
+        self.counters = self.events.counters
         self.router = Router(self.counters)  # owned by the proxy's loop
         self.router.default.extra_routes = frozenset(extra_routes)
         self.forwarder = Forwarder(self, self.router, self.upstreams)
 
     # --- configuration (before start) ---
     def subscribe(self, listener: RequestListener) -> None:
-        self._listeners.append(listener)
+        self.events.listeners.append(listener)
 
     def subscribe_started(self, listener: RequestListener) -> None:
         """Also tell `listener` when a request arrives (a record with status 0), for views of what is in flight."""
-        self._started.append(listener)
+        self.events.started_listeners.append(listener)
 
     def set_capture_bodies(self, on: bool) -> None:
         """Keep request and response bodies in the request records (off by default; never with an API key:
@@ -299,15 +296,15 @@ class ProxyServer:
             else:
                 client.wait_in(self._local(handler, request, client))
         elif path == "/health":
-            self._answer(request, client, self._health(), counted=False)
+            self._answer(request, client, health_answer(self.router), counted=False)
         elif path == "/v1/models":
-            self._answer(request, client, self._models() if method in ("GET", "HEAD") else
+            self._answer(request, client, models_answer(self.router, self.model_name, self.started_at) if method in ("GET", "HEAD") else
                          json_error(405, f"{method} {path} is not allowed; GET it"), counted=method != "GET")
         elif (path in INFERENCE_ROUTES and method == "POST") or self.router.extra_route(path):
             try:
                 info = scan(request.body, LOOP_TOKENS)
             except BadBody as exc:
-                self._answer(request, client, self._error(path, 400, str(exc)))
+                self._answer(request, client, error_answer(path, 400, str(exc)))
                 return
             if info is None:  # too many tokens to read on the loop: read it in a worker thread
                 self._scan_off_loop(request, client)
@@ -316,27 +313,29 @@ class ProxyServer:
         else:
             what = "POST it" if path in INFERENCE_ROUTES else \
                 f"the endpoint forwards only {', '.join(sorted(INFERENCE_ROUTES))} (and GET /v1/models)"
-            self._answer(request, client, self._error(path, 404 if path not in INFERENCE_ROUTES else 405,
+            self._answer(request, client, error_answer(path, 404 if path not in INFERENCE_ROUTES else 405,
                                                       f"no route {method} {path}: {what}"))
 
     def _route(self, request: Incoming, client: ClientConnection, info: RequestInfo) -> None:
         """The body is read: pick the route by its model and forward."""
         request.info = info
-        route = self.router.route(info.model)
+        name = info.model
+        if name is None and self.router.multi and request.path not in INFERENCE_ROUTES:
+            name = self.router.opted_in(request.path)  # e.g. GET /props: to the one model that opted it in
+        route = self.router.route(name)
         if route is None:
-            self._answer(request, client, self._unknown_model(info.model))
+            self._answer(request, client, unknown_model(self.router, name))
             return
         if request.path not in INFERENCE_ROUTES and request.path not in route.extra_routes:
-            self._answer(request, client, self._error(request.path, 404, f"no route {request.method} "
+            self._answer(request, client, error_answer(request.path, 404, f"no route {request.method} "
                                                       f"{request.path} for this model"))
             return
         self.counters["requests"] += 1
         request.seq = self.counters["requests"]
-        if self._started:
-            self._announce(request, client)
+        self.events.started(request, client)
         model = None
         if self.router.multi:
-            model = info.model if info.model in self.router.routes else next(iter(self.router.routes))
+            model = name if name in self.router.routes else next(iter(self.router.routes))
         self.forwarder.forward(request, client, route, model)
 
     def _scan_off_loop(self, request: Incoming, client: ClientConnection) -> None:
@@ -349,7 +348,7 @@ class ProxyServer:
             try:
                 info = done.result()
             except BadBody as exc:
-                self._answer(request, client, self._error(request.path, 400, str(exc)))
+                self._answer(request, client, error_answer(request.path, 400, str(exc)))
                 return
             except Exception:
                 log.exception("the endpoint could not read a request body")
@@ -368,12 +367,6 @@ class ProxyServer:
         client.write_response(response, request=request)
         client.request_done(True)
 
-    @staticmethod
-    def _error(path: str, status: int, message: str) -> LocalResponse:
-        kind = "not_found_error" if status == 404 else "invalid_request_error"
-        return anthropic_error(status, message, kind) if path.startswith(MESSAGES_PATH) else \
-            json_error(status, message, kind)
-
     async def _local(self, handler: LocalHandler, request: Incoming, client: ClientConnection) -> bool:
         try:
             response = await handler(LocalRequest(request.method, request.path, request.query, request.headers,
@@ -384,57 +377,40 @@ class ProxyServer:
         client.write_response(response, request=request)
         return True
 
-    def _health(self) -> LocalResponse:
-        if self.router.multi:  # serving: every model is loaded, or loads on its next request
-            models = {name: "loaded" if route.active else route.down_reason or "unloaded"
-                      for name, route in self.router.routes.items()}
-            return LocalResponse.json({"status": "ok", "models": models})
-        if self.router.active is not None:
-            return LocalResponse.json({"status": "ok", "engine": self.router.active.engine})
-        return LocalResponse.json({"status": "unavailable", "reason": self.router.down_reason or "starting"}, status=503)
-
-    def _models(self) -> LocalResponse:
-        if self.router.multi:
-            data = []
-            for name, route in self.router.routes.items():
-                state = "loaded" if route.active else "loading" if route.loading_since else \
-                    "down" if route.down_reason else "unloaded"
-                data.append({"id": name, "object": "model", "created": int(self.started_at),
-                             "owned_by": "switchyard", "switchyard": {**route.info, "state": state}})
-            return LocalResponse.json({"object": "list", "data": data})
-        active = self.router.active
-        entry: dict[str, Any] = {"id": self.model_name, "object": "model", "created": int(self.started_at),
-                                 "owned_by": "switchyard"}
-        if active is not None:
-            entry["switchyard"] = {"engine": active.engine, "model": active.model}
-        return LocalResponse.json({"object": "list", "data": [entry]})
-
-    def _unknown_model(self, name: str | None) -> LocalResponse:
-        """OpenAI's answer for a model it does not have, naming the ones this endpoint does have."""
-        names = ", ".join(self.router.routes)
-        message = (f"The model '{name}' does not exist on this endpoint; available: {names}" if name is not None
-                   else f"the request names no model; this endpoint serves several: {names}")
-        return LocalResponse.json({"error": {"message": message, "type": "invalid_request_error", "param": "model",
-                                             "code": "model_not_found" if name is not None else "model_required"}},
-                                  status=404 if name is not None else 400)
-
-    def _announce(self, request: Incoming, client: ClientConnection) -> None:
-        """Tell the "started" listeners about a request that just arrived (only when someone listens)."""
-        record = RequestRecord(time.time(), request.method, request.path, None, 0, False, None, 0.0, None,
-                               model=request.info.model, client=client.peer, seq=request.seq)
-        for listener in list(self._started):
-            try:
-                listener(record)
-            except Exception:
-                log.exception("request listener failed")
-
     def record(self, record: RequestRecord) -> None:
         """A forwarded request finished (answered by its engine or by the endpoint): count it and publish it."""
+        self.events.finished(record)
+
+
+class RequestEvents:
+    """The endpoint's counters, and who hears of each forwarded request as it arrives and as it finishes.
+
+    "failed": the endpoint or an engine failed the request (5xx, a cut or broken stream); "client_errors": it was
+    refused as the client's fault (4xx, including a client that left before its answer: 499)."""
+
+    def __init__(self) -> None:
+        self.counters = {"requests": 0, "failed": 0, "client_errors": 0, "waited": 0}
+        self.listeners: list[RequestListener] = []
+        self.started_listeners: list[RequestListener] = []
+
+    def started(self, request: Incoming, client: ClientConnection) -> None:
+        """A request that just arrived (a record with status 0; built only when someone listens)."""
+        if not self.started_listeners:
+            return
+        record = RequestRecord(time.time(), request.method, request.path, None, 0, False, None, 0.0, None,
+                               model=request.info.model, client=client.peer, seq=request.seq)
+        self._tell(self.started_listeners, record)
+
+    def finished(self, record: RequestRecord) -> None:
         if record.failed:
             self.counters["failed"] += 1
         elif record.client_error:
             self.counters["client_errors"] += 1
-        for listener in list(self._listeners):
+        self._tell(self.listeners, record)
+
+    @staticmethod
+    def _tell(listeners: list[RequestListener], record: RequestRecord) -> None:
+        for listener in list(listeners):
             try:
                 listener(record)
             except Exception:
@@ -503,3 +479,44 @@ class Screen:
             ("Access-Control-Allow-Methods", "GET, POST, OPTIONS"),
             ("Access-Control-Allow-Headers", allow_headers),
             ("Access-Control-Max-Age", str(CORS_MAX_AGE_S))))
+
+
+def health_answer(router: Router) -> LocalResponse:
+    if router.multi:  # serving: every model is loaded, or loads on its next request
+        models = {name: "loaded" if route.active else route.down_reason or "unloaded"
+                  for name, route in router.routes.items()}
+        return LocalResponse.json({"status": "ok", "models": models})
+    if router.active is not None:
+        return LocalResponse.json({"status": "ok", "engine": router.active.engine})
+    return LocalResponse.json({"status": "unavailable", "reason": router.down_reason or "starting"}, status=503)
+
+def models_answer(router: Router, model_name: str, started_at: float) -> LocalResponse:
+    if router.multi:
+        data = []
+        for name, route in router.routes.items():
+            state = "loaded" if route.active else "loading" if route.loading_since else \
+                "down" if route.down_reason else "unloaded"
+            data.append({"id": name, "object": "model", "created": int(started_at),
+                         "owned_by": "switchyard", "switchyard": {**route.info, "state": state}})
+        return LocalResponse.json({"object": "list", "data": data})
+    active = router.active
+    entry: dict[str, Any] = {"id": model_name, "object": "model", "created": int(started_at),
+                             "owned_by": "switchyard"}
+    if active is not None:
+        entry["switchyard"] = {"engine": active.engine, "model": active.model}
+    return LocalResponse.json({"object": "list", "data": [entry]})
+
+def unknown_model(router: Router, name: str | None) -> LocalResponse:
+    """OpenAI's answer for a model it does not have, naming the ones this endpoint does have."""
+    names = ", ".join(router.routes)
+    message = (f"The model '{name}' does not exist on this endpoint; available: {names}" if name is not None
+               else f"the request names no model; this endpoint serves several: {names}")
+    return LocalResponse.json({"error": {"message": message, "type": "invalid_request_error", "param": "model",
+                                         "code": "model_not_found" if name is not None else "model_required"}},
+                              status=404 if name is not None else 400)
+
+
+def error_answer(path: str, status: int, message: str) -> LocalResponse:
+    kind = "not_found_error" if status == 404 else "invalid_request_error"
+    return anthropic_error(status, message, kind) if path.startswith(MESSAGES_PATH) else \
+        json_error(status, message, kind)

@@ -97,6 +97,11 @@ class Router:
             return path in self.default.extra_routes
         return any(path in route.extra_routes for route in self.routes.values())
 
+    def opted_in(self, path: str) -> str | None:
+        """The one model whose route opted `path` in, when exactly one did (a GET carries no model to route on)."""
+        names = [name for name, route in self.routes.items() if path in route.extra_routes]
+        return names[0] if len(names) == 1 else None
+
     def bind(self) -> None:
         """Create the loop-bound parts; called on the endpoint's loop before it serves."""
         self._changed = asyncio.Condition()
