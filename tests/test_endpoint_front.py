@@ -467,8 +467,9 @@ def test_a_deeply_nested_body_is_a_400_without_a_traceback(make_proxy: Callable[
 
 def test_a_57_mib_body_of_empty_arrays_is_read_off_the_loop(make_proxy: Callable[..., ProxyServer],
                                                             engine: RecordingEngine) -> None:
-    """json.loads of this took 6.9 s and 1.5 GiB on the endpoint's one thread; the scan runs in a worker thread,
-    gives up past MAX_TOKENS with a 400, and /health answers meanwhile."""
+    """json.loads of this took 6.9 s and 1.5 GiB on the endpoint's one thread (on an idle machine); the scan runs
+    in a worker thread, gives up past MAX_TOKENS with a 400, and /health answers meanwhile (the bound leaves room
+    for a machine shared with other work: the loop stays responsive, it is not a latency benchmark)."""
     proxy = make_proxy()
     proxy.set_upstream(engine.upstream)
     wide = b'{"model":"x","a":[' + b"[]," * 20_000_000 + b'[]]}'
@@ -486,7 +487,7 @@ def test_a_57_mib_body_of_empty_arrays_is_read_off_the_loop(make_proxy: Callable
         slowest = max(slowest, time.monotonic() - started)
         threading.Event().wait(0.05)
     assert [status_of(a) for a in answers] == [400, 400] and engine.seen == []
-    assert slowest < 1.0
+    assert slowest < 2.5
 
 
 def test_model_and_stream_are_read_from_the_top_level_object_once() -> None:
