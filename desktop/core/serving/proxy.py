@@ -298,8 +298,9 @@ class ProxyServer:
         elif path == "/health":
             self._answer(request, client, health_answer(self.router), counted=False)
         elif path == "/v1/models":
-            self._answer(request, client, models_answer(self.router, self.model_name, self.started_at) if method in ("GET", "HEAD") else
-                         json_error(405, f"{method} {path} is not allowed; GET it"), counted=method != "GET")
+            listed = method in ("GET", "HEAD")
+            self._answer(request, client, models_answer(self.router, self.model_name, self.started_at) if listed
+                         else json_error(405, f"{method} {path} is not allowed; GET it"), counted=not listed)
         elif (path in INFERENCE_ROUTES and method == "POST") or self.router.extra_route(path):
             try:
                 info = scan(request.body, LOOP_TOKENS)
