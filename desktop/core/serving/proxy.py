@@ -351,6 +351,9 @@ class ProxyServer:
             except BadBody as exc:
                 self._answer(request, client, error_answer(request.path, 400, str(exc)))
                 return
+            except asyncio.CancelledError:  # the endpoint is stopping
+                client.request_done(False)
+                return
             except Exception:
                 log.exception("the endpoint could not read a request body")
                 client.request_done(False)
