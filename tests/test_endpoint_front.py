@@ -657,3 +657,27 @@ def test_real_llama_server_admin_routes_are_closed_and_inference_still_works(lla
     finally:
         proxy.stop()
         opted.stop()
+
+
+@pytest.mark.engine
+@pytest.mark.vllm
+def test_real_vllm_side_routes_are_closed_through_the_endpoint(vllm_server: Any) -> None:
+    """vLLM's /invocations is the same inference as /v1 without its key check; /tokenize, /pause, /pooling,
+    /metrics answer anyone on its port. None is reachable through the endpoint; /v1/completions is."""
+    base = vllm_server.base_url
+    proxy = ProxyServer(port=0, model_name="stable")
+    proxy.start()
+    try:
+        proxy.set_upstream(Upstream("vllm@real", "vllm", base, vllm_server.plan.served_model_name))
+        body = {"model": "x", "prompt": "Hi", "max_tokens": 2}
+        with httpx.Client(trust_env=False, timeout=300) as client:
+            assert client.post(base + "/tokenize", json={"prompt": "Hi"}).status_code == 200  # open on its port
+            for path in ["/invocations", "/tokenize", "/pause", "/pooling", "/metrics", "/collective_rpc",
+                         "/sleep?level=1"]:
+                response = client.post(proxy.url + path, json=body)
+                assert response.status_code == 404, (path, response.text[:200])
+            assert client.get(base + "/health").status_code == 200  # /pause never reached it: still serving
+            through = client.post(proxy.url + "/v1/completions", json=body)
+            assert through.status_code == 200 and through.json()["choices"]
+    finally:
+        proxy.stop()

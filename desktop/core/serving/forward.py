@@ -133,8 +133,7 @@ class Forwarder:
             upstream = self.router.try_acquire(avoid, job.route)
             if upstream is None:
                 if endpoint.queued >= endpoint.limits.queued:
-                    return self.fail(job, None, 503, f"the endpoint already holds {endpoint.limits.queued} queued "
-                                                     "requests", retry_after=True)
+                    return self.fail(job, None, 503, queue_full(endpoint.limits), retry_after=True)
                 endpoint.queued += 1
                 try:
                     upstream = await self._acquire(job, deadline, avoid)

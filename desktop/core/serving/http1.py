@@ -156,6 +156,11 @@ def overloaded(limits: Limits, message: str, status: int = 503) -> LocalResponse
                       (("Retry-After", str(limits.retry_after_s)),))
 
 
+def queue_full(limits: Limits) -> str:
+    """The one wording of "every queued-request slot is taken" (said from a head, or while waiting)."""
+    return f"the endpoint already holds {limits.queued} queued requests"
+
+
 def encode_response(response: LocalResponse, close: bool, head_only: bool, cors: bytes) -> bytes:
     head = [f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Status')}"]
     if response.status != 204:  # a 204 has no body and says nothing about one (RFC 9110 §8.6)
@@ -510,7 +515,7 @@ class ClientConnection(RequestReader):
             self._last(overloaded(self.limits, f"more than {self.limits.pipelined} pipelined requests on one "
                                                "connection", 429))
         if answer is None and (self.busy or self.pending) and self.handler.queued >= self.limits.queued:
-            answer = overloaded(self.limits, f"the endpoint already holds {self.limits.queued} queued requests")
+            answer = overloaded(self.limits, queue_full(self.limits))
         if answer is None and length and not self.guard.reserve(length):
             answer = overloaded(self.limits, f"the endpoint holds {self.limits.body_budget >> 20} MiB of request "
                                              "bodies already")
