@@ -22,6 +22,7 @@ from desktop.core.serving.http1 import (
     anthropic_error,
     json_error,
     overloaded,
+    queue_full,
 )
 from desktop.core.serving.metering import CapturingMeter, RequestRecord
 from desktop.core.serving.router import Lease, Route, Router, Unavailable, Upstream
