@@ -190,6 +190,28 @@ def test_a_header_line_that_never_ends_is_refused_at_64_kib(make_proxy: Callable
     assert sent <= MAX_HEAD_BYTES + 3 * 65536  # refused within the first writes past 64 KiB, not after 1 MiB
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_large_body_does_not_count_against_the_next_head(make_proxy: Callable[..., ProxyServer],
+                                                           engine: RecordingEngine, chunked: bool) -> None:
+    """Kept alive: a 4 MiB body (its last read holds far more than 64 KiB), then another request."""
+    proxy = make_proxy()
+    proxy.set_upstream(engine.upstream)
+    payload = b'{"prompt": "' + b"x" * (4 << 20) + b'"}'
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
+        for _ in range(3):
+            if chunked:
+                pieces = b"".join(b"%x\r\n%b\r\n" % (len(payload[i:i + 300_000]), payload[i:i + 300_000])
+                                  for i in range(0, len(payload), 300_000))
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked"
+                             b"\r\n\r\n" + pieces + b"0\r\n\r\n")
+            else:
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n%b"
+                             % (len(payload), payload))
+            status, _, _, _ = read_response(sock)
+            assert status == 200
+    assert len(engine.seen) == 3
+
+
 def test_a_head_fed_a_byte_at_a_time_is_counted_too(make_proxy: Callable[..., ProxyServer]) -> None:
     proxy = make_proxy()
     connection = proxy.call(_one_connection(proxy))  # feed the parser directly: no TCP coalescing

@@ -263,7 +263,7 @@ class RequestReader(asyncio.Protocol):
         self._chunked = False  # a chunked body is arriving: its framing and trailers count likewise
         self._overhead = 0  # head (or chunk framing) bytes fed for the current message, at most
         self._seen = 0  # bytes of the piece being fed that callbacks accounted for (at least)
-        self._begin_seen = -1  # _seen when a message began within the piece being fed
+        self._begin_seen = -1  # _seen when a message began (or the one before ended) within the piece being fed
         self._url = b""
         self._headers: list[tuple[str, str]] = []
         self._head: Headers | None = None
@@ -359,6 +359,9 @@ class RequestReader(asyncio.Protocol):
         if self._head_size > MAX_HEAD_BYTES:
             self._refuse(431, f"request headers over {MAX_HEAD_BYTES // 1024} KiB")
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_chunk_header(self) -> None:
+        self._seen += 5  # at least "N\r\n" and the CRLF after the chunk's data
 
     def on_body(self, body: bytes) -> None:
         self._seen += len(body)
@@ -535,6 +538,7 @@ class ClientConnection(RequestReader):
 
     def on_message_complete(self) -> None:
         self._in_head, self._chunked, self._overhead = True, False, 0
+        self._begin_seen = self._seen  # what follows in this piece belongs to the next head, at most
         self.phase, self.since = "idle", time.monotonic()
         if self._answered_early:  # its body was read and dropped
             return
