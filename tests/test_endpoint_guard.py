@@ -374,7 +374,7 @@ def test_api_key_is_checked_before_the_body_is_kept(make_proxy: Callable[..., Pr
     monkeypatch.setattr(http1, "MAX_BODY_BYTES", 1024)
     proxy = make_proxy(api_key="k")
     proxy.set_upstream(json_engine.upstream)
-    body = b"x" * 4096  # over the body limit: a body that were kept would be answered 413
+    body = b"x" * 1000  # under the body limit: a refused one is read and dropped, the connection stays
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=20) as sock:
         head = request_bytes("POST", "/v1/completions", {"Expect": "100-continue"}, body)
         sock.sendall(head[:-len(body)])
@@ -384,7 +384,13 @@ def test_api_key_is_checked_before_the_body_is_kept(make_proxy: Callable[..., Pr
         sock.sendall(request_bytes("GET", "/v1/models", {"Authorization": "Bearer k"}))
         status, _, payload, _ = read_response(sock)
         assert status == 200 and json.loads(payload)["data"][0]["id"] == "stable"
-    assert json_engine.accepted == 0
+    big = b"x" * 4096  # over it (Content-Length: 10**18 alike): answered, and the connection ends, never drained
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=20) as sock:
+        sock.sendall(request_bytes("POST", "/v1/completions", {}, big)[:-len(big)])
+        status, headers, _, _ = read_response(sock)
+        assert status == 401 and headers.get("connection") == "close"
+        assert sock.recv(1) == b""
+    assert json_engine.accepted == 0 and proxy.guard.buffered == 0
 
 
 # --- engines behind the endpoint hold a per-launch key --------------------------------------------------------
@@ -534,10 +540,11 @@ def test_pipelined_requests_past_the_cap_get_429_in_order(make_proxy: Callable[.
             gate.set()
             answers = []
             leftover = b""
-            for _ in range(6):
+            for _ in range(4):
                 status, head, _, leftover = read_response(sock, leftover)
-                answers.append((status, head.get("retry-after")))
-        assert answers == [(200, None), (200, None), (200, None), (429, "1"), (429, "1"), (429, "1")]
+                answers.append((status, head.get("retry-after"), head.get("connection")))
+            assert sock.recv(1) == b""  # the connection ends at the 429: nothing after it was parsed
+        assert answers == [(200, None, None), (200, None, None), (200, None, None), (429, "1", "close")]
         assert proxy.queued == 0
     finally:
         gate.set()

@@ -22,8 +22,9 @@ from conftest import serve_until_ready
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.runtime.ports import find_free_port
 from desktop.core.serving import control
-from desktop.core.serving.metering import RequestRecord, StreamMeter, count_json_tokens, request_model
+from desktop.core.serving.metering import RequestRecord, StreamMeter, count_json_tokens
 from desktop.core.serving.proxy import ProxyServer, Upstream
+from desktop.core.serving.requestinfo import scan
 from desktop.core.serving.requestlog import RequestLog
 from desktop.core.storage.history import Store
 
@@ -77,9 +78,15 @@ def test_non_streamed_answers_count_openai_and_anthropic_usage() -> None:
 
 
 def test_request_model_is_read_without_parsing_the_body() -> None:
-    assert request_model(b'{"prompt": "x", "model" : "qwen\\"s"}') == 'qwen"s'
-    assert request_model(b'{"prompt": "model"}') is None
-    assert request_model(b"") is None
+    def model(body: bytes) -> str | None:
+        info = scan(body)
+        assert info is not None
+        return info.model
+
+    assert model(b'{"prompt": "x", "model" : "qwen\\"s"}') == 'qwen"s'
+    assert model(b'{"prompt": "model"}') is None
+    assert model(b"") is None
+    assert model(b'{"tools": [{"model": "nested"}], "model": "top"}') == "top"  # the top-level key, as routed
 
 
 # --- a fake engine with /v1/messages and held streams ------------------------------------------------------------

@@ -128,7 +128,7 @@ class RequestsPanel(QWidget):
         self.table.setRowCount(len(self.records))
         grey = muted(self.palette().text().color())
         for row, record in enumerate(self.records):
-            failed = not record.in_flight and (record.status >= 400 or record.error)
+            failed = not record.in_flight and (record.failed or record.client_error)
             for column, text in enumerate(row_for(record, now)):
                 item = self.table.item(row, column)
                 if item is None:
@@ -157,9 +157,11 @@ class RequestsPanel(QWidget):
         if not inflight and not finished:
             return
         ttfts = [r.ttft_s for r in finished if r.ttft_s is not None]
-        failed = sum(1 for r in finished if r.status >= 400 or r.error)
+        failed = sum(1 for r in finished if r.failed)
+        refused = sum(1 for r in finished if r.client_error)  # the client's 4xx: not a failure
         median = f", median TTFT {statistics.median(ttfts) * 1000:.0f} ms" if ttfts else ""
-        self.summary.setText(f"{len(inflight)} in flight · last {len(finished)} finished{median}, {failed} failed")
+        self.summary.setText(f"{len(inflight)} in flight · last {len(finished)} finished{median}, {failed} failed"
+                             + (f", {refused} client errors" if refused else ""))
 
     def _selected_seq(self) -> int | None:
         rows = self.table.selectionModel().selectedRows()

@@ -124,3 +124,27 @@ def iter_deltas(chunks: Iterator[bytes]) -> Iterator[StreamDelta]:
         delta = parse_chunk(payload)
         if delta is not None:
             yield delta
+
+
+# --- encoding (the endpoint writes these to clients) -------------------------------------------------------------
+LAST_CHUNK = b"0\r\n\r\n"  # the end of a chunked body (HTTP/1.1 chunked transfer coding)
+
+
+def chunk(payload: bytes) -> bytes:
+    """`payload` framed as one HTTP/1.1 chunk (an empty payload would end the body, so it is never framed)."""
+    return b"%x\r\n%b\r\n" % (len(payload), payload) if payload else b""
+
+
+def event(data: str) -> bytes:
+    """One SSE event carrying `data` (a single line: JSON never holds a raw newline)."""
+    return f"data: {data}\n\n".encode()
+
+
+def comment(text: str) -> bytes:
+    """An SSE comment line, which OpenAI clients ignore (the endpoint's ": loading model X" notes)."""
+    return f": {text}\n\n".encode()
+
+
+def error_event(message: str, kind: str, code: int, **extra: Any) -> bytes:
+    """The SSE event that ends a stream with an error, in OpenAI's error shape."""
+    return event(json.dumps({"error": {"message": message, "type": kind, "code": code, **extra}}))

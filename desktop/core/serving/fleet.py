@@ -38,10 +38,10 @@ from desktop.core.serving.proxy import ProxyServer
 
 log = logging.getLogger("switchyard.endpoint")
 
-MODEL_KEYS = ("name", "engine", "model", "ctx", "parallel", "ttl", "loading_status")
+MODEL_KEYS = ("name", "engine", "model", "ctx", "parallel", "ttl", "loading_status", "extra_routes")
 TOP_KEYS = ("models", "loading_status")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
-CONFIG_HINT = "fix that entry of the config (keys: name, engine, model, ctx, parallel, ttl, loading_status)"
+CONFIG_HINT = "fix that entry of the config (keys: name, engine, model, ctx, parallel, ttl, loading_status, extra_routes)"
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class ModelEntry:
     parallel: int = 4
     ttl: float | None = None  # seconds without requests before its engine stops; None = never
     loading_status: bool = False  # tell waiting streaming clients that the model loads (SSE comments)
+    extra_routes: tuple[str, ...] = ()  # engine paths forwarded besides the inference routes (opt-in)
 
     def spec(self) -> EngineSpec:
         return EngineSpec(self.engine, self.model, ctx_per_request=self.ctx, slots=self.parallel)
@@ -132,8 +133,12 @@ def parse_models_config(data: Any, source: str = "<config>") -> ModelsConfig:
         status = item.get("loading_status", default_status)
         if not isinstance(status, bool):
             raise SwitchyardError(f"{where}: loading_status must be true or false, not {status!r}", CONFIG_HINT)
+        routes = item.get("extra_routes", [])
+        if not isinstance(routes, list) or not all(isinstance(r, str) and r.startswith("/") for r in routes):
+            raise SwitchyardError(f"{where}: extra_routes must be a list of paths like /props, not {routes!r}",
+                                  CONFIG_HINT)
         entries.append(ModelEntry(name, engine, item["model"].strip(), ctx, parallel,
-                                  float(ttl) if ttl is not None else None, status))
+                                  float(ttl) if ttl is not None else None, status, tuple(routes)))
     return ModelsConfig(tuple(entries), source)
 
 
@@ -185,7 +190,8 @@ class Fleet:
         if telemetry is not None:
             proxy.subscribe(lambda record: telemetry.publish(record.to_samples()))
         proxy.set_models({e.name: e.info() for e in config.models}, on_demand=self._on_demand,
-                         loading_status=[e.name for e in config.models if e.loading_status])
+                         loading_status=[e.name for e in config.models if e.loading_status],
+                         extra_routes={e.name: e.extra_routes for e in config.models})
         for route in proxy.router.routes.values():
             route.idle = True  # nothing loaded yet: the first request for a model loads it
         self._ttl = {e.name: e.ttl for e in config.models}

@@ -13,12 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import httptools
+
+from desktop.core.serving.guard import Guard
+from desktop.core.serving.requestinfo import NO_INFO, RequestInfo
 
 log = logging.getLogger("switchyard.proxy")
 
@@ -34,19 +38,31 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 
 @dataclass
 class Limits:
-    """How much one client, and all of them together, may make the endpoint hold.
+    """How much one client, and all of them together, may make the endpoint hold (the README's security paragraph
+    states these numbers).
 
     While a connection's request is being answered it may read ahead `pipelined` more requests and
     `readahead_bytes` of their bodies; past either, the endpoint stops reading that connection (TCP pushes back
-    on the client) until the answer is done. Requests past `pipelined` that were already read (one read can hold
-    many small ones) are answered 429; past `queued` across all connections (read ahead or waiting for an engine)
-    the answer is 503. Both carry Retry-After.
+    on the client) until the answer is done. A request past `pipelined` that was already read (one read can hold
+    many small ones) is answered 429 and the connection closed after it; past `queued` requests across all
+    connections (read ahead or waiting for an engine) the answer is 503, and past `body_budget` bytes of request
+    bodies held across all connections too. Both carry Retry-After: `retry_after_s`.
+
+    A request head must arrive whole within `head_timeout_s` of its first byte, a body may fall silent for at
+    most `idle_timeout_s`, and a kept-alive connection may wait that long for its next request. At most
+    `connections` connections are held (fewer when the file-descriptor limit is low: guard.connection_cap), at
+    most `per_peer` from one address; at either cap the longest-idle connection makes room.
     """
 
     pipelined: int = 16
     readahead_bytes: int = 1 << 20
     queued: int = 1024
     retry_after_s: int = 1
+    body_budget: int = 256 << 20
+    head_timeout_s: float = 30.0
+    idle_timeout_s: float = 60.0
+    connections: int = 1024
+    per_peer: int = 512
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -128,9 +144,31 @@ def anthropic_error(status: int, message: str, kind: str = "api_error") -> Local
 
 
 REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-           404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Content Too Large",
-           429: "Too Many Requests", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
-           501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+           404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict",
+           413: "Content Too Large", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
+           500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable",
+           504: "Gateway Timeout"}
+
+
+def overloaded(limits: Limits, message: str, status: int = 503) -> LocalResponse:
+    """The endpoint holds all it may (queued requests, buffered bodies, connections): come back shortly."""
+    return json_error(status, message, "overloaded_error" if status == 503 else "rate_limit_error",
+                      (("Retry-After", str(limits.retry_after_s)),))
+
+
+def queue_full(limits: Limits) -> str:
+    """The one wording of "every queued-request slot is taken" (said from a head, or while waiting)."""
+    return f"the endpoint already holds {limits.queued} queued requests"
+
+
+def encode_response(response: LocalResponse, close: bool, head_only: bool, cors: bytes) -> bytes:
+    head = [f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Status')}"]
+    if response.status != 204:  # a 204 has no body and says nothing about one (RFC 9110 §8.6)
+        head += [f"Content-Type: {response.content_type}", f"Content-Length: {len(response.body)}"]
+    head += [f"{name}: {value}" for name, value in response.headers]
+    if close:
+        head.append("Connection: close")
+    return ("\r\n".join(head) + "\r\n").encode("latin-1") + cors + b"\r\n" + (b"" if head_only else response.body)
 
 
 @dataclass
@@ -148,6 +186,8 @@ class Incoming:
     seq: int = 0  # the endpoint's number for a forwarded request (the request log's key)
     answer: LocalResponse | None = None  # decided from the head alone (refused, preflight): the handler never sees it
     cors: bytes = b""  # CORS head lines for an allowed Origin, added to whatever answers this request
+    held: int = 0  # body bytes reserved in the endpoint's budget (Guard) until the request is answered
+    info: RequestInfo = NO_INFO  # the body's model and stream, read once at dispatch
 
 
 class ResponseStream(Protocol):
@@ -165,7 +205,8 @@ class RequestHandler(Protocol):
 
     connections: set[ClientConnection]
     limits: Limits
-    queued: int  # requests read ahead on every connection, plus those waiting for an engine
+    guard: Guard
+    queued: int  # requests read ahead on every connection (not answered in advance), plus those waiting for an engine
 
     def screen(self, method: str, path: str, headers: Headers) -> tuple[LocalResponse | None, bytes]:
         """Judge a request by its head, before any body is read: (an answer that ends it here, or None;
@@ -175,14 +216,35 @@ class RequestHandler(Protocol):
         """Answer `request`; call client.request_done() when finished, now or later."""
 
 
-class ClientConnection(asyncio.Protocol):
-    """One client's connection: HTTP/1.1 parsed by llhttp, keep-alive, pipelined requests answered in order."""
+def conformance(method: str, target: bytes, headers: list[tuple[str, str]], http10: bool,
+                upgrade: bool) -> str | None:
+    """Why a request head is refused with a 400 before anything else looks at it (RFC 9112), or None: exactly
+    one Host on HTTP/1.1 (at most one on 1.0), an origin-form target, no protocol upgrade and no CONNECT."""
+    hosts = sum(1 for name, _ in headers if name.lower() == "host")
+    if hosts > 1 or (hosts == 0 and not http10):
+        return "a request must carry exactly one Host header"
+    if not target.startswith(b"/"):
+        return "only origin-form request targets ('/v1/...') are accepted"
+    if method == "CONNECT" or upgrade:
+        return "protocol upgrades and CONNECT are not supported by the endpoint"
+    return None
+
+
+class RequestReader(asyncio.Protocol):
+    """Reading requests off one client connection within the front end's bounds (ClientConnection answers them).
+
+    The head limit counts from a message's first byte: while a head (or a chunked body's framing and trailers)
+    is arriving, data is fed to the parser at most up to what is left of MAX_HEAD_BYTES, and what it cannot have
+    consumed otherwise counts against the limit, so a header line that never ends is refused at 64 KiB instead
+    of growing inside the parser. Heads, silent bodies and idle keep-alive waits time out (check_time)."""
 
     def __init__(self, handler: RequestHandler) -> None:
         self.handler = handler
         self.limits = handler.limits
+        self.guard = handler.guard
         self.transport: asyncio.Transport | None = None
         self.peer: str | None = None  # the client's address, for the request log
+        self.peer_host = ""
         self.parser = httptools.HttpRequestParser(self)
         self.pending: deque[Incoming] = deque()
         self.pending_bytes = 0  # bodies of the requests in `pending`
@@ -193,7 +255,15 @@ class ClientConnection(asyncio.Protocol):
         self._dispatching = False
         self.closed = False
         self.reading_paused = False  # read-ahead is full: TCP holds the client back
-        self.rejected: tuple[int, str] | None = None
+        self.ended = False  # nothing more is read: what is pending is answered, then the connection closes
+        self.rejected = False  # refused as unreadable: answered once and closed
+        self.phase = "idle"  # "idle" (between requests), "head", "body": what check_time() times
+        self.since = time.monotonic()
+        self._in_head = True  # the parser is in (or before) a head: its bytes count against MAX_HEAD_BYTES
+        self._chunked = False  # a chunked body is arriving: its framing and trailers count likewise
+        self._overhead = 0  # head (or chunk framing) bytes fed for the current message, at most
+        self._seen = 0  # bytes of the piece being fed that callbacks accounted for (at least)
+        self._begin_seen = -1  # _seen when a message began (or the one before ended) within the piece being fed
         self._url = b""
         self._headers: list[tuple[str, str]] = []
         self._head: Headers | None = None
@@ -204,34 +274,213 @@ class ClientConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._head_size = 0
         self._body_size = 0
-
-    # --- asyncio.Protocol ---
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else None
-        self.handler.connections.add(self)
+        self._dropped = 0  # body bytes of a request answered from its head, read and thrown away
+        self._held = 0  # budget reserved for the body being read
 
     def data_received(self, data: bytes) -> None:
-        if self.rejected is not None:
-            return
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._reject(400, "protocol upgrades are not supported by the endpoint")
-        except httptools.HttpParserCallbackError:
-            if self.rejected is None:
-                raise
-        except httptools.HttpParserError as exc:
-            self._reject(400, f"malformed HTTP request: {exc}")
+        view = memoryview(data)
+        while view and not self.ended:
+            if self._in_head or self._chunked:
+                room = MAX_HEAD_BYTES - self._overhead
+                if room <= 0:
+                    what = "request headers" if self._in_head else "chunk framing and trailers"
+                    self._reject(431, f"{what} over {MAX_HEAD_BYTES // 1024} KiB")
+                    return
+                piece, view = view[:room], view[room:]
+            else:
+                piece, view = view, view[:0]
+            self._seen, self._begin_seen = 0, -1
+            try:
+                self.parser.feed_data(piece)
+            except httptools.HttpParserCallbackError:
+                if not self.ended:
+                    raise
+                return
+            except httptools.HttpParserUpgrade:  # refused in on_headers_complete; kept as a second line
+                self._reject(400, "protocol upgrades are not supported by the endpoint")
+                return
+            except httptools.HttpParserError as exc:
+                self._reject(400, f"malformed HTTP request: {exc}")
+                return
+            if self._in_head:  # what this piece may have added to an unfinished head, at most
+                self._overhead = len(piece) - self._begin_seen if self._begin_seen >= 0 else \
+                    self._overhead + len(piece)
+            elif self._chunked:
+                self._overhead = len(piece) - self._seen if self._seen else self._overhead + len(piece)
 
     def eof_received(self) -> bool | None:
         return None  # a half-closed client is treated as gone: the transport closes and connection_lost follows
 
+    def evictable(self) -> bool:
+        """Nothing is being answered or held for it: closing it loses no request."""
+        return not self.busy and not self.pending and not self.closed and self.phase != "body"
+
+    def close_quietly(self) -> None:
+        self.ended = True
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+
+    def check_time(self, now: float) -> None:
+        """Close a connection whose head, body or keep-alive wait ran past its timeout."""
+        if self.closed or self.reading_paused:
+            return
+        if self.phase == "head" and now - self.since >= self.limits.head_timeout_s:
+            self._reject(408, f"the request head did not arrive within {self.limits.head_timeout_s:g} s")
+        elif self.phase == "body" and now - self.since >= self.limits.idle_timeout_s:
+            self._reject(408, f"the request body was silent for {self.limits.idle_timeout_s:g} s")
+        elif self.phase == "idle" and not self.busy and not self.pending and \
+                now - self.since >= self.limits.idle_timeout_s:
+            self.close_quietly()
+
+    def on_message_begin(self) -> None:
+        self._begin_seen = self._seen
+        self._in_head = True
+        self._url = b""
+        self._headers = []
+        self._head = None
+        self._answer = None
+        self._cors = b""
+        self._body = []
+        self._head_size = self._body_size = self._dropped = 0
+        self.phase, self.since = "head", time.monotonic()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._seen += len(url)
+        self._head_size += len(url)
+        if self._head_size > MAX_HEAD_BYTES:
+            self._refuse(431, "the request line is too long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            return  # a chunked body's trailer: never forwarded (the head was screened without it)
+        self._seen += len(name) + len(value) + 3
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > MAX_HEAD_BYTES:
+            self._refuse(431, f"request headers over {MAX_HEAD_BYTES // 1024} KiB")
+        self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_chunk_header(self) -> None:
+        self._seen += 5  # at least "N\r\n" and the CRLF after the chunk's data
+
+    def on_body(self, body: bytes) -> None:
+        self._seen += len(body)
+        self.since = time.monotonic()
+        if self._answer is not None:  # answered from its head: read (to keep the connection in step), dropped
+            self._dropped += len(body)
+            if self._dropped > MAX_BODY_BYTES:
+                self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB")
+            return
+        self._body_size += len(body)
+        if self._body_size > MAX_BODY_BYTES:
+            self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB")
+        if self._body_size > self._held:  # chunked: reserved as it arrives
+            if not self.guard.reserve(self._body_size - self._held):
+                self._refuse(503, f"the endpoint holds {self.limits.body_budget >> 20} MiB of request bodies "
+                                  "already", overloaded(self.limits, "the endpoint holds too many request bodies"))
+            self._held = self._body_size
+        self._body.append(body)
+        if (self.busy or self.pending) and not self.reading_paused and \
+                self._body_size + self.pending_bytes > self.limits.readahead_bytes:
+            self._pause_reading()
+
+    def _pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _maybe_resume_reading(self) -> None:
+        if not self.reading_paused or self.closed or self.transport is None or self.ended:
+            return
+        if (not self.busy and not self.pending) or (len(self.pending) < self.limits.pipelined and
+                                                    self.pending_bytes + self._body_size <= self.limits.readahead_bytes):
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def _pop(self) -> Incoming:
+        request = self.pending.popleft()
+        self.pending_bytes -= len(request.body)
+        if request.answer is None:
+            self.handler.queued -= 1
+        return request
+
+    def _release(self, request: Incoming) -> None:
+        """The request is answered: its body leaves the budget."""
+        if request.held:
+            self.guard.free(request.held)
+            request.held = 0
+
+    def _free_message(self) -> None:
+        if self._held:
+            self.guard.free(self._held)
+            self._held = 0
+        self._body = []
+
+    def _drop_pending(self) -> None:
+        while self.pending:
+            self._release(self._pop())
+        self.pending_bytes = 0
+
+    def _reject(self, status: int, message: str, answer: LocalResponse | None = None) -> None:
+        """A request we cannot read (or will not wait for): answer once, if nothing else is being answered,
+        and close."""
+        if self.rejected:
+            return
+        self.rejected = self.ended = True
+        self._drop_pending()
+        self._free_message()
+        if self.transport is not None and not self.closed:
+            if not self.busy and not self._answered_early:
+                self.write_response(answer or json_error(status, message, "invalid_request_error"), close=True)
+            if not self.busy:
+                self.transport.close()
+
+    def _refuse(self, status: int, message: str, answer: LocalResponse | None = None) -> None:
+        """_reject() from inside a parser callback, which also stops the parser (caught in data_received)."""
+        self._reject(status, message, answer)
+        raise httptools.HttpParserCallbackError(message)
+
+    def write_response(self, response: LocalResponse, close: bool = False, request: Incoming | None = None,
+                       cors: bytes | None = None) -> None:
+        if self.closed or self.transport is None:
+            return
+        if cors is None:
+            cors = request.cors if request is not None else b""
+        self.transport.write(encode_response(response, close or (request is not None and not request.keep_alive),
+                                             request is not None and request.method == "HEAD", cors))
+
+    # --- what answering adds (ClientConnection) ---
+    def on_headers_complete(self) -> None:
+        raise NotImplementedError
+
+    def on_message_complete(self) -> None:
+        raise NotImplementedError
+
+
+
+class ClientConnection(RequestReader):
+    """One client's connection: HTTP/1.1 parsed by llhttp (httptools), keep-alive, pipelined requests answered
+    in order, every byte it makes the endpoint hold bounded (Limits, Guard)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else None
+        self.peer_host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if not self.guard.admit(self):
+            self.ended = self.closed = True
+            self.transport.write(encode_response(overloaded(self.limits, "the endpoint holds all the connections "
+                                                                         "it may; retry shortly"), True, False, b""))
+            self.transport.close()
+            return
+        self.handler.connections.add(self)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.handler.connections.discard(self)
+        self.guard.forget(self)
         self._drop_pending()
+        self._free_message()
         if self.exchange is not None:
             self.exchange.client_gone()
         elif self.worker is not None and not self.worker.done():
@@ -245,125 +494,83 @@ class ClientConnection(asyncio.Protocol):
         if self.exchange is not None:
             self.exchange.resume_upstream()
 
-    # --- httptools callbacks ---
-    def on_message_begin(self) -> None:
-        self._url = b""
-        self._headers = []
-        self._head = None
-        self._answer = None
-        self._cors = b""
-        self._body = []
-        self._head_size = 0
-        self._body_size = 0
-
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-        self._head_size += len(url)
-        if self._head_size > MAX_HEAD_BYTES:
-            self._refuse(431, "the request line is too long")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_size += len(name) + len(value) + 4
-        if self._head_size > MAX_HEAD_BYTES:
-            self._refuse(431, f"request headers over {MAX_HEAD_BYTES // 1024} KiB")
-        self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
-
     def on_headers_complete(self) -> None:
-        """The head is complete: judge it now (origin, API key, queue room), before any body is kept."""
+        """The head is complete: judge it now (conformance, origin, API key, room), before any body is kept."""
+        parser = self.parser
+        method = self._method = parser.get_method().decode("ascii", "replace")
+        self._seen += len(method) + 14
+        self._in_head, self._overhead = False, 0
+        self.phase, self.since = "body", time.monotonic()
         head = self._head = Headers(self._headers)
-        method = self._method = self.parser.get_method().decode("ascii", "replace")
+        self._chunked = "chunked" in head.get("Transfer-Encoding").lower()
+        refusal = conformance(method, self._url, self._headers, parser.get_http_version() == "1.0",
+                              parser.should_upgrade())
+        if refusal is not None:
+            self._refuse(400, refusal)
+        try:
+            length = int(head.get("Content-Length") or 0)  # llhttp has checked it is one plain number
+        except ValueError:
+            length = 0
         answer, self._cors = self.handler.screen(method, self._url.decode("latin-1").partition("?")[0], head)
-        retry_after = (("Retry-After", str(self.limits.retry_after_s)),)
-        if answer is None and len(self.pending) >= self.limits.pipelined:
-            answer = json_error(429, f"more than {self.limits.pipelined} pipelined requests on one connection",
-                                "rate_limit_error", retry_after)
-        elif answer is None and (self.busy or self.pending) and self.handler.queued >= self.limits.queued:
-            answer = json_error(503, f"the endpoint already holds {self.limits.queued} queued requests",
-                                "overloaded_error", retry_after)
+        if length > MAX_BODY_BYTES:  # refused, and never drained: the connection ends with the answer
+            self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB", answer)
+        if len(self.pending) >= self.limits.pipelined:
+            self._last(overloaded(self.limits, f"more than {self.limits.pipelined} pipelined requests on one "
+                                               "connection", 429))
+        if answer is None and (self.busy or self.pending) and self.handler.queued >= self.limits.queued:
+            answer = overloaded(self.limits, queue_full(self.limits))
+        if answer is None and length and not self.guard.reserve(length):
+            answer = overloaded(self.limits, f"the endpoint holds {self.limits.body_budget >> 20} MiB of request "
+                                             "bodies already")
+        self._held = length if answer is None else 0
         self._answer = answer
         self._answered_early = False
         idle = not self.busy and not self.pending and self.transport is not None
         if answer is not None and idle:
             # Nothing earlier to answer first: say it now, so a client never sends a body only to be refused.
             self._answered_early = True
-            self.write_response(answer, close=not self.parser.should_keep_alive(), cors=self._cors)
+            self.write_response(answer, close=not parser.should_keep_alive(), cors=self._cors)
+            if not parser.should_keep_alive():
+                self._refuse(answer.status, "answered from its head")
         elif answer is None and idle and head.get("Expect").lower() == "100-continue":
             assert self.transport is not None
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
-    def on_body(self, body: bytes) -> None:
-        if self._answer is not None:
-            return  # answered from its head: the body is read (to keep the connection in step) and dropped
-        self._body_size += len(body)
-        if self._body_size > MAX_BODY_BYTES:
-            self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB")
-        self._body.append(body)
-        if (self.busy or self.pending) and not self.reading_paused and \
-                self._body_size + self.pending_bytes > self.limits.readahead_bytes:
-            self._pause_reading()
-
     def on_message_complete(self) -> None:
+        self._in_head, self._chunked, self._overhead = True, False, 0
+        self._begin_seen = self._seen  # what follows in this piece belongs to the next head, at most
+        self.phase, self.since = "idle", time.monotonic()
         if self._answered_early:  # its body was read and dropped
-            if not self.parser.should_keep_alive() and self.transport is not None:
-                self.transport.close()
             return
         target = self._url.decode("latin-1")
         path, _, query = target.partition("?")
         body = b"".join(self._body) if self._body else b""
         self._body = []
         self._body_size = 0
+        held, self._held = self._held, 0
         self.pending.append(Incoming(
             method=self._method, target=target, path=path, query=query,
             headers=self._head or Headers(self._headers), body=body, keep_alive=self.parser.should_keep_alive(),
-            http10=self.parser.get_http_version() == "1.0", answer=self._answer, cors=self._cors))
+            http10=self.parser.get_http_version() == "1.0", answer=self._answer, cors=self._cors, held=held))
         self.pending_bytes += len(body)
-        self.handler.queued += 1
+        if self._answer is None:
+            self.handler.queued += 1
         if not self.busy:
             self._next()
         elif not self.reading_paused and (len(self.pending) >= self.limits.pipelined
                                           or self.pending_bytes > self.limits.readahead_bytes):
             self._pause_reading()
 
-    # --- flow control towards the client ---
-    def _pause_reading(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.reading_paused = True
-            self.transport.pause_reading()
-
-    def _maybe_resume_reading(self) -> None:
-        if not self.reading_paused or self.closed or self.transport is None:
-            return
-        if (not self.busy and not self.pending) or (len(self.pending) < self.limits.pipelined and
-                                                    self.pending_bytes + self._body_size <= self.limits.readahead_bytes):
-            self.reading_paused = False
-            self.transport.resume_reading()
-
-    def _pop(self) -> Incoming:
-        request = self.pending.popleft()
-        self.pending_bytes -= len(request.body)
-        self.handler.queued -= 1
-        return request
-
-    def _drop_pending(self) -> None:
-        self.handler.queued -= len(self.pending)
-        self.pending.clear()
-        self.pending_bytes = 0
-
-    # --- answering ---
-    def _reject(self, status: int, message: str) -> None:
-        """A request we cannot read: answer once (if nothing else is being answered) and close."""
-        if self.rejected is not None:
-            return
-        self.rejected = (status, message)
-        self._drop_pending()
-        if not self.busy and self.transport is not None:
-            self.write_response(json_error(status, message, "invalid_request_error"), close=True)
-            self.transport.close()
-
-    def _refuse(self, status: int, message: str) -> None:
-        """_reject() from inside a parser callback, which also stops the parser (caught in data_received)."""
-        self._reject(status, message)
-        raise httptools.HttpParserCallbackError(message)
+    def _last(self, answer: LocalResponse) -> None:
+        """Past the pipelining cap: this request is answered `answer` after those before it, and the connection
+        ends there (nothing more is read or parsed)."""
+        self.ended = True
+        self.pending.append(Incoming(self._method, "", "", "", self._head or Headers([]), b"", keep_alive=False,
+                                     http10=False, answer=answer, cors=self._cors))
+        self._pause_reading()
+        if not self.busy:
+            self._next()
+        raise httptools.HttpParserCallbackError("past the pipelining cap")
 
     def _next(self) -> None:
         """Answer pending requests in order. Most are answered (or forwarded) right here, inside the callback
@@ -392,12 +599,15 @@ class ClientConnection(asyncio.Protocol):
         """The current request is answered; `keep` False closes the connection (the answer was cut short)."""
         self.busy = False
         self.worker = None
+        current, self.current = self.current, None  # its body is no longer needed here
+        if current is not None:
+            self._release(current)
         if self.closed or self.transport is None:
             return
-        current, self.current = self.current, None  # its body is no longer needed here
-        if not keep or current is None or not current.keep_alive or self.rejected is not None:
+        if not keep or current is None or not current.keep_alive or (self.ended and not self.pending):
             self.transport.close()
             return
+        self.since = time.monotonic()
         self._next()
 
     def wait_in(self, coroutine: Coroutine[Any, Any, bool]) -> None:
@@ -415,18 +625,3 @@ class ClientConnection(asyncio.Protocol):
                 self.request_done(done.result())
 
         task.add_done_callback(finished)
-
-    def write_response(self, response: LocalResponse, close: bool = False, request: Incoming | None = None,
-                       cors: bytes | None = None) -> None:
-        if self.closed or self.transport is None:
-            return
-        head = [f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Status')}"]
-        if response.status != 204:  # a 204 has no body and says nothing about one (RFC 9110 §8.6)
-            head += [f"Content-Type: {response.content_type}", f"Content-Length: {len(response.body)}"]
-        head += [f"{name}: {value}" for name, value in response.headers]
-        if close or (request is not None and not request.keep_alive):
-            head.append("Connection: close")
-        body = b"" if request is not None and request.method == "HEAD" else response.body
-        if cors is None:
-            cors = request.cors if request is not None else b""
-        self.transport.write(("\r\n".join(head) + "\r\n").encode("latin-1") + cors + b"\r\n" + body)

@@ -5,7 +5,6 @@ Messages streams are both understood (the SSE parser maps Anthropic events onto 
 from __future__ import annotations
 
 import json
-import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -42,6 +41,17 @@ class RequestRecord:
         """A "started" record (status 0): the request has not been answered yet."""
         return self.status == 0
 
+    @property
+    def client_error(self) -> bool:
+        """Refused as the client's fault (4xx, including 499: the client left before its answer)."""
+        return 400 <= self.status < 500
+
+    @property
+    def failed(self) -> bool:
+        """The endpoint or the engine failed it: a 5xx, or an answer that began and broke off (a cut stream).
+        A client's 4xx is not a failure."""
+        return self.status >= 500 or (0 < self.status < 400 and self.error is not None)
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -57,30 +67,14 @@ class RequestRecord:
             samples.append(Sample(self.t, source, "proxy_ttft_s", self.ttft_s))
         if self.output_tokens is not None:
             samples.append(Sample(self.t, source, "proxy_output_tokens", float(self.output_tokens)))
-        if self.status != 499 and (self.error is not None or self.status >= 500):
+        if self.failed:
             samples.append(Sample(self.t, source, "proxy_failed", 1.0))
         return samples
 
 
 RequestListener = Callable[[RequestRecord], None]
 
-_MODEL = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){0,256})"')
 CAPTURE_BYTES = 64 * 1024  # of each body, when capture is on
-
-
-def request_model(body: bytes) -> str | None:
-    """The `model` a JSON request body names, found without parsing the whole body (a regex in C)."""
-    match = _MODEL.search(body) if body else None
-    if match is None:
-        return None
-    raw = match.group(1)
-    if b"\\" not in raw:
-        return raw.decode("utf-8", "replace")
-    try:
-        value = json.loads(b'"' + raw + b'"')
-    except ValueError:
-        return None
-    return value if isinstance(value, str) else None
 
 
 class StreamMeter:

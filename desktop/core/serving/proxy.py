@@ -2,39 +2,44 @@
 is active, so clients keep one URL and one model name while engines are switched behind it.
 
 The parts, each in its own module (after llama-swap's split of process management, routing and HTTP):
-`http1` reads and answers client connections; `router` decides which engine takes a request and counts what is
-in flight (drain); `upstream` pools engine connections and streams each exchange back; `metering` measures
-TTFT and tokens on the way. This module joins them: the server's lifecycle on its own asyncio loop in a thread
-(so synchronous code, the endpoint manager and the CLI, drives it through thread-safe methods), the API key,
-the routes it answers itself (/health, /v1/models, the control channel), and forwarding with wait and retry.
+`http1` reads and answers client connections within the bounds of `guard`; `requestinfo` reads a body's model and
+stream once; `router` decides which engine takes a request and counts what is in flight (drain); `forward` takes
+a request to an engine (waiting and retrying); `upstream` pools engine connections and streams each exchange
+back; `metering` measures TTFT and tokens on the way. This module joins them: the server's lifecycle on its own
+asyncio loop in a thread (so synchronous code, the endpoint manager and the CLI, drives it through thread-safe
+methods), screening by head (Host, Origin, API key), the routes it answers itself (/health, /v1/models, the
+control channel) and which paths reach an engine at all.
 
 Streams pass through chunk by chunk as they arrive (no buffering). While no engine is ready, requests wait
 (bounded) instead of failing.
 
 What it refuses, from a request's head alone (before any body is kept): a `Host` that is not this machine (DNS
 rebinding), an `Origin` that is neither local nor allowed by the user (a web page the user visits), a missing or
-wrong API key. CORS is answered for allowed origins only. Engines behind it hold a per-launch key (Upstream.api_key)
-that only the endpoint sends, so their own ports are no side door.
+wrong API key. CORS is answered for allowed origins only. Only the inference routes in INFERENCE_ROUTES (and a
+model's opted-in extra routes) are forwarded; anything else is a 404 from the endpoint, so an engine's admin and
+debug routes (/slots, /props, /metrics, /invocations, ...) are never reachable through it. Engines behind it hold
+a per-launch key (Upstream.api_key) that only the endpoint sends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from desktop.core.common.errors import PortBusy, SwitchyardError
 from desktop.core.common.origins import ANY_ORIGIN, is_local_origin, is_loopback_host, normalize_origin
 from desktop.core.runtime.ports import holder_of
 from desktop.core.serving.defaults import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
+from desktop.core.serving.forward import MESSAGES_PATH, Forwarder
+from desktop.core.serving.guard import Guard, raise_fd_limit
 from desktop.core.serving.http1 import (
-    HOP_HEADERS,
     ClientConnection,
     Headers,
     Incoming,
@@ -47,19 +52,22 @@ from desktop.core.serving.http1 import (
     json_error,
     new_event_loop,
 )
-from desktop.core.serving.metering import CapturingMeter, RequestListener, RequestRecord, request_model
-from desktop.core.serving.router import Lease, OnDemand, Route, Router, Unavailable, Upstream
-from desktop.core.serving.upstream import Exchange, Target, Timeouts, UpstreamConnection, UpstreamPool
+from desktop.core.serving.metering import RequestListener, RequestRecord
+from desktop.core.serving.requestinfo import LOOP_TOKENS, BadBody, RequestInfo, scan
+from desktop.core.serving.router import OnDemand, Route, Router, Upstream
+from desktop.core.serving.upstream import Exchange, Target, Timeouts, UpstreamPool
 
-__all__ = ["CONTROL_PREFIX", "DEFAULT_PROXY_PORT", "DEFAULT_WAIT_TIMEOUT", "ProxyServer", "RequestRecord", "Upstream"]
+__all__ = ["CONTROL_PREFIX", "DEFAULT_PROXY_PORT", "DEFAULT_WAIT_TIMEOUT", "INFERENCE_ROUTES", "ProxyServer",
+           "RequestRecord", "Upstream"]
 
 log = logging.getLogger("switchyard.proxy")
 
-LOADING_NOTE_EVERY = 2.0  # seconds between ": loading model X (12 s)" comments to a waiting streaming client
-STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" \
-              b"Transfer-Encoding: chunked\r\n\r\n"
 CONTROL_PREFIX = "/switchyard/"
-MESSAGES_PATH = "/v1/messages"  # Anthropic Messages: forwarded only to engines that answer it
+# The only paths forwarded to an engine (POST): inference. Everything else an engine serves (llama.cpp's /slots,
+# /props, /lora-adapters, /metrics; vLLM's /invocations, /tokenize, /pause, dev-mode RPC) is a 404 here, unless a
+# model opts a path in (models.yaml `extra_routes`, ProxyServer(extra_routes=...)).
+INFERENCE_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
+                              "/v1/rerank", "/v1/messages", "/v1/messages/count_tokens"})
 CORS_MAX_AGE_S = 600
 _TOKEN_LIST = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*")
 T = TypeVar("T")
@@ -81,40 +89,43 @@ class ProxyServer:
         allowed_origins: Iterable[str] = (),
         timeouts: Timeouts | None = None,
         limits: Limits | None = None,
+        extra_routes: Iterable[str] = (),
     ) -> None:
         """`allowed_origins`: normalized origins (common.origins.parse_allowed_origins) web pages may call from,
-        besides local ones; `*` allows any."""
+        besides local ones; `*` allows any. `extra_routes`: paths forwarded besides INFERENCE_ROUTES."""
         self.host = host
         self.port = port
         self.model_name = model_name
         self.api_key = api_key
         self.wait_timeout = wait_timeout
         self.retry_window = retry_window
-        self.allowed_origins = frozenset(allowed_origins)
+        self.screening = Screen(api_key, allowed_origins)
         self.limits = limits or Limits()
+        self.guard = Guard(self.limits, 0)  # sized for the descriptor limit at start()
         self.queued = 0  # requests read ahead on all connections + those waiting for an engine
-        self._hosts: dict[str, bool] = {}
         self.started_at = time.time()
-        self._listeners: list[RequestListener] = []
-        self._started: list[RequestListener] = []
+        self.events = RequestEvents()
         self.capture_bodies = False
         self.set_capture_bodies(capture_bodies)
         self._routes: dict[str, dict[str, LocalHandler]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.AbstractServer | None = None
+        self._scanner: ThreadPoolExecutor | None = None  # reads bodies too large to read on the loop
         self.connections: set[ClientConnection] = set()
         self.upstreams = UpstreamPool(timeouts)
-        self.counters = {"requests": 0, "failed": 0, "waited": 0}
+        self.counters = self.events.counters
         self.router = Router(self.counters)  # owned by the proxy's loop
+        self.router.default.extra_routes = frozenset(extra_routes)
+        self.forwarder = Forwarder(self, self.router, self.upstreams)
 
     # --- configuration (before start) ---
     def subscribe(self, listener: RequestListener) -> None:
-        self._listeners.append(listener)
+        self.events.listeners.append(listener)
 
     def subscribe_started(self, listener: RequestListener) -> None:
         """Also tell `listener` when a request arrives (a record with status 0), for views of what is in flight."""
-        self._started.append(listener)
+        self.events.started_listeners.append(listener)
 
     def set_capture_bodies(self, on: bool) -> None:
         """Keep request and response bodies in the request records (off by default; never with an API key:
@@ -125,7 +136,8 @@ class ProxyServer:
         self.capture_bodies = on
 
     def add_routes(self, routes: Iterable[LocalRoute]) -> None:
-        """Extra routes (the control channel under /switchyard/) served on the same port; call before start()."""
+        """Extra routes served on the same port by the endpoint itself (the control channel under /switchyard/,
+        which checks its own token; any other path needs the API key like inference); call before start()."""
         for route in routes:
             self._routes.setdefault(route.path, {})[route.method.upper()] = route.handler
 
@@ -154,6 +166,7 @@ class ProxyServer:
             loop.run_until_complete(self._stop_server())
             loop.close()
 
+        self.guard = Guard(self.limits, raise_fd_limit())
         self._thread = threading.Thread(target=run, name="switchyard-proxy", daemon=True)
         self._thread.start()
         started.wait()
@@ -169,11 +182,14 @@ class ProxyServer:
     async def _start_server(self) -> None:
         self.router.bind()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: ClientConnection(self), self.host, self.port)
+        self._server = await loop.create_server(lambda: ClientConnection(self), self.host, self.port,
+                                                backlog=min(1024, self.guard.max_connections))
+        self.guard.start(loop)
         if self.port == 0:
             self.port = int(self._server.sockets[0].getsockname()[1])
 
     async def _stop_server(self) -> None:
+        self.guard.stop()
         if self._server is not None:
             self._server.close()
         for connection in list(self.connections):
@@ -184,11 +200,14 @@ class ProxyServer:
         if self._server is not None:
             await self._server.wait_closed()
         self.upstreams.close_idle()
-        tasks = [c.worker for c in self.connections if c.worker is not None and not c.worker.done()]
+        # Every request still waiting (also those of clients that just left, whose cancellation is under way).
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self._scanner is not None:
+            self._scanner.shutdown(wait=False, cancel_futures=True)
 
     def stop(self) -> None:
         loop, thread = self._loop, self._thread
@@ -203,19 +222,18 @@ class ProxyServer:
             raise SwitchyardError("the endpoint is not running")
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
-    def call_soon(self, function: Callable[[], Awaitable[Any]]) -> None:
-        """Schedule a coroutine function on the proxy's loop without waiting (safe from any thread)."""
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(function()))
-
     def set_models(self, models: dict[str, dict[str, Any]], on_demand: OnDemand | None = None,
-                   loading_status: Iterable[str] = ()) -> None:
+                   loading_status: Iterable[str] = (), extra_routes: Mapping[str, Iterable[str]] | None = None
+                   ) -> None:
         """Serve several models (call before start): requests are routed by their JSON `model` field to the
         route of that name, an unknown name gets a 404 naming the ones that exist, /v1/models lists them all.
         `on_demand(name)` is called (on the endpoint's loop: it must not block) when a request finds its model
-        unloaded; names in `loading_status` tell waiting streaming clients that their model loads."""
+        unloaded; names in `loading_status` tell waiting streaming clients that their model loads;
+        `extra_routes[name]`: paths forwarded to that model's engine besides INFERENCE_ROUTES."""
         shown = set(loading_status)
-        self.router.routes = {name: Route(info=dict(info), loading_status=name in shown)
+        extra = extra_routes or {}
+        self.router.routes = {name: Route(info=dict(info), loading_status=name in shown,
+                                          extra_routes=frozenset(extra.get(name, ())))
                               for name, info in models.items()}
         self.router.on_demand = on_demand
 
@@ -262,18 +280,157 @@ class ProxyServer:
         """Wait until no request is in flight on `upstream`; False if some still are after `timeout` seconds."""
         return self.call(self.router.drain(upstream.name, timeout), timeout=timeout + 10)
 
-    # --- handlers ---
-    def _authorized(self, headers: Headers) -> bool:
-        if not self.api_key:
-            return True
-        header = headers.get("Authorization")
-        token = header[7:] if header.lower().startswith("bearer ") else headers.get("x-api-key")
-        return hmac.compare_digest(token.encode(), self.api_key.encode())
-
+    # --- requests ---
     def screen(self, method: str, path: str, headers: Headers) -> tuple[LocalResponse | None, bytes]:
-        """Judge a request by its head (ClientConnection calls this before reading the body): refuse a foreign
-        Host or Origin (403) and a missing API key (401), answer a CORS preflight; otherwise return the CORS
-        lines the answer will carry (none without an Origin)."""
+        """Judge a request by its head (ClientConnection calls this before reading the body); see Screen."""
+        return self.screening.judge(method, path, headers)
+
+    def dispatch(self, request: Incoming, client: ClientConnection) -> None:
+        """Answer one request that passed screen(); calls client.request_done() when finished, now or later."""
+        path, method = request.path, request.method
+        routes = self._routes.get(path)
+        if routes is not None or path.startswith(CONTROL_PREFIX):
+            handler = routes.get(method) if routes else None
+            if handler is None:
+                self._answer(request, client, json_error(404 if not routes else 405, f"no route {method} {path}"))
+            else:
+                client.wait_in(self._local(handler, request, client))
+        elif path == "/health":
+            self._answer(request, client, health_answer(self.router), counted=False)
+        elif path == "/v1/models":
+            listed = method in ("GET", "HEAD")
+            self._answer(request, client, models_answer(self.router, self.model_name, self.started_at) if listed
+                         else json_error(405, f"{method} {path} is not allowed; GET it"), counted=not listed)
+        elif (path in INFERENCE_ROUTES and method == "POST") or self.router.extra_route(path):
+            try:
+                info = scan(request.body, LOOP_TOKENS)
+            except BadBody as exc:
+                self._answer(request, client, error_answer(path, 400, str(exc)))
+                return
+            if info is None:  # too many tokens to read on the loop: read it in a worker thread
+                self._scan_off_loop(request, client)
+            else:
+                self._route(request, client, info)
+        else:
+            what = "POST it" if path in INFERENCE_ROUTES else \
+                f"the endpoint forwards only {', '.join(sorted(INFERENCE_ROUTES))} (and GET /v1/models)"
+            self._answer(request, client, error_answer(path, 404 if path not in INFERENCE_ROUTES else 405,
+                                                      f"no route {method} {path}: {what}"))
+
+    def _route(self, request: Incoming, client: ClientConnection, info: RequestInfo) -> None:
+        """The body is read: pick the route by its model and forward."""
+        request.info = info
+        name = info.model
+        if name is None and self.router.multi and request.path not in INFERENCE_ROUTES:
+            name = self.router.opted_in(request.path)  # e.g. GET /props: to the one model that opted it in
+        route = self.router.route(name)
+        if route is None:
+            self._answer(request, client, unknown_model(self.router, name))
+            return
+        if request.path not in INFERENCE_ROUTES and request.path not in route.extra_routes:
+            self._answer(request, client, error_answer(request.path, 404, f"no route {request.method} "
+                                                      f"{request.path} for this model"))
+            return
+        self.counters["requests"] += 1
+        request.seq = self.counters["requests"]
+        self.events.started(request, client)
+        model = None
+        if self.router.multi:
+            model = name if name in self.router.routes else next(iter(self.router.routes))
+        self.forwarder.forward(request, client, route, model)
+
+    def _scan_off_loop(self, request: Incoming, client: ClientConnection) -> None:
+        """Read a body with many JSON tokens in a worker thread (the loop serves others meanwhile), then route."""
+        if self._scanner is None:
+            self._scanner = ThreadPoolExecutor(max_workers=2, thread_name_prefix="switchyard-scan")
+        scanned = asyncio.get_running_loop().run_in_executor(self._scanner, scan, request.body, None)
+
+        def read(done: asyncio.Future[RequestInfo | None]) -> None:
+            try:
+                info = done.result()
+            except BadBody as exc:
+                self._answer(request, client, error_answer(request.path, 400, str(exc)))
+                return
+            except asyncio.CancelledError:  # the endpoint is stopping
+                client.request_done(False)
+                return
+            except Exception:
+                log.exception("the endpoint could not read a request body")
+                client.request_done(False)
+                return
+            assert info is not None
+            self._route(request, client, info)
+
+        scanned.add_done_callback(read)
+
+    def _answer(self, request: Incoming, client: ClientConnection, response: LocalResponse, *,
+                counted: bool = True) -> None:
+        """Answer from the endpoint itself (a refusal counts as a client error)."""
+        if counted and 400 <= response.status < 500:
+            self.counters["client_errors"] += 1
+        client.write_response(response, request=request)
+        client.request_done(True)
+
+    async def _local(self, handler: LocalHandler, request: Incoming, client: ClientConnection) -> bool:
+        try:
+            response = await handler(LocalRequest(request.method, request.path, request.query, request.headers,
+                                                  request.body))
+        except Exception as exc:
+            log.exception("control route %s failed", request.path)
+            response = json_error(500, f"the endpoint failed: {exc}")
+        client.write_response(response, request=request)
+        return True
+
+    def record(self, record: RequestRecord) -> None:
+        """A forwarded request finished (answered by its engine or by the endpoint): count it and publish it."""
+        self.events.finished(record)
+
+
+class RequestEvents:
+    """The endpoint's counters, and who hears of each forwarded request as it arrives and as it finishes.
+
+    "failed": the endpoint or an engine failed the request (5xx, a cut or broken stream); "client_errors": it was
+    refused as the client's fault (4xx, including a client that left before its answer: 499)."""
+
+    def __init__(self) -> None:
+        self.counters = {"requests": 0, "failed": 0, "client_errors": 0, "waited": 0}
+        self.listeners: list[RequestListener] = []
+        self.started_listeners: list[RequestListener] = []
+
+    def started(self, request: Incoming, client: ClientConnection) -> None:
+        """A request that just arrived (a record with status 0; built only when someone listens)."""
+        if not self.started_listeners:
+            return
+        record = RequestRecord(time.time(), request.method, request.path, None, 0, False, None, 0.0, None,
+                               model=request.info.model, client=client.peer, seq=request.seq)
+        self._tell(self.started_listeners, record)
+
+    def finished(self, record: RequestRecord) -> None:
+        if record.failed:
+            self.counters["failed"] += 1
+        elif record.client_error:
+            self.counters["client_errors"] += 1
+        self._tell(self.listeners, record)
+
+    @staticmethod
+    def _tell(listeners: list[RequestListener], record: RequestRecord) -> None:
+        for listener in list(listeners):
+            try:
+                listener(record)
+            except Exception:
+                log.exception("request listener failed")
+
+
+class Screen:
+    """Judging a request by its head alone: refuse a foreign Host or Origin (403) and a missing API key (401),
+    answer a CORS preflight; otherwise the CORS lines the answer will carry (none without an Origin)."""
+
+    def __init__(self, api_key: str | None, allowed_origins: Iterable[str]) -> None:
+        self.api_key = api_key
+        self.allowed_origins = frozenset(allowed_origins)
+        self._hosts: dict[str, bool] = {}
+
+    def judge(self, method: str, path: str, headers: Headers) -> tuple[LocalResponse | None, bytes]:
         error = anthropic_error if path.startswith(MESSAGES_PATH) else json_error  # each API's own error shape
         host = headers.get("Host")
         if host and not self._local_host(host):
@@ -294,6 +451,13 @@ class ProxyServer:
         if not self._authorized(headers):
             return error(401, "invalid or missing API key", "authentication_error"), cors
         return None, cors
+
+    def _authorized(self, headers: Headers) -> bool:
+        if not self.api_key:
+            return True
+        header = headers.get("Authorization")
+        token = header[7:] if header.lower().startswith("bearer ") else headers.get("x-api-key")
+        return hmac.compare_digest(token.encode(), self.api_key.encode())
 
     def _local_host(self, host: str) -> bool:
         """is_loopback_host, remembered: clients send the same few Host values on every request."""
@@ -320,331 +484,43 @@ class ProxyServer:
             ("Access-Control-Allow-Headers", allow_headers),
             ("Access-Control-Max-Age", str(CORS_MAX_AGE_S))))
 
-    def dispatch(self, request: Incoming, client: ClientConnection) -> None:
-        """Answer one request that passed screen(); calls client.request_done() when finished, now or later."""
-        path = request.path
-        if path.startswith(CONTROL_PREFIX) or path == "/metrics":  # /metrics: serving.metrics, when registered
-            routes = self._routes.get(path)
-            handler = routes.get(request.method) if routes else None
-            if handler is None:
-                client.write_response(json_error(404 if not routes else 405,
-                                                  f"no control route {request.method} {path}"), request=request)
-                client.request_done(True)
-            else:
-                client.wait_in(self._local(handler, request, client))
-            return
-        if path == "/health":
-            client.write_response(self._health(), request=request)
-        elif path == "/v1/models" and request.method in ("GET", "HEAD"):
-            client.write_response(self._models(), request=request)
-        elif not self.router.multi:
-            self._forward_now(request, client, self.router.default)
-            return
-        else:
-            name = _requested_model(request.body)
-            route = self.router.route(name)
-            if route is None:
-                client.write_response(self._unknown_model(name), request=request)
-            else:
-                self._forward_now(request, client, route, name if name in self.router.routes else
-                                  next(iter(self.router.routes)))
-                return
-        client.request_done(True)
 
-    async def _local(self, handler: LocalHandler, request: Incoming, client: ClientConnection) -> bool:
-        try:
-            response = await handler(LocalRequest(request.method, request.path, request.query, request.headers,
-                                                  request.body))
-        except Exception as exc:
-            log.exception("control route %s failed", request.path)
-            response = json_error(500, f"the endpoint failed: {exc}")
-        client.write_response(response, request=request)
-        return True
+def health_answer(router: Router) -> LocalResponse:
+    if router.multi:  # serving: every model is loaded, or loads on its next request
+        models = {name: "loaded" if route.active else route.down_reason or "unloaded"
+                  for name, route in router.routes.items()}
+        return LocalResponse.json({"status": "ok", "models": models})
+    if router.active is not None:
+        return LocalResponse.json({"status": "ok", "engine": router.active.engine})
+    return LocalResponse.json({"status": "unavailable", "reason": router.down_reason or "starting"}, status=503)
 
-    def _forward_now(self, request: Incoming, client: ClientConnection, route: Route,
-                     model: str | None = None) -> None:
-        """The common case without a task: an engine is active and an idle connection to it is at hand."""
-        loop = asyncio.get_running_loop()
-        arrived, wall = loop.time(), time.time()
-        self.counters["requests"] += 1
-        request.seq = self.counters["requests"]
-        if self._started:
-            self._announce(request, client, wall)
-        upstream = self.router.try_acquire(None, route)
-        if upstream is not None and not upstream.messages_api and request.path.startswith(MESSAGES_PATH):
-            self.router.release(upstream)
-            client.request_done(self._unsupported(request, client, wall, arrived, upstream))
-            return
-        connection = self.upstreams.pooled(upstream.base_url, arrived) if upstream is not None else None
-        if upstream is None or connection is None:
-            if upstream is not None:
-                self.router.release(upstream)
-            client.wait_in(self._forward(request, client, arrived, wall, route, model))
-            return
-        lease = Lease(self.router, upstream)
-        exchange = self._begin(request, client, lease, connection, arrived, wall)
+def models_answer(router: Router, model_name: str, started_at: float) -> LocalResponse:
+    if router.multi:
+        data = []
+        for name, route in router.routes.items():
+            state = "loaded" if route.active else "loading" if route.loading_since else \
+                "down" if route.down_reason else "unloaded"
+            data.append({"id": name, "object": "model", "created": int(started_at),
+                         "owned_by": "switchyard", "switchyard": {**route.info, "state": state}})
+        return LocalResponse.json({"object": "list", "data": data})
+    active = router.active
+    entry: dict[str, Any] = {"id": model_name, "object": "model", "created": int(started_at),
+                             "owned_by": "switchyard"}
+    if active is not None:
+        entry["switchyard"] = {"engine": active.engine, "model": active.model}
+    return LocalResponse.json({"object": "list", "data": [entry]})
 
-        def answered(done: asyncio.Future[RequestRecord | None]) -> None:
-            lease.release()
-            record = done.result()
-            if record is not None:
-                client.request_done(request.keep_alive and record.status != 499)
-            elif client.closed:
-                client.request_done(False)
-            else:  # the kept-alive connection had just been closed by the engine: the careful path retries
-                client.wait_in(self._forward(request, client, arrived, wall, route, model))
-
-        exchange.done.add_done_callback(answered)
-
-    def _health(self) -> LocalResponse:
-        if self.router.multi:  # serving: every model is loaded, or loads on its next request
-            models = {name: "loaded" if route.active else route.down_reason or "unloaded"
-                      for name, route in self.router.routes.items()}
-            return LocalResponse.json({"status": "ok", "models": models})
-        if self.router.active is not None:
-            return LocalResponse.json({"status": "ok", "engine": self.router.active.engine})
-        return LocalResponse.json({"status": "unavailable", "reason": self.router.down_reason or "starting"}, status=503)
-
-    def _models(self) -> LocalResponse:
-        if self.router.multi:
-            data = []
-            for name, route in self.router.routes.items():
-                state = "loaded" if route.active else "loading" if route.loading_since else \
-                    "down" if route.down_reason else "unloaded"
-                data.append({"id": name, "object": "model", "created": int(self.started_at),
-                             "owned_by": "switchyard", "switchyard": {**route.info, "state": state}})
-            return LocalResponse.json({"object": "list", "data": data})
-        active = self.router.active
-        entry: dict[str, Any] = {"id": self.model_name, "object": "model", "created": int(self.started_at),
-                                 "owned_by": "switchyard"}
-        if active is not None:
-            entry["switchyard"] = {"engine": active.engine, "model": active.model}
-        return LocalResponse.json({"object": "list", "data": [entry]})
-
-    def _unknown_model(self, name: str | None) -> LocalResponse:
-        """OpenAI's answer for a model it does not have, naming the ones this endpoint does have."""
-        names = ", ".join(self.router.routes)
-        message = (f"The model '{name}' does not exist on this endpoint; available: {names}" if name is not None
-                   else f"the request names no model; this endpoint serves several: {names}")
-        return LocalResponse.json({"error": {"message": message, "type": "invalid_request_error", "param": "model",
-                                             "code": "model_not_found" if name is not None else "model_required"}},
-                                  status=404 if name is not None else 400)
-
-    async def _forward(self, request: Incoming, client: ClientConnection, arrived: float, wall: float,
-                       route: Route, model: str | None = None) -> bool:
-        """Forward with waiting: for an engine to become active, for a fresh connection, and retrying once
-        on another engine when the first refuses. Returns `keep` (False when the answer was cut short)."""
-        loop = asyncio.get_running_loop()
-        deadline = arrived + self.wait_timeout
-        avoid: Upstream | None = None
-        refused: dict[str, int] = {}
-        try:
-            return await self._forward_with_retries(request, client, arrived, wall, deadline, avoid, refused,
-                                                    route, model)
-        except asyncio.CancelledError:  # the client left while its request waited (an exchange records itself)
-            self._record(RequestRecord(wall, request.method, request.path, None, 499, False, None,
-                                       loop.time() - arrived, None, "the client disconnected",
-                                       model=request_model(request.body), client=client.peer, seq=request.seq))
-            raise
-
-    async def _forward_with_retries(self, request: Incoming, client: ClientConnection, arrived: float,
-                                    wall: float, deadline: float, avoid: Upstream | None,
-                                    refused: dict[str, int], route: Route, model: str | None) -> bool:
-        loop = asyncio.get_running_loop()
-        told = False  # a loading note went out: the client already has a 200 event-stream head
-        while True:
-            upstream = self.router.try_acquire(avoid, route)
-            if upstream is None:
-                if self.queued >= self.limits.queued:
-                    return self._fail(request, client, wall, arrived, None, 503,
-                                      f"the endpoint already holds {self.limits.queued} queued requests",
-                                      retry_after=True)
-                self.queued += 1
-                try:
-                    if route.loading_status and model is not None and not request.http10 and \
-                            _wants_stream(request.body):
-                        upstream, told = await self._acquire_telling(request, client, route, model, deadline,
-                                                                     avoid, told)
-                    else:
-                        upstream = await self.router.acquire(deadline, avoid, route, model)
-                except Unavailable as exc:
-                    what = f"model '{model}'" if model is not None and self.router.multi else "engine"
-                    message = f"no {what} is serving: {exc}"
-                    if told:
-                        return self._fail_stream(request, client, wall, arrived, message)
-                    return self._fail(request, client, wall, arrived, None, 503, message)
-                finally:
-                    self.queued -= 1
-            if not upstream.messages_api and request.path.startswith(MESSAGES_PATH):
-                self.router.release(upstream)
-                return self._unsupported(request, client, wall, arrived, upstream)
-            lease = Lease(self.router, upstream)
-            try:
-                record, reused = await self._exchange(request, client, lease, wall, arrived, told)
-            finally:
-                lease.release()
-            if record is not None:
-                return request.keep_alive and record.status != 499
-            if reused:
-                continue  # a kept-alive connection the engine had just closed: retry on another at once
-            # Nothing reached the client yet. Once: a passing hiccup, so retry at once. Again: the engine is
-            # stopping or dead, so wait for the endpoint to move on.
-            refused[upstream.name] = refused.get(upstream.name, 0) + 1
-            if refused[upstream.name] >= 2:
-                avoid = upstream
-                deadline = min(arrived + self.wait_timeout, loop.time() + self.retry_window)
-
-    async def _acquire_telling(self, request: Incoming, client: ClientConnection, route: Route, model: str,
-                               deadline: float, avoid: Upstream | None, told: bool) -> tuple[Upstream, bool]:
-        """Wait for the model's engine like acquire(), and meanwhile tell the streaming client every few seconds
-        that its model loads, as SSE comment lines (`: loading model X (12 s)`) that OpenAI clients ignore."""
-        waiting = asyncio.ensure_future(self.router.acquire(deadline, avoid, route, model))
-        try:
-            while True:
-                done, _pending = await asyncio.wait({waiting}, timeout=LOADING_NOTE_EVERY)
-                if done:
-                    return waiting.result(), told
-                if client.closed or client.transport is None:
-                    continue
-                since = route.loading_since
-                note = f": loading model {model} ({time.monotonic() - since:.0f} s)\n\n" if since is not None \
-                    else f": waiting for model {model}\n\n"
-                payload = note.encode()
-                head = b"" if told else STREAM_HEAD[:-2] + request.cors + b"\r\n"
-                client.transport.write(head + b"%x\r\n%b\r\n" % (len(payload), payload))
-                told = True
-        finally:
-            if not waiting.done():
-                waiting.cancel()
-
-    def _fail_stream(self, request: Incoming, client: ClientConnection, wall: float, arrived: float,
-                     message: str) -> bool:
-        """A stream that was told its model loads, and then none came: end it with an SSE error event."""
-        now = asyncio.get_running_loop().time()
-        self._record(RequestRecord(wall, request.method, request.path, None, 503, True, None, now - arrived, None,
-                                   message))
-        if not client.closed and client.transport is not None:
-            event = json.dumps({"error": {"message": message, "type": "upstream_unavailable", "code": 503}})
-            payload = f"data: {event}\n\n".encode()
-            client.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(payload), payload))
-        return True
-
-    async def _exchange(self, request: Incoming, client: ClientConnection, lease: Lease, wall: float,
-                        arrived: float, told: bool = False) -> tuple[RequestRecord | None, bool]:
-        """Forward once: (record, reused). A None record means "nothing reached the client": the caller may
-        retry; `reused` says it failed on a kept-alive connection (retry at once) rather than a fresh one."""
-        loop = asyncio.get_running_loop()
-        upstream = lease.upstream
-        connection = self.upstreams.pooled(upstream.base_url, loop.time())
-        reused = connection is not None
-        if connection is None:
-            try:
-                connection = await self.upstreams.connect(upstream.base_url, upstream.closes_after_stream)
-            except (OSError, TimeoutError) as exc:
-                log.info("%s refused a request (%s): retrying", upstream.name, exc or type(exc).__name__)
-                return None, False
-        exchange = self._begin(request, client, lease, connection, arrived, wall, told)
-        return await exchange.done, reused
-
-    def _begin(self, request: Incoming, client: ClientConnection, lease: Lease,
-               connection: UpstreamConnection, arrived: float, wall: float, told: bool = False) -> Exchange:
-        upstream = lease.upstream
-        target = self.upstreams.target(upstream.base_url)
-        exchange = Exchange(self._record, client, request, lease, arrived, wall, connection, self.upstreams,
-                            head_sent=told)
-        if self.capture_bodies:
-            exchange.meter = CapturingMeter(arrived, request.body)
-        if client.closed:
-            exchange.client_gone()
-        else:
-            client.exchange = exchange
-            connection.begin(exchange, self._upstream_request(request, upstream, target))
-        return exchange
-
-    def _upstream_request(self, request: Incoming, upstream: Upstream, target: Target) -> bytes:
-        body = self._rewrite_model(request.body, upstream)
-        dropped = HOP_HEADERS | {"authorization", "x-api-key"}
-        connection = request.headers.get("Connection")
-        if connection:
-            dropped = dropped | {token.strip().lower() for token in connection.split(",")}
-        lines = [f"{request.method} {target.prefix}{request.target} HTTP/1.1", f"Host: {target.authority}"]
-        lines += [f"{name}: {value}" for name, value in request.headers.items if name.lower() not in dropped]
-        if upstream.api_key:
-            lines.append(f"Authorization: Bearer {upstream.api_key}")
-        if body or request.method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body)}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-    def _rewrite_model(self, body: bytes, upstream: Upstream) -> bytes:
-        """Requests name the stable model; the engine knows its own served name."""
-        if not body or b'"model"' not in body:
-            return body
-        try:
-            data = json.loads(body)
-        except ValueError:
-            return body
-        if not isinstance(data, dict) or data.get("model") == upstream.served_model_name:
-            return body
-        data["model"] = upstream.served_model_name
-        return json.dumps(data).encode()
-
-    def _fail(self, request: Incoming, client: ClientConnection, wall: float, arrived: float,
-              upstream: Upstream | None, status: int, message: str, retry_after: bool = False) -> bool:
-        now = asyncio.get_running_loop().time()
-        self._record(RequestRecord(wall, request.method, request.path, upstream.name if upstream else None,
-                                   status, False, None, now - arrived, None, message,
-                                   model=request_model(request.body), engine=upstream.engine if upstream else None,
-                                   client=client.peer, seq=request.seq))
-        error = anthropic_error(status, message) if request.path.startswith(MESSAGES_PATH) else \
-            json_error(status, message, "upstream_unavailable")
-        if retry_after:
-            error.headers = (("Retry-After", str(self.limits.retry_after_s)),)
-        client.write_response(error, request=request)
-        return True
-
-    def _unsupported(self, request: Incoming, client: ClientConnection, wall: float, arrived: float,
-                     upstream: Upstream) -> bool:
-        return self._fail(request, client, wall, arrived, upstream, 501,
-                          f"the engine {upstream.engine} does not support the Anthropic Messages API "
-                          f"({request.path}); use /v1/chat/completions, or switch to an engine that has it")
-
-    def _announce(self, request: Incoming, client: ClientConnection, wall: float) -> None:
-        """Tell the "started" listeners about a request that just arrived (only when someone listens)."""
-        record = RequestRecord(wall, request.method, request.path, None, 0, False, None, 0.0, None,
-                               model=request_model(request.body), client=client.peer, seq=request.seq)
-        for listener in list(self._started):
-            try:
-                listener(record)
-            except Exception:
-                log.exception("request listener failed")
-
-    def _record(self, record: RequestRecord) -> None:
-        if record.status != 499 and (record.error is not None or record.status >= 500):
-            self.counters["failed"] += 1
-        for listener in list(self._listeners):
-            try:
-                listener(record)
-            except Exception:
-                log.exception("request listener failed")
+def unknown_model(router: Router, name: str | None) -> LocalResponse:
+    """OpenAI's answer for a model it does not have, naming the ones this endpoint does have."""
+    names = ", ".join(router.routes)
+    message = (f"The model '{name}' does not exist on this endpoint; available: {names}" if name is not None
+               else f"the request names no model; this endpoint serves several: {names}")
+    return LocalResponse.json({"error": {"message": message, "type": "invalid_request_error", "param": "model",
+                                         "code": "model_not_found" if name is not None else "model_required"}},
+                              status=404 if name is not None else 400)
 
 
-def _wants_stream(body: bytes) -> bool:
-    if b'"stream"' not in body:
-        return False
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(data, dict) and data.get("stream") is True
-
-
-def _requested_model(body: bytes) -> str | None:
-    """The JSON body's `model` field (what multi-model mode routes on), or None."""
-    if not body or b'"model"' not in body:
-        return None
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    model = data.get("model") if isinstance(data, dict) else None
-    return model if isinstance(model, str) else None
+def error_answer(path: str, status: int, message: str) -> LocalResponse:
+    kind = "not_found_error" if status == 404 else "invalid_request_error"
+    return anthropic_error(status, message, kind) if path.startswith(MESSAGES_PATH) else \
+        json_error(status, message, kind)

@@ -52,6 +52,7 @@ class Route:
     waiting: int = 0  # requests waiting here for an engine
     info: dict[str, Any] = field(default_factory=dict)  # for /v1/models: engine, model, ttl, ...
     loading_status: bool = False  # streaming clients that wait hear ": loading model X (12 s)" comments
+    extra_routes: frozenset[str] = frozenset()  # paths forwarded besides the inference routes (opted in)
 
 
 OnDemand = Callable[[str], None]
@@ -89,6 +90,17 @@ class Router:
         if model is None and len(self.routes) == 1:
             return next(iter(self.routes.values()))
         return self.routes.get(model) if model is not None else None
+
+    def extra_route(self, path: str) -> bool:
+        """Whether some route opted `path` in (which model's engine takes it is decided by the body)."""
+        if not self.routes:
+            return path in self.default.extra_routes
+        return any(path in route.extra_routes for route in self.routes.values())
+
+    def opted_in(self, path: str) -> str | None:
+        """The one model whose route opted `path` in, when exactly one did (a GET carries no model to route on)."""
+        names = [name for name, route in self.routes.items() if path in route.extra_routes]
+        return names[0] if len(names) == 1 else None
 
     def bind(self) -> None:
         """Create the loop-bound parts; called on the endpoint's loop before it serves."""

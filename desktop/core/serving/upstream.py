@@ -5,26 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import select
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httptools
 
 from desktop.core.common.errors import SwitchyardError
+from desktop.core.common.sse import LAST_CHUNK, chunk, error_event
 from desktop.core.serving.defaults import DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_IDLE_TIMEOUT
 from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error
-from desktop.core.serving.metering import (
-    RequestListener,
-    RequestRecord,
-    StreamMeter,
-    count_json_tokens,
-    request_model,
-)
-from desktop.core.serving.router import Lease
+from desktop.core.serving.metering import RequestListener, RequestRecord, StreamMeter, count_json_tokens
+from desktop.core.serving.requestinfo import rewrite_model
+from desktop.core.serving.router import Lease, Upstream
 
 log = logging.getLogger("switchyard.proxy")
 
@@ -107,7 +103,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.reused = False  # it carried an earlier request (the engine may close it while idle)
         self.unsent = False  # part of the current request is still in our buffer: the engine cannot have it all
         self.after_chunked = False  # idle after a chunked answer (see Pool)
-        self._poll: select.poll | None = None
+        self._readable: Callable[[], bool] = _always
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
@@ -116,8 +112,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.transport.set_write_buffer_limits(high=0, low=0)
         sock = self.transport.get_extra_info("socket")
         if sock is not None:
-            self._poll = select.poll()  # ~0.5 µs a check, where select() costs ~3.5
-            self._poll.register(sock.fileno(), select.POLLIN)
+            self._readable = readiness(sock.fileno())
 
     def pause_writing(self) -> None:
         self.unsent = True
@@ -145,13 +140,15 @@ class UpstreamConnection(asyncio.Protocol):
         kept-alive connection never should: one that is readable was closed by the engine and must not carry a
         request that could not then be retried. One poll (a few µs) per reuse narrows that race to the
         microseconds between this check and the write."""
-        return self._poll is None or bool(self._poll.poll(0))
+        return self._readable()
 
-    def begin(self, exchange: Exchange, request: bytes) -> None:
+    def begin(self, exchange: Exchange, head: bytes, body: bytes) -> None:
         assert self.transport is not None
         self.exchange = exchange
         self.unsent = False
-        self.transport.write(request)
+        self.transport.write(head)
+        if body:
+            self.transport.write(body)  # not joined to the head: a 60 MiB body is not copied once more
 
     def release(self, reusable: bool, now: float, chunked: bool = False) -> None:
         """The exchange is over: back to the pool when the engine left it clean (and will keep it), else closed."""
@@ -174,6 +171,26 @@ class UpstreamConnection(asyncio.Protocol):
             self.pool.idle.remove(self)
         if self.transport is not None:
             self.transport.abort()
+
+
+def _always() -> bool:
+    return True  # no socket to look at: never reuse the connection
+
+
+def readiness(fileno: int) -> Callable[[], bool]:
+    """A zero-timeout "is there something to read" check of one socket: poll() where the platform has it (~0.5 µs
+    a check), else select(), which Windows has for sockets (poll() does not exist there)."""
+    poll_factory: Any = getattr(select, "poll", None)
+    if poll_factory is not None:
+        poll = poll_factory()
+        poll.register(fileno, select.POLLIN)
+        return lambda: bool(poll.poll(0))
+    return lambda: bool(select.select([fileno], [], [], 0)[0])
+
+
+async def open_connection(target: Target, connection: UpstreamConnection) -> None:
+    """Connect `connection` to the engine at `target`: the one place the endpoint opens a connection to one."""
+    await asyncio.get_running_loop().create_connection(lambda: connection, target.host, target.port)
 
 
 class UpstreamPool:
@@ -221,7 +238,7 @@ class UpstreamPool:
             pool.closes_after_chunked = closes_after_stream
         connection = UpstreamConnection(pool)
         async with asyncio.timeout(self.timeouts.connect):
-            await asyncio.get_running_loop().create_connection(lambda: connection, target.host, target.port)
+            await open_connection(target, connection)
         return connection
 
     def track(self, exchange: Exchange) -> None:
@@ -262,7 +279,7 @@ class Exchange:
 
     def __init__(self, record: RequestListener, client: ClientConnection, request: Incoming, lease: Lease,
                  arrived: float, wall: float, connection: UpstreamConnection, upstreams: UpstreamPool, *,
-                 head_sent: bool = False) -> None:
+                 head_sent: bool = False, retry_after_s: int = 1) -> None:
         self.record = record
         self.client = client
         self.connection = connection
@@ -300,7 +317,15 @@ class Exchange:
         self.upstreams = upstreams
         self.timeouts = upstreams.timeouts
         self.started = self.loop.time()
+        self.retry_after_s = retry_after_s
         upstreams.track(self)
+
+    def send(self) -> None:
+        """Write the request to the engine: the endpoint's framing and key, the engine's served model name."""
+        request, upstream = self.request, self.upstream
+        body = rewrite_model(request.body, request.info, upstream.served_model_name)
+        self.connection.begin(self, upstream_head(request, upstream, self.upstreams.target(upstream.base_url),
+                                                  len(body)), body)
 
     # --- from the upstream connection ---
     def data_received(self, data: bytes) -> None:
@@ -330,7 +355,7 @@ class Exchange:
         elif not self.upstream_framed and not self.complete:
             self.complete = True  # a body delimited by the connection's end
             if self.framing == "chunked":
-                self.out.append(b"0\r\n\r\n")
+                self.out.append(LAST_CHUNK)
             self._finish(None)
         else:
             detail = f"{type(exc).__name__}: {exc}" if exc else "connection closed"
@@ -405,7 +430,7 @@ class Exchange:
             self.kept.append(body)
             self.kept_size += len(body)
         if self.framing == "chunked":
-            self.out.append(b"%x\r\n%b\r\n" % (len(body), body))
+            self.out.append(chunk(body))
         else:
             self.out.append(body)
 
@@ -416,12 +441,10 @@ class Exchange:
         self.upstream_keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the callback returns
         if self.engine_error:
             text = b"".join(self.kept).decode("utf-8", "replace")[:2000]
-            event = {"error": {"message": f"the engine answered HTTP {self.status}: {text}", "type": "upstream_error",
-                               "code": self.status}}
-            payload = f"data: {json.dumps(event)}\n\n".encode()
-            self.out.append(b"%x\r\n%b\r\n" % (len(payload), payload))
+            self.out.append(chunk(error_event(f"the engine answered HTTP {self.status}: {text}", "upstream_error",
+                                              self.status)))
         if self.framing == "chunked":
-            self.out.append(b"0\r\n\r\n")
+            self.out.append(LAST_CHUNK)
 
     # --- towards the client ---
     def _flush(self) -> None:
@@ -501,23 +524,14 @@ class Exchange:
         elif self.kept:
             count_json_tokens(self.meter, b"".join(self.kept), done)
         request_body, response_body = self.meter.bodies(self.kept)
-        status = self.status
-        if client_gone:
-            status = 499
-        elif timed_out:
-            status = 504
-        elif not self.answered and error is not None:  # e.g. a malformed response head: the client gets a 502
-            status = 503 if self.cut_reason else 502
-        elif error is None and status >= 400:
-            error = f"HTTP {status}"
-        elif error is None:
-            error = self.meter.error
+        status, error = outcome(self.status, error, answered=self.answered, cut=self.cut_reason is not None,
+                                client_gone=client_gone, timed_out=timed_out, stream_error=self.meter.error)
         record = RequestRecord(
             t=self.wall, method=self.request.method, path=self.request.path, upstream=self.upstream.name,
             status=status, streamed=self.streamed,
             ttft_s=(self.meter.first_token_at - self.arrived) if self.meter.first_token_at else None,
             e2e_s=done - self.arrived, output_tokens=self.meter.output_tokens if status < 400 else None,
-            error=error, prompt_tokens=self.meter.prompt_tokens, model=request_model(self.request.body),
+            error=error, prompt_tokens=self.meter.prompt_tokens, model=self.request.info.model,
             engine=self.upstream.engine, client=self.client.peer, seq=self.request.seq,
             request_body=request_body, response_body=response_body)
         self.lease.release()  # counted off and published before the client sees the end of its answer
@@ -528,7 +542,7 @@ class Exchange:
             self._tell_client(told)
         elif told is not None and not self.answered and self.cut_reason:
             response = json_error(503, told, "engine_switch")
-            response.headers = (("Retry-After", "1"),)
+            response.headers = (("Retry-After", str(self.retry_after_s)),)
             self.client.write_response(response, request=self.request)
         elif told is not None and not self.answered:
             self.request.keep_alive = False
@@ -544,6 +558,35 @@ class Exchange:
         self.request.keep_alive = False
         if self.framing == "chunked" and self.streamed and not self.client.closed and self.client.transport:
             kind, code = ("engine_switch", 503) if self.cut_reason else ("upstream_disconnected", 502)
-            event = {"error": {"message": error, "type": kind, "code": code, "retryable": bool(self.cut_reason)}}
-            payload = f"data: {json.dumps(event)}\n\n".encode()
-            self.client.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload))
+            self.client.transport.write(chunk(error_event(error, kind, code, retryable=bool(self.cut_reason)))
+                                        + LAST_CHUNK)
+
+
+def outcome(status: int, error: str | None, *, answered: bool, cut: bool, client_gone: bool, timed_out: bool,
+            stream_error: str | None) -> tuple[int, str | None]:
+    """The (status, error) an exchange is recorded with: the engine's status unless the endpoint ended it."""
+    if client_gone:
+        return 499, error
+    if timed_out:
+        return 504, error
+    if not answered and error is not None:  # e.g. a malformed response head: the client gets a 502
+        return (503 if cut else 502), error
+    if error is None and status >= 400:
+        return status, f"HTTP {status}"
+    return status, error if error is not None else stream_error
+
+
+def upstream_head(request: Incoming, upstream: Upstream, target: Target, length: int) -> bytes:
+    """The request head towards the engine: the client's end-to-end headers, the endpoint's own framing and the
+    engine's per-launch key (hop-by-hop headers, the client's credentials and what `Connection` names dropped)."""
+    dropped = HOP_HEADERS | {"authorization", "x-api-key"}
+    connection = request.headers.get("Connection")
+    if connection:
+        dropped = dropped | {token.strip().lower() for token in connection.split(",")}
+    lines = [f"{request.method} {target.prefix}{request.target} HTTP/1.1", f"Host: {target.authority}"]
+    lines += [f"{name}: {value}" for name, value in request.headers.items if name.lower() not in dropped]
+    if upstream.api_key:
+        lines.append(f"Authorization: Bearer {upstream.api_key}")
+    if length or request.method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {length}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
