@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from desktop.core.common import unixhttp
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.serving.defaults import DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_IDLE_TIMEOUT
 from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error
@@ -72,6 +73,8 @@ class Target:
     @classmethod
     def parse(cls, base_url: str) -> Target:
         parts = urlsplit(base_url)
+        if parts.scheme == unixhttp.SCHEME:  # an engine on a Unix socket (desktop.core.common.unixhttp): port 0
+            return cls(unixhttp.socket_of(base_url) or "", 0, parts.path.rstrip("/"), unixhttp.NOMINAL_HOST)
         if parts.scheme != "http":
             raise SwitchyardError(f"the endpoint forwards to local engines over http://, not {base_url}")
         return cls(parts.hostname or "127.0.0.1", parts.port or 80, parts.path.rstrip("/"), parts.netloc)
@@ -220,8 +223,12 @@ class UpstreamPool:
             pool = self._pools[base_url] = Pool()
             pool.closes_after_chunked = closes_after_stream
         connection = UpstreamConnection(pool)
+        loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.timeouts.connect):
-            await asyncio.get_running_loop().create_connection(lambda: connection, target.host, target.port)
+            if target.port == 0:  # the engine's private Unix socket: only this user can connect or listen there
+                await loop.create_unix_connection(lambda: connection, target.host)
+            else:
+                await loop.create_connection(lambda: connection, target.host, target.port)
         return connection
 
     def track(self, exchange: Exchange) -> None:
