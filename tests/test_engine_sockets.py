@@ -1,0 +1,90 @@
+"""The real engines behind the endpoint listen on private Unix sockets: no process of the engine's tree holds a
+TCP listening socket (so no TCP port answers inference, vLLM's unauthenticated /invocations included), the socket
+lives in a 0700 folder of this user, and requests through the endpoint, telemetry scraping and the load
+generator all reach the engine over it."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from desktop.core.common import unixhttp
+from desktop.core.runtime import proctree
+from desktop.core.runtime.ports import find_free_port
+from desktop.core.runtime.telemetry import EngineScraper
+from desktop.core.serving.proxy import ProxyServer
+
+
+def _tcp_listeners(pid: int) -> list[Any]:
+    """Every TCP listening socket held by the engine's process tree (its group and descendants)."""
+    found = []
+    for proc in proctree.members_of(proctree.Recorded(pid, psutil.Process(pid).create_time(), os.getpgid(pid))):
+        try:
+            found += [c for c in proc.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+        except psutil.Error:
+            continue
+    return found
+
+
+def _check_private_engine(manager: Any, proxy: ProxyServer) -> None:
+    active = manager.active
+    assert active is not None
+    process = active.process
+    path = unixhttp.socket_of(process.base_url)
+    assert path is not None, f"the engine is on {process.base_url}, not a Unix socket"
+    assert stat.S_ISSOCK(os.lstat(path).st_mode)
+    folder = os.lstat(Path(path).parent)
+    assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.getuid()
+    assert "--port" not in psutil.Process(process.pid).cmdline()
+    assert _tcp_listeners(process.pid) == [], "a process of the engine listens on TCP"
+    body = {"model": "x", "prompt": "Hi", "max_tokens": 2}
+    through = httpx.post(proxy.url + "/v1/completions", json=body, trust_env=False, timeout=300)
+    assert through.status_code == 200 and through.json()["choices"]
+    scraper = EngineScraper("t", process.adapter, process.base_url, process.pid, api_key=process.plan.api_key)
+    try:
+        series = {s.series for s in scraper.sample_once()}
+    finally:
+        scraper.close()
+    assert "requests_running" in series, scraper.last_error  # /metrics came over the socket
+    manager.close()
+    assert not os.path.exists(path), "the socket file outlives its engine"
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_llama_server_behind_the_endpoint_has_no_tcp_port(llama_install: Any, demo_model: Any) -> None:
+    from desktop.core.serving.endpoint import EndpointManager, EngineSpec
+
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=600)
+    proxy.start()
+    manager = EndpointManager(proxy, ready_timeout=600)
+    try:
+        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), slots=1))
+        _check_private_engine(manager, proxy)
+    finally:
+        manager.close()
+        proxy.stop()
+
+
+@pytest.mark.engine
+@pytest.mark.vllm
+def test_vllm_behind_the_endpoint_has_no_tcp_port(vllm_install: Any, demo_model: Any) -> None:
+    """vLLM's /invocations, /tokenize, /pause need no key: on a TCP port they answered anyone (and web pages).
+    On its socket no TCP port of vLLM exists at all."""
+    from desktop.core.serving.endpoint import EndpointManager, EngineSpec, make_launcher
+
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=900)
+    proxy.start()
+    manager = EndpointManager(proxy, ready_timeout=900, launcher=make_launcher(vllm_eager=True))
+    try:
+        manager.start(EngineSpec("vllm", "demo", slots=1))
+        _check_private_engine(manager, proxy)
+    finally:
+        manager.close()
+        proxy.stop()
