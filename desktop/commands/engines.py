@@ -111,9 +111,8 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from desktop.core.engines import ADAPTERS
-
     from desktop.core.common import paths, unixhttp
+    from desktop.core.engines import ADAPTERS
     from desktop.core.engines.base import DoctorFinding
 
     hardware = _hardware(args)
