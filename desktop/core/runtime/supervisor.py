@@ -17,6 +17,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -408,6 +409,8 @@ class EngineProcess:
             return
         if host not in _LOOPBACK:
             log.warning("binding %s to non-loopback host %s at the user's request", self.adapter.name, host)
+        if not self._tcp and self.plan.api_key is None:  # TCP only because the platform has no sockets: a key
+            self.plan = replace(self.plan, api_key=secrets.token_urlsafe(32))
         if self.plan.port == 0:
             self.plan = replace(self.plan, port=find_free_port(host))
         else:
