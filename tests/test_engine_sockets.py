@@ -110,3 +110,46 @@ def test_vllm_behind_the_endpoint_has_no_tcp_port(vllm_install: Any, demo_model:
     finally:
         manager.close()
         proxy.stop()
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_plain_serve_gets_a_per_launch_key_printed_once_and_kept_in_the_discovery_file(llama_install: Any,
+                                                                                       demo_model: Any) -> None:
+    """Plain `serve` keeps TCP (its clients talk to the engine) but no longer serves anyone who finds the port:
+    without the key, even a request from a web page's origin gets 401."""
+    import json
+    import subprocess
+    import sys
+
+    from desktop.core.common import paths
+
+    proc = subprocess.Popen([sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp",  # noqa: S603
+                             "--model", "demo", "--parallel", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stderr is not None
+    before: list[str] = []
+    for line in proc.stderr:
+        before.append(line)
+        if line.startswith("ready:"):
+            break
+    ready = before[-1] if before else ""
+    try:
+        assert ready.startswith("ready: http://127.0.0.1:"), ready
+        base_url = ready.split()[1].removesuffix("/v1")
+        port = int(base_url.rsplit(":", 1)[1])
+        discovery = paths.run_dir() / f"endpoint-{port}.json"
+        assert stat.S_IMODE(os.stat(discovery).st_mode) == 0o600
+        key = json.loads(discovery.read_text())["api_key"]
+        assert len(key) >= 32 and key not in " ".join(psutil.Process(proc.pid).cmdline())
+        body = {"prompt": "hi", "max_tokens": 2}
+        refused = httpx.post(base_url + "/v1/completions", json=body, trust_env=False, timeout=60,
+                             headers={"Origin": "http://evil.example"})
+        assert refused.status_code == 401
+        served = httpx.post(base_url + "/v1/completions", json=body, trust_env=False, timeout=120,
+                            headers={"Authorization": f"Bearer {key}"})
+        assert served.status_code == 200 and served.json()["choices"]
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=60)
+    assert sum(line.count(key) for line in before) == 1 and key not in err, "the key is printed exactly once"
