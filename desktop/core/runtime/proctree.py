@@ -5,8 +5,9 @@ An engine is more than one process. vLLM's API server forks `VLLM::EngineCore`, 
 multiprocessing's resource tracker; they share its process group (the engine leads its own session), but
 PR_SET_PDEATHSIG reaches only the API server, so they outlive a crashed app unless someone stops the *group*.
 Members are found three ways (POSIX): the process group, the descendants of the leader, and, when the leader is
-already dead, the group alone: Linux never hands out a pid that is still some group's id, so a group whose leader
-is gone holds only that leader's leftovers. Every member gets one SIGTERM (llama-server aborts its graceful
+already dead, the group alone. A group id is not reused while the group lives, but once all of an engine's group
+died (or after a reboot) a new, unrelated leaderless group may carry the same number: callers that act on an old
+record (the orphan reaper, the uninstaller) pass `programs`, so only processes running an engine are touched. Every member gets one SIGTERM (llama-server aborts its graceful
 shutdown on a second one), then SIGKILL after the grace period. On Windows (no groups) CTRL_BREAK goes to the
 engine's console group, then the tree is terminated.
 """
