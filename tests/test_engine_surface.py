@@ -241,6 +241,13 @@ def test_the_cli_runs_under_umask_077(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert _mode(home) == 0o700
     assert _mode(home / "history.sqlite3") == 0o600
+    # and what it writes without asking for a mode (an export) is the user's only too: the process umask is 077
+    out = tmp_path / "plan.sh"
+    result = subprocess.run([sys.executable, "-m", "desktop", "export", "--engine", "vllm", "--model", "org/x",  # noqa: S603
+                             "--format", "shell", "-o", str(out)], capture_output=True, text=True, timeout=120,
+                            preexec_fn=lambda: os.umask(0o022), env={**os.environ, "SWITCHYARD_HOME": str(home)})  # noqa: PLW1509
+    assert result.returncode == 0, result.stderr
+    assert _mode(out) == 0o600
 
 
 # --- the root uninstaller and the orphan reaper against hostile pidfiles ------------------------------------
