@@ -503,7 +503,8 @@ class _Transfer:
                 restarted = True
             part = cache.incomplete_path(self.sel.repo_id, f.etag, self.cache_dir)
             with _open_part(part) as fh:
-                os.fchmod(fh.fileno(), 0o644)  # the mode of a finished blob, set through the file we checked
+                if hasattr(os, "fchmod"):  # the mode of a finished blob, set through the file we checked
+                    os.fchmod(fh.fileno(), 0o644)
             os.replace(part, blob)
         self._set_state(f.path, "complete", f"{f.path}: verified")
         return blob

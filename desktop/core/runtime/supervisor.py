@@ -362,7 +362,7 @@ class EngineProcess:
     def address_tag(self) -> str:
         """Short and unique among this app's engines: the port, or the socket's name."""
         path = self.socket_path
-        return Path(path).stem.rsplit("-", 1)[-1] if path else str(self.plan.port)
+        return Path(path).stem.split("-", 1)[-1] if path else str(self.plan.port)  # "<app pid>-<n>"
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
