@@ -214,13 +214,14 @@ def reap_orphans() -> list[int]:
                 raise ValueError("not a pidfile")
             engine = _recorded(record)
             created = float(record.get("created") or 0)
-        except (ValueError, TypeError):
+            owner = proctree.same_process(int(record.get("owner_pid", 0)), record.get("owner_created"))
+        except (ValueError, TypeError, OverflowError):
             private.remove_record(file)
             continue
         if created < boot:
             private.remove_record(file)  # recorded before this boot: its pids and group ids mean nothing now
             continue
-        if proctree.same_process(int(record.get("owner_pid", 0)), record.get("owner_created")) is not None:
+        if owner is not None:
             continue  # its owner is alive: not an orphan
         if proctree.stop(engine, grace=5.0, programs=_engine_programs(record)):
             log.warning("reaped orphaned %s engine pid %s (owner gone)", record.get("engine"), engine.pid)
