@@ -208,7 +208,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     discovery = None
     try:
         engine.start()
-        print(f"starting {adapter.display_name} on {engine.base_url} (log: {engine.log_path})", file=sys.stderr)
+        from desktop.core.common.unixhttp import describe
+
+        print(f"starting {adapter.display_name} on {describe(engine.base_url)} (log: {engine.log_path})",
+              file=sys.stderr)
         cold = engine.wait_ready(timeout=args.ready_timeout, first_request=args.prompt is None)
         if args.prompt is not None:
             return _prompt_once(args, engine)
