@@ -208,9 +208,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     discovery = None
     try:
         engine.start()
-        from desktop.core.common.unixhttp import describe
+        from desktop.core.common import unixhttp
 
-        print(f"starting {adapter.display_name} on {describe(engine.base_url)} (log: {engine.log_path})",
+        print(f"starting {adapter.display_name} on {unixhttp.describe(engine.base_url)} (log: {engine.log_path})",
               file=sys.stderr)
         cold = engine.wait_ready(timeout=args.ready_timeout, first_request=args.prompt is None)
         if args.prompt is not None:
