@@ -20,8 +20,6 @@ Two things differ when Switchyard runs from a bundle instead of a virtual enviro
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -30,6 +28,7 @@ from pathlib import Path
 
 import psutil
 
+from desktop.core.common import private
 from desktop.core.runtime import proctree
 
 STOP_ENGINES_FLAG = "--uninstall-stop-engines"
@@ -97,21 +96,7 @@ def _engine_roots(run_dir: Path, uid: int) -> list[Path]:
     return [root.resolve() for root in roots]
 
 
-def _runs_from(proc: psutil.Process, roots: Sequence[Path]) -> bool:
-    """Whether the process's program lives under one of `roots`: its executable, or the path it was started as
-    (a vLLM engine runs its venv's python, a link whose target is the system interpreter)."""
-    candidates: list[str] = []
-    with contextlib.suppress(psutil.Error, OSError):
-        candidates.append(proc.exe())
-    with contextlib.suppress(psutil.Error, OSError, IndexError):
-        candidates.append(proc.cmdline()[0])
-    for candidate in candidates:
-        if not candidate or not os.path.isabs(candidate):
-            continue
-        path = Path(os.path.normpath(candidate))
-        if any(path.is_relative_to(root) for root in roots):
-            return True
-    return False
+_runs_from = proctree.runs_from  # whether a process's program lives under one of the engines roots
 
 
 def _owned_by(proc: psutil.Process, uid: int | None) -> bool:
@@ -137,6 +122,22 @@ def _file_owner(path: Path) -> int | None:
     return path.stat().st_uid if os.name == "posix" else None
 
 
+def _read_pidfile(pidfile: Path, uid: int | None) -> tuple[dict[str, object], proctree.Recorded] | None:
+    """A pidfile of the user `uid`, or None. Opened without following links and without blocking (a FIFO), it
+    must be a regular file of that user under 64 KiB holding a JSON object (desktop.core.common.private)."""
+    record = private.read_record(pidfile, uid if uid is not None else None)
+    if record is None:
+        return None
+    try:
+        pid = int(record["pid"])
+        pgid = record.get("pgid")
+        created = record.get("created")
+        return record, proctree.Recorded(pid, float(created) if isinstance(created, int | float) else None,
+                                         pgid if isinstance(pgid, int) else None)
+    except (KeyError, ValueError, TypeError, OverflowError):
+        return None
+
+
 def stop_recorded_engines(run_dirs: Iterable[Path], grace: float = GRACE_SECONDS) -> list[StoppedEngine]:
     """Stop the engines recorded in the pidfiles under `run_dirs` that belong to this installation, and remove
     their pidfiles: orphans (their owner is gone) and those owned by this very bundle, whose app is stopped first
@@ -154,28 +155,39 @@ def stop_recorded_engines(run_dirs: Iterable[Path], grace: float = GRACE_SECONDS
             continue
         roots = _engine_roots(Path(run_dir), uid if uid is not None else -1)
         for pidfile in sorted(Path(run_dir).glob("engine-*.json")):
-            try:
-                if pidfile.is_symlink() or _file_owner(pidfile) != uid:
-                    continue  # not this user's own record: neither trusted nor removed
-                record = json.loads(pidfile.read_text())
-                pid = int(record["pid"])
-                pgid = record.get("pgid")
-                engine_record = proctree.Recorded(pid, record.get("created"), pgid if isinstance(pgid, int) else None)
-            except (OSError, ValueError, KeyError, TypeError):
-                pidfile.unlink(missing_ok=True)
+            try:  # one bad file (a FIFO, a folder, hostile JSON, a vanished process) never ends the sweep
+                stopped += _stop_one(pidfile, uid, roots, grace)
+            except Exception:  # noqa: BLE001 - the uninstaller must go on with the next file
                 continue
-            owner = proctree.same_process(int(record.get("owner_pid") or 0), record.get("owner_created"))
-            if owner is not None and owner.pid != os.getpid():
-                if not (_is_this_bundle(owner) and _owned_by(owner, uid)):
-                    continue  # a live Switchyard from elsewhere (a checkout, a pip install) still runs it
-                proctree.stop_pid(owner.pid, grace, uid=uid)
-            engine = proctree.same_process(pid, engine_record.created)
-            if engine is not None and _owned_by(engine, uid) and _runs_from(engine, roots):
-                proctree.stop(engine_record, grace, uid=uid)
-                stopped.append(StoppedEngine(pid, str(record.get("engine", "?")), str(pidfile)))
-            elif engine is None and engine_record.pgid == pid:
-                proctree.stop(engine_record, grace, uid=uid)  # the leader died; its group's leftovers go
-            pidfile.unlink(missing_ok=True)
+    return stopped
+
+
+def _stop_one(pidfile: Path, uid: int | None, roots: Sequence[Path], grace: float) -> list[StoppedEngine]:
+    read = _read_pidfile(pidfile, uid)
+    if read is None:  # not a trustworthy record: never trusted; removed only if it is the user's own regular file
+        private.remove_record(pidfile, uid)
+        return []
+    record, engine_record = read
+    pid = engine_record.pid
+    if engine_record.created is None or engine_record.created < psutil.boot_time():
+        private.remove_record(pidfile, uid)  # from before this boot: its pid and group id are someone else's now
+        return []
+    owner_pid = record.get("owner_pid")
+    owner = proctree.same_process(owner_pid if isinstance(owner_pid, int) else 0,
+                                  record.get("owner_created"))  # type: ignore[arg-type]
+    if owner is not None and owner.pid != os.getpid():
+        if not (_is_this_bundle(owner) and _owned_by(owner, uid)):
+            return []  # a live Switchyard from elsewhere (a checkout, a pip install) still runs it
+        proctree.stop_pid(owner.pid, grace, uid=uid)
+    stopped: list[StoppedEngine] = []
+    engine = proctree.same_process(pid, engine_record.created)
+    if engine is not None and _owned_by(engine, uid) and _runs_from(engine, roots):
+        proctree.stop(engine_record, grace, uid=uid, programs=roots)
+        stopped.append(StoppedEngine(pid, str(record.get("engine", "?")), str(pidfile)))
+    elif engine is None and engine_record.pgid == pid:
+        # the leader died; its group's leftovers go, if they run an engine (a reused group id is someone else's)
+        proctree.stop(engine_record, grace, uid=uid, programs=roots)
+    private.remove_record(pidfile, uid)
     return stopped
 
 

@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from desktop.core.common.private import apply_umask
+
+    apply_umask()  # 077: history, logs, pidfiles and sockets (and what engines write) are this user's only
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["--engine-watchdog"]:  # a frozen app starting an engine's watchdog (see core.watchdog)
         from desktop.core.runtime import watchdog

@@ -57,7 +57,9 @@ def _running(engine: str, model_path: Path, install: EngineInstall, **plan_args:
 
     adapter = get_adapter(engine)
     plan = LaunchPlan(engine=adapter.name, model_path=model_path, **plan_args)  # type: ignore[arg-type]
-    process = EngineProcess(adapter, plan, install)
+    # TCP (with no key): the shared servers stand in for attached endpoints and plain `serve` in many tests;
+    # engines behind the endpoint run on their private sockets (tests/test_engine_sockets.py).
+    process = EngineProcess(adapter, plan, install, tcp=True)
     try:
         process.start()
         process.wait_ready(timeout=900)

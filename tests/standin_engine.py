@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socketserver
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,7 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--uds", help="listen on this Unix socket instead of a TCP port (like vLLM's --uds)")
     parser.add_argument("--ctx", type=int, default=2048)
     parser.add_argument("--name", default="standin")
     parser.add_argument("--fail-ctx-above", type=int, default=0, help="fail to load (OOM line) above this ctx")
@@ -113,14 +115,30 @@ def main() -> int:
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
-    server.daemon_threads = True
-    print(f"{args.name}: listening on http://127.0.0.1:{args.port}", flush=True)
+    if args.uds:
+        class UnixHandler(Handler):
+            def address_string(self) -> str:
+                return "unix"
+
+        server: socketserver.BaseServer = _UnixHTTPServer(args.uds, UnixHandler)
+        print(f"{args.name}: listening on unix://{args.uds}", flush=True)
+    else:
+        server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+        print(f"{args.name}: listening on http://127.0.0.1:{args.port}", flush=True)
+    server.daemon_threads = True  # type: ignore[attr-defined]
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     return 0
+
+
+class _UnixHTTPServer(socketserver.ThreadingUnixStreamServer):
+    """http.server over a Unix socket (BaseHTTPRequestHandler wants a host and port it does not need here)."""
+
+    def server_bind(self) -> None:
+        socketserver.UnixStreamServer.server_bind(self)
+        self.server_name, self.server_port = "localhost", 0
 
 
 if __name__ == "__main__":

@@ -394,6 +394,14 @@ def test_api_key_is_checked_before_the_body_is_kept(make_proxy: Callable[..., Pr
 
 
 # --- engines behind the endpoint hold a per-launch key --------------------------------------------------------
+def _engine_post(base_url: str, path: str, body: Any, timeout: float, **options: Any) -> httpx.Response:
+    """POST straight to an engine (its private Unix socket, desktop.core.common.unixhttp)."""
+    from desktop.core.common import unixhttp
+
+    with unixhttp.client(base_url, timeout=timeout) as client:
+        return client.post(unixhttp.http_url(base_url) + path, json=body, **options)
+
+
 @pytest.mark.engine
 @pytest.mark.llamacpp
 def test_engine_port_refuses_requests_without_the_endpoints_key(llama_install: Any, demo_model: Any) -> None:
@@ -409,10 +417,10 @@ def test_engine_port_refuses_requests_without_the_endpoints_key(llama_install: A
         key = active.upstream.api_key
         assert key and len(key) >= 32 and key not in " ".join(psutil.Process(active.process.pid).cmdline())
         body = {"model": "x", "prompt": "Hi", "max_tokens": 2}
-        side_door = httpx.post(active.process.base_url + "/v1/completions", json=body, trust_env=False, timeout=30)
+        side_door = _engine_post(active.process.base_url, "/v1/completions", body, timeout=30)
         assert side_door.status_code == 401
-        wrong = httpx.post(active.process.base_url + "/v1/completions", json=body, trust_env=False, timeout=30,
-                           headers={"Authorization": "Bearer guess"})
+        wrong = _engine_post(active.process.base_url, "/v1/completions", body, timeout=30,
+                             headers={"Authorization": "Bearer guess"})
         assert wrong.status_code == 401
         through = httpx.post(proxy.url + "/v1/completions", json=body, trust_env=False, timeout=60)
         assert through.status_code == 200 and through.json()["choices"]
@@ -435,7 +443,7 @@ def test_vllm_behind_the_endpoint_refuses_v1_without_the_key(vllm_install: Any, 
         active = manager.active
         assert active is not None and active.upstream.api_key
         body = {"model": "x", "prompt": "Hi", "max_tokens": 2}
-        side_door = httpx.post(active.process.base_url + "/v1/completions", json=body, trust_env=False, timeout=60)
+        side_door = _engine_post(active.process.base_url, "/v1/completions", body, timeout=60)
         assert side_door.status_code == 401
         through = httpx.post(proxy.url + "/v1/completions", json=body, trust_env=False, timeout=120)
         assert through.status_code == 200 and through.json()["choices"]

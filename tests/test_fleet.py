@@ -44,7 +44,8 @@ def _standin(base: type[EngineAdapter], options: list[str]) -> EngineAdapter:
 
         def build_command(self, plan: LaunchPlan, install: EngineInstall) -> CommandLine:
             real = super().build_command(plan, install)
-            argv = [sys.executable, str(STANDIN), "--port", str(plan.port), "--ctx", str(plan.ctx_per_request),
+            where = ["--uds", plan.host] if plan.host.endswith(".sock") else ["--port", str(plan.port)]
+            argv = [sys.executable, str(STANDIN), *where, "--ctx", str(plan.ctx_per_request),
                     "--name", f"{self.name}:{plan.model_path.name}", *options]
             return CommandLine(argv, real.env)
 
@@ -340,10 +341,15 @@ def test_the_machine_budget_is_free_vram_and_needs_come_from_the_fit() -> None:
 
 # --- stop-first switch ----------------------------------------------------------------------------------------
 def test_vllm_sleep_mode_env_is_part_of_the_command() -> None:
+    """Dev mode (its /sleep, /wake_up and unauthenticated /collective_rpc) only on the private socket."""
     install = EngineInstall("vllm", "x", "cache", Path(sys.executable))
-    plan = LaunchPlan(engine="vllm", model_path=Path("/m"), port=1, extra_args=(SLEEP_MODE_FLAG,))
+    plan = LaunchPlan(engine="vllm", model_path=Path("/m"), host="/run/u/vllm-1.sock", extra_args=(SLEEP_MODE_FLAG,))
     command = VllmAdapter().build_command(plan, install)
     assert SLEEP_MODE_FLAG in command.argv and command.env.get("VLLM_SERVER_DEV_MODE") == "1"
+    assert "--port" not in command.argv and command.argv[command.argv.index("--uds") + 1] == plan.host
+    on_tcp = VllmAdapter().build_command(LaunchPlan(engine="vllm", model_path=Path("/m"), port=1,
+                                                    extra_args=(SLEEP_MODE_FLAG,)), install)
+    assert "VLLM_SERVER_DEV_MODE" not in on_tcp.env, "dev mode's routes would answer anyone on a TCP port"
     plain = VllmAdapter().build_command(LaunchPlan(engine="vllm", model_path=Path("/m"), port=1), install)
     assert "VLLM_SERVER_DEV_MODE" not in plain.env
 

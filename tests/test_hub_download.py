@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from fakehub import DEFAULT_TOKEN, FakeHub, random_bytes, write_tiny_gguf
 
+from desktop.core.common.errors import SwitchyardError
 from desktop.core.hub import cache
 from desktop.core.hub.download import (
     ChecksumMismatch,
@@ -148,6 +149,23 @@ def test_resume_after_partial_hashes_existing_bytes(env: tuple[FakeHub, Path]) -
     result = pull(f"{REPO}:Q4_K_M", policy=FAST)
     assert_complete(hub, result.path)
     assert hub.range_requests(Q4) == ["bytes=123456-", ""]  # resumed, failed the digest, refetched whole
+
+
+@pytest.mark.skipif(os.name != "posix", reason="symlinks")
+def test_a_symlinked_partial_download_is_never_written_through(env: tuple[FakeHub, Path]) -> None:
+    """In a shared HF cache another user can plant `blobs/<etag>.incomplete -> <some file>`: a pull must refuse to
+    resume into it rather than truncate and overwrite the target. (A target outside the repo's folder is refused
+    by the containment check already; one inside it, or a link swapped in after that check, needs O_NOFOLLOW.)"""
+    hub, cache_dir = env
+    part = cache.incomplete_path(REPO, hub.repos[REPO].files[Q4].sha256, cache_dir)
+    part.parent.mkdir(parents=True)
+    victim = part.parent / "another-users-finished-blob"
+    victim.write_text("export PATH=$HOME/bin:$PATH\n")
+    part.symlink_to(victim)
+    with pytest.raises(SwitchyardError, match="symbolic link"):
+        pull(f"{REPO}:Q4_K_M", policy=FAST)
+    assert victim.read_text() == "export PATH=$HOME/bin:$PATH\n"
+    assert part.is_symlink()
 
 
 def test_sharded_set_is_one_unit(env: tuple[FakeHub, Path]) -> None:

@@ -44,7 +44,7 @@ def keyed_llama(llama_install: EngineInstall, demo_model: Any) -> Iterator[Engin
     """A second real llama-server that demands an API key."""
     adapter = get_adapter("llama.cpp")
     plan = LaunchPlan(engine=adapter.name, model_path=demo_model.gguf_path, ctx_per_request=1024, slots=2, api_key=RIGHT_KEY)
-    with EngineProcess(adapter, plan, llama_install) as engine:
+    with EngineProcess(adapter, plan, llama_install, tcp=True) as engine:  # stands in for a remote endpoint
         engine.start()
         engine.wait_ready(timeout=120)
         yield engine

@@ -7,17 +7,20 @@ import json
 import os
 import subprocess
 import sys
-from urllib.parse import urlparse
 
 import psutil
 import pytest
 
+from desktop.core.common import unixhttp
 
-def engine_processes_on(port: int) -> list[psutil.Process]:
+
+def engine_processes_on(address: str) -> list[psutil.Process]:
+    """Processes started with this port (after --port) or socket path (after --host/--uds)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if "--port" in cmdline and cmdline[cmdline.index("--port") + 1: cmdline.index("--port") + 2] == [str(port)]:
+        if any(flag in cmdline and cmdline[cmdline.index(flag) + 1: cmdline.index(flag) + 2] == [address]
+               for flag in ("--port", "--host", "--uds")):
             found.append(proc)
     return found
 
@@ -43,6 +46,7 @@ def test_serve_prompt_json(engine: str, request: pytest.FixtureRequest) -> None:
     assert report["usage"]["completion_tokens"] == 16
     phases = report["phases_s"]
     assert 0 < phases["ready"] <= phases["request_sent"] <= phases["first_token"] <= phases["done"]
-    port = urlparse(report["base_url"]).port
-    assert port is not None
-    assert engine_processes_on(port) == []
+    socket_path = unixhttp.socket_of(report["base_url"])  # --prompt talks to a private socket, not a TCP port
+    assert socket_path is not None, report["base_url"]
+    assert engine_processes_on(socket_path) == []
+    assert not os.path.exists(socket_path)

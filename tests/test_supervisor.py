@@ -103,7 +103,7 @@ def test_orphans_of_a_dead_owner_are_reaped_and_live_owners_left_alone() -> None
         def record(pid: int, owner: int) -> dict[str, Any]:
             return {"pid": pid, "created": psutil.Process(pid).create_time(), "owner_pid": owner,
                     "owner_created": psutil.Process(owner).create_time() if psutil.pid_exists(owner) else 1.0,
-                    "engine": "test", "port": 1, "log": ""}
+                    "engine": "test", "port": 1, "log": "", "program": sys.executable}
 
         (paths.run_dir() / f"engine-{orphan.pid}.json").write_text(json.dumps(record(orphan.pid, dead_owner.pid)))
         (paths.run_dir() / f"engine-{kept.pid}.json").write_text(json.dumps(record(kept.pid, os.getpid())))
@@ -141,7 +141,7 @@ def test_the_next_start_reaps_an_engines_group_after_its_leader_died() -> None:
     try:
         assert os.getpgid(child_pid) == leader.pid
         record = {"pid": leader.pid, "created": created, "pgid": leader.pid, "owner_pid": dead_owner.pid,
-                  "owner_created": 1.0, "engine": "vllm", "port": 1, "log": ""}
+                  "owner_created": 1.0, "engine": "vllm", "port": 1, "log": "", "program": sys.executable}
         pidfile = paths.run_dir() / f"engine-{leader.pid}.json"
         pidfile.write_text(json.dumps(record))
         assert reap_orphans() == [leader.pid]

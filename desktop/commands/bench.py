@@ -228,7 +228,8 @@ def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[Loa
         def gone() -> str | None:
             return None if engine.is_running() else engine.failure().message
 
-        return _run(Target(engine.base_url, api=args.api, model=plan.served_model_name), workload, levels, slo,
+        return _run(Target(engine.base_url, api=args.api, model=plan.served_model_name,
+                           api_key=engine.plan.api_key), workload, levels, slo,
                     abort_check=gone)
 
 

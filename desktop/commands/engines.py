@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from desktop.commands._common import LazyChoices, emit_json, stderr_progress
+from desktop.commands._common import LazyChoices, cell, emit_json, stderr_progress
 from desktop.core.common.errors import SwitchyardError
 
 if TYPE_CHECKING:  # the engines and hardware probing load when a command runs, not for `--help`
@@ -111,16 +111,20 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from desktop.core.common import paths, unixhttp
     from desktop.core.engines import ADAPTERS
+    from desktop.core.engines.base import DoctorFinding
 
     hardware = _hardware(args)
     findings = [finding for adapter in ADAPTERS.values() for finding in adapter.doctor(hardware)]
+    listens = unixhttp.listener_summary(paths.run_dir())
+    findings += [DoctorFinding(name, "listener", True, listens) for name in ADAPTERS]
     if args.json:
         emit_json(findings)
     else:
         for finding in findings:
             mark = "ok " if finding.ok else "MISSING"
-            print(f"[{mark}] {finding.engine}: {finding.check}: {finding.detail}")
+            print(f"[{mark}] {cell(finding.engine)}: {cell(finding.check)}: {cell(finding.detail)}")
             if finding.fix:
-                print(f"        fix: {finding.fix}")
+                print(f"        fix: {cell(finding.fix)}")
     return 0 if all(f.ok for f in findings) else 1

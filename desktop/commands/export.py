@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from desktop.commands import _numbers as N
-from desktop.commands._common import LazyChoices, emit_json
+from desktop.commands._common import LazyChoices, cell, emit_json
 from desktop.core.common.errors import SwitchyardError
 
 if TYPE_CHECKING:  # the endpoint client (httpx) loads when an endpoints command runs
@@ -236,7 +236,7 @@ def cmd_endpoints_list(args: argparse.Namespace) -> int:
     for e in endpoints:
         flags = ", ".join(f for f, on in (("api key", e.api_key is not None), ("TLS not verified", not e.verify_tls))
                           if on)
-        print(f"{e.name:20} {e.base_url}" + (f"  ({flags})" if flags else ""))
+        print(f"{cell(e.name):20} {cell(e.base_url)}" + (f"  ({flags})" if flags else ""))
     return 0
 
 
@@ -263,7 +263,7 @@ def _print_report(report: EndpointReport) -> None:
     print(f"{report.name}: {len(report.models)} model(s), answered in {report.latency_ms:.0f} ms")
     for model in report.models:
         extra = f" (max_model_len {model.max_model_len})" if model.max_model_len else ""
-        print(f"  {model.id}{extra}")
+        print(f"  {cell(model.id)}{extra}")
     if not report.metrics_exposed:
         print("  no /metrics exposed")
     else:

@@ -15,7 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from desktop.commands import _numbers as N
-from desktop.commands._common import emit_json
+from desktop.commands._common import cell, emit_json
 
 if TYPE_CHECKING:  # the hub client (huggingface_hub, httpx) loads when a hub command runs
     from desktop.core.hub.download import DownloadProgress
@@ -89,7 +89,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         return 0
     for h in hits:
         gated = " [gated]" if h.gated else ""
-        print(f"{h.repo_id:60} {h.downloads:>10} dl  {','.join(h.formats) or '-'}{gated}")
+        print(f"{cell(h.repo_id):60} {h.downloads:>10} dl  {cell(','.join(h.formats) or '-')}{gated}")
     if not hits:
         print("no matches", file=sys.stderr)
     return 0
@@ -106,7 +106,8 @@ def cmd_variants(args: argparse.Namespace) -> int:
         mark = "*" if v.recommended else " "
         shards = f" ({v.shards} shards)" if v.shards > 1 else ""
         label = v.quantization or v.dtype or "-"
-        print(f"{mark} {v.name:28} {v.format:12} {label:10} {_size(v.size_bytes):>10}  fit={v.fit:8} {v.engine}{shards}")
+        print(f"{mark} {cell(v.name):28} {cell(v.format):12} {cell(label):10} {_size(v.size_bytes):>10}  "
+              f"fit={cell(v.fit):8} {cell(v.engine)}{shards}")
     if any(v.recommended for v in result.variants):
         print("* recommended for this machine", file=sys.stderr)
     return 0
@@ -173,7 +174,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         emit_json(models)
         return 0
     for m in models:
-        print(f"{m.name:60} {m.format:12} {m.quantization or '-':10} {_size(m.size_bytes):>10}  {m.path}")
+        print(f"{cell(m.name):60} {cell(m.format):12} {cell(m.quantization or '-'):10} {_size(m.size_bytes):>10}  "
+              f"{cell(m.path)}")
     if not models:
         print(f"no models yet (HF cache: {cache.hf_cache_dir()}); try `switchyard pull`", file=sys.stderr)
     return 0

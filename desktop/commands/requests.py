@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from desktop.commands import _numbers as N
+from desktop.commands._common import cell
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -109,14 +110,14 @@ def _line(record: dict[str, Any]) -> str:
     in_flight = record.get("status") == 0
     status = "…" if in_flight else str(record.get("status"))
     ttft = record.get("ttft_s")
-    line = (f"{time.strftime('%H:%M:%S', time.localtime(record['t']))}  {record.get('seq') or '-':>5}  "
-            f"{(record.get('model') or '-')[:16]:16}  {(record.get('engine') or '-')[:9]:9}  {status:>6}  "
+    line = (f"{time.strftime('%H:%M:%S', time.localtime(record['t']))}  {cell(record.get('seq') or '-'):>5}  "
+            f"{cell(record.get('model') or '-')[:16]:16}  {cell(record.get('engine') or '-')[:9]:9}  {cell(status):>6}  "
             f"{num(record.get('prompt_tokens'), 'd'):>6}  {num(record.get('output_tokens'), 'd'):>6}  "
             f"{num(ttft * 1000 if isinstance(ttft, (int, float)) else None, '.0f'):>8}  "
-            f"{'in flight' if in_flight else num(record.get('e2e_s'), '.2f'):>7}  {(record.get('client') or '-'):21}  "
-            f"{record.get('method')} {record.get('path')}")
+            f"{'in flight' if in_flight else num(record.get('e2e_s'), '.2f'):>7}  "
+            f"{cell(record.get('client') or '-'):21}  {cell(record.get('method'))} {cell(record.get('path'))}")
     if record.get("error") and not in_flight:
-        line += f"  ({record['error']})"
+        line += f"  ({cell(record['error'])})"
     return line
 
 

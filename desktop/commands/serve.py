@@ -20,7 +20,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from desktop.commands import _numbers as N
-from desktop.commands._common import emit_json, stderr_progress
+from desktop.commands._common import cell, emit_json, stderr_progress
 from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
 from desktop.core.serving.defaults import (
     DEFAULT_DRAIN_TIMEOUT,
@@ -47,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="serve several models behind the endpoint: a YAML list of entries name, engine, "
                              "model, ctx, parallel, ttl (seconds idle before unloading), loading_status")
     parser.add_argument("--port", type=N.port_or_free, default=0, help="engine port (default: a free one)")
+    parser.add_argument("--no-key", action="store_true",
+                        help="plain serve: start the engine without its per-launch API key (any local process and "
+                             "web page that finds the port can then use it)")
     parser.add_argument("--ctx", type=N.count, default=2048,
                         help="context tokens per request (vLLM --max-model-len; llama.cpp's -c is ctx x parallel)")
     parser.add_argument("--parallel", type=N.count, default=4, help="requests at once (llama.cpp slots / vLLM "
@@ -194,17 +197,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise _Terminate(signum)
 
     previous = signal.signal(signal.SIGTERM, on_signal)
-    engine = EngineProcess(adapter, plan, install)
+    # Clients talk to a plain serve's engine itself: TCP, guarded by a per-launch key (printed once, kept in the
+    # 0600 discovery file). `--prompt` talks to it from here only: a private Unix socket where there are any.
+    if not args.no_key:
+        import secrets
+        from dataclasses import replace
+
+        plan = replace(plan, api_key=secrets.token_urlsafe(32))
+    engine = EngineProcess(adapter, plan, install, tcp=args.prompt is None)
     discovery = None
     try:
         engine.start()
-        print(f"starting {adapter.display_name} on {engine.base_url} (log: {engine.log_path})", file=sys.stderr)
+        from desktop.core.common import unixhttp
+
+        print(f"starting {adapter.display_name} on {unixhttp.describe(engine.base_url)} (log: {engine.log_path})",
+              file=sys.stderr)
         cold = engine.wait_ready(timeout=args.ready_timeout, first_request=args.prompt is None)
         if args.prompt is not None:
             return _prompt_once(args, engine)
         record_launch(engine, args.model, source="serve")
         discovery = control.write_discovery(engine.plan.port, engine.base_url, "", kind="engine",
-                                            info=_engine_status(engine))
+                                            info=_engine_status(engine), api_key=engine.plan.api_key)
+        if engine.plan.api_key:
+            print(f"API key of this launch (clients send `Authorization: Bearer <key>`; also in {discovery}): "
+                  f"{engine.plan.api_key}", file=sys.stderr)
         print(f"ready: {engine.base_url}/v1 serving {model_path.name} as '{plan.served_model_name}' "
               f"(T1 {cold.t1_health_s:.2f} s, first token {cold.t2_first_token_s:.2f} s). "
               "Ctrl-C or `switchyard stop` to stop.", file=sys.stderr)
@@ -245,7 +261,7 @@ def _prompt_once(args: argparse.Namespace, engine: EngineProcess) -> int:
     text: list[str] = []
     usage: dict[str, Any] | None = None
     for delta in stream_completion(engine.base_url, args.prompt, max_tokens=args.max_tokens,
-                                   model=engine.plan.served_model_name):
+                                   model=engine.plan.served_model_name, api_key=engine.plan.api_key):
         if delta.error:
             raise EngineFailed(f"the engine answered with an error: {delta.error}")
         if delta.has_token:
@@ -558,14 +574,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     for role in ("active", "standby", "starting", "sleeping"):
         engine = data.get(role)
         if engine:
-            print(f"  {role:8} {engine['engine']:10} {engine['state']:8} pid {engine['pid']}  {engine['base_url']}  "
-                  f"{engine['model_path']}")
+            print(f"  {role:8} {cell(engine['engine']):10} {cell(engine['state']):8} pid {engine['pid']}  "
+                  f"{cell(engine['base_url'])}  {cell(engine['model_path'])}")
     for name, model in (data.get("models") or {}).items():
         engine = model.get("active")
         spec = model.get("spec") or {}
         ttl = f"ttl {model['ttl']:g} s" if model.get("ttl") else "no ttl"
         where = f"pid {engine['pid']}  {engine['base_url']}" if engine else "not loaded (loads on its next request)"
-        print(f"  model {name:14} {spec.get('engine', '?'):10} {model['state']:9} {where}  ({ttl})")
+        print(f"  model {cell(name):14} {cell(spec.get('engine', '?')):10} {cell(model['state']):9} {cell(where)}  "
+              f"({ttl})")
     requests = data.get("requests")
     if requests:
         print(f"  requests {requests['requests']} total, {requests['failed']} failed, {requests['inflight']} in flight")

@@ -19,6 +19,7 @@ from typing import Literal
 
 from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
+from desktop.core.common.unixhttp import is_socket_host
 from desktop.core.engines import provision, release_assets, runtimes
 from desktop.core.engines.base import (
     CommandLine,
@@ -64,7 +65,7 @@ class LlamaCppAdapter(EngineAdapter):
         log_marker("compute_buffer", r"compute buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
         log_marker("warming_up", r"warming up the model"),
         log_marker("model_loaded", r"model loaded"),
-        log_marker("listening", r"listening on http"),
+        log_marker("listening", r"listening on (?:http|unix)"),
     )
     failure_rules = (
         failure_rule(r'error while handling argument "(--[\w-]+)": (stoi|stol|stoul|stof|stod)',
@@ -272,8 +273,7 @@ class LlamaCppAdapter(EngineAdapter):
         argv = [
             str(install.executable),
             "--model", str(plan.model_path),
-            "--host", plan.host,
-            "--port", str(plan.port),
+            *listen_args(plan),
             *plan_args(plan),
             "--alias", plan.served_model_name,
             "--metrics",
@@ -320,6 +320,14 @@ class LlamaCppAdapter(EngineAdapter):
             if value is not None:
                 out[common] = value
         return out
+
+
+def listen_args(plan: LaunchPlan) -> list[str]:
+    """Where llama-server listens: a Unix socket when the plan's host is a `.sock` path (llama-server binds
+    AF_UNIX for such a host and ignores the port: no TCP port at all), else host and port."""
+    if is_socket_host(plan.host):
+        return ["--host", plan.host]
+    return ["--host", plan.host, "--port", str(plan.port)]
 
 
 def plan_args(plan: LaunchPlan) -> list[str]:

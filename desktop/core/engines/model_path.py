@@ -45,3 +45,18 @@ def resolve_model(spec: str, adapter: EngineAdapter, progress: ProgressCallback 
         raise ModelError(f"{adapter.display_name} needs {wanted}, but {path.name} is {'GGUF' if fmt == 'gguf' else 'a Hugging Face folder'}",
                          f"use --engine {other} for this model, or `--model demo`")
     return path.resolve()
+
+
+def model_label(model: str) -> str:
+    """What a client may see of a model: its name, never its absolute path (that names the user's home folder
+    and cache layout, and /v1/models answers any local process and local web page). A Hugging Face cache
+    snapshot (`.../models--org--name/snapshots/<sha>[/file]`) shows as `org/name[/file]`."""
+    if not model or ("/" not in model and "\\" not in model):
+        return model
+    parts = Path(model).parts
+    for index, part in enumerate(parts):
+        if part.startswith("models--") and index + 2 < len(parts) and parts[index + 1] == "snapshots":
+            repo = part.removeprefix("models--").replace("--", "/")
+            rest = parts[index + 3:]
+            return "/".join((repo, *rest))
+    return Path(model).name

@@ -22,6 +22,7 @@ from typing import Literal
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
+from desktop.core.common.unixhttp import is_socket_host
 from desktop.core.engines import provision, runtimes
 from desktop.core.engines.base import (
     CommandLine,
@@ -283,8 +284,7 @@ class VllmAdapter(EngineAdapter):
         argv = [
             str(install.executable), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(plan.model_path),
-            "--host", plan.host,
-            "--port", str(plan.port),
+            *listen_args(plan),
             "--served-model-name", plan.served_model_name,
             *plan_args(plan),
         ]
@@ -296,8 +296,7 @@ class VllmAdapter(EngineAdapter):
             argv += ["--tokenizer", str(plan.tokenizer_path)]
         argv += list(plan.extra_args)
         extra: dict[str, str] = dict(plan.env)
-        if SLEEP_MODE_FLAG in plan.extra_args:
-            extra["VLLM_SERVER_DEV_MODE"] = "1"  # registers POST /sleep and /wake_up (the endpoint's switch uses them)
+        extra.update(dev_mode_env(plan))
         if plan.api_key:
             extra["VLLM_API_KEY"] = plan.api_key  # the environment, not argv: argv is visible to every user in ps
         cpu = cpu_launch(plan, install)
@@ -417,6 +416,25 @@ def gpu_proof(python: Path, model_dir: Path | None, timeout: float = 900) -> str
     if token is not None:
         detail += f"; one token generated on the GPU ({json.loads(token.group(1)).get('token_ids')})"
     return detail
+
+
+def listen_args(plan: LaunchPlan) -> list[str]:
+    """Where vLLM listens: `--uds PATH` when the plan's host is a `.sock` path (no TCP port at all), else host
+    and port."""
+    if is_socket_host(plan.host):
+        return ["--uds", plan.host]
+    return ["--host", plan.host, "--port", str(plan.port)]
+
+
+def dev_mode_env(plan: LaunchPlan) -> dict[str, str]:
+    """VLLM_SERVER_DEV_MODE=1 registers /sleep and /wake_up (the endpoint's stop-first switch uses them), and
+    with them /collective_rpc (any worker method) and more, none behind the API key. So it is set only when vLLM
+    listens on a Unix socket in the user's 0700 folder: then only this user's processes reach those routes, and
+    endpoint clients never do (the endpoint forwards inference routes only; sleep and wake are its own control).
+    On TCP there is no dev mode: the switch stops vLLM instead of putting it to sleep."""
+    if SLEEP_MODE_FLAG in plan.extra_args and is_socket_host(plan.host):
+        return {"VLLM_SERVER_DEV_MODE": "1"}
+    return {}
 
 
 def plan_args(plan: LaunchPlan) -> list[str]:

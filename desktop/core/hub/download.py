@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import logging
 import os
 import queue
 import random
 import shutil
+import stat
 import threading
 import time
 from collections import deque
@@ -500,7 +502,9 @@ class _Transfer:
                 self._set_state(f.path, "retrying", f"{f.path}: checksum mismatch, downloading again")
                 restarted = True
             part = cache.incomplete_path(self.sel.repo_id, f.etag, self.cache_dir)
-            os.chmod(part, 0o644)
+            with _open_part(part) as fh:
+                if hasattr(os, "fchmod"):  # the mode of a finished blob, set through the file we checked
+                    os.fchmod(fh.fileno(), 0o644)
             os.replace(part, blob)
         self._set_state(f.path, "complete", f"{f.path}: verified")
         return blob
@@ -508,14 +512,13 @@ class _Transfer:
     def _download_to_partial(self, f: RemoteFile) -> str:
         """Bring blobs/<etag>.incomplete to full size, retrying; return the hex digest of its bytes."""
         part = cache.incomplete_path(self.sel.repo_id, f.etag, self.cache_dir)
-        state = _PartState(_new_hasher(f), part.stat().st_size if part.exists() else 0)
+        with _open_part(part) as fh:
+            state = _PartState(_new_hasher(f), os.fstat(fh.fileno()).st_size)
         if state.have > f.size:
             state.have = 0
-        with open(part, "ab"):
-            pass
         if state.have:
             self._set_state(f.path, "verifying", f"{f.path}: checking {state.have} bytes already here")
-            with open(part, "rb") as fh:
+            with _open_part(part) as fh:
                 left = state.have
                 while left and (block := fh.read(min(HASH_BLOCK, left))):
                     state.hasher.update(block)
@@ -577,7 +580,7 @@ class _Transfer:
                 content_range = resp.headers.get("Content-Range") or ""
                 if not content_range.startswith(f"bytes {state.have}-"):
                     raise _Retryable(f"server answered range {content_range!r} for bytes={state.have}-")
-            with open(part, "r+b") as fh:
+            with _open_part(part) as fh:
                 fh.seek(state.have)
                 fh.truncate()
                 writer = _HashingWriter(fh, state.hasher, lambda n: self._advance(f.path, n))
@@ -746,3 +749,22 @@ def pull(
         reused_bytes=transfer.reused,
         seconds=time.monotonic() - started,
     )
+
+
+def _open_part(part: Path) -> io.BufferedRandom:
+    """Open (creating it) a partial download for reading and writing, never through a symlink: in a shared HF
+    cache another user could plant `blobs/<etag>.incomplete -> ~victim/.bashrc`, and resuming would truncate and
+    overwrite the target. Anything but a regular file is refused with the way out."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | \
+        getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(part, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SwitchyardError(f"the partial download {part} is a symbolic link; refusing to write through it",
+                                  "remove that link (someone else may have planted it in a shared cache)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SwitchyardError(f"the partial download {part} is not a regular file", "remove it and pull again")
+    return os.fdopen(fd, "r+b")

@@ -352,7 +352,7 @@ def run_engine(
                     return None
                 return f"{adapter.display_name} died during the benchmark: {process.failure().message}"
 
-            target = Target(engine.base_url, model=plan.served_model_name)
+            target = Target(engine.base_url, model=plan.served_model_name, api_key=engine.plan.api_key)
             repetition.sweep = run_sweep_sync(target, workload, levels, progress=_prefixed(progress, prefix),
                                               token_counter=counter, abort_check=engine_gone, on_bucket=on_bucket)
             if repetition.sweep.aborted:

@@ -94,8 +94,8 @@ class ChatStream:
         usage: dict[str, Any] | None = None
         finish: str | None = None
         try:
-            with httpx.Client(timeout=httpx.Timeout(self.timeout, connect=CONNECT_TIMEOUT_S), trust_env=False,
-                              follow_redirects=False) as client, client.stream(
+            with self.target.client(timeout=httpx.Timeout(self.timeout, connect=CONNECT_TIMEOUT_S)) as client, \
+                    client.stream(
                     "POST", self.target.url, json=self.target.body(self.spec, self.target.model),
                     headers=self.target.headers()) as response:
                 with self._lock:

@@ -5,8 +5,9 @@ An engine is more than one process. vLLM's API server forks `VLLM::EngineCore`, 
 multiprocessing's resource tracker; they share its process group (the engine leads its own session), but
 PR_SET_PDEATHSIG reaches only the API server, so they outlive a crashed app unless someone stops the *group*.
 Members are found three ways (POSIX): the process group, the descendants of the leader, and, when the leader is
-already dead, the group alone: Linux never hands out a pid that is still some group's id, so a group whose leader
-is gone holds only that leader's leftovers. Every member gets one SIGTERM (llama-server aborts its graceful
+already dead, the group alone. A group id is not reused while the group lives, but once all of an engine's group
+died (or after a reboot) a new, unrelated leaderless group may carry the same number: callers that act on an old
+record (the orphan reaper, the uninstaller) pass `programs`, so only processes running an engine are touched. Every member gets one SIGTERM (llama-server aborts its graceful
 shutdown on a second one), then SIGKILL after the grace period. On Windows (no groups) CTRL_BREAK goes to the
 engine's console group, then the tree is terminated.
 """
@@ -17,7 +18,9 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -101,6 +104,24 @@ def members_of(record: Recorded) -> list[psutil.Process]:
     return list(found.values())
 
 
+def runs_from(proc: psutil.Process, programs: Sequence[Path]) -> bool:
+    """Whether the process's program is one of `programs` or lives under one of them (a folder): its executable,
+    or the path it was started as (a vLLM engine runs its venv's python, a link to the system interpreter)."""
+    candidates: list[str] = []
+    with contextlib.suppress(psutil.Error, OSError):
+        candidates.append(proc.exe())
+    with contextlib.suppress(psutil.Error, OSError, IndexError):
+        candidates.append(proc.cmdline()[0])
+    for candidate in candidates:
+        if not candidate or not os.path.isabs(candidate):
+            continue
+        path = Path(os.path.normpath(candidate))
+        if any(path == Path(os.path.normpath(root)) or path.is_relative_to(os.path.normpath(root))
+               for root in programs):
+            return True
+    return False
+
+
 def _uid_of(proc: psutil.Process) -> int | None:
     try:
         return int(proc.uids().real)
@@ -108,10 +129,17 @@ def _uid_of(proc: psutil.Process) -> int | None:
         return None
 
 
-def stop(record: Recorded, grace: float = GRACE_SECONDS, *, uid: int | None = None) -> list[int]:
+def stop(record: Recorded, grace: float = GRACE_SECONDS, *, uid: int | None = None,
+         programs: Sequence[Path] | None = None) -> list[int]:
     """Stop the recorded engine's whole tree: one SIGTERM each, SIGKILL after `grace` seconds for what is left.
-    With `uid`, only processes of that user are touched (the uninstaller runs as root). Returns the pids signalled."""
-    members = [p for p in members_of(record) if uid is None or _uid_of(p) == uid]
+    With `uid`, only processes of that user are touched (the uninstaller runs as root); with `programs`, only
+    processes that run one of them (`runs_from`): what a stale pidfile names may now be someone else's, e.g. a
+    new leaderless group reusing a dead engine's group id. Returns the pids signalled."""
+
+    def wanted(proc: psutil.Process) -> bool:
+        return (uid is None or _uid_of(proc) == uid) and (programs is None or runs_from(proc, programs))
+
+    members = [p for p in members_of(record) if wanted(p)]
     if not members:
         return []
     if sys.platform == "win32":
@@ -123,7 +151,7 @@ def stop(record: Recorded, grace: float = GRACE_SECONDS, *, uid: int | None = No
                 proc.terminate()
     _gone, alive = psutil.wait_procs(members, timeout=grace)
     # late forks (a worker started while we waited) and whatever ignored SIGTERM
-    late = [p for p in members_of(record) if uid is None or _uid_of(p) == uid]
+    late = [p for p in members_of(record) if wanted(p)]
     leftovers = {p.pid: p for p in [*alive, *late]}
     for proc in leftovers.values():
         with contextlib.suppress(psutil.Error):

@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import itertools
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -32,7 +34,7 @@ from typing import Any
 import httpx
 import psutil
 
-from desktop.core.common import paths
+from desktop.core.common import paths, private, unixhttp
 from desktop.core.common.errors import EngineFailed, SwitchyardError
 from desktop.core.common.sse import iter_deltas
 from desktop.core.engines.base import EngineAdapter, EngineInstall, FailureReason, LaunchPlan
@@ -186,23 +188,45 @@ def _recorded(record: dict[str, Any]) -> proctree.Recorded:
                              int(pgid) if isinstance(pgid, int) else None)
 
 
+def _engine_programs(record: dict[str, Any]) -> list[Path]:
+    """What an orphan's processes may run to be killed: something under the engines folder, or the very program
+    the pidfile says the engine was started as (a configured llama-server elsewhere)."""
+    programs = [paths.engines_dir()]
+    program = record.get("program")
+    if isinstance(program, str) and os.path.isabs(program):
+        programs.append(Path(program))
+    return programs
+
+
 def reap_orphans() -> list[int]:
     """Kill engines (their whole process group and tree) recorded by a Switchyard process that no longer runs.
-    Returns the recorded engine pids whose leftovers were stopped."""
+    Returns the recorded engine pids whose leftovers were stopped.
+
+    A pidfile is only a hint: one from before the last boot names pids and groups that now belong to others (it
+    is dropped), and only processes running an engine program (`_engine_programs`) are touched, so a new
+    leaderless process group that happens to reuse a dead engine's group id is left alone."""
     killed: list[int] = []
+    boot = psutil.boot_time()
     for file in paths.run_dir().glob("engine-*.json"):
+        record = private.read_record(file)
         try:
-            record = json.loads(file.read_text())
+            if record is None:
+                raise ValueError("not a pidfile")
             engine = _recorded(record)
-        except (OSError, ValueError, TypeError):
-            file.unlink(missing_ok=True)
+            created = float(record.get("created") or 0)
+            owner = proctree.same_process(int(record.get("owner_pid", 0)), record.get("owner_created"))
+        except (ValueError, TypeError, OverflowError):
+            private.remove_record(file)
             continue
-        if proctree.same_process(int(record.get("owner_pid", 0)), record.get("owner_created")) is not None:
+        if created < boot:
+            private.remove_record(file)  # recorded before this boot: its pids and group ids mean nothing now
+            continue
+        if owner is not None:
             continue  # its owner is alive: not an orphan
-        if proctree.stop(engine, grace=5.0):
+        if proctree.stop(engine, grace=5.0, programs=_engine_programs(record)):
             log.warning("reaped orphaned %s engine pid %s (owner gone)", record.get("engine"), engine.pid)
             killed.append(engine.pid)
-        file.unlink(missing_ok=True)
+        private.remove_record(file)
     return killed
 
 
@@ -212,8 +236,12 @@ class _RotatingLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._sink = open(path, "ab")  # noqa: SIM115 - closed in close()
+        self._sink = self._open()
         self._size = self._sink.tell()
+
+    def _open(self) -> Any:
+        """Append, 0600: logs hold what the engine prints (llama-server shows part of its key)."""
+        return os.fdopen(private.open_private(self.path), "ab")
 
     def write(self, block: bytes) -> None:
         if self._size + len(block) > LOG_MAX_BYTES and self._size > 0:
@@ -229,7 +257,7 @@ class _RotatingLog:
             if older.exists():
                 older.replace(self.path.with_name(f"{self.path.name}.{index + 1}"))
         self.path.replace(self.path.with_name(f"{self.path.name}.1"))
-        self._sink = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        self._sink = self._open()
         self._size = 0
 
     def close(self) -> None:
@@ -237,6 +265,22 @@ class _RotatingLog:
 
 
 # --- the engine process ---------------------------------------------------------------------------------------
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_SOCKETS = itertools.count()
+
+
+def _listens_on(pids: set[int], port: int) -> bool:
+    """Whether one of `pids` holds a listening TCP socket on `port` (psutil, per process: cheap, and it sees
+    only what those processes hold, so another user's listener can never count)."""
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            connections = proc.net_connections("inet") if hasattr(proc, "net_connections") else proc.connections("inet")
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections):
+                return True
+    return False
+
+
 class EngineProcess:
     """A supervised engine server. Use as a context manager so it is always stopped."""
 
@@ -247,8 +291,13 @@ class EngineProcess:
         install: EngineInstall,
         *,
         log_dir: Path | None = None,
+        tcp: bool = False,
     ) -> None:
+        """`tcp`: the user asked for the engine on a TCP port (plain `serve`, whose clients talk to the engine
+        itself); otherwise a plan without an explicit port gets a private Unix socket where the platform has
+        them (desktop.core.common.unixhttp)."""
         self.adapter = adapter
+        self._tcp = tcp
         self.install = install
         self.plan = plan
         self.cold_start = ColdStart()
@@ -263,10 +312,13 @@ class EngineProcess:
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._created: float | None = None
         self._pgid: int | None = None
+        self._program: str | None = None
         self._t0 = 0.0
         self._exited = threading.Event()
         self._reader: threading.Thread | None = None
         self._stop_requested = False
+        self._final = False  # CRASHED or STOPPED was reached: no later state (a late READY) overwrites it
+        self._listener_checked = False
         self._marker_lines_left = 2000
 
     # --- observation ---
@@ -282,8 +334,11 @@ class EngineProcess:
 
     def _set_state(self, state: EngineState) -> None:
         with self._lock:
-            if self.state == state:
+            if self.state == state or self._final:
+                return  # CRASHED and STOPPED are final: a READY that comes late never revives an engine
+            if state == EngineState.READY and self.state == EngineState.STOPPING:
                 return
+            self._final = state in (EngineState.CRASHED, EngineState.STOPPED)
             self.state = state
         log.info("%s %s", self.adapter.name, state.value)
         self._emit(EngineEvent("state", state=state))
@@ -297,7 +352,18 @@ class EngineProcess:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.plan.host}:{self.plan.port}"
+        """`http+unix://<socket>` or `http://127.0.0.1:PORT`: reach it with desktop.core.common.unixhttp."""
+        return unixhttp.engine_url(self.plan.host, self.plan.port)
+
+    @property
+    def socket_path(self) -> str | None:
+        return self.plan.host if unixhttp.is_socket_host(self.plan.host) else None
+
+    @property
+    def address_tag(self) -> str:
+        """Short and unique among this app's engines: the port, or the socket's name."""
+        path = self.socket_path
+        return Path(path).stem.split("-", 1)[-1] if path else str(self.plan.port)  # "<app pid>-<n>"
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
@@ -307,13 +373,9 @@ class EngineProcess:
         """Validate the port, spawn the engine and start streaming its log. Returns immediately."""
         if self._proc is not None:
             raise SwitchyardError("this engine process was already started")
-        if self.plan.host not in ("127.0.0.1", "localhost", "::1"):
-            log.warning("binding %s to non-loopback host %s at the user's request", self.adapter.name, self.plan.host)
-        if self.plan.port == 0:
-            self.plan = replace(self.plan, port=find_free_port(self.plan.host))
-        else:
-            ensure_port_free(self.plan.port, self.plan.host)
+        self._choose_address()
         command = self.adapter.build_command(self.plan, self.install)
+        self._program = command.argv[0] if command.argv and os.path.isabs(command.argv[0]) else None
         env = {**os.environ, **command.env}
         self.cold_start.page_cache_resident = pagecache.resident_fraction(self.plan.model_path)
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -333,6 +395,54 @@ class EngineProcess:
         self._reader.start()
         self._set_state(EngineState.LOADING)
 
+    def _choose_address(self) -> None:
+        """Where the engine listens: a fresh socket in the user's 0700 socket folder unless the user asked for a
+        TCP port (or the platform has no Unix sockets); a TCP port is checked free (or picked) here."""
+        host = self.plan.host
+        if unixhttp.is_socket_host(host):
+            Path(host).unlink(missing_ok=True)  # a stale socket of ours: the engine's bind would fail on it
+            return
+        if self.plan.port == 0 and not self._tcp and unixhttp.supported() and host in _LOOPBACK:
+            name = f"{self.adapter.name.replace('.', '')}-{os.getpid()}-{next(_SOCKETS)}.sock"
+            path = unixhttp.socket_dir(paths.run_dir()) / name
+            path.unlink(missing_ok=True)
+            self.plan = replace(self.plan, host=str(path))
+            return
+        if host not in _LOOPBACK:
+            log.warning("binding %s to non-loopback host %s at the user's request", self.adapter.name, host)
+        if not self._tcp and self.plan.api_key is None:  # TCP only because the platform has no sockets: a key
+            self.plan = replace(self.plan, api_key=secrets.token_urlsafe(32))
+        if self.plan.port == 0:
+            self.plan = replace(self.plan, port=find_free_port(host))
+        else:
+            ensure_port_free(self.plan.port, host)
+
+    def _listener_is_ours(self) -> bool:
+        """Whether what listens at the engine's address belongs to the engine's process tree, checked before
+        anything (the key, a prompt) is sent there. A local user who binds the TCP port first (between our check
+        and the engine's bind) answers /health; that listener is never trusted, and the engine, unable to bind,
+        crashes with an explained reason. A socket path in the user's 0700 folder cannot be taken by another
+        user; where the system tells the listening pid (Linux, macOS) it is checked too."""
+        if self._listener_checked:
+            return True
+        assert self._proc is not None
+        tree = {p.pid for p in proctree.members_of(proctree.Recorded(self._proc.pid, self._created, self._pgid))}
+        path = self.socket_path
+        if path is not None:
+            pid = unixhttp.peer_pid(path)
+            ours = pid in tree if pid is not None else (
+                sys.platform not in ("linux", "darwin") and os.path.exists(path))
+        else:
+            ours = _listens_on(tree, self.plan.port)
+        self._listener_checked = ours
+        return ours
+
+    def _remove_socket(self) -> None:
+        path = self.socket_path
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
     def _write_pidfile(self) -> None:
         assert self._proc is not None
         record = {
@@ -343,9 +453,11 @@ class EngineProcess:
             "owner_created": _create_time(os.getpid()),
             "engine": self.adapter.name,
             "port": self.plan.port,
+            "socket": self.socket_path,
+            "program": self._program,  # the reaper kills only processes running this or from the engines folder
             "log": str(self.log_path),
         }
-        _pidfile(self._proc.pid).write_text(json.dumps(record))
+        private.write_private_text(_pidfile(self._proc.pid), json.dumps(record))
 
     def _read_output(self) -> None:
         """Copy the engine's output to the log file and subscribers. Reads whole blocks: under load an engine
@@ -374,6 +486,7 @@ class EngineProcess:
                 self._watchdog.wait(10)
         self._exited.set()
         _pidfile(self._proc.pid).unlink(missing_ok=True)
+        self._remove_socket()
         if self._stop_requested:
             self.outcome = EngineOutcome(EngineState.STOPPED, code, None, str(self.log_path))
             self._set_state(EngineState.STOPPED)
@@ -435,8 +548,8 @@ class EngineProcess:
         Raises EngineFailed with an explained reason when the engine dies or the timeout passes.
         """
         deadline = time.monotonic() + timeout
-        health_url = self.base_url + self.adapter.health_path
-        with httpx.Client(timeout=httpx.Timeout(5.0, connect=1.0), trust_env=False) as client:
+        health_url = unixhttp.http_url(self.base_url) + self.adapter.health_path
+        with unixhttp.client(self.base_url, timeout=httpx.Timeout(5.0, connect=1.0)) as client:
             while True:
                 if self._exited.is_set():
                     self._join_reader()
@@ -446,12 +559,14 @@ class EngineProcess:
                         f"{self.adapter.display_name} was not ready after {timeout:.0f} s",
                         f"last log line: {(self.log_tail(1) or ['(none)'])[0][:200]}; log: {self.log_path}",
                     )
-                try:
-                    response = client.get(health_url, headers=self._auth_headers())
-                    status: int | None = response.status_code
-                    body = response.text
-                except httpx.HTTPError:
-                    status, body = None, ""
+                status: int | None = None
+                body = ""
+                if self._listener_is_ours():  # else an impostor holds the address: it gets nothing from us
+                    try:
+                        response = client.get(health_url, headers=self._auth_headers())
+                        status, body = response.status_code, response.text
+                    except httpx.HTTPError:
+                        status, body = None, ""
                 if self.adapter.health_state(status, body) == "ready":
                     break
                 self._exited.wait(0.1)  # wakes at once if the engine dies
@@ -460,6 +575,9 @@ class EngineProcess:
         if first_request:
             self._first_request(deadline)
         self._set_state(EngineState.READY)
+        if self.state != EngineState.READY:  # it crashed (or was stopped) meanwhile: final, never READY
+            self._join_reader()
+            raise self.failure()
         return self.cold_start
 
     def _auth_headers(self) -> dict[str, str]:
@@ -501,6 +619,7 @@ class EngineProcess:
         if self._reader:
             self._reader.join(timeout=10)
         _pidfile(self._proc.pid).unlink(missing_ok=True)
+        self._remove_socket()
         if self._proc.stdout:
             self._proc.stdout.close()
         return self.outcome
@@ -535,8 +654,9 @@ def stream_completion(
         body["model"] = model
     body.update(extra or {})
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False) as client, \
-            client.stream("POST", base_url + "/v1/completions", json=body, headers=headers) as response:
+    with unixhttp.client(base_url, timeout=httpx.Timeout(timeout, connect=5.0)) as client, \
+            client.stream("POST", unixhttp.http_url(base_url) + "/v1/completions", json=body,
+                          headers=headers) as response:
         if response.status_code != 200:
             response.read()
             raise httpx.HTTPStatusError(f"HTTP {response.status_code}: {response.text[:300]}",

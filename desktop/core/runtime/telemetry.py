@@ -22,6 +22,7 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from desktop.core.common import private, unixhttp
 from desktop.core.engines.base import EngineAdapter
 
 log = logging.getLogger("switchyard.telemetry")
@@ -78,7 +79,7 @@ class SqliteSamples:
     """A minimal WAL-mode SQLite sample table for tools and tests that do not want the app's `Store`."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private.private_database(path)  # 0600 whatever the umask
         self._db = sqlite3.connect(str(path), check_same_thread=False)
         self._lock = threading.Lock()
         with self._lock:
@@ -222,7 +223,8 @@ class EngineScraper:
         self._deriver = MetricsDeriver()
         self._tree = ProcessTree(pid) if pid else None
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout), trust_env=False)
+        self._client = unixhttp.client(base_url, timeout=httpx.Timeout(timeout))  # the engine's socket, or TCP
+        self._url = unixhttp.http_url(base_url)
         self._slots_served: bool | None = None  # unknown until asked once
         self.last_error: str | None = None
 
@@ -240,7 +242,7 @@ class EngineScraper:
 
     def _scrape_metrics(self) -> dict[str, float] | None:
         try:
-            response = self._client.get(self.base_url + self.adapter.metrics_path, headers=self._headers)
+            response = self._client.get(self._url + self.adapter.metrics_path, headers=self._headers)
             response.raise_for_status()
             mapped = self.adapter.map_metrics(parse_metrics(response.text))
         except (httpx.HTTPError, ValueError) as exc:
@@ -251,7 +253,7 @@ class EngineScraper:
 
     def _scrape_slots(self) -> dict[str, float]:
         try:
-            response = self._client.get(self.base_url + "/slots", headers=self._headers)
+            response = self._client.get(self._url + "/slots", headers=self._headers)
         except httpx.HTTPError:
             return {}
         if response.status_code != 200:

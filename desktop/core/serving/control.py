@@ -73,14 +73,17 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def write_discovery(port: int, url: str, token: str, kind: str = "endpoint", info: dict[str, Any] | None = None
-                    ) -> Path:
-    """Create the discovery file readable by this user only (created 0600, never widened)."""
+def write_discovery(port: int, url: str, token: str, kind: str = "endpoint", info: dict[str, Any] | None = None,
+                    api_key: str | None = None) -> Path:
+    """Create the discovery file readable by this user only (created 0600, never widened). `api_key`: a plain
+    serve's per-launch engine key, kept here for the user's own clients (never printed by `status`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown discovery kind {kind!r}")
     path = discovery_path(port)
     record = {"pid": os.getpid(), "created": psutil.Process().create_time(), "port": port, "url": url,
               "token": token, "started_at": time.time(), "kind": kind, "info": info or {}}
+    if api_key:
+        record["api_key"] = api_key
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import psutil
 
+from desktop.core.common import unixhttp
 from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
 from desktop.core.engines import get_adapter
@@ -381,7 +382,7 @@ class EndpointManager:
             plan = replace(plan, api_key=secrets.token_urlsafe(32))
         process = EngineProcess(adapter, plan, install)
         process.start()
-        upstream = Upstream(name=f"{adapter.name}@{process.plan.port}", engine=adapter.name,
+        upstream = Upstream(name=f"{adapter.name}@{process.address_tag}", engine=adapter.name,
                             base_url=process.base_url, served_model_name=process.plan.served_model_name,
                             api_key=process.plan.api_key, model=str(process.plan.model_path),
                             messages_api=adapter.anthropic_messages,
@@ -619,8 +620,10 @@ class EndpointManager:
     def _engine_post(self, managed: ManagedEngine, path: str, timeout: float = 120.0) -> bool:
         key = managed.process.plan.api_key
         try:
-            response = httpx.post(managed.process.base_url + path, timeout=timeout, trust_env=False,
-                                  headers={"Authorization": f"Bearer {key}"} if key else None)
+            url = managed.process.base_url  # the engine's private socket (desktop.core.common.unixhttp)
+            with unixhttp.client(url, timeout=timeout) as client:
+                response = client.post(unixhttp.http_url(url) + path,
+                                       headers={"Authorization": f"Bearer {key}"} if key else None)
         except httpx.HTTPError as exc:
             log.warning("%s %s failed: %s", managed.upstream.name, path, exc)
             return False

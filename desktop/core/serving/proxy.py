@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from desktop.core.common.errors import PortBusy, SwitchyardError
 from desktop.core.common.origins import ANY_ORIGIN, is_local_origin, is_loopback_host, normalize_origin
+from desktop.core.engines.model_path import model_label
 from desktop.core.runtime.ports import holder_of
 from desktop.core.serving.defaults import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
 from desktop.core.serving.forward import MESSAGES_PATH, Forwarder
@@ -500,14 +501,17 @@ def models_answer(router: Router, model_name: str, started_at: float) -> LocalRe
         for name, route in router.routes.items():
             state = "loaded" if route.active else "loading" if route.loading_since else \
                 "down" if route.down_reason else "unloaded"
+            info = {**route.info, "state": state}
+            if isinstance(info.get("model"), str):
+                info["model"] = model_label(info["model"])  # a name, never the user's path
             data.append({"id": name, "object": "model", "created": int(started_at),
-                         "owned_by": "switchyard", "switchyard": {**route.info, "state": state}})
+                         "owned_by": "switchyard", "switchyard": info})
         return LocalResponse.json({"object": "list", "data": data})
     active = router.active
     entry: dict[str, Any] = {"id": model_name, "object": "model", "created": int(started_at),
                              "owned_by": "switchyard"}
     if active is not None:
-        entry["switchyard"] = {"engine": active.engine, "model": active.model}
+        entry["switchyard"] = {"engine": active.engine, "model": model_label(active.model)}
     return LocalResponse.json({"object": "list", "data": [entry]})
 
 def unknown_model(router: Router, name: str | None) -> LocalResponse:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from desktop.core.common import unixhttp
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.sse import LAST_CHUNK, chunk, error_event
 from desktop.core.serving.defaults import DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_IDLE_TIMEOUT
@@ -68,6 +69,8 @@ class Target:
     @classmethod
     def parse(cls, base_url: str) -> Target:
         parts = urlsplit(base_url)
+        if parts.scheme == unixhttp.SCHEME:  # an engine on a Unix socket (desktop.core.common.unixhttp): port 0
+            return cls(unixhttp.socket_of(base_url) or "", 0, parts.path.rstrip("/"), unixhttp.NOMINAL_HOST)
         if parts.scheme != "http":
             raise SwitchyardError(f"the endpoint forwards to local engines over http://, not {base_url}")
         return cls(parts.hostname or "127.0.0.1", parts.port or 80, parts.path.rstrip("/"), parts.netloc)
@@ -190,7 +193,11 @@ def readiness(fileno: int) -> Callable[[], bool]:
 
 async def open_connection(target: Target, connection: UpstreamConnection) -> None:
     """Connect `connection` to the engine at `target`: the one place the endpoint opens a connection to one."""
-    await asyncio.get_running_loop().create_connection(lambda: connection, target.host, target.port)
+    loop = asyncio.get_running_loop()
+    if target.port == 0:  # the engine's private Unix socket: only this user can connect or listen there
+        await loop.create_unix_connection(lambda: connection, target.host)
+    else:
+        await loop.create_connection(lambda: connection, target.host, target.port)
 
 
 class UpstreamPool:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from desktop.core.common import paths
+from desktop.core.common import paths, private
 from desktop.core.common.errors import SwitchyardError
 
 DB_NAME = "history.sqlite3"
@@ -121,12 +121,12 @@ class Store:
         self.path = Path(path) if path else paths.data_dir() / DB_NAME
         self._lock = threading.Lock()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private.private_database(self.path)  # captured prompts live here: 0600 whatever the umask
             self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=10.0)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._migrate()
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, OSError) as exc:
             raise SwitchyardError(f"cannot open the history database {self.path}: {exc}",
                                   "move the file aside to start a fresh history") from exc
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
+from desktop.core.common import unixhttp
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.sse import SSEDecoder, StreamDelta, parse_chunk
 from desktop.core.measure.loadgen.metrics import RequestResult
@@ -60,8 +61,22 @@ class Target:
         return self.base_url.rstrip("/").removesuffix("/v1")
 
     @property
+    def request_root(self) -> str:
+        """`root` as a client from `client()`/`async_client()` asks for it (an engine's socket: http://localhost)."""
+        return unixhttp.http_url(self.root)
+
+    @property
     def url(self) -> str:
-        return self.root + ("/v1/chat/completions" if self.api == "chat" else "/v1/completions")
+        return self.request_root + ("/v1/chat/completions" if self.api == "chat" else "/v1/completions")
+
+    def client(self, **options: Any) -> httpx.Client:
+        """An httpx client that reaches this target: over the engine's Unix socket when it is on one."""
+        return unixhttp.client(self.base_url, verify=self.verify_tls, trust_env=False, follow_redirects=False,
+                               **options)
+
+    def async_client(self, **options: Any) -> httpx.AsyncClient:
+        return unixhttp.async_client(self.base_url, verify=self.verify_tls, trust_env=False, follow_redirects=False,
+                                     **options)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -89,7 +104,7 @@ class Target:
 async def discover_model(client: httpx.AsyncClient, target: Target) -> str | None:
     """The first model the server lists, or None when it does not say (llama-server accepts any name)."""
     try:
-        response = await client.get(target.root + "/v1/models",
+        response = await client.get(target.request_root + "/v1/models",
                                     headers=target.headers(), timeout=10.0)
         data = response.json().get("data") or []
         return str(data[0]["id"]) if data else None
@@ -109,9 +124,8 @@ class ServerTokenCounter:
         self.calls = 0
         self._shape: str | None = None
         self._cache: dict[str, int] = {}
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S),
-                                    verify=target.verify_tls, trust_env=False, follow_redirects=False,
-                                    headers=target.headers())
+        self._client = target.client(timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S),
+                                     headers=target.headers())
 
     def _bodies(self, text: str) -> list[tuple[str, dict[str, Any]]]:
         llama = ("llama", {"content": text, "add_special": False})
@@ -123,7 +137,7 @@ class ServerTokenCounter:
         for shape, body in self._bodies(text):
             self.calls += 1
             try:
-                response = self._client.post(self.target.root + "/tokenize", json=body)
+                response = self._client.post(self.target.request_root + "/tokenize", json=body)
                 data = response.json() if response.status_code == 200 else None
             except (httpx.TimeoutException, httpx.TransportError):
                 return None  # not answering at all: no point trying the other shape
@@ -172,10 +186,9 @@ def check_target(target: Target, timeout: float = 120.0) -> str | None:
     key_hint = (f"set the right key: switchyard endpoints add {target.name} {target.root} --api-key-stdin --replace"
                 if target.name else "give the key with --api-key-env VAR (or attach the endpoint with its key)")
     model = target.model
-    with httpx.Client(timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S), verify=target.verify_tls,
-                      trust_env=False, follow_redirects=False, headers=target.headers()) as client:
+    with target.client(timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S), headers=target.headers()) as client:
         try:
-            listed = client.get(target.root + "/v1/models")
+            listed = client.get(target.request_root + "/v1/models")
             _refuse_auth(listed.status_code, target, where, key_hint)
             if listed.status_code == 200 and model is None:
                 with contextlib.suppress(ValueError, KeyError, TypeError, IndexError, AttributeError):

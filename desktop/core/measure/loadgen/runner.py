@@ -340,8 +340,7 @@ async def run_load(
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(64, (limit or 0) * 2))
     timeout = httpx.Timeout(config.request_timeout_s, connect=10.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, verify=target.verify_tls,
-                                 follow_redirects=False) as client:
+    async with target.async_client(limits=limits, timeout=timeout) as client:
         model = target.model or await discover_model(client, target)
         measuring_over = False
 

@@ -1,0 +1,129 @@
+"""The app's own files stay the user's own: folders 0700, files 0600, whatever umask the user's shell has.
+
+History (with captured prompts), engine logs, pidfiles and sockets live under the data folder; another local user
+must not read them. The CLI and the app run under umask 077 (`apply_umask`), and the places that create these
+files ask for the mode explicitly as well (`private_dir`, `open_private`), so a library caller or a test under
+umask 022 gets the same modes. Existing folders and files are tightened, never widened, and only when this user
+owns them (a folder the user pointed SWITCHYARD_HOME at that belongs to someone else is left as it is).
+
+`read_record` reads a small JSON record (a pidfile) written by a user that the reader does not trust, e.g. the
+root uninstaller reading every user's run folder: it never follows a link, never blocks on a FIFO, refuses
+anything but a small regular file owned by the expected user, and survives hostile JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+APP_UMASK = 0o077
+RECORD_MAX_BYTES = 64 * 1024
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_tightened: set[str] = set()
+
+
+def apply_umask() -> int:
+    """Run this process (and the engines it starts) under umask 077; returns the previous umask."""
+    return os.umask(APP_UMASK)
+
+
+def _own(st: os.stat_result) -> bool:
+    return not hasattr(os, "getuid") or st.st_uid == os.getuid()
+
+
+def tighten(path: Path) -> None:
+    """Drop group/other permission bits of `path` (not following a link) when this user owns it."""
+    if os.name != "posix":
+        return
+    with contextlib.suppress(OSError):
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode) or not _own(st) or not stat.S_IMODE(st.st_mode) & 0o077:
+            return
+        os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and missing parents) as 0700; tighten it once per process if it already existed."""
+    key = str(path)
+    if key in _tightened and path.is_dir():
+        return path
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tighten(path)
+    _tightened.add(key)
+    return path
+
+
+def open_private(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND) -> int:
+    """os.open for a file only this user may read: created 0600, never through a symlink, tightened if older."""
+    fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC, 0o600)
+    if os.name == "posix":
+        try:
+            st = os.fstat(fd)
+            if stat.S_IMODE(st.st_mode) & 0o077 and _own(st):
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o700)
+        except OSError:
+            os.close(fd)
+            raise
+    return fd
+
+
+def write_private_text(path: Path, text: str) -> None:
+    """Replace `path`'s content with `text`, mode 0600 (a planted link is replaced, not followed)."""
+    with contextlib.suppress(FileNotFoundError):
+        if path.is_symlink():
+            path.unlink()
+    fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def private_database(path: Path) -> Path:
+    """Make sure the SQLite file `path` exists as 0600 before SQLite opens it (SQLite gives its -wal and -shm
+    files the database file's mode), and tighten an older one and its -wal/-shm."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # the app's own folders are private_dir'ed
+    os.close(open_private(path, os.O_RDWR | os.O_CREAT))
+    for suffix in ("-wal", "-shm", "-journal"):
+        tighten(path.with_name(path.name + suffix))
+    return path
+
+
+def read_record(path: Path, uid: int | None = None) -> dict[str, Any] | None:
+    """The JSON object in `path`, or None when it is not a trustworthy record: not a regular file (a FIFO, a
+    directory, a link), not owned by `uid` (default: this user), RECORD_MAX_BYTES or more, or not a JSON object
+    (including JSON nested deep enough to exhaust the parser). Never blocks and never raises for a bad file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)  # of what was opened: no window between a check and the read
+        wanted = uid if uid is not None else (os.getuid() if hasattr(os, "getuid") else None)
+        if not stat.S_ISREG(st.st_mode) or st.st_size >= RECORD_MAX_BYTES:
+            return None
+        if wanted is not None and st.st_uid != wanted:
+            return None
+        data = os.read(fd, RECORD_MAX_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def remove_record(path: Path, uid: int | None = None) -> None:
+    """Unlink `path` only when it is a regular file owned by `uid` (default: this user): never a folder or a
+    link someone planted, never another user's file."""
+    with contextlib.suppress(OSError):
+        st = os.lstat(path)
+        wanted = uid if uid is not None else (os.getuid() if hasattr(os, "getuid") else None)
+        if stat.S_ISREG(st.st_mode) and (wanted is None or st.st_uid == wanted):
+            path.unlink()

@@ -1,0 +1,155 @@
+"""The real engines behind the endpoint listen on private Unix sockets: no process of the engine's tree holds a
+TCP listening socket (so no TCP port answers inference, vLLM's unauthenticated /invocations included), the socket
+lives in a 0700 folder of this user, and requests through the endpoint, telemetry scraping and the load
+generator all reach the engine over it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from desktop.core.common import unixhttp
+from desktop.core.runtime import proctree
+from desktop.core.runtime.ports import find_free_port
+from desktop.core.runtime.telemetry import EngineScraper
+from desktop.core.serving.proxy import ProxyServer
+
+
+def _tcp_listeners(pid: int) -> list[Any]:
+    """Every TCP listening socket held by the engine's process tree (its group and descendants)."""
+    found = []
+    for proc in proctree.members_of(proctree.Recorded(pid, psutil.Process(pid).create_time(), os.getpgid(pid))):
+        try:
+            found += [c for c in proc.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+        except psutil.Error:
+            continue
+    return found
+
+
+def _http_answer(host: str, port: int, route: str) -> bytes:
+    """What a TCP listener answers to an unauthenticated inference request (b"" for nothing within 3 s)."""
+    body = b'{"model":"x","prompt":"Hi","max_tokens":2}'
+    head = (f"POST {route} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+            f"Origin: http://evil.example\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    try:
+        with socket.create_connection((host, port), timeout=3) as sock:
+            sock.sendall(head + body)
+            return sock.recv(4096)
+    except OSError:
+        return b""
+
+
+def _check_private_engine(manager: Any, proxy: ProxyServer, tcp_allowed: bool = False) -> None:
+    active = manager.active
+    assert active is not None
+    process = active.process
+    path = unixhttp.socket_of(process.base_url)
+    assert path is not None, f"the engine is on {process.base_url}, not a Unix socket"
+    assert stat.S_ISSOCK(os.lstat(path).st_mode)
+    folder = os.lstat(Path(path).parent)
+    assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.getuid()
+    assert "--port" not in psutil.Process(process.pid).cmdline()
+    if not tcp_allowed:
+        assert _tcp_listeners(process.pid) == [], "a process of the engine listens on TCP"
+    for listener in _tcp_listeners(process.pid):  # vLLM CPU: torch.distributed's rendezvous, never HTTP
+        for route in ("/invocations", "/v1/completions"):
+            answer = _http_answer(listener.laddr.ip, listener.laddr.port, route)
+            assert not answer.startswith(b"HTTP/1.1 2") and not answer.startswith(b"HTTP/1.0 2"), \
+                f"{listener.laddr} answered {route}: {answer[:80]!r}"
+    body = {"model": "x", "prompt": "Hi", "max_tokens": 2}
+    through = httpx.post(proxy.url + "/v1/completions", json=body, trust_env=False, timeout=300)
+    assert through.status_code == 200 and through.json()["choices"]
+    scraper = EngineScraper("t", process.adapter, process.base_url, process.pid, api_key=process.plan.api_key)
+    try:
+        series = {s.series for s in scraper.sample_once()}
+    finally:
+        scraper.close()
+    assert "requests_running" in series, scraper.last_error  # /metrics came over the socket
+    manager.close()
+    assert not os.path.exists(path), "the socket file outlives its engine"
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_llama_server_behind_the_endpoint_has_no_tcp_port(llama_install: Any, demo_model: Any) -> None:
+    from desktop.core.serving.endpoint import EndpointManager, EngineSpec
+
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=600)
+    proxy.start()
+    manager = EndpointManager(proxy, ready_timeout=600)
+    try:
+        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), slots=1))
+        _check_private_engine(manager, proxy)
+    finally:
+        manager.close()
+        proxy.stop()
+
+
+@pytest.mark.engine
+@pytest.mark.vllm
+def test_vllm_behind_the_endpoint_has_no_tcp_port(vllm_install: Any, demo_model: Any) -> None:
+    """vLLM's /invocations, /tokenize, /pause need no key: on a TCP port they answered anyone (and web pages).
+    On its socket, no TCP port of vLLM's tree answers an inference request."""
+    from desktop.core.serving.endpoint import EndpointManager, EngineSpec, make_launcher
+
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=900)
+    proxy.start()
+    manager = EndpointManager(proxy, ready_timeout=900, launcher=make_launcher(vllm_eager=True))
+    try:
+        manager.start(EngineSpec("vllm", "demo", slots=1))
+        # vLLM's CPU workers rendezvous over torch.distributed (a TCPStore and gloo pairs on 127.0.0.1): those
+        # loopback listeners exist, but none of them speaks HTTP, so none answers inference
+        _check_private_engine(manager, proxy, tcp_allowed=True)
+    finally:
+        manager.close()
+        proxy.stop()
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_plain_serve_gets_a_per_launch_key_printed_once_and_kept_in_the_discovery_file(llama_install: Any,
+                                                                                       demo_model: Any) -> None:
+    """Plain `serve` keeps TCP (its clients talk to the engine) but no longer serves anyone who finds the port:
+    without the key, even a request from a web page's origin gets 401."""
+    import json
+    import subprocess
+    import sys
+
+    from desktop.core.common import paths
+
+    proc = subprocess.Popen([sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp",  # noqa: S603
+                             "--model", "demo", "--parallel", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stderr is not None
+    before: list[str] = []
+    for line in proc.stderr:
+        before.append(line)
+        if line.startswith("ready:"):
+            break
+    ready = before[-1] if before else ""
+    try:
+        assert ready.startswith("ready: http://127.0.0.1:"), ready
+        base_url = ready.split()[1].removesuffix("/v1")
+        port = int(base_url.rsplit(":", 1)[1])
+        discovery = paths.run_dir() / f"endpoint-{port}.json"
+        assert stat.S_IMODE(os.stat(discovery).st_mode) == 0o600
+        key = json.loads(discovery.read_text())["api_key"]
+        assert len(key) >= 32 and key not in " ".join(psutil.Process(proc.pid).cmdline())
+        body = {"prompt": "hi", "max_tokens": 2}
+        refused = httpx.post(base_url + "/v1/completions", json=body, trust_env=False, timeout=60,
+                             headers={"Origin": "http://evil.example"})
+        assert refused.status_code == 401
+        served = httpx.post(base_url + "/v1/completions", json=body, trust_env=False, timeout=120,
+                            headers={"Authorization": f"Bearer {key}"})
+        assert served.status_code == 200 and served.json()["choices"]
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=60)
+    assert sum(line.count(key) for line in before) == 1 and key not in err, "the key is printed exactly once"
