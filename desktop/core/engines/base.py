@@ -274,7 +274,7 @@ class EngineAdapter(ABC):
     def is_polling_line(self, line: str) -> bool:
         """Whether `line` is an engine's access-log line for one of the app's own polls (`polled_paths`)."""
         match = _ACCESS_LINE.search(line)
-        return bool(match) and match.group(1).split("?")[0] in self.polled_paths
+        return match is not None and match.group(1).split("?")[0] in self.polled_paths
 
     def explain_failure(self, exit_code: int | None, log_tail: Sequence[str]) -> FailureReason:
         """Turn an exit code and the last log lines into a reason a person can act on. A rule's reason may quote

@@ -64,17 +64,18 @@ class Phase:
     key: str
     label: str
     short: str
+    color: str  # the same colour on the Serve page's bar and in reports
 
 
 COLD_START_PHASES: tuple[Phase, ...] = (
-    Phase("process", "process & imports", "start"),
-    Phase("weights", "weights", "weights"),
-    Phase("compile", "torch.compile", "compile"),
-    Phase("memory", "memory profile & KV cache", "KV"),
-    Phase("graphs", "CUDA graphs / warm-up", "warm-up"),
-    Phase("api", "API up (T1)", "T1"),
-    Phase("first_token", "first token (T2)", "T2"),
-    Phase("first_request", "first request done (T3)", "T3"),
+    Phase("process", "process & imports", "start", "#9e9ac8"),
+    Phase("weights", "weights", "weights", "#2b8cbe"),
+    Phase("compile", "torch.compile", "compile", "#e6550d"),
+    Phase("memory", "memory profile & KV cache", "KV", "#31a354"),
+    Phase("graphs", "CUDA graphs / warm-up", "warm-up", "#756bb1"),
+    Phase("api", "API up (T1)", "T1", "#636363"),
+    Phase("first_token", "first token (T2)", "T2", "#fdae6b"),
+    Phase("first_request", "first request done (T3)", "T3", "#74c476"),
 )
 PHASE_BY_KEY = {phase.key: phase for phase in COLD_START_PHASES}
 SERVING_PHASES = ("api", "first_token", "first_request")  # every engine has these: T1, T2, T3

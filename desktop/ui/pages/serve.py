@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QComboBox,
@@ -55,6 +55,31 @@ SERIES_MAP: dict[str, tuple[str, float]] = {
     "cpu_percent": ("cpu_percent", 1.0),
     "rss_bytes": ("rss_gib", 1.0 / 1024**3),
 }
+
+
+LIVE_MS = 500
+
+
+def engine_short(process: Any) -> str:
+    """"llama.cpp", "vLLM": the engine's name without its server's."""
+    return str(process.adapter.display_name).split(" (")[0] if process is not None else ""
+
+
+def engines_line(serving: Any, starting: Any, shown: Any = None) -> str:
+    """Both engines' states in one line: what serves, and what starts (how long so far, in which phase)."""
+    from desktop.core.runtime.supervisor import PHASE_BY_KEY
+
+    parts = []
+    if serving is not None:
+        parts.append(f"serving: {engine_short(serving)}" if serving.state.value == "ready"
+                     else f"{serving.state.value}: {engine_short(serving)}")
+    if starting is not None and starting.is_running():
+        phase = starting.cold_start.current_phase()
+        label = PHASE_BY_KEY[phase].label if phase else "ready"
+        parts.append(f"starting: {engine_short(starting)} {starting.elapsed():.0f} s, {label}")
+    if not parts and shown is not None:  # an engine that crashed or stopped, or the very first start
+        parts.append(f"{shown.state.value}: {engine_short(shown)}")
+    return " · ".join(parts) or "stopped"
 
 
 def plan_for_form(engine: str, model: str, ctx: int, parallel: int) -> Any:
@@ -185,8 +210,8 @@ class ServePage(QWidget):
         layout.addWidget(splitter)
 
         session.state_changed.connect(self.on_state)
-        session.phase_reached.connect(self.timeline.add)
-        session.watching.connect(lambda _name: self.timeline.clear())
+        session.phase_reached.connect(lambda _name, _seconds: self.refresh_live())
+        session.watching.connect(lambda _name: self.refresh_live())
         session.log_lines.connect(self.log_pane.append_lines)
         session.progress.connect(lambda text: self.notice.show_message(text))
         session.ready.connect(self.on_ready)
@@ -196,6 +221,11 @@ class ServePage(QWidget):
         session.samples.connect(self.on_samples)
         session.switched.connect(self.on_switched)
         self.board.start()
+        self._serving_source: str | None = None  # the upstream whose telemetry the charts show
+        self.live_timer = QTimer(self)  # the bar grows and the engines' line counts while an engine starts
+        self.live_timer.setInterval(LIVE_MS)
+        self.live_timer.timeout.connect(self.refresh_live)
+        self.live_timer.start()
         self._update_buttons()
 
     # --- actions ---
@@ -206,7 +236,6 @@ class ServePage(QWidget):
         self.model_edit.setText(request.model)
         self.ctx_spin.setValue(request.shown_ctx)
         self.parallel_spin.setValue(request.shown_slots)
-        self.timeline.clear()
         self.notice.show_message(f"Starting {request.engine} on {request.model}…")
         self.session.start(request)
         self._update_buttons()
@@ -269,8 +298,8 @@ class ServePage(QWidget):
 
     # --- session events ---
     def on_state(self, state: str) -> None:
-        self.state_label.setText(state)
         self.state_label.setAccessibleDescription(state)
+        self.refresh_live()
         if state == "crashed" and self.session.process is not None:
             outcome = self.session.process.outcome
             reason = outcome.reason if outcome else None
@@ -309,7 +338,7 @@ class ServePage(QWidget):
         self._update_buttons()
 
     def on_stopped(self) -> None:
-        self.state_label.setText("stopped")
+        self.refresh_live()
         self.chat.stop()
         self.chat.set_endpoint(None)
         if self.notice.level != "error":
@@ -317,7 +346,10 @@ class ServePage(QWidget):
         self._update_buttons()
 
     def on_samples(self, samples: list[Any]) -> None:
+        serving = self._serving_source
         for sample in samples:
+            if "@" in sample.source and serving is not None and sample.source != serving:
+                continue  # an engine that is starting or draining: the charts show the one that serves
             route = SERIES_MAP.get(sample.series)
             if route is not None and self.board.push(route[0], sample.value * route[1], sample.t):
                 self.samples_received += 1
@@ -347,6 +379,44 @@ class ServePage(QWidget):
             self.notice.show_message(message, "error" if state == "down" else "warning")
         self._update_buttons()
 
+    # --- live state of both engines, the bar, hand-over marks ---
+    def engines(self) -> tuple[Any, Any]:
+        """(serving engine process, starting engine process), either None."""
+        manager = self.session.manager
+        if manager is None:
+            return None, None
+        active, starting = manager.active, manager.starting
+        return (active.process if active is not None else None,
+                starting.process if starting is not None else None)
+
+    def refresh_live(self) -> None:
+        """The engines' line ("serving: llama.cpp · starting: vLLM 23 s, compile"), the rows of the cold-start
+        bar (the starting one growing), and the hand-over mark when the serving engine changed."""
+        serving, starting = self.engines()
+        manager = self.session.manager
+        source = manager.active.upstream.name if manager is not None and manager.active is not None else None
+        if source != self._serving_source:
+            if self._serving_source is not None and source is not None:
+                self.board.mark(f"→ {engine_short(serving)}")
+            self._serving_source = source
+        line = engines_line(serving, starting, self.session.process)
+        self.state_label.setText(line)
+        ready = serving is not None and serving.state.value == "ready"
+        self.chat.show_engine_state(engine_short(serving) if ready else None,
+                                    line.split(" · ")[-1] if starting is not None else None)
+        for process in (serving, starting, self.session.process):
+            if process is not None:
+                self._show_row(process)
+
+    def _show_row(self, process: Any) -> None:
+        cold = process.cold_start
+        running = cold.t3_first_request_s is None and process.is_running()
+        phases = cold.phases(now=process.elapsed() if running else None)
+        cache = cold.compile_cache
+        note = {"hit": "compile cache hit", "miss": "compile cache miss (compiled and saved)",
+                "off": "no compile (eager)"}.get(cache or "", "")
+        self.timeline.show_start(id(process), engine_short(process), phases, running, note)
+
     def _update_buttons(self) -> None:
         running = self.session.is_running()
         busy = self.session.busy
@@ -356,6 +426,7 @@ class ServePage(QWidget):
         self.switch_button.setText(f"S&witch to {self.other_engine()}")
 
     def shutdown(self) -> None:
+        self.live_timer.stop()
         self.chat.shutdown()
         self.board.stop()
         self.requests_panel.shutdown()
