@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+
 @dataclass
 class StartRow:
     """One engine start on the bar: its title, its stacked phases (ColdStart.phases()) and whether it runs."""

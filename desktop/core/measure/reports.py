@@ -177,10 +177,10 @@ def phase_chart(title: str, engines: dict[str, dict[str, Any]], width: int = 560
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
              f'font-family="sans-serif" font-size="11"><title>{esc(title)}</title>',
              f'<text x="{width / 2}" y="18" text-anchor="middle" font-size="13" font-weight="bold">{esc(title)}</text>']
-    for index, phase in enumerate(COLD_START_PHASES):
+    for index, known in enumerate(COLD_START_PHASES):
         x, y = 10 + (index % 4) * 135, 26 + 16 * (index // 4)
-        parts.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{colors[phase.key]}"/>'
-                     f'<text x="{x + 14}" y="{y + 9}">{esc(phase.label)}</text>')
+        parts.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{colors[known.key]}"/>'
+                     f'<text x="{x + 14}" y="{y + 9}">{esc(known.label)}</text>')
     for row, (name, values) in enumerate(engines.items()):
         y = top + row * (bar + gap) + 8
         parts.append(f'<text x="{left - 6}" y="{y + 13}" text-anchor="end">{esc(name)}</text>')
@@ -188,12 +188,12 @@ def phase_chart(title: str, engines: dict[str, dict[str, Any]], width: int = 560
             parts.append(f'<text x="{left + 4}" y="{y + 13}" fill="#666">{esc(str(values.get("note") or ""))}</text>')
             continue
         end = 0.0
-        for phase in stacked[name]:
-            parts.append(f'<rect x="{left + float(phase["start_s"]) * scale:.1f}" y="{y}" '
-                         f'width="{max(1.0, float(phase["seconds"]) * scale):.1f}" height="{bar}" '
-                         f'fill="{colors.get(phase["phase"], "#999")}"><title>{esc(phase["label"])}: '
-                         f'{float(phase["seconds"]):.2f} s</title></rect>')
-            end = max(end, float(phase["end_s"]))
+        for seg in stacked[name]:
+            parts.append(f'<rect x="{left + float(seg["start_s"]) * scale:.1f}" y="{y}" '
+                         f'width="{max(1.0, float(seg["seconds"]) * scale):.1f}" height="{bar}" '
+                         f'fill="{colors.get(seg["phase"], "#999")}"><title>{esc(seg["label"])}: '
+                         f'{float(seg["seconds"]):.2f} s</title></rect>')
+            end = max(end, float(seg["end_s"]))
         parts.append(f'<text x="{left + end * scale + 4:.1f}" y="{y + 13}">{end:.2f} s</text>')
     parts.append("</svg>")
     return "".join(parts)

@@ -202,6 +202,10 @@ class ServePage(QWidget):
         self.requests_panel.title_changed.connect(
             lambda title: self.bottom_tabs.setTabText(self.bottom_tabs.indexOf(self.requests_panel), title))
         self.bottom_tabs.addTab(self.chat, "T&ry it (chat)")
+        from desktop.ui.models_editor import ModelsEditor
+
+        self.models_editor = ModelsEditor(self.model_state)  # the endpoint's models.yaml, as the CLI reads it
+        self.bottom_tabs.addTab(self.models_editor, self.models_editor.title)
         self.bottom_tabs.setAccessibleName("Engine log, requests and chat")
         splitter.addWidget(self.bottom_tabs)
         splitter.setStretchFactor(0, 4)
@@ -378,6 +382,18 @@ class ServePage(QWidget):
         if state in ("down", "failover"):
             self.notice.show_message(message, "error" if state == "down" else "warning")
         self._update_buttons()
+
+    def model_state(self, entry: dict[str, Any]) -> str:
+        """A models-list entry's state here: served / starting by this window's endpoint, or not loaded."""
+        from desktop.core.engines import get_adapter
+
+        serving, starting = self.engines()
+        request = self.session.request
+        for process, word in ((serving, "serving"), (starting, "starting")):
+            if process is not None and request is not None and process.adapter.name == \
+                    get_adapter(entry["engine"]).name and request.model == entry["model"]:
+                return word
+        return "not loaded"
 
     # --- live state of both engines, the bar, hand-over marks ---
     def engines(self) -> tuple[Any, Any]:
