@@ -116,10 +116,14 @@ class VllmAdapter(EngineAdapter):
         log_marker("load_start", r"Starting to load model", ends="process"),
         log_marker("loading_weights", r"Loading weights took\s*(?P<seconds>[\d.]+)", ends="weights"),
         log_marker("model_loading", r"Model loading took\s*(?P<gib>[\d.]+)\s*GiB", ends="weights"),
-        log_marker("compile_cache_hit", r"Directly load (?:AOT compilation|the compiled graph)"),
-        log_marker("compile_cache_miss", r"saved AOT compiled function to|Compiling a graph for (?:compile range|"
-                                         r"dynamic shape)"),
+        # torch.compile: loaded from the cache ("Directly load AOT compilation from path ...") or compiled and
+        # saved ("saved AOT compiled function to ..."); CUDA also says "torch.compile took X s in total".
+        log_marker("compile_cache_hit", r"Directly load (?:AOT compilation|the compiled graph)", ends="compile"),
+        log_marker("compile_cache_miss", r"saved AOT compiled function to", ends="compile"),
+        log_marker("compiling_graph", r"Compiling a graph for (?:compile range|dynamic shape)"),
         log_marker("torch_compile", r"torch\.compile (?:takes|took)\s*(?P<seconds>[\d.]+)", ends="compile"),
+        # the profiling run (CPU: "Warming up done.") sizes the KV cache
+        log_marker("profile_run", r"Initial profiling/warmup run took|Warming up done", ends="memory"),
         log_marker("kv_memory", r"Available KV cache memory:\s*(?P<gib>[\d.]+)\s*GiB", ends="memory"),
         log_marker("kv_tokens", r"KV cache size:\s*(?P<tokens>[\d,]+)\s*tokens", ends="memory"),
         log_marker("max_concurrency", r"Maximum concurrency for\s*(?P<len>[\d,]+)\s*tokens per request:\s*(?P<x>[\d.]+)",

@@ -325,6 +325,7 @@ class ServePage(QWidget):
         if gpu is None or gpu.unavailable:
             for title in ("Utilization", "Memory"):
                 self.charts[title].plot.getPlotItem().setTitle(f"{title} (no GPU telemetry)")
+        self.refresh_live()
         self._update_buttons()
         self._preview_switch()
         self.engine_ready.emit(cold)
@@ -359,6 +360,7 @@ class ServePage(QWidget):
                 self.samples_received += 1
 
     def on_switched(self, result: Any) -> None:
+        self.refresh_live()
         failed = getattr(result, "failed_requests", 0)
         if getattr(result, "kind", "warm") == "stop-first":
             self.switch_label.setText(
