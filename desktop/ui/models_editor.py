@@ -186,10 +186,14 @@ class ModelsEditor(QWidget):
         self.dialog = dialog
 
         def accepted() -> None:
+            from desktop.core.serving.models_file import entry_data, validate_entries
+
             if row is None:
                 self.entries.append(dialog.data())
             else:
                 self.entries[row] = dialog.data()
+            # as the file will hold them (defaults left out), so the list shown is the list saved
+            self.entries = [entry_data(e) for e in validate_entries(self.entries).models]
             self.refresh()
             self.notice.show_message("Not saved yet: Save writes " + self.path_edit.text())
 

@@ -120,6 +120,7 @@ class VllmAdapter(EngineAdapter):
         # saved ("saved AOT compiled function to ..."); CUDA also says "torch.compile took X s in total".
         log_marker("compile_cache_hit", r"Directly load (?:AOT compilation|the compiled graph)", ends="compile"),
         log_marker("compile_cache_miss", r"saved AOT compiled function to", ends="compile"),
+        log_marker("compile_cache_stale", r"Compiling model again due to a load failure from \S+, reason: (?P<why>.*)"),
         log_marker("compiling_graph", r"Compiling a graph for (?:compile range|dynamic shape)"),
         log_marker("torch_compile", r"torch\.compile (?:takes|took)\s*(?P<seconds>[\d.]+)", ends="compile"),
         # the profiling run (CPU: "Warming up done.") sizes the KV cache

@@ -140,10 +140,13 @@ class ColdStart:
 
     @property
     def compile_cache(self) -> str | None:
-        """vLLM's torch.compile cache on this start: "hit" (loaded compiled graphs), "miss" (compiled and
-        saved them), "off" (the plan does not compile); None when the engine said nothing about it."""
+        """vLLM's torch.compile cache on this start: "hit" (loaded compiled graphs), "stale" (found them but
+        could not load them: compiled again), "miss" (compiled and saved them), "off" (the plan does not
+        compile); None when the engine said nothing about it."""
         if "compile_cache_hit" in self.markers:
             return "hit"
+        if "compile_cache_stale" in self.markers:
+            return "stale"
         if "compile_cache_miss" in self.markers:
             return "miss"
         if self.compile_cache_dir is not None and "compile" not in self.expected:

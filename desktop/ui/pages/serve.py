@@ -128,6 +128,11 @@ class ServePage(QWidget):
         self.export_button.setToolTip("This launch plan as a shell command, docker run, Compose, Kubernetes, Ray "
                                       "or Helm")
         self.export_button.clicked.connect(lambda: self.open_export())
+        self.prepare_button = QPushButton("&Prepare vLLM")
+        self.prepare_button.setToolTip("Start vLLM once on this model and plan and stop it, so its compile cache "
+                                       "is warm and the real first start (or a switch) is much shorter")
+        self.prepare_button.clicked.connect(lambda: self.prepare_vllm())
+        self.preparing = False
         self.start_button.clicked.connect(self.start_clicked)
         self.stop_button.clicked.connect(self.stop_clicked)
         self.switch_button.clicked.connect(self.switch_clicked)
@@ -142,6 +147,7 @@ class ServePage(QWidget):
         controls.addWidget(self.stop_button)
         controls.addWidget(self.switch_button)
         controls.addWidget(self.export_button)
+        controls.addWidget(self.prepare_button)
 
         # --- state, endpoint, timeline ---
         self.state_label = QLabel("stopped")
@@ -263,6 +269,37 @@ class ServePage(QWidget):
         self.session.switch_to(target)
         index = self.engine_box.findData(target)
         self.engine_box.setCurrentIndex(index)
+
+    def prepare_vllm(self) -> bool:
+        """"Prepare vLLM" for the form's model and plan in the background (desktop.core.serving.prepare)."""
+        from desktop.core.serving.endpoint import EngineSpec
+        from desktop.core.serving.prepare import prepare
+
+        if self.preparing:
+            return False
+        spec = EngineSpec("vllm", self.model_edit.text().strip() or "demo", ctx_per_request=self.ctx_spin.value(),
+                          slots=self.parallel_spin.value())
+        self.preparing = True
+        self.prepare_button.setEnabled(False)
+        self.notice.show_message("Preparing vLLM: one start to fill its compile cache (the engines above keep "
+                                 "serving)…")
+        submit(prepare, spec, eager=self.session.vllm_eager, progress=self.session._progress,
+               on_finished=self._prepared, on_error=self._prepare_failed)
+        return True
+
+    def _prepared(self, done: Any) -> None:
+        self.preparing = False
+        self.prepare_button.setEnabled(True)
+        cold = done.cold_start
+        self.notice.show_message(
+            f"vLLM prepared on {done.model}: compile cache {done.compile_cache or 'not reported'} "
+            f"({'was already warm' if done.was_warm else 'filled now'}); that start took "
+            f"{(cold.get('t3_first_request_s') or 0):.1f} s. The next start of this plan loads compiled graphs.")
+
+    def _prepare_failed(self, message: str) -> None:
+        self.preparing = False
+        self.prepare_button.setEnabled(True)
+        self.notice.show_message(f"Preparing vLLM failed: {message}", "error")
 
     def open_export(self, modal: bool = True) -> None:
         """The export dialog for the plan being served, else for what the form says (resolved off the GUI
@@ -432,6 +469,7 @@ class ServePage(QWidget):
         phases = cold.phases(now=process.elapsed() if running else None)
         cache = cold.compile_cache
         note = {"hit": "compile cache hit", "miss": "compile cache miss (compiled and saved)",
+                "stale": "compile cache found but not loadable (compiled again)",
                 "off": "no compile (eager)"}.get(cache or "", "")
         self.timeline.show_start(id(process), engine_short(process), phases, running, note)
 
