@@ -70,6 +70,13 @@ def test_a_cache_hit_is_named_and_eager_plans_expect_no_compile() -> None:
     cold = replay(VllmAdapter(), hit, LaunchPlan("vllm", Path("/x")))
     assert cold.compile_cache == "hit" and cold.phase_ends["compile"] == 51.0
     assert "compile" not in VllmAdapter().cold_start_phases(LaunchPlan("vllm", Path("/x"), eager=True))
+    stale = [(9.0, "(Worker pid=23690) WARNING 12-01 21:59:50 [decorators.py:333] [backbone] Compiling model again "
+                   "due to a load failure from /c/torch_compile_cache/torch_aot_compile/7a/rank_0_0/model, reason: "
+                   "'function' object has no attribute 'finalize_loading'"),
+             (80.0, "(Worker pid=23690) INFO 12-01 22:01:07 [decorators.py:743] [backbone] saved AOT compiled "
+                    "function to /c/torch_compile_cache/torch_aot_compile/7a/rank_0_0/model")]
+    found = replay(VllmAdapter(), stale, LaunchPlan("vllm", Path("/x")))
+    assert found.compile_cache == "stale" and "finalize_loading" in found.facts["compile_cache_stale.why"]
 
 
 def test_the_phase_under_way_grows_live_and_is_the_next_expected_one() -> None:
@@ -133,6 +140,7 @@ def test_compile_cache_is_per_model_and_plan_and_in_the_apps_folder(tmp_path: Pa
 
     command = VllmAdapter().build_command(base, EngineInstall("vllm", "0.32.0", "cache", Path("/venv/bin/python")))
     assert command.env["VLLM_CACHE_ROOT"] == str(tmp_path / compile_cache_key(base))
+    assert command.env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / compile_cache_key(base) / "inductor")
     assert "--disable-access-log-for-endpoints" in command.argv
     eager = VllmAdapter().build_command(LaunchPlan("vllm", tmp_path / "model-a", eager=True),
                                         EngineInstall("vllm", "0.32.0", "cache", Path("/venv/bin/python")))

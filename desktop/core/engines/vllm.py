@@ -448,20 +448,26 @@ def compile_cache_key(plan: LaunchPlan) -> str:
 
 
 def _compile_cache_env(adapter: VllmAdapter, plan: LaunchPlan) -> dict[str, str]:
-    """VLLM_CACHE_ROOT for the plan (vLLM 0.32 keeps torch_compile_cache/ under it); a plan's own env wins."""
+    """The plan's cache folder for both caches a start compiles into: vLLM's (VLLM_CACHE_ROOT: its AOT
+    artefact under torch_compile_cache/) and Inductor's (TORCHINDUCTOR_CACHE_DIR, else /tmp/torchinductor_USER,
+    shared with every torch on the machine). vLLM 0.32's CPU build saves the AOT artefact but cannot load it
+    back ("Compiling model again due to a load failure ... 'finalize_loading'"), so on CPU the warm start comes
+    from Inductor's cache. A plan's own env wins."""
     folder = adapter.compile_cache_dir(plan)
-    if folder is None or "VLLM_CACHE_ROOT" in plan.env:
+    if folder is None:
         return {}
-    return {"VLLM_CACHE_ROOT": str(folder)}  # vLLM creates it when it saves
+    env = {"VLLM_CACHE_ROOT": str(folder), "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor")}
+    return {key: value for key, value in env.items() if key not in plan.env}  # the engine creates them
 
 
 def compile_cache_prepared(plan: LaunchPlan) -> bool:
     """Whether this plan's compile cache holds compiled graphs (a start of it will load, not compile)."""
     if plan.eager:
         return False
-    folder = compile_cache_root() / compile_cache_key(plan) / "torch_compile_cache"
-    # the AOT artefact (torch_aot_compile/<hash>/rank_0_0/model) or an Inductor cache of the older layout
-    return folder.is_dir() and any(path.is_file() for pattern in ("model", "*.py") for path in folder.rglob(pattern))
+    root = compile_cache_root() / compile_cache_key(plan)
+    # vLLM's AOT artefact (torch_compile_cache/torch_aot_compile/<hash>/rank_0_0/model) or Inductor's own cache
+    return any(folder.is_dir() and any(path.is_file() for path in folder.rglob(pattern))
+               for folder, pattern in ((root / "torch_compile_cache", "model"), (root / "inductor", "*.py")))
 
 
 def _engine_env(extra: Mapping[str, str]) -> dict[str, str]:
