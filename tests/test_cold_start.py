@@ -38,8 +38,10 @@ def replay(adapter: object, lines: list[tuple[float, str]], plan: LaunchPlan) ->
     cold = ColdStart(expected=adapter.cold_start_phases(plan))  # type: ignore[attr-defined]
     for seconds, line in lines:
         for marker in adapter.log_markers:  # type: ignore[attr-defined]
-            if marker.match(line) and marker.name not in cold.markers:
+            match = marker.match(line)
+            if match and marker.name not in cold.markers:
                 cold.markers[marker.name] = seconds
+                cold.facts.update({f"{marker.name}.{k}": v for k, v in match.groupdict().items() if v})
                 if marker.ends:
                     cold.end_phase(marker.ends, seconds)
     return cold
