@@ -65,18 +65,25 @@ ACCESS_LOG_ARGS = ("--disable-access-log-for-endpoints", "/health,/metrics")
 GENERIC_DEATH = "vLLM's engine core process died"
 # `(EngineCore_DP0 pid=7) ` / `(Worker pid=9) ` / `(Worker_TP1 pid=9) `: vLLM prefixes its child processes' lines
 _CHILD_PREFIX = re.compile(r"^\((?:EngineCore|Worker|VllmWorker|CPUWorker)[\w-]*\s+pid=\d+\)\s?")
+_API_PREFIX = re.compile(r"^(?:\(APIServer pid=\d+\)\s?)?")  # the API server's lines, or unprefixed ones
 _LOG_HEAD = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\] ")
 _EXCEPTION = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure))(?::\s*(.*))?$")
-_OOM = re.compile(r"out of memory|OutOfMemoryError|Cannot allocate memory|MemoryError|not enough memory", re.I)
+_OOM = re.compile(r"out of memory|OutOfMemoryError|Cannot allocate memory|MemoryError|not enough memory|"
+                  r"less than requested memory for kv", re.I)
 _NOT_ROOT = re.compile(r"^(?:EngineDeadError|EngineGenerateError)$|Engine core initialization failed")
 
 
 def root_cause(log_tail: Sequence[str]) -> str | None:
-    """The first exception line (`Type: message`) an EngineCore or Worker process printed after a traceback,
-    with the message of a chained exception's first line kept short; None when none is in the log."""
+    """The first exception line (`Type: message`) an EngineCore or Worker process printed after a traceback; when
+    none did (the API server failed before it started them: a missing config, an unknown architecture), the API
+    server's first one, never its "Engine core initialization failed" echo. None when the log has none."""
+    return _first_exception(log_tail, _CHILD_PREFIX) or _first_exception(log_tail, _API_PREFIX)
+
+
+def _first_exception(log_tail: Sequence[str], prefix_pattern: re.Pattern[str]) -> str | None:
     in_traceback = False
     for raw in log_tail:
-        prefix = _CHILD_PREFIX.match(raw)
+        prefix = prefix_pattern.match(raw)
         if prefix is None:
             continue
         line = _LOG_HEAD.sub("", raw[prefix.end():]).rstrip()
@@ -87,8 +94,8 @@ def root_cause(log_tail: Sequence[str]) -> str | None:
             continue
         match = _EXCEPTION.match(line)
         if match and not _NOT_ROOT.search(line):
-            kind, message = match.group(1), (match.group(2) or "").strip()
-            return f"{kind.rsplit('.', 1)[-1]}: {message}"[:300] if message else kind.rsplit(".", 1)[-1]
+            kind, message = match.group(1).rsplit(".", 1)[-1], (match.group(2) or "").strip()
+            return f"{kind}: {message}"[:300] if message else kind
     return None
 
 
@@ -181,6 +188,8 @@ class VllmAdapter(EngineAdapter):
             suggestion = ("lower max_model_len or the KV cache size, or pick a smaller model" if memory
                           else _cause_hint(cause) or reason.suggestion)
             return FailureReason(f"{self.display_name} failed: {cause}", suggestion, reason.pattern, memory)
+        if cause.startswith("ValidationError"):  # pydantic's count of errors: the rule quoted the message itself
+            return reason
         return FailureReason(f"{reason.reason} ({cause})", reason.suggestion, reason.pattern, memory)
 
     def error_line(self, log_tail: Sequence[str]) -> str | None:
