@@ -210,3 +210,13 @@ def test_recommend_takes_the_warm_cold_start_once_the_compile_cache_is_prepared(
     assert figure is not None and figure.value == 70.0 and "warm compile cache" in figure.note
     cold_only = from_runs([launch(1, 140.0, "miss")], "demo", "box").cold_start("vllm")
     assert cold_only is not None and cold_only.value == 140.0
+
+
+def test_unquantized_weights_are_labelled_with_their_float_type() -> None:
+    from desktop.ui.widgets import quant_label
+
+    assert quant_label("F32") == "F32 (unquantized)"
+    assert quant_label(None, "float32") == "F32 (unquantized)"  # the --dtype vLLM will use
+    assert quant_label("", "bfloat16") == "BF16 (unquantized)"
+    assert quant_label(None, "auto") == "unquantized (the checkpoint's dtype)"
+    assert quant_label("Q4_K_M", "float32") == "Q4_K_M"

@@ -305,6 +305,19 @@ class Notice(QLabel):
         self.setVisible(bool(text))
 
 
+_FLOAT_NAMES = {"f32": "F32", "fp32": "F32", "float32": "F32", "float": "F32", "f16": "F16", "fp16": "F16",
+                "float16": "F16", "half": "F16", "bf16": "BF16", "bfloat16": "BF16"}
+
+
+def quant_label(quant: str | None, dtype: str | None = None) -> str:
+    """How weights are stored, in words: a quantization as is ("Q4_K_M", "awq"); unquantized weights as their
+    float type ("F32 (unquantized)") - the file's own, or the --dtype vLLM will use - never an empty label."""
+    if quant and quant.lower() not in _FLOAT_NAMES:
+        return quant
+    name = _FLOAT_NAMES.get((quant or dtype or "").lower())
+    return f"{name} (unquantized)" if name else "unquantized (the checkpoint's dtype)"
+
+
 def not_available(feature: str, module: str) -> QLabel:
     label = QLabel(f"{feature}: not available yet ({module} is not part of this build).")
     label.setWordWrap(True)
