@@ -220,3 +220,16 @@ def test_unquantized_weights_are_labelled_with_their_float_type() -> None:
     assert quant_label("", "bfloat16") == "BF16 (unquantized)"
     assert quant_label(None, "auto") == "unquantized (the checkpoint's dtype)"
     assert quant_label("Q4_K_M", "float32") == "Q4_K_M"
+
+
+@pytest.mark.parametrize(("log", "words"), [
+    ("vllm-truncated-safetensors.log", ("SafetensorError: Error while deserializing header: incomplete metadata",)),
+    ("vllm-missing-config.log", ("no config.json",)),
+])
+def test_real_vllm_failure_logs_are_explained_by_their_cause(log: str, words: tuple[str, ...]) -> None:
+    """The logs of real failed starts (vLLM 0.32 CPU, recorded by test_vllm_failures.py)."""
+    lines = (Path(__file__).parent / "data" / log).read_text().splitlines()
+    reason = VllmAdapter().explain_failure(1, lines[-VllmAdapter.failure_tail_lines:])
+    for word in words:
+        assert word in reason.reason
+    assert "See root cause above" not in reason.reason

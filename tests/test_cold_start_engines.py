@@ -61,3 +61,4 @@ def test_prepare_vllm_fills_the_plans_compile_cache_and_the_next_start_finds_it(
     assert warm["was_warm"] and warm["cache_dir"] == prepared["cache_dir"]
     # vLLM 0.32 CPU finds its artefact; it loads it ("hit") or cannot and recompiles from Inductor's cache ("stale")
     assert warm["compile_cache"] in ("hit", "stale")
+
