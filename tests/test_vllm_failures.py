@@ -48,7 +48,7 @@ CASES = {
     # name: (provoke, words the error line must carry, whether it is an out-of-memory failure)
     "truncated_safetensors": (_truncate_weights, ("SafetensorError", "incomplete metadata"), False),
     "missing_config": (_remove_config, ("config.json",), False),
-    "unsupported_architecture": (_unknown_architecture, ("NotARealModelForCausalLM", "not supported"), False),
+    "unsupported_architecture": (_unknown_architecture, ("NotARealModelForCausalLM", "not support"), False),
     "out_of_memory": (_too_much_kv_cache, ("less than requested memory for kv",), True),
 }
 
