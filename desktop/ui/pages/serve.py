@@ -232,6 +232,7 @@ class ServePage(QWidget):
         session.switched.connect(self.on_switched)
         self.board.start()
         self._serving_source: str | None = None  # the upstream whose telemetry the charts show
+        self._rows: dict[int, Any] = {}  # the engine processes on the cold-start bar, by row key
         self.live_timer = QTimer(self)  # the bar grows and the engines' line counts while an engine starts
         self.live_timer.setInterval(LIVE_MS)
         self.live_timer.timeout.connect(self.refresh_live)
@@ -461,7 +462,11 @@ class ServePage(QWidget):
                                     line.split(" · ")[-1] if starting is not None else None)
         for process in (serving, starting, self.session.process):
             if process is not None:
-                self._show_row(process)
+                self._rows[id(process)] = process
+        for process in list(self._rows.values())[-4:]:
+            self._show_row(process)  # a start that failed or was stopped stops growing too
+        for key in [k for k in self._rows if k not in self.timeline.rows]:
+            self._rows.pop(key)  # rows the bar no longer keeps
 
     def _show_row(self, process: Any) -> None:
         cold = process.cold_start
