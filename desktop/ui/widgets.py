@@ -93,7 +93,11 @@ class PhaseTimeline(QWidget):
 
     def summary(self, row: StartRow) -> str:
         """The line under a bar: every phase with its duration, then the total (or where it is now)."""
-        parts = [f"{p['label']} {p['seconds']:.1f} s" + ("…" if p.get("running") else "") for p in row.phases]
+        from desktop.core.runtime.supervisor import PHASE_BY_KEY
+
+        shorts = {key: phase.short for key, phase in PHASE_BY_KEY.items()}  # full names are in the tooltip
+        parts = [f"{shorts.get(p['phase'], p['phase'])} {p['seconds']:.1f} s" + ("…" if p.get("running") else "")
+                 for p in row.phases]
         total = row.phases[-1]["end_s"] if row.phases else 0.0
         tail = f"{'now' if row.running else 'total'} {total:.1f} s" + (f" · {row.note}" if row.note else "")
         return " · ".join([*parts, tail])
