@@ -225,6 +225,7 @@ def test_unquantized_weights_are_labelled_with_their_float_type() -> None:
 @pytest.mark.parametrize(("log", "words"), [
     ("vllm-truncated-safetensors.log", ("SafetensorError: Error while deserializing header: incomplete metadata",)),
     ("vllm-missing-config.log", ("no config.json",)),
+    ("vllm-kv-cache-beyond-memory.log", ("ValueError: Available memory on node 0", "less than requested memory")),
     ("vllm-unsupported-architecture.log", ("does not support the model's architecture 'NotARealModelForCausalLM'",)),
 ])
 def test_real_vllm_failure_logs_are_explained_by_their_cause(log: str, words: tuple[str, ...]) -> None:
