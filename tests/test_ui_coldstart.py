@@ -195,3 +195,14 @@ def test_models_editor_round_trips_the_models_yaml_the_cli_reads(window, qtbot, 
     assert fresh.save(str(tmp_path / "again.yaml"))
     assert load_models_config(tmp_path / "again.yaml").models == saved.models
     assert original.models[1].name == "big"
+
+
+def test_prepare_vllm_button_reports_a_bad_model_and_starts_nothing(window, qtbot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    serve = window.show_page("Serve")
+    serve.model_edit.setText(str(tmp_path / "no-such-model"))
+    assert serve.prepare_vllm() and not serve.prepare_button.isEnabled()
+    assert not serve.prepare_vllm()  # one at a time
+    qtbot.waitUntil(lambda: not serve.preparing, timeout=60_000)
+    assert serve.notice.level == "error" and serve.notice.text().startswith("Preparing vLLM failed:")
+    assert "no-such-model" in serve.notice.text() and serve.prepare_button.isEnabled()
+    assert window.session.manager is None  # no endpoint, no engine
