@@ -56,7 +56,8 @@ def test_vllm_phases_stack_in_order_from_its_own_lines_and_name_a_compile_miss()
                                             "first_token", "first_request"]
     by = {p["phase"]: p for p in phases}
     assert by["process"]["seconds"] == 57.1 and by["compile"]["start_s"] == 57.3
-    assert by["compile"]["seconds"] == pytest.approx(117.6 - 57.3)
+    assert by["compile"]["seconds"] == pytest.approx(119.4 - 57.3)  # to "Warming up done." (CPU: it compiles)
+    assert by["memory"]["seconds"] == pytest.approx(119.5 - 119.4)
     assert all(a["end_s"] == b["start_s"] for a, b in zip(phases, phases[1:], strict=False))  # stacked, no gaps
     assert phases[-1]["end_s"] == 133.5
     assert cold.compile_cache == "miss"
@@ -90,6 +91,8 @@ def test_the_phase_under_way_grows_live_and_is_the_next_expected_one() -> None:
                         "seconds": 22.7, "running": True}
     eager = replay(VllmAdapter(), VLLM_START[:3], LaunchPlan("vllm", Path("/x/hf"), eager=True))
     assert eager.current_phase() == "memory"  # eager: after weights comes the profile run, not a compile
+    eager_done = replay(VllmAdapter(), VLLM_START, LaunchPlan("vllm", Path("/x/hf"), eager=True))
+    assert "compile" not in [p["phase"] for p in eager_done.phases()]  # its warm-up is no compile
 
 
 def test_llamacpp_phases_from_its_default_verbosity_lines() -> None:
@@ -235,3 +238,15 @@ def test_real_vllm_failure_logs_are_explained_by_their_cause(log: str, words: tu
     for word in words:
         assert word in reason.reason
     assert "See root cause above" not in reason.reason
+
+
+def test_a_start_that_found_its_inductor_cache_filled_is_warm_even_when_vllm_logs_nothing() -> None:
+    plan = LaunchPlan("vllm", Path("/x"))
+    expected = VllmAdapter().cold_start_phases(plan)
+    assert ColdStart(expected=expected, compile_cache_dir="/c", compile_cache_found=True).compile_cache == "warm"
+    assert ColdStart(expected=expected, compile_cache_dir="/c", compile_cache_found=False).compile_cache == "miss"
+    eager = VllmAdapter().cold_start_phases(LaunchPlan("vllm", Path("/x"), eager=True))
+    assert ColdStart(expected=eager, compile_cache_dir="/c").compile_cache == "off"
+    env = VllmAdapter().build_command(plan, __import__("desktop.core.engines.base", fromlist=["EngineInstall"])
+                                      .EngineInstall("vllm", "0.32.0", "cache", Path("/p"))).env
+    assert env["VLLM_USE_AOT_COMPILE"] == "0"  # CPU: the AOT artefact never loads; Inductor's cache does

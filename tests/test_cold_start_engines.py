@@ -50,7 +50,7 @@ def test_prepare_vllm_fills_the_plans_compile_cache_and_the_next_start_finds_it(
     assert not prepared["was_warm"] and prepared["compile_cache"] == "miss"
     cache = Path(prepared["cache_dir"])
     assert cache.parent == tmp_path / "compile"  # the app's folder, one per model and plan
-    assert any((cache / "torch_compile_cache").rglob("model")) and any((cache / "inductor").rglob("*.py"))
+    assert any((cache / "inductor").rglob("*.py"))  # vLLM CPU: Inductor's cache (AOT off, see engines.vllm)
     phases = [p["phase"] for p in prepared["cold_start"]["phases"]]
     assert phases[:3] == ["process", "weights", "compile"] and phases[-1] == "first_request"
 
@@ -59,6 +59,7 @@ def test_prepare_vllm_fills_the_plans_compile_cache_and_the_next_start_finds_it(
     assert again.returncode == 0, again.stderr
     warm = json.loads(again.stdout)
     assert warm["was_warm"] and warm["cache_dir"] == prepared["cache_dir"]
-    # vLLM 0.32 CPU finds its artefact; it loads it ("hit") or cannot and recompiles from Inductor's cache ("stale")
-    assert warm["compile_cache"] in ("hit", "stale")
+    # CPU: compiled again from the filled Inductor cache ("warm"); CUDA: vLLM loads its AOT artefact ("hit")
+    assert warm["compile_cache"] in ("hit", "warm")
+    assert warm["cold_start"]["phases"][2]["phase"] == "compile"
 

@@ -267,6 +267,11 @@ class EngineAdapter(ABC):
         for engines that compile nothing."""
         return None
 
+    def compile_cache_found(self, plan: LaunchPlan) -> bool | None:
+        """Whether this plan's compile cache already holds compiled code before a start (None: nothing to
+        compile). Read before spawning, so a start can say it began warm even when the engine logs nothing."""
+        return None
+
     # Paths the app itself polls on an engine (health while it starts, telemetry's /metrics and /slots): their
     # access-log lines are the app talking to itself, kept in the log file but out of the engine log pane.
     polled_paths: tuple[str, ...] = ("/health", "/metrics", "/slots")

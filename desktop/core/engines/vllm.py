@@ -130,8 +130,10 @@ class VllmAdapter(EngineAdapter):
         log_marker("compile_cache_stale", r"Compiling model again due to a load failure from \S+, reason: (?P<why>.*)"),
         log_marker("compiling_graph", r"Compiling a graph for (?:compile range|dynamic shape)"),
         log_marker("torch_compile", r"torch\.compile (?:takes|took)\s*(?P<seconds>[\d.]+)", ends="compile"),
-        # the profiling run (CPU: "Warming up done.") sizes the KV cache
-        log_marker("profile_run", r"Initial profiling/warmup run took|Warming up done", ends="memory"),
+        # CPU: the first forward passes compile ("Warming up model for the compilation..." ... "Warming up
+        # done."; with AOT off nothing else is logged); CUDA: the profiling run sizes the KV cache
+        log_marker("cpu_warmup_done", r"Warming up done", ends="compile"),
+        log_marker("profile_run", r"Initial profiling/warmup run took", ends="memory"),
         log_marker("kv_memory", r"Available KV cache memory:\s*(?P<gib>[\d.]+)\s*GiB", ends="memory"),
         log_marker("kv_tokens", r"KV cache size:\s*(?P<tokens>[\d,]+)\s*tokens", ends="memory"),
         log_marker("max_concurrency", r"Maximum concurrency for\s*(?P<len>[\d,]+)\s*tokens per request:\s*(?P<x>[\d.]+)",
@@ -385,6 +387,9 @@ class VllmAdapter(EngineAdapter):
         """vLLM's cache root for this model and plan (see `compile_cache_root`); None with --enforce-eager."""
         return None if plan.eager else compile_cache_root() / compile_cache_key(plan)
 
+    def compile_cache_found(self, plan: LaunchPlan) -> bool | None:
+        return None if plan.eager else compile_cache_prepared(plan)
+
     def health_state(self, status_code: int | None, body: str) -> Literal["ready", "loading", "down"]:
         if status_code == 200:
             return "ready"
@@ -472,7 +477,11 @@ def _compile_cache_env(adapter: VllmAdapter, plan: LaunchPlan) -> dict[str, str]
     if folder is None:
         return {}
     env = {"VLLM_CACHE_ROOT": str(folder), "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor")}
-    return {key: value for key, value in env.items() if key not in plan.env}  # the engine creates them
+    if plan.backend == "cpu":
+        # On CPU the AOT artefact never loads (see above) and, while AOT is on, Inductor caches nothing: without
+        # AOT, Inductor's FX-graph cache in the plan's folder is what makes a repeat start compile faster.
+        env["VLLM_USE_AOT_COMPILE"] = "0"
+    return {key: value for key, value in env.items() if key not in plan.env}  # the engine creates the folders
 
 
 def compile_cache_prepared(plan: LaunchPlan) -> bool:

@@ -321,7 +321,7 @@ def _cold_starts(run: RunRecord) -> dict[str, float]:
 def _warm_compile(run: RunRecord) -> bool:
     """A launch whose engine found its compile cache prepared (`ColdStart.compile_cache` "hit", or "stale": vLLM
     0.32 CPU finds its artefact but recompiles, from a warm Inductor cache)."""
-    return run.kind == "launch" and (run.summary.get("cold_start") or {}).get("compile_cache") in ("hit", "stale")
+    return run.kind == "launch" and (run.summary.get("cold_start") or {}).get("compile_cache") in ("hit", "stale", "warm")
 
 
 def _safe_engine(name: str | None) -> str | None:

@@ -95,6 +95,7 @@ class ColdStart:
     phase_ends: dict[str, float] = field(default_factory=dict)  # phase key -> seconds since T0 its last marker came
     expected: tuple[str, ...] = ()  # the engine's phases for this plan, in order (adapter.cold_start_phases)
     compile_cache_dir: str | None = None  # where this plan's compiled graphs are kept (vLLM), if the app keeps them
+    compile_cache_found: bool | None = None  # that folder held compiled code before the spawn
 
     def end_phase(self, key: str, seconds: float) -> None:
         self.phase_ends[key] = max(seconds, self.phase_ends.get(key, seconds))
@@ -115,8 +116,8 @@ class ColdStart:
         out: list[dict[str, Any]] = []
         start = 0.0
         for phase in COLD_START_PHASES:
-            if phase.key not in ends:
-                continue
+            if phase.key not in ends or (self.expected and phase.key not in (*self.expected, *SERVING_PHASES)):
+                continue  # not reached, or not this plan's (an eager vLLM's warm-up is no compile)
             end = max(start, ends[phase.key])
             out.append({"phase": phase.key, "label": phase.label, "start_s": round(start, 3),
                         "end_s": round(end, 3), "seconds": round(end - start, 3)})
@@ -141,8 +142,8 @@ class ColdStart:
     @property
     def compile_cache(self) -> str | None:
         """vLLM's torch.compile cache on this start: "hit" (loaded compiled graphs), "stale" (found them but
-        could not load them: compiled again), "miss" (compiled and saved them), "off" (the plan does not
-        compile); None when the engine said nothing about it."""
+        could not load them: compiled again), "miss" (compiled and saved them), "warm" (compiled again from a
+        filled Inductor cache: vLLM CPU), "off" (the plan does not compile); None when nothing is known."""
         if "compile_cache_hit" in self.markers:
             return "hit"
         if "compile_cache_stale" in self.markers:
@@ -151,6 +152,8 @@ class ColdStart:
             return "miss"
         if self.compile_cache_dir is not None and "compile" not in self.expected:
             return "off"
+        if self.compile_cache_found is not None:  # the engine logs nothing of it (Inductor's cache): what was there
+            return "warm" if self.compile_cache_found else "miss"
         return None
 
     def phase_seconds(self) -> dict[str, float]:
@@ -375,6 +378,7 @@ class EngineProcess:
         self.cold_start.expected = tuple(adapter.cold_start_phases(plan))
         cache_dir = adapter.compile_cache_dir(plan)
         self.cold_start.compile_cache_dir = str(cache_dir) if cache_dir is not None else None
+        self.cold_start.compile_cache_found = adapter.compile_cache_found(plan)
 
     # --- observation ---
     def subscribe(self, listener: Listener) -> None:

@@ -33,7 +33,7 @@ def phase_summary(cold: dict[str, Any]) -> list[str]:
     engine_phases = [p for p in phases_of(cold) if p["phase"] not in SERVING_PHASES]
     longest = sorted(engine_phases, key=lambda p: -float(p["seconds"]))[:3]
     parts = [f"{p['label']} {float(p['seconds']):.1f} s" for p in longest]
-    if cold.get("compile_cache") in ("hit", "miss", "stale"):
+    if cold.get("compile_cache") in ("hit", "miss", "stale", "warm"):
         parts.append(f"compile cache {cold['compile_cache']}")
     return parts
 

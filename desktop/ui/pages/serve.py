@@ -475,6 +475,7 @@ class ServePage(QWidget):
         cache = cold.compile_cache
         note = {"hit": "compile cache hit", "miss": "compile cache miss (compiled and saved)",
                 "stale": "compile cache found but not loadable (compiled again)",
+                "warm": "compile cache warm (Inductor)",
                 "off": "no compile (eager)"}.get(cache or "", "")
         self.timeline.show_start(id(process), engine_short(process), phases, running, note)
 
