@@ -3,11 +3,11 @@ CPU on one plan, as the app launches it (desktop.core.engines.vllm: the compile 
 app's cache folder), for each configuration:
 
     cache on,  compiled : first start (empty cache) vs repeat starts of the same plan (warm cache)
-    cache off, compiled : VLLM_DISABLE_COMPILE_CACHE=1, every start compiles
+    cache off, compiled : VLLM_DISABLE_COMPILE_CACHE=1 TORCHINDUCTOR_FORCE_DISABLE_CACHES=1, every start compiles
     eager               : --enforce-eager, nothing compiled (cache irrelevant)
 
 N runs each, T1 (health OK) and T3 (first request done), every phase (supervisor.COLD_START_PHASES), the
-compile cache outcome (hit / stale / miss) and the load average around every start: a busy machine makes cold
+compile cache outcome (hit / warm / stale / miss) and the load average around every start: a busy machine makes cold
 starts slow and noisy, so read the ratios with the load beside them. Prints ratios repeat / first and
 config / (cache on, first). One engine runs at a time.
 
@@ -39,7 +39,8 @@ from desktop.core.serving.endpoint import EngineSpec, make_launcher  # noqa: E40
 
 CONFIGS = {
     "cache": {"eager": False, "env": {}},
-    "nocache": {"eager": False, "env": {"VLLM_DISABLE_COMPILE_CACHE": "1"}},
+    # vLLM's cache and Inductor's (the one that makes a CPU repeat start warm) both off
+    "nocache": {"eager": False, "env": {"VLLM_DISABLE_COMPILE_CACHE": "1", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}},
     "eager": {"eager": True, "env": {}},
 }
 
