@@ -490,8 +490,10 @@ def compile_cache_prepared(plan: LaunchPlan) -> bool:
         return False
     root = compile_cache_root() / compile_cache_key(plan)
     # vLLM's AOT artefact (torch_compile_cache/torch_aot_compile/<hash>/rank_0_0/model) or Inductor's own cache
+    # (generated .py/.cpp and the .so it built)
     return any(folder.is_dir() and any(path.is_file() for path in folder.rglob(pattern))
-               for folder, pattern in ((root / "torch_compile_cache", "model"), (root / "inductor", "*.py")))
+               for folder, pattern in ((root / "torch_compile_cache", "model"), (root / "inductor", "*.so"),
+                                       (root / "inductor", "*.py")))
 
 
 def _engine_env(extra: Mapping[str, str]) -> dict[str, str]:
