@@ -91,8 +91,8 @@ def test_recommend_serve_llamacpp_charts_and_quit_stops_it(window, qtbot, llama_
     last = memory.last()
     assert last is not None and 0.01 < last[1] < 64  # GiB, on its own axis
     qtbot.waitUntil(lambda: serve.charts["Latency"].curves["proxy_ttft_ms"].buffer.count >= 1, timeout=30_000)
-    assert {"T1_health", "T2_first_token"} <= set(serve.timeline.phases)
-    assert serve.state_label.text() == "ready"
+    assert {"api", "first_token"} <= set(serve.timeline.phases)
+    assert serve.state_label.text() == "serving: llama.cpp"
     qtbot.waitUntil(lambda: "listening" in serve.log_pane.view.toPlainText(), timeout=10_000)
     serve.log_pane.search.setText("listening")
     assert serve.log_pane.status.text() == ""  # found
@@ -178,7 +178,7 @@ def test_flow_recommend_serve_llamacpp_switch_to_vllm_stop(window, qtbot, llama_
     assert "Switched llama.cpp → vllm" in serve.switch_label.text() and "0 failed requests" in serve.switch_label.text()
     assert serve.endpoint_edit.text() == url  # the same URL before and after
     assert window.session.process.adapter.name == "vllm" and window.session.process.plan.eager
-    assert serve.state_label.text() == "ready"
+    assert serve.state_label.text() == "serving: vLLM"
     with qtbot.waitSignal(window.session.stopped, timeout=120_000):
         serve.stop_button.click()
     assert not window.session.is_running()

@@ -1,4 +1,4 @@
-"""`switchyard engines list|install|doctor`: which build of each engine this machine should run, and installing it."""
+"""`switchyard engines list|install|doctor|prepare`: which build of each engine this machine should run, and installing it."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _hardware_option(p_doctor)
     p_doctor.add_argument("--json", action="store_true")
     p_doctor.set_defaults(func=cmd_doctor)
+
+    from desktop.commands.prepare import register_prepare
+
+    register_prepare(sub)  # `engines prepare vllm --model M` (desktop/commands/prepare.py)
 
 
 def _hardware_option(parser: argparse.ArgumentParser) -> None:

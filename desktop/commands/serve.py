@@ -216,6 +216,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.prompt is not None:
             return _prompt_once(args, engine)
         record_launch(engine, args.model, source="serve")
+        if args.json:
+            emit_json({**_engine_status(engine), "cold_start": cold.to_json()})
         discovery = control.write_discovery(engine.plan.port, engine.base_url, "", kind="engine",
                                             info=_engine_status(engine), api_key=engine.plan.api_key)
         if engine.plan.api_key:
@@ -291,6 +293,7 @@ def _prompt_once(args: argparse.Namespace, engine: EngineProcess) -> int:
         },
         "log_markers_s": cold.markers,
         "page_cache_resident": cold.page_cache_resident,
+        "cold_start": cold.to_json(),  # the phases the Serve page's bar shows (supervisor.COLD_START_PHASES)
     }
     if args.json:
         emit_json(result)

@@ -109,6 +109,7 @@ class LiveChart(QWidget):
         self.symbols = symbols
         self.unit = unit
         self.curves: dict[str, Curve] = {}
+        self.marks: list[tuple[float, str]] = []  # (seconds since the board started, label): hand-overs
         self.following = True
         self.on_shown: Callable[[], object] | None = None  # the board redraws a chart as soon as it is shown
         self._origin = time.time()
@@ -171,6 +172,14 @@ class LiveChart(QWidget):
 
     def set_origin(self, origin: float) -> None:
         self._origin = origin
+
+    def mark(self, t: float, label: str) -> None:
+        """A vertical line at epoch time `t` with a label (the moment a switch handed the endpoint over)."""
+        line = pg.InfiniteLine(pos=t - self._origin, angle=90, movable=False,
+                               pen=pg.mkPen("#888888", width=1, style=Qt.PenStyle.DashLine),
+                               label=label, labelOpts={"position": 0.92, "color": "#888888"})
+        self.plot.getPlotItem().addItem(line)
+        self.marks.append((t - self._origin, label))
 
     def push(self, key: str, t: float, value: float) -> bool:
         """Record a sample (t: epoch seconds, as telemetry stamps it). Cheap: no drawing here."""
@@ -288,6 +297,11 @@ class ChartBoard(QObject):
             self.routes.pop(key, None)
         chart.curves.clear()
         chart.update_legend()
+
+    def mark(self, label: str, t: float | None = None) -> None:
+        """Mark a moment (a switch's hand-over) on every chart of the board."""
+        for chart in self.charts:
+            chart.mark(time.time() if t is None else t, label)
 
     def push(self, key: str, value: float, t: float | None = None) -> bool:
         chart = self.routes.get(key)

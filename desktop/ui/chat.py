@@ -107,6 +107,18 @@ class ChatPane(QWidget):
         self.base_url, self.model = base_url, model
         self._update()
 
+    def show_engine_state(self, serving: str | None, starting: str | None) -> None:
+        """The transcript's placeholder says what serves now, so "start an engine" is never shown while one
+        answers: `serving` names the serving engine, `starting` describes one that is starting."""
+        if serving:
+            text = f"{serving} serves this endpoint: ask the model something below (Ctrl+Enter sends)."
+        elif starting:
+            text = f"{starting}: you can ask once it serves."
+        else:
+            text = "Start an engine above, then ask the model something here."
+        if self.transcript.placeholderText() != text:
+            self.transcript.setPlaceholderText(text)
+
     @property
     def answering(self) -> bool:
         return self.stream is not None

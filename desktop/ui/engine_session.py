@@ -75,6 +75,7 @@ class EngineSession(QObject):
         self.busy = False
         self.switching = False
         self.vllm_eager = False  # vLLM without torch.compile: starts much sooner on CPU (tests, quick tries)
+        self.telemetry_interval = 1.0  # seconds between scrapes of each engine (tests shorten it)
         self._stop_requested = False
         self._watched: Any = None  # the EngineProcess whose log we show
         self._pending_lines: deque[str] = deque(maxlen=5000)
@@ -130,7 +131,7 @@ class EngineSession(QObject):
             except BaseException:
                 self._close_request_log()
                 raise
-            telemetry = Telemetry()
+            telemetry = Telemetry(interval=self.telemetry_interval)
             telemetry.subscribe(self._on_samples)
             telemetry.start()
             manager = EndpointManager(proxy, telemetry=telemetry, launcher=lambda spec: make_launcher(

@@ -57,6 +57,39 @@ def save_requests_panel(window: Any, out: Path, index: str = "4b") -> Path:
     return path
 
 
+def save_switch_in_progress(window: Any, out: Path) -> list[Path]:
+    """The Serve page during a switch to vLLM (llama.cpp still serving, vLLM's row growing on the cold-start
+    bar, both engines' states on one line) and once it is done (the hand-over marked on the charts)."""
+    from desktop.core.engines import get_adapter
+
+    if get_adapter("vllm").find_install() is None:
+        print("vLLM is not installed: no switch screenshots", file=sys.stderr)
+        return []
+    serve = window.show_page("Serve")
+    serve.switch_clicked()
+    saved = []
+
+    def past_weights() -> bool:
+        _serving, starting = serve.engines()
+        return starting is not None and starting.cold_start.current_phase() not in (None, "process", "weights")
+
+    wait_until(lambda: past_weights() or not window.session.switching, 600)
+    wait_until(lambda: False, 1.5)  # a few live points of the serving engine, the bar grown a little
+    if window.session.switching:
+        path = out / "4d-serve-switching.png"
+        window.grab().save(str(path))
+        print(f"saved {path}", file=sys.stderr, flush=True)
+        saved.append(path)
+    if not wait_until(lambda: not window.session.switching, 1200):
+        print("the switch did not finish in time", file=sys.stderr)
+    wait_until(lambda: False, 2.0)
+    path = out / "4e-serve-switched.png"
+    window.grab().save(str(path))
+    print(f"saved {path}", file=sys.stderr, flush=True)
+    saved.append(path)
+    return saved
+
+
 def _anthropic_request(url: str) -> None:
     """One Anthropic Messages request (streamed) through the endpoint, so the request log shows that route too."""
     import httpx
@@ -128,6 +161,8 @@ def _drive(window: Any, out: Path) -> None:
         window.grab().save(str(out / "4c-serve-chat.png"))
         print(f"saved {out / '4c-serve-chat.png'}", file=sys.stderr, flush=True)
         serve.bottom_tabs.setCurrentWidget(serve.log_pane)
+    if serve.endpoint_edit.text():
+        save_switch_in_progress(window, out)
     window.session.stop()  # the A/B starts its own engines: nothing else should share the cores
     wait_until(lambda: not window.session.is_running() and not window.session.busy, 120)
 

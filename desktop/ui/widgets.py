@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
 
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import (
+    QBrush,
     QColor,
     QFont,
     QGuiApplication,
@@ -27,68 +30,117 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-PHASE_LABELS = {
-    "T1_health": "health OK",
-    "T2_first_token": "first token",
-    "T3_first_request": "first request done",
-}
+
+@dataclass
+class StartRow:
+    """One engine start on the bar: its title, its stacked phases (ColdStart.phases()) and whether it runs."""
+
+    title: str
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    running: bool = True
+    note: str = ""  # e.g. "compile cache hit"
 
 
 class PhaseTimeline(QWidget):
-    """Cold-start phases on one time axis (spawn at 0 s), labelled with their times."""
+    """Cold starts as stacked bars, one row per start on one shared time axis (spawn at 0 s): each phase a
+    segment in its colour, its duration printed inside when it fits and always in the line under the row, so
+    labels never overlap. A row that is still starting grows live (its current phase is drawn hatched)."""
+
+    ROW = 22  # bar height
+    GAP = 4
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.phases: dict[str, float] = {}
-        self.setMinimumHeight(112)
+        self.rows: dict[object, StartRow] = {}
+        self.setMinimumHeight(60)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setAccessibleName("Cold-start phase timeline")
 
+    @property
+    def phases(self) -> dict[str, float]:
+        """{phase key: end seconds} of the newest start (what tests and the accessible text read)."""
+        if not self.rows:
+            return {}
+        row = list(self.rows.values())[-1]
+        return {p["phase"]: float(p["end_s"]) for p in row.phases if not p.get("running")}
+
     def clear(self) -> None:
-        self.phases.clear()
+        self.rows.clear()
+        self._resize()
         self.update()
 
-    def add(self, phase: str, seconds: float) -> None:
-        self.phases.setdefault(phase, seconds)
-        self.setToolTip("\n".join(f"{PHASE_LABELS.get(k, k)}: {v:.2f} s" for k, v in self.phases.items()))
+    def show_start(self, key: object, title: str, phases: list[dict[str, Any]], running: bool,
+                   note: str = "") -> None:
+        """Set (or add, below the others) the row of one start. Rows are kept to the last four starts."""
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = StartRow(title)
+            while len(self.rows) > 4:
+                self.rows.pop(next(iter(self.rows)))
+        row.title, row.phases, row.running, row.note = title, list(phases), running, note
+        text = [f"{r.title}: " + ", ".join(f"{p['label']} {p['seconds']:.2f} s" for p in r.phases)
+                + (f" ({r.note})" if r.note else "") for r in self.rows.values()]
+        self.setToolTip("\n".join(text))
         self.setAccessibleDescription(self.toolTip())
+        self._resize()
         self.update()
+
+    def _row_height(self) -> int:
+        return self.ROW + self.fontMetrics().height() + 2 * self.GAP
+
+    def _resize(self) -> None:
+        self.setFixedHeight(max(60, 16 + len(self.rows) * self._row_height()))
+
+    def summary(self, row: StartRow) -> str:
+        """The line under a bar: every phase with its duration, then the total (or where it is now)."""
+        from desktop.core.runtime.supervisor import PHASE_BY_KEY
+
+        shorts = {key: phase.short for key, phase in PHASE_BY_KEY.items()}  # full names are in the tooltip
+        parts = [f"{shorts.get(p['phase'], p['phase'])} {p['seconds']:.1f} s" + ("…" if p.get("running") else "")
+                 for p in row.phases]
+        total = row.phases[-1]["end_s"] if row.phases else 0.0
+        tail = f"{'now' if row.running else 'total'} {total:.1f} s" + (f" · {row.note}" if row.note else "")
+        return " · ".join([*parts, tail])
 
     def paintEvent(self, _event: object) -> None:
+        from desktop.core.runtime.supervisor import COLD_START_PHASES
+
         painter = QPainter(self)
-        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         palette = self.palette()
         text = palette.color(QPalette.ColorRole.WindowText)
-        accent = palette.color(QPalette.ColorRole.Highlight)
-        width, height = self.width() - 20, self.height()
-        axis_y = height // 2
         painter.setPen(text)
-        if not self.phases:
-            painter.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter, "Cold-start phases appear here when an engine starts")
+        if not self.rows:
+            painter.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter,
+                             "Cold-start phases appear here when an engine starts")
             return
-        end = max(max(self.phases.values()), 0.1) * 1.05
-        painter.drawLine(10, axis_y, 10 + width, axis_y)
-        small = QFont(self.font())
-        small.setPointSizeF(max(6.0, small.pointSizeF() * 0.85))
-        painter.setFont(small)
-        line = painter.fontMetrics().height()
-        rows = max(2, 2 * ((height // 2 - 6) // line))  # label rows that fit, alternating above and below
-        right_edges = [float("-inf")] * rows
-        for index, (phase, seconds) in enumerate(sorted(self.phases.items(), key=lambda kv: kv[1])):
-            x = 10 + width * seconds / end
-            painter.setPen(accent)
-            painter.setBrush(accent)
-            painter.drawEllipse(QRectF(x - 4, axis_y - 4, 8, 8))
+        colors = {phase.key: QColor(phase.color) for phase in COLD_START_PHASES}
+        shorts = {phase.key: phase.short for phase in COLD_START_PHASES}
+        metrics = painter.fontMetrics()
+        title_w = max(metrics.horizontalAdvance(r.title) for r in self.rows.values()) + 12
+        left, right = 6 + title_w, self.width() - 8
+        span = max(1.0, right - left)
+        end = max([float(p["end_s"]) for r in self.rows.values() for p in r.phases] + [1.0])
+        scale = span / end
+        y = 8
+        for row in self.rows.values():
             painter.setPen(text)
-            label = f"{PHASE_LABELS.get(phase, phase).replace('_', ' ')} {seconds:.2f}s"
-            text_width = painter.fontMetrics().horizontalAdvance(label) + 4
-            left = min(max(0.0, x - text_width / 2), self.width() - text_width)
-            # the first row (nearest the axis first) where the label does not overlap its left neighbour
-            row = next((r for r in range(rows) if right_edges[r] + 4 <= left), index % rows)
-            right_edges[row] = left + text_width
-            level = row // 2
-            y = axis_y - 6 - line * (1 + level) if row % 2 == 0 else axis_y + 6 + line * level
-            painter.drawText(QRectF(left, y, text_width, line), Qt.AlignmentFlag.AlignCenter, label)
+            painter.drawText(QRectF(4, y, title_w - 8, self.ROW), Qt.AlignmentFlag.AlignVCenter, row.title)
+            for phase in row.phases:
+                x0 = left + float(phase["start_s"]) * scale
+                width = max(1.0, float(phase["seconds"]) * scale)
+                color = colors.get(phase["phase"], QColor("#999999"))
+                brush_style = Qt.BrushStyle.BDiagPattern if phase.get("running") else Qt.BrushStyle.SolidPattern
+                painter.setPen(color.darker(130))
+                painter.setBrush(QBrush(color, brush_style))
+                painter.drawRect(QRectF(x0, y, width, self.ROW))
+                inside = f"{shorts.get(phase['phase'], phase['phase'])} {phase['seconds']:.1f}s"
+                if metrics.horizontalAdvance(inside) + 6 <= width:  # printed inside only where it fits
+                    painter.setPen(QColor("#ffffff") if not phase.get("running") else text)
+                    painter.drawText(QRectF(x0, y, width, self.ROW), Qt.AlignmentFlag.AlignCenter, inside)
+            painter.setPen(text)
+            line = metrics.elidedText(self.summary(row), Qt.TextElideMode.ElideRight, int(self.width() - left - 4))
+            painter.drawText(QRectF(left, y + self.ROW + 2, span, metrics.height()), Qt.AlignmentFlag.AlignLeft, line)
+            y += self._row_height()
 
 
 class LogPane(QWidget):
@@ -255,6 +307,19 @@ class Notice(QLabel):
         self.setStyleSheet(f"color: {color};" if color else "")
         self.setText(text)
         self.setVisible(bool(text))
+
+
+_FLOAT_NAMES = {"f32": "F32", "fp32": "F32", "float32": "F32", "float": "F32", "f16": "F16", "fp16": "F16",
+                "float16": "F16", "half": "F16", "bf16": "BF16", "bfloat16": "BF16"}
+
+
+def quant_label(quant: str | None, dtype: str | None = None) -> str:
+    """How weights are stored, in words: a quantization as is ("Q4_K_M", "awq"); unquantized weights as their
+    float type ("F32 (unquantized)") - the file's own, or the --dtype vLLM will use - never an empty label."""
+    if quant and quant.lower() not in _FLOAT_NAMES:
+        return quant
+    name = _FLOAT_NAMES.get((quant or dtype or "").lower())
+    return f"{name} (unquantized)" if name else "unquantized (the checkpoint's dtype)"
 
 
 def not_available(feature: str, module: str) -> QLabel:

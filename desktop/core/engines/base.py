@@ -140,6 +140,7 @@ class LogMarker:
 
     name: str
     pattern: re.Pattern[str]
+    ends: str = ""  # the cold-start phase this line ends (a key of supervisor.COLD_START_PHASES), if any
 
     def match(self, line: str) -> re.Match[str] | None:
         return self.pattern.search(line)
@@ -163,9 +164,10 @@ class FailureRule:
     memory: bool = False
 
 
-def log_marker(name: str, pattern: str) -> LogMarker:
-    """A case-insensitive log marker; named groups in `pattern` become cold-start facts."""
-    return LogMarker(name, re.compile(pattern, re.I))
+def log_marker(name: str, pattern: str, ends: str = "") -> LogMarker:
+    """A case-insensitive log marker; named groups in `pattern` become cold-start facts; `ends` names the
+    cold-start phase the line closes (the timeline bar, `serve --json` and reports read phases from these)."""
+    return LogMarker(name, re.compile(pattern, re.I), ends)
 
 
 def failure_rule(pattern: str, reason: str, suggestion: str, *, memory: bool = False) -> FailureRule:
@@ -203,6 +205,7 @@ class EngineAdapter(ABC):
     metrics_path: str = "/metrics"
     log_markers: Sequence[LogMarker] = ()
     failure_rules: Sequence[FailureRule] = ()
+    failure_tail_lines: int = 80  # how many last log lines explain_failure reads
     # The server answers the Anthropic Messages API (`/v1/messages`, streaming and not): the endpoint forwards
     # such requests to it, and answers 501 for engines without it.
     anthropic_messages: bool = False
@@ -249,6 +252,35 @@ class EngineAdapter(ABC):
     def map_metrics(self, families: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
         """Map parsed Prometheus samples ({metric name: {label string: value}}) to COMMON_SERIES keys."""
 
+    def cold_start_phases(self, plan: LaunchPlan) -> tuple[str, ...]:
+        """The engine's own cold-start phases this plan goes through, in order (keys its markers `end`); the
+        supervisor adds API up, first token and first request. An adapter drops what a plan skips (vLLM's
+        compile with --enforce-eager), so the live "now: compile" guess stays right."""
+        seen: list[str] = []
+        for marker in self.log_markers:
+            if marker.ends and marker.ends not in seen:
+                seen.append(marker.ends)
+        return tuple(seen)
+
+    def compile_cache_dir(self, plan: LaunchPlan) -> Path | None:
+        """Where the app keeps this plan's compiled graphs for the engine (vLLM's torch.compile cache), or None
+        for engines that compile nothing."""
+        return None
+
+    def compile_cache_found(self, plan: LaunchPlan) -> bool | None:
+        """Whether this plan's compile cache already holds compiled code before a start (None: nothing to
+        compile). Read before spawning, so a start can say it began warm even when the engine logs nothing."""
+        return None
+
+    # Paths the app itself polls on an engine (health while it starts, telemetry's /metrics and /slots): their
+    # access-log lines are the app talking to itself, kept in the log file but out of the engine log pane.
+    polled_paths: tuple[str, ...] = ("/health", "/metrics", "/slots")
+
+    def is_polling_line(self, line: str) -> bool:
+        """Whether `line` is an engine's access-log line for one of the app's own polls (`polled_paths`)."""
+        match = _ACCESS_LINE.search(line)
+        return match is not None and match.group(1).split("?")[0] in self.polled_paths
+
     def explain_failure(self, exit_code: int | None, log_tail: Sequence[str]) -> FailureReason:
         """Turn an exit code and the last log lines into a reason a person can act on. A rule's reason may quote
         what its pattern caught ({0}, {1} ... for its groups); without a rule the engine's own error line is
@@ -280,6 +312,8 @@ class EngineAdapter(ABC):
         return None
 
 
+# uvicorn's `127.0.0.1:5432 - "GET /metrics HTTP/1.1" 200 OK`, llama-server's `request: GET /slots 127.0.0.1 200`
+_ACCESS_LINE = re.compile(r'(?:"|\brequest: )GET (/\S*)(?: HTTP/[\d.]+"| \S+ \d{3}\b)')
 _ERROR_WORD = re.compile(r"\berror\b|Error\b|\bfailed\b|Exception\b", re.I)
 _NOT_A_CAUSE = re.compile(r"errors\.pydantic\.dev|For further information visit|^\s*(File \"|Traceback)")
 

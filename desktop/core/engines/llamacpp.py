@@ -59,12 +59,16 @@ class LlamaCppAdapter(EngineAdapter):
     anthropic_messages = True  # llama-server's /v1/messages (this build)
     closes_after_stream = True  # seen with 11434: the connection is closed after every streamed answer
     log_markers = (
-        log_marker("loading_model", r"llama_model_loader: loaded meta data|loading model"),
-        log_marker("model_buffer", r"model buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
-        log_marker("kv_buffer", r"KV buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
-        log_marker("compute_buffer", r"compute buffer size\s*=\s*(?P<mib>[\d.]+) MiB"),
+        # Phases, from llama-server's own lines (b11434; the buffer sizes only with -v): the model file opens,
+        # weights are mapped, the context (KV cache, compute buffers) is made, slots warm up, it listens.
+        log_marker("loading_model", r"llama_model_loader: loaded meta data|loading model", ends="process"),
+        log_marker("model_buffer", r"model buffer size\s*=\s*(?P<mib>[\d.]+) MiB", ends="weights"),
+        log_marker("threadpool", r"llama threadpool init", ends="weights"),
+        log_marker("kv_buffer", r"KV buffer size\s*=\s*(?P<mib>[\d.]+) MiB", ends="memory"),
+        log_marker("compute_buffer", r"compute buffer size\s*=\s*(?P<mib>[\d.]+) MiB", ends="memory"),
+        log_marker("slots", r"initializing, n_slots", ends="memory"),
         log_marker("warming_up", r"warming up the model"),
-        log_marker("model_loaded", r"model loaded"),
+        log_marker("model_loaded", r"model loaded", ends="graphs"),
         log_marker("listening", r"listening on (?:http|unix)"),
     )
     failure_rules = (

@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -29,6 +29,7 @@ from desktop.core.engines.base import (
     DoctorFinding,
     EngineAdapter,
     EngineInstall,
+    FailureReason,
     LaunchPlan,
     failure_rule,
     log_marker,
@@ -62,21 +63,89 @@ def gpu_driver_present() -> bool:
     return has_cuda() or Path("/dev/kfd").exists()
 
 
+# The app's own polls (health while starting, telemetry's /metrics) stay out of vLLM's access log; requests
+# from clients are still logged (vLLM >= 0.11; the supervisor drops any such line that still comes).
+ACCESS_LOG_ARGS = ("--disable-access-log-for-endpoints", "/health,/metrics")
+GENERIC_DEATH = "vLLM's engine core process died"
+# `(EngineCore_DP0 pid=7) ` / `(Worker pid=9) ` / `(Worker_TP1 pid=9) `: vLLM prefixes its child processes' lines
+_CHILD_PREFIX = re.compile(r"^\((?:EngineCore|Worker|VllmWorker|CPUWorker)[\w-]*\s+pid=\d+\)\s?")
+_API_PREFIX = re.compile(r"^(?:\(APIServer pid=\d+\)\s?)?")  # the API server's lines, or unprefixed ones
+_LOG_HEAD = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\] ")
+_EXCEPTION = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure))(?::\s*(.*))?$")
+_OOM = re.compile(r"out of memory|OutOfMemoryError|Cannot allocate memory|MemoryError|not enough memory|"
+                  r"less than requested memory for kv", re.I)
+_NOT_ROOT = re.compile(r"^(?:EngineDeadError|EngineGenerateError)$|Engine core initialization failed")
+
+
+def root_cause(log_tail: Sequence[str]) -> str | None:
+    """The first exception line (`Type: message`) an EngineCore or Worker process printed after a traceback; when
+    none did (the API server failed before it started them: a missing config, an unknown architecture), the API
+    server's first one, never its "Engine core initialization failed" echo. None when the log has none."""
+    return _first_exception(log_tail, _CHILD_PREFIX) or _first_exception(log_tail, _API_PREFIX)
+
+
+def _first_exception(log_tail: Sequence[str], prefix_pattern: re.Pattern[str]) -> str | None:
+    in_traceback = False
+    for raw in log_tail:
+        prefix = prefix_pattern.match(raw)
+        if prefix is None:
+            continue
+        line = _LOG_HEAD.sub("", raw[prefix.end():]).rstrip()
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+            continue
+        if not in_traceback or line[:1] in (" ", "\t") or not line:
+            continue
+        match = _EXCEPTION.match(line)
+        if match and not _NOT_ROOT.search(line):
+            kind, message = match.group(1).rsplit(".", 1)[-1], (match.group(2) or "").strip()
+            return f"{kind}: {message}"[:300] if message else kind
+    return None
+
+
+def _cause_hint(cause: str) -> str | None:
+    """What to do about the commonest causes, by their exception text."""
+    lowered = cause.lower()
+    if "safetensor" in lowered or "deserializ" in lowered or "incomplete metadata" in lowered:
+        return "a weights file is damaged or incomplete: download the model again"
+    if "config.json" in lowered or "no such file" in lowered or "not a valid model" in lowered:
+        return "point at a Hugging Face model folder with config.json, weights and tokenizer"
+    if "architecture" in lowered or "not supported" in lowered:
+        return "this vLLM does not support the model's architecture: run it with llama.cpp or upgrade vLLM"
+    return None
+
+
 class VllmAdapter(EngineAdapter):
     name = "vllm"
     display_name = "vLLM"
     model_format = "hf"
     anthropic_messages = True  # vLLM's /v1/messages (vllm/entrypoints/anthropic, 0.32)
     log_markers = (
-        log_marker("loading_weights", r"Loading weights took\s*(?P<seconds>[\d.]+)"),
-        log_marker("model_loading", r"Model loading took\s*(?P<gib>[\d.]+)\s*GiB"),
-        log_marker("torch_compile", r"torch\.compile takes\s*(?P<seconds>[\d.]+)"),
-        log_marker("kv_memory", r"Available KV cache memory:\s*(?P<gib>[\d.]+)\s*GiB"),
-        log_marker("kv_tokens", r"KV cache size:\s*(?P<tokens>[\d,]+)\s*tokens"),
-        log_marker("max_concurrency", r"Maximum concurrency for\s*(?P<len>[\d,]+)\s*tokens per request:\s*(?P<x>[\d.]+)"),
+        # Phases, from vLLM's own lines (0.32, CPU and CUDA): the model runner starts loading, weights are in,
+        # torch.compile is done (loaded from its cache or compiled and saved), the memory profile sized the KV
+        # cache, CUDA graphs are captured / the engine warmed up, the API server starts.
+        log_marker("load_start", r"Starting to load model", ends="process"),
+        log_marker("loading_weights", r"Loading weights took\s*(?P<seconds>[\d.]+)", ends="weights"),
+        log_marker("model_loading", r"Model loading took\s*(?P<gib>[\d.]+)\s*GiB", ends="weights"),
+        # torch.compile: loaded from the cache ("Directly load AOT compilation from path ...") or compiled and
+        # saved ("saved AOT compiled function to ..."); CUDA also says "torch.compile took X s in total".
+        log_marker("compile_cache_hit", r"Directly load (?:AOT compilation|the compiled graph)", ends="compile"),
+        log_marker("compile_cache_miss", r"saved AOT compiled function to", ends="compile"),
+        log_marker("compile_cache_stale", r"Compiling model again due to a load failure from \S+, reason: (?P<why>.*)"),
+        log_marker("compiling_graph", r"Compiling a graph for (?:compile range|dynamic shape)"),
+        log_marker("torch_compile", r"torch\.compile (?:takes|took)\s*(?P<seconds>[\d.]+)", ends="compile"),
+        # CPU: the first forward passes compile ("Warming up model for the compilation..." ... "Warming up
+        # done."; with AOT off nothing else is logged); CUDA: the profiling run sizes the KV cache
+        log_marker("cpu_warmup_done", r"Warming up done", ends="compile"),
+        log_marker("profile_run", r"Initial profiling/warmup run took", ends="memory"),
+        log_marker("kv_memory", r"Available KV cache memory:\s*(?P<gib>[\d.]+)\s*GiB", ends="memory"),
+        log_marker("kv_tokens", r"KV cache size:\s*(?P<tokens>[\d,]+)\s*tokens", ends="memory"),
+        log_marker("max_concurrency", r"Maximum concurrency for\s*(?P<len>[\d,]+)\s*tokens per request:\s*(?P<x>[\d.]+)",
+                   ends="memory"),
         log_marker("activation_peak", r"(?:activation|torch) peak memory (?:takes|increase:?)\s*(?P<gib>[\d.]+)\s*GiB"),
-        log_marker("graph_capture", r"Graph capturing finished in(?:\s*[\d.]+\s*secs?,\s*took\s*(?P<gib>[\d.]+)\s*GiB)?"),
-        log_marker("init_engine", r"init engine .* took\s*(?P<seconds>[\d.]+)"),
+        log_marker("graph_capture", r"Graph capturing finished in(?:\s*[\d.]+\s*secs?,\s*took\s*(?P<gib>[\d.]+)\s*GiB)?",
+                   ends="graphs"),
+        log_marker("init_engine", r"init engine .* took\s*(?P<seconds>[\d.]+)", ends="graphs"),
         log_marker("listening", r"Application startup complete"),
     )
     failure_rules = (
@@ -104,7 +173,7 @@ class VllmAdapter(EngineAdapter):
               "vLLM's KV cache cannot hold one request of max_model_len tokens",
               "lower --max-model-len, raise gpu_memory_utilization (GPU) or VLLM_CPU_KVCACHE_SPACE (CPU)", memory=True),
         failure_rule(r"EngineDeadError|EngineCore.*(died|failed)",
-                     "vLLM's engine core process died",
+                     GENERIC_DEATH,
                      "see the engine log above this line for the first error"),
         failure_rule(r"operator torchvision::nms does not exist",
                      "vLLM's environment has a torchvision that does not match its torch",
@@ -116,10 +185,40 @@ class VllmAdapter(EngineAdapter):
         failure_rule(r"(ValueError|OSError|RuntimeError): (.*(config\.json|not a valid model|Unrecognized model).*)",
                      "vLLM could not load the model folder",
                      "point at a Hugging Face model folder with config.json, weights and tokenizer"),
+        failure_rule(r"Model architectures \[([^\]]*)\] are not supported",
+                     "this vLLM does not support the model's architecture {0}",
+                     "serve a GGUF of it with llama.cpp, or use a vLLM version that lists it"),
+        failure_rule(r"Invalid repository ID or local directory specified: '([^']*)'",
+                     "vLLM found no model config in {0}: no config.json (or params.json) there",
+                     "point at a Hugging Face model folder with config.json, weights and tokenizer"),
         failure_rule(r"Value error, ([^\n]*?)(?: \[type=value_error|\n|$)",
                      "vLLM refused its settings: {0}",
                      "change the setting it names"),
     )
+
+    failure_tail_lines = 400  # an EngineCore traceback, then the API server's own: the cause is far up
+
+    def explain_failure(self, exit_code: int | None, log_tail: Sequence[str]) -> FailureReason:
+        """The first exception raised in the EngineCore or a Worker (with its message) is the cause; the API
+        server's "Engine core initialization failed. See root cause above." only repeats that it died. A rule
+        that knows the case better keeps its advice and quotes the cause."""
+        reason = super().explain_failure(exit_code, log_tail)
+        cause = root_cause(log_tail)
+        if cause is None:
+            return reason
+        generic = reason.reason in (GENERIC_DEATH, "vLLM could not load the model folder") \
+            or reason.reason.startswith(f"{self.display_name} exited with code")
+        memory = reason.memory or bool(_OOM.search(cause))
+        if generic:
+            suggestion = ("lower max_model_len or the KV cache size, or pick a smaller model" if memory
+                          else _cause_hint(cause) or reason.suggestion)
+            return FailureReason(f"{self.display_name} failed: {cause}", suggestion, reason.pattern, memory)
+        if cause.startswith("ValidationError"):  # pydantic's count of errors: the rule quoted the message itself
+            return reason
+        return FailureReason(f"{reason.reason} ({cause})", reason.suggestion, reason.pattern, memory)
+
+    def error_line(self, log_tail: Sequence[str]) -> str | None:
+        return root_cause(log_tail) or super().error_line(log_tail)
 
     # --- provisioning -------------------------------------------------------------------------------
     def _flavor(self) -> tuple[str, str]:
@@ -287,6 +386,7 @@ class VllmAdapter(EngineAdapter):
             *listen_args(plan),
             "--served-model-name", plan.served_model_name,
             *plan_args(plan),
+            *ACCESS_LOG_ARGS,
         ]
         if not plan.prefix_cache:
             argv.append("--no-enable-prefix-caching")
@@ -297,6 +397,7 @@ class VllmAdapter(EngineAdapter):
         argv += list(plan.extra_args)
         extra: dict[str, str] = dict(plan.env)
         extra.update(dev_mode_env(plan))
+        extra.update(_compile_cache_env(self, plan))
         if plan.api_key:
             extra["VLLM_API_KEY"] = plan.api_key  # the environment, not argv: argv is visible to every user in ps
         cpu = cpu_launch(plan, install)
@@ -310,6 +411,18 @@ class VllmAdapter(EngineAdapter):
         else:
             extra = {k: v for k, v in extra.items() if not k.startswith("VLLM_CPU_")}
         return CommandLine(argv, _engine_env(extra, cpu=cpu))
+
+    def cold_start_phases(self, plan: LaunchPlan) -> tuple[str, ...]:
+        """--enforce-eager skips torch.compile (and CUDA graphs, but the engine still warms up)."""
+        phases = super().cold_start_phases(plan)
+        return tuple(p for p in phases if p != "compile") if plan.eager else phases
+
+    def compile_cache_dir(self, plan: LaunchPlan) -> Path | None:
+        """vLLM's cache root for this model and plan (see `compile_cache_root`); None with --enforce-eager."""
+        return None if plan.eager else compile_cache_root() / compile_cache_key(plan)
+
+    def compile_cache_found(self, plan: LaunchPlan) -> bool | None:
+        return None if plan.eager else compile_cache_prepared(plan)
 
     def health_state(self, status_code: int | None, body: str) -> Literal["ready", "loading", "down"]:
         if status_code == 200:
@@ -451,6 +564,66 @@ def plan_args(plan: LaunchPlan) -> list[str]:
     if plan.max_num_batched_tokens is not None:
         args += ["--max-num-batched-tokens", str(plan.max_num_batched_tokens)]
     return args
+
+
+# --- the compile cache: per model and plan, in the app's own cache folder ----------------------------------
+COMPILE_CACHE_ENV = "SWITCHYARD_VLLM_COMPILE_CACHE"  # overrides the root (tests point it at a fresh folder)
+
+
+def compile_cache_root() -> Path:
+    """Where the app keeps vLLM's torch.compile caches: one folder per model and plan, never vLLM's shared
+    ~/.cache/vllm (so an unrelated run neither fills nor invalidates ours, and "Prepare vLLM" warms exactly
+    what the real start will use)."""
+    configured = os.environ.get(COMPILE_CACHE_ENV)
+    from desktop.core.common import paths
+
+    return Path(configured).expanduser() if configured else paths.cache_dir() / "vllm-compile"
+
+
+def compile_cache_key(plan: LaunchPlan) -> str:
+    """A short stable name for what decides the compiled graphs: the model folder and the plan's shape
+    (context, sequences, dtype, quantization, batching, parallelism, extra flags) - not ports, keys or threads.
+    vLLM hashes its own config inside this folder too, so a stale entry is never loaded."""
+    import hashlib
+    import json
+
+    model = Path(plan.model_path).expanduser()
+    with_resolved = str(model.resolve()) if model.exists() else str(model)
+    shape = {"model": with_resolved, "ctx": plan.ctx_per_request, "slots": plan.slots, "dtype": plan.dtype,
+             "quantization": plan.quantization, "kv": plan.kv_cache_type, "tp": plan.tensor_parallel,
+             "batched": plan.max_num_batched_tokens, "prefix": plan.prefix_cache, "backend": plan.backend,
+             "extra": list(plan.extra_args)}
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{model.name or 'model'}-{digest}"
+
+
+def _compile_cache_env(adapter: VllmAdapter, plan: LaunchPlan) -> dict[str, str]:
+    """The plan's cache folder for both caches a start compiles into: vLLM's (VLLM_CACHE_ROOT: its AOT
+    artefact under torch_compile_cache/) and Inductor's (TORCHINDUCTOR_CACHE_DIR, else /tmp/torchinductor_USER,
+    shared with every torch on the machine). vLLM 0.32's CPU build saves the AOT artefact but cannot load it
+    back ("Compiling model again due to a load failure ... 'finalize_loading'"), so on CPU the warm start comes
+    from Inductor's cache. A plan's own env wins."""
+    folder = adapter.compile_cache_dir(plan)
+    if folder is None:
+        return {}
+    env = {"VLLM_CACHE_ROOT": str(folder), "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor")}
+    if plan.backend == "cpu":
+        # On CPU the AOT artefact never loads (see above) and, while AOT is on, Inductor caches nothing: without
+        # AOT, Inductor's FX-graph cache in the plan's folder is what makes a repeat start compile faster.
+        env["VLLM_USE_AOT_COMPILE"] = "0"
+    return {key: value for key, value in env.items() if key not in plan.env}  # the engine creates the folders
+
+
+def compile_cache_prepared(plan: LaunchPlan) -> bool:
+    """Whether this plan's compile cache holds compiled graphs (a start of it will load, not compile)."""
+    if plan.eager:
+        return False
+    root = compile_cache_root() / compile_cache_key(plan)
+    # vLLM's AOT artefact (torch_compile_cache/torch_aot_compile/<hash>/rank_0_0/model) or Inductor's own cache
+    # (generated .py/.cpp and the .so it built)
+    return any(folder.is_dir() and any(path.is_file() for path in folder.rglob(pattern))
+               for folder, pattern in ((root / "torch_compile_cache", "model"), (root / "inductor", "*.so"),
+                                       (root / "inductor", "*.py")))
 
 
 def _engine_env(extra: Mapping[str, str], cpu: bool = True) -> dict[str, str]:

@@ -163,37 +163,54 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], xlabel:
 
 
 def phase_chart(title: str, engines: dict[str, dict[str, Any]], width: int = 560) -> str:
-    """Horizontal bars of cumulative cold-start phases (T1 health, T2 first token, T3 first request) per engine."""
-    phases = ("t1_health_s", "t2_first_token_s", "t3_first_request_s")
-    labels = ("T1 health", "T2 first token", "T3 first request")
+    """One stacked bar per engine of its cold-start phases (supervisor.COLD_START_PHASES: process, weights,
+    compile, KV cache, warm-up, T1, T2, T3), each segment titled with its duration."""
+    from desktop.core.runtime.supervisor import COLD_START_PHASES, phases_of
+
+    colors = {phase.key: phase.color for phase in COLD_START_PHASES}
     esc = html.escape
-    left, top, bar, gap = 110, 40, 18, 30
+    left, top, bar, gap = 110, 40 + 16 * ((len(COLD_START_PHASES) + 3) // 4), 18, 30
     height = top + len(engines) * (bar + gap) + 30
-    longest = max([float(values.get(phase) or 0.0) for values in engines.values() for phase in phases] + [1e-9])
+    stacked = {name: ([] if values.get("attached") else phases_of(values)) for name, values in engines.items()}
+    longest = max([float(p["end_s"]) for phases in stacked.values() for p in phases] + [1e-9])
     scale = (width - left - 70) / longest
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
              f'font-family="sans-serif" font-size="11"><title>{esc(title)}</title>',
              f'<text x="{width / 2}" y="18" text-anchor="middle" font-size="13" font-weight="bold">{esc(title)}</text>']
-    for index, label in enumerate(labels):
-        parts.append(f'<rect x="{left + index * 120}" y="24" width="10" height="10" fill="{PALETTE[index + 2]}"/>'
-                     f'<text x="{left + index * 120 + 14}" y="33">{label}</text>')
+    for index, known in enumerate(COLD_START_PHASES):
+        x, y = 10 + (index % 4) * 135, 26 + 16 * (index // 4)
+        parts.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{colors[known.key]}"/>'
+                     f'<text x="{x + 14}" y="{y + 9}">{esc(known.label)}</text>')
     for row, (name, values) in enumerate(engines.items()):
         y = top + row * (bar + gap) + 8
         parts.append(f'<text x="{left - 6}" y="{y + 13}" text-anchor="end">{esc(name)}</text>')
         if values.get("attached"):
             parts.append(f'<text x="{left + 4}" y="{y + 13}" fill="#666">{esc(str(values.get("note") or ""))}</text>')
             continue
-        previous = 0.0
-        for index, phase in enumerate(phases):
-            value = values.get(phase)
-            if value is None:
-                continue
-            parts.append(f'<rect x="{left + previous * scale:.1f}" y="{y}" width="{max(1.0, (value - previous) * scale):.1f}" '
-                         f'height="{bar}" fill="{PALETTE[index + 2]}"><title>{labels[index]}: {value:.2f} s</title></rect>')
-            previous = max(previous, value)
-        parts.append(f'<text x="{left + previous * scale + 4:.1f}" y="{y + 13}">{previous:.2f} s</text>')
+        end = 0.0
+        for seg in stacked[name]:
+            parts.append(f'<rect x="{left + float(seg["start_s"]) * scale:.1f}" y="{y}" '
+                         f'width="{max(1.0, float(seg["seconds"]) * scale):.1f}" height="{bar}" '
+                         f'fill="{colors.get(seg["phase"], "#999")}"><title>{esc(seg["label"])}: '
+                         f'{float(seg["seconds"]):.2f} s</title></rect>')
+            end = max(end, float(seg["end_s"]))
+        parts.append(f'<text x="{left + end * scale + 4:.1f}" y="{y + 13}">{end:.2f} s</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def phase_rows(engines: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Table rows: each cold-start phase's duration per engine (first repetition), then the compile cache."""
+    from desktop.core.runtime.supervisor import COLD_START_PHASES, phases_of
+
+    seconds = {name: {p["phase"]: float(p["seconds"]) for p in phases_of(values)}
+               for name, values in engines.items() if not values.get("attached")}
+    rows = [[phase.label, *(_num(seconds.get(name, {}).get(phase.key)) for name in engines)]
+            for phase in COLD_START_PHASES if any(phase.key in found for found in seconds.values())]
+    if any(values.get("compile_cache") for values in engines.values()):
+        rows.append(["compile cache", *(html.escape(str(values.get("compile_cache") or "–"))
+                                        for values in engines.values())])
+    return rows
 
 
 # --- HTML -----------------------------------------------------------------------------------------------
@@ -282,8 +299,8 @@ def render_ab_html(result: ABResult) -> str:
                                               if (v := _avg(engine.level_values(c, key))) is not None]
     charts.append(line_chart("TTFT p50 / p95 vs concurrency", ttft, "concurrency", "ms", log_x=True,
                              dashed=[name for name in ttft if name.endswith("p95")]))
-    charts.append(phase_chart("Cold start (first repetition)", {
-        e.engine: (e.repetitions[0].cold_start if e.repetitions else {}) for e in result.engines}))
+    first_starts = {e.engine: (e.repetitions[0].cold_start if e.repetitions else {}) for e in result.engines}
+    charts.append(phase_chart("Cold start (first repetition)", first_starts))
     memory = {e.engine: [(t, mib) for t, mib, _phase in e.repetitions[0].memory] if e.repetitions else []
               for e in result.engines}
     charts.append(line_chart("Engine memory (RSS of the process tree, first repetition)", memory,
@@ -336,6 +353,8 @@ def render_ab_html(result: ABResult) -> str:
                       f"{b.engine} TTFT p95"], comparison_rows)
             + "<h2>Cold start (seconds since spawn)</h2>"
             + _table(["phase", a.engine, b.engine, "ratio"], cold_rows)
+            + "<h2>Cold-start phases (first repetition, seconds each)</h2>"
+            + _table(["phase", a.engine, b.engine], phase_rows(first_starts))
             + f"<h2>Cost per million output tokens ({html.escape(unit)})</h2>"
             + _table(["engine", "concurrency", "tok/s", "steady state", f"with cold start over {cfg.service_lifetime_h:g} h"],
                      cost_rows)

@@ -76,6 +76,26 @@ def _spread(cell: dict[str, Any] | None, digits: int) -> str:
     return text
 
 
+def phase_table_rows(result: dict[str, Any], a: str, b: str) -> list[list[str]]:
+    """Each cold-start phase's seconds (first repetition) per engine, named as on the Serve page's bar."""
+    from desktop.core.runtime.supervisor import COLD_START_PHASES, phases_of
+
+    seconds: dict[str, dict[str, float]] = {}
+    for engine in result.get("engines", []):
+        reps = engine.get("repetitions") or []
+        cold = reps[0].get("cold_start") if reps else None
+        if isinstance(cold, dict) and not cold.get("attached"):
+            seconds[engine["engine"]] = {p["phase"]: float(p["seconds"]) for p in phases_of(cold)}
+    rows = []
+    for phase in COLD_START_PHASES:
+        va, vb = seconds.get(a, {}).get(phase.key), seconds.get(b, {}).get(phase.key)
+        if va is None and vb is None:
+            continue
+        rows.append([f"Cold-start phase: {phase.label} (s)", _number(va, 2), _number(vb, 2),
+                     _number(vb / va if va and vb else None, 2)])
+    return rows
+
+
 def ab_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The side-by-side table of an A/B result (its JSON): the engines as columns, B/A as the last one."""
     a, b = (engine["engine"] for engine in result["engines"])
@@ -86,6 +106,7 @@ def ab_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for key, label in COLD_PHASES:
         cell = cold.get(key, {})
         rows.append([label, _spread(cell.get(a), 2), _spread(cell.get(b), 2), _spread(cell.get("ratio"), 2)])
+    rows += phase_table_rows(result, a, b)
     rss = cold.get("peak_rss_mib", {})
     ratio = rss[b] / rss[a] if rss.get(a) and rss.get(b) else None
     rows.append(["Peak memory (MiB, process tree)", _number(rss.get(a), 0), _number(rss.get(b), 0),

@@ -26,6 +26,18 @@ def load_runs(limit: int = 200) -> list[Any]:
         return store.runs(limit=limit)
 
 
+def phase_summary(cold: dict[str, Any]) -> list[str]:
+    """"compile 30.1 s (cache hit)"-style parts for the longest engine phases of a stored launch."""
+    from desktop.core.runtime.supervisor import SERVING_PHASES, phases_of
+
+    engine_phases = [p for p in phases_of(cold) if p["phase"] not in SERVING_PHASES]
+    longest = sorted(engine_phases, key=lambda p: -float(p["seconds"]))[:3]
+    parts = [f"{p['label']} {float(p['seconds']):.1f} s" for p in longest]
+    if cold.get("compile_cache") in ("hit", "miss", "stale", "warm"):
+        parts.append(f"compile cache {cold['compile_cache']}")
+    return parts
+
+
 def summarize(run: Any) -> str:
     """One line a person can scan: the A/B verdict, or a bench's best throughput and failures."""
     summary = run.summary or {}
@@ -38,6 +50,7 @@ def summarize(run: Any) -> str:
         memory = summary.get("load_memory") or {}
         t3 = cold.get("t3_first_request_s") or cold.get("t1_health_s")
         parts = [f"cold start {t3:.2f} s" if isinstance(t3, (int, float)) else "cold start not measured"]
+        parts += phase_summary(cold)
         if isinstance(memory.get("rss_gib"), (int, float)):
             parts.append(f"{memory['rss_gib']:.2f} GiB resident after load")
         return "; ".join(parts)

@@ -150,7 +150,10 @@ class ModelsPage(QWidget):
 
     def show_library(self, rows: list[Any]) -> None:
         self.library = rows
-        _fill(self.library_table, [[r["name"], r["format"], r["quantization"], f"{r['size_bytes'] / GIB:.2f} GiB",
+        from desktop.ui.widgets import quant_label
+
+        _fill(self.library_table, [[r["name"], r["format"], quant_label(r["quantization"] or None),
+                                    f"{r['size_bytes'] / GIB:.2f} GiB",
                                     r["path"]] for r in rows])
 
     # --- search ---

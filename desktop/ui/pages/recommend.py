@@ -195,7 +195,11 @@ class RecommendPage(QWidget):
         self.notice.show_message("")
         self._offer_measurement(rec)
         settings = ", ".join(f"{k} {v}" for k, v in rec.key_settings.items() if v is not None)
-        lines = [f"<h3>{rec.engine} · {rec.quant}</h3>", *self._traffic_line(), f"<p><b>Settings:</b> {settings}</p>",
+        from desktop.ui.widgets import quant_label
+
+        dtype = getattr(rec.plan, "dtype", None) if rec.plan is not None else None
+        lines = [f"<h3>{rec.engine} · {_escape(quant_label(rec.quant, dtype))}</h3>", *self._traffic_line(),
+                 f"<p><b>Settings:</b> {settings}</p>",
                  "<p><b>Why:</b></p><ul>" + "".join(f"<li>{_escape(r)}</li>" for r in rec.reasons) + "</ul>"]
         if rec.fit is not None:
             lines.append(f"<p><b>Memory:</b> {rec.fit.total_gib:.2f} GiB of {rec.fit.available_gib:.1f} GiB "

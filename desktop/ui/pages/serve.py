@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QComboBox,
@@ -57,6 +57,31 @@ SERIES_MAP: dict[str, tuple[str, float]] = {
 }
 
 
+LIVE_MS = 500
+
+
+def engine_short(process: Any) -> str:
+    """"llama.cpp", "vLLM": the engine's name without its server's."""
+    return str(process.adapter.display_name).split(" (")[0] if process is not None else ""
+
+
+def engines_line(serving: Any, starting: Any, shown: Any = None) -> str:
+    """Both engines' states in one line: what serves, and what starts (how long so far, in which phase)."""
+    from desktop.core.runtime.supervisor import PHASE_BY_KEY
+
+    parts = []
+    if serving is not None:
+        parts.append(f"serving: {engine_short(serving)}" if serving.state.value == "ready"
+                     else f"{serving.state.value}: {engine_short(serving)}")
+    if starting is not None and starting.is_running():
+        phase = starting.cold_start.current_phase()
+        label = PHASE_BY_KEY[phase].label if phase else "ready"
+        parts.append(f"starting: {engine_short(starting)} {starting.elapsed():.0f} s, {label}")
+    if not parts and shown is not None:  # an engine that crashed or stopped, or the very first start
+        parts.append(f"{shown.state.value}: {engine_short(shown)}")
+    return " · ".join(parts) or "stopped"
+
+
 def plan_for_form(engine: str, model: str, ctx: int, parallel: int) -> Any:
     """The LaunchPlan the Start button would use (without installing or starting anything)."""
     from desktop.core.engines import get_adapter
@@ -103,6 +128,11 @@ class ServePage(QWidget):
         self.export_button.setToolTip("This launch plan as a shell command, docker run, Compose, Kubernetes, Ray "
                                       "or Helm")
         self.export_button.clicked.connect(lambda: self.open_export())
+        self.prepare_button = QPushButton("&Prepare vLLM")
+        self.prepare_button.setToolTip("Start vLLM once on this model and plan and stop it, so its compile cache "
+                                       "is warm and the real first start (or a switch) is much shorter")
+        self.prepare_button.clicked.connect(lambda: self.prepare_vllm())
+        self.preparing = False
         self.start_button.clicked.connect(self.start_clicked)
         self.stop_button.clicked.connect(self.stop_clicked)
         self.switch_button.clicked.connect(self.switch_clicked)
@@ -117,6 +147,7 @@ class ServePage(QWidget):
         controls.addWidget(self.stop_button)
         controls.addWidget(self.switch_button)
         controls.addWidget(self.export_button)
+        controls.addWidget(self.prepare_button)
 
         # --- state, endpoint, timeline ---
         self.state_label = QLabel("stopped")
@@ -177,6 +208,10 @@ class ServePage(QWidget):
         self.requests_panel.title_changed.connect(
             lambda title: self.bottom_tabs.setTabText(self.bottom_tabs.indexOf(self.requests_panel), title))
         self.bottom_tabs.addTab(self.chat, "T&ry it (chat)")
+        from desktop.ui.models_editor import ModelsEditor
+
+        self.models_editor = ModelsEditor(self.model_state)  # the endpoint's models.yaml, as the CLI reads it
+        self.bottom_tabs.addTab(self.models_editor, self.models_editor.title)
         self.bottom_tabs.setAccessibleName("Engine log, requests and chat")
         splitter.addWidget(self.bottom_tabs)
         splitter.setStretchFactor(0, 4)
@@ -185,8 +220,8 @@ class ServePage(QWidget):
         layout.addWidget(splitter)
 
         session.state_changed.connect(self.on_state)
-        session.phase_reached.connect(self.timeline.add)
-        session.watching.connect(lambda _name: self.timeline.clear())
+        session.phase_reached.connect(lambda _name, _seconds: self.refresh_live())
+        session.watching.connect(lambda _name: self.refresh_live())
         session.log_lines.connect(self.log_pane.append_lines)
         session.progress.connect(lambda text: self.notice.show_message(text))
         session.ready.connect(self.on_ready)
@@ -196,6 +231,12 @@ class ServePage(QWidget):
         session.samples.connect(self.on_samples)
         session.switched.connect(self.on_switched)
         self.board.start()
+        self._serving_source: str | None = None  # the upstream whose telemetry the charts show
+        self._rows: dict[int, Any] = {}  # the engine processes on the cold-start bar, by row key
+        self.live_timer = QTimer(self)  # the bar grows and the engines' line counts while an engine starts
+        self.live_timer.setInterval(LIVE_MS)
+        self.live_timer.timeout.connect(self.refresh_live)
+        self.live_timer.start()
         self._update_buttons()
 
     # --- actions ---
@@ -206,7 +247,6 @@ class ServePage(QWidget):
         self.model_edit.setText(request.model)
         self.ctx_spin.setValue(request.shown_ctx)
         self.parallel_spin.setValue(request.shown_slots)
-        self.timeline.clear()
         self.notice.show_message(f"Starting {request.engine} on {request.model}…")
         self.session.start(request)
         self._update_buttons()
@@ -230,6 +270,37 @@ class ServePage(QWidget):
         self.session.switch_to(target)
         index = self.engine_box.findData(target)
         self.engine_box.setCurrentIndex(index)
+
+    def prepare_vllm(self) -> bool:
+        """"Prepare vLLM" for the form's model and plan in the background (desktop.core.serving.prepare)."""
+        from desktop.core.serving.endpoint import EngineSpec
+        from desktop.core.serving.prepare import prepare
+
+        if self.preparing:
+            return False
+        spec = EngineSpec("vllm", self.model_edit.text().strip() or "demo", ctx_per_request=self.ctx_spin.value(),
+                          slots=self.parallel_spin.value())
+        self.preparing = True
+        self.prepare_button.setEnabled(False)
+        self.notice.show_message("Preparing vLLM: one start to fill its compile cache (the engines above keep "
+                                 "serving)…")
+        submit(prepare, spec, eager=self.session.vllm_eager, progress=self.session._progress,
+               on_finished=self._prepared, on_error=self._prepare_failed)
+        return True
+
+    def _prepared(self, done: Any) -> None:
+        self.preparing = False
+        self.prepare_button.setEnabled(True)
+        cold = done.cold_start
+        self.notice.show_message(
+            f"vLLM prepared on {done.model}: compile cache {done.compile_cache or 'not reported'} "
+            f"({'was already warm' if done.was_warm else 'filled now'}); that start took "
+            f"{(cold.get('t3_first_request_s') or 0):.1f} s. The next start of this plan loads compiled graphs.")
+
+    def _prepare_failed(self, message: str) -> None:
+        self.preparing = False
+        self.prepare_button.setEnabled(True)
+        self.notice.show_message(f"Preparing vLLM failed: {message}", "error")
 
     def open_export(self, modal: bool = True) -> None:
         """The export dialog for the plan being served, else for what the form says (resolved off the GUI
@@ -269,8 +340,8 @@ class ServePage(QWidget):
 
     # --- session events ---
     def on_state(self, state: str) -> None:
-        self.state_label.setText(state)
         self.state_label.setAccessibleDescription(state)
+        self.refresh_live()
         if state == "crashed" and self.session.process is not None:
             outcome = self.session.process.outcome
             reason = outcome.reason if outcome else None
@@ -292,6 +363,7 @@ class ServePage(QWidget):
         if gpu is None or gpu.unavailable:
             for title in ("Utilization", "Memory"):
                 self.charts[title].plot.getPlotItem().setTitle(f"{title} (no GPU telemetry)")
+        self.refresh_live()
         self._update_buttons()
         self._preview_switch()
         self.engine_ready.emit(cold)
@@ -309,7 +381,7 @@ class ServePage(QWidget):
         self._update_buttons()
 
     def on_stopped(self) -> None:
-        self.state_label.setText("stopped")
+        self.refresh_live()
         self.chat.stop()
         self.chat.set_endpoint(None)
         if self.notice.level != "error":
@@ -317,12 +389,16 @@ class ServePage(QWidget):
         self._update_buttons()
 
     def on_samples(self, samples: list[Any]) -> None:
+        serving = self._serving_source
         for sample in samples:
+            if "@" in sample.source and serving is not None and sample.source != serving:
+                continue  # an engine that is starting or draining: the charts show the one that serves
             route = SERIES_MAP.get(sample.series)
             if route is not None and self.board.push(route[0], sample.value * route[1], sample.t):
                 self.samples_received += 1
 
     def on_switched(self, result: Any) -> None:
+        self.refresh_live()
         failed = getattr(result, "failed_requests", 0)
         if getattr(result, "kind", "warm") == "stop-first":
             self.switch_label.setText(
@@ -347,6 +423,62 @@ class ServePage(QWidget):
             self.notice.show_message(message, "error" if state == "down" else "warning")
         self._update_buttons()
 
+    def model_state(self, entry: dict[str, Any]) -> str:
+        """A models-list entry's state here: served / starting by this window's endpoint, or not loaded."""
+        from desktop.core.engines import get_adapter
+
+        serving, starting = self.engines()
+        request = self.session.request
+        for process, word in ((serving, "serving"), (starting, "starting")):
+            if process is not None and request is not None and process.adapter.name == \
+                    get_adapter(entry["engine"]).name and request.model == entry["model"]:
+                return word
+        return "not loaded"
+
+    # --- live state of both engines, the bar, hand-over marks ---
+    def engines(self) -> tuple[Any, Any]:
+        """(serving engine process, starting engine process), either None."""
+        manager = self.session.manager
+        if manager is None:
+            return None, None
+        active, starting = manager.active, manager.starting
+        return (active.process if active is not None else None,
+                starting.process if starting is not None else None)
+
+    def refresh_live(self) -> None:
+        """The engines' line ("serving: llama.cpp · starting: vLLM 23 s, compile"), the rows of the cold-start
+        bar (the starting one growing), and the hand-over mark when the serving engine changed."""
+        serving, starting = self.engines()
+        manager = self.session.manager
+        source = manager.active.upstream.name if manager is not None and manager.active is not None else None
+        if source != self._serving_source:
+            if self._serving_source is not None and source is not None:
+                self.board.mark(f"→ {engine_short(serving)}")
+            self._serving_source = source
+        line = engines_line(serving, starting, self.session.process)
+        self.state_label.setText(line)
+        ready = serving is not None and serving.state.value == "ready"
+        self.chat.show_engine_state(engine_short(serving) if ready else None,
+                                    line.split(" · ")[-1] if starting is not None else None)
+        for process in (serving, starting, self.session.process):
+            if process is not None:
+                self._rows[id(process)] = process
+        for process in list(self._rows.values())[-4:]:
+            self._show_row(process)  # a start that failed or was stopped stops growing too
+        for key in [k for k in self._rows if k not in self.timeline.rows]:
+            self._rows.pop(key)  # rows the bar no longer keeps
+
+    def _show_row(self, process: Any) -> None:
+        cold = process.cold_start
+        running = cold.t3_first_request_s is None and process.is_running()
+        phases = cold.phases(now=process.elapsed() if running else None)
+        cache = cold.compile_cache
+        note = {"hit": "compile cache hit", "miss": "compile cache miss (compiled and saved)",
+                "stale": "compile cache found but not loadable (compiled again)",
+                "warm": "compile cache warm (Inductor)",
+                "off": "no compile (eager)"}.get(cache or "", "")
+        self.timeline.show_start(id(process), engine_short(process), phases, running, note)
+
     def _update_buttons(self) -> None:
         running = self.session.is_running()
         busy = self.session.busy
@@ -356,6 +488,7 @@ class ServePage(QWidget):
         self.switch_button.setText(f"S&witch to {self.other_engine()}")
 
     def shutdown(self) -> None:
+        self.live_timer.stop()
         self.chat.shutdown()
         self.board.stop()
         self.requests_panel.shutdown()
