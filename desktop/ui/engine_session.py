@@ -12,39 +12,26 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 from shiboken6 import isValid
 
 from desktop.ui.workers import submit
 
+if TYPE_CHECKING:
+    from desktop.core.engines.base import LaunchPlan
+
 log = logging.getLogger("switchyard.ui.engine")
 
 LOG_DRAIN_MS = 100
 
 
-@dataclass(frozen=True)
-class LaunchRequest:
-    """What the user asked to serve: an engine, a model spec (`demo`, a path) and either the form's two knobs or
-    a whole launch plan (the Recommend page's, checked by the fit), which is then launched as is."""
+def engine_choices() -> list[tuple[str, str]]:
+    """(name, display name) of every registered engine, for the pages' engine lists."""
+    from desktop.core.engines import ADAPTERS
 
-    engine: str
-    model: str = "demo"
-    ctx_per_request: int = 2048
-    slots: int = 4
-    extra_args: tuple[str, ...] = ()
-    ready_timeout_s: float = 900.0
-    plan: Any = None  # desktop.core.engines.base.LaunchPlan
-
-    @property
-    def shown_ctx(self) -> int:
-        return int(self.plan.ctx_per_request) if self.plan is not None else self.ctx_per_request
-
-    @property
-    def shown_slots(self) -> int:
-        return int(self.plan.slots) if self.plan is not None else self.slots
+    return [(adapter.name, adapter.display_name) for adapter in ADAPTERS.values()]
 
 
 class EngineSession(QObject):
@@ -71,7 +58,7 @@ class EngineSession(QObject):
         self.capture_bodies = False
         self._history: Any = None
         self._requests_pending = False
-        self.request: LaunchRequest | None = None
+        self.plan: LaunchPlan | None = None  # what was asked to serve (the planner checks it in the worker)
         self.busy = False
         self.switching = False
         self.vllm_eager = False  # vLLM without torch.compile: starts much sooner on CPU (tests, quick tries)
@@ -133,8 +120,10 @@ class EngineSession(QObject):
             telemetry = Telemetry()
             telemetry.subscribe(self._on_samples)
             telemetry.start()
-            manager = EndpointManager(proxy, telemetry=telemetry, launcher=lambda spec: make_launcher(
-                self._progress, install_missing=True, vllm_eager=self.vllm_eager)(spec), budget=machine_budget())
+            budget = machine_budget()
+            manager = EndpointManager(proxy, telemetry=telemetry, budget=budget,
+                                      hardware=budget.hardware if budget else None,
+                                      launcher=make_launcher(self._progress, install_missing=True))
             manager.subscribe(self._on_endpoint_event)
             self.proxy, self.telemetry, self.manager = proxy, telemetry, manager
             self._discovery = control.write_discovery(proxy.port, proxy.url, token, kind="app")
@@ -173,7 +162,8 @@ class EngineSession(QObject):
         self.progress.emit(getattr(event, "message", str(event)))
 
     # --- start ---
-    def start(self, request: LaunchRequest) -> None:
+    def start(self, plan: LaunchPlan) -> None:
+        """Serve `plan` (asked by a page: the planner checks it in the worker, a refusal arrives as `failed`)."""
         if self.busy:
             self.failed.emit("Switchyard is already starting or switching an engine: wait for it to finish.")
             return
@@ -182,17 +172,15 @@ class EngineSession(QObject):
             return
         self.busy = True
         self._stop_requested = False
-        self.request = request
+        self.plan = plan
         self.log_timer.start()
-        submit(self._start, request, on_finished=self._on_ready, on_error=self._on_error)
+        submit(self._start, plan, on_finished=self._on_ready, on_error=self._on_error)
 
-    def _start(self, request: LaunchRequest) -> Any:
-        from desktop.core.serving.endpoint import EngineSpec
-
+    def _start(self, plan: LaunchPlan) -> Any:
         self._ensure_endpoint()
-        self.manager.ready_timeout = request.ready_timeout_s
-        return self.manager.start(EngineSpec(request.engine, request.model, ctx_per_request=request.ctx_per_request,
-                                             slots=request.slots, extra_args=request.extra_args, plan=request.plan))
+        # vLLM without torch.compile when asked: an ask the planner checks like any other
+        self.manager.engine_overrides["vllm"] = {"eager": True} if self.vllm_eager else {}
+        return self.manager.start(plan)
 
     def _on_ready(self, cold: Any) -> None:
         self.busy = False
@@ -236,10 +224,7 @@ class EngineSession(QObject):
         failed_before = self.proxy.counters.get("failed", 0)
         result = self.manager.switch(engine, model)
         result.failed_requests = self.proxy.counters.get("failed", 0) - failed_before
-        if self.request is not None:
-            from dataclasses import replace
-
-            self.request = replace(self.request, engine=result.to_engine, model=model or self.request.model)
+        self.plan = self.manager.plan
         return result
 
     def _on_switched(self, result: Any) -> None:
@@ -345,11 +330,8 @@ class EngineSession(QObject):
         cold = process.cold_start
         for name, seconds in sorted(cold.markers.items(), key=lambda kv: kv[1]):
             self.phase_reached.emit(name, seconds)
-        for name in ("t1_health_s", "t2_first_token_s", "t3_first_request_s"):
-            value = getattr(cold, name)
-            if value is not None:
-                self.phase_reached.emit({"t1_health_s": "T1_health", "t2_first_token_s": "T2_first_token",
-                                         "t3_first_request_s": "T3_first_request"}[name], value)
+        for name, value in cold.phases().items():
+            self.phase_reached.emit(name, value)
 
     def _on_event(self, process: Any, event: Any) -> None:  # engine log thread
         if process is not self._watched or not isValid(self):

@@ -61,6 +61,11 @@ class VllmAdapter(EngineAdapter):
     name = "vllm"
     display_name = "vLLM"
     model_format = "hf"
+    dry_run_executable = "python"
+    plan_fields = frozenset({"dtype", "quantization", "kv_cache_type", "gpu_memory_utilization", "tensor_parallel",
+                             "max_num_batched_tokens", "kv_cache_gib", "eager", "tokenizer_path", "env",
+                             "extra_args"})
+    sleep_mode_flag = SLEEP_MODE_FLAG
     anthropic_messages = True  # vLLM's /v1/messages (vllm/entrypoints/anthropic, 0.32)
     log_markers = (
         log_marker("loading_weights", r"Loading weights took\s*(?P<seconds>[\d.]+)"),

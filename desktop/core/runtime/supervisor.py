@@ -55,6 +55,10 @@ class EngineState(str, Enum):
     CRASHED = "crashed"
 
 
+# The cold-start phases' names, as events and the GUI's timeline carry them (one spelling: here).
+PHASE_NAMES = {"t1_health_s": "T1_health", "t2_first_token_s": "T2_first_token", "t3_first_request_s": "T3_first_request"}
+
+
 @dataclass
 class ColdStart:
     """Cold-start phases in seconds since spawn (T0). T1 health OK, T2 first token, T3 first request done."""
@@ -69,6 +73,10 @@ class ColdStart:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def phases(self) -> dict[str, float]:
+        """The phases reached so far, by their event names (T1_health ...)."""
+        return {name: value for key, name in PHASE_NAMES.items() if (value := getattr(self, key)) is not None}
 
 
 @dataclass
@@ -456,7 +464,7 @@ class EngineProcess:
                     break
                 self._exited.wait(0.1)  # wakes at once if the engine dies
         self.cold_start.t1_health_s = round(self.elapsed(), 3)
-        self._emit(EngineEvent("phase", phase="T1_health", seconds=self.cold_start.t1_health_s))
+        self._emit(EngineEvent("phase", phase=PHASE_NAMES["t1_health_s"], seconds=self.cold_start.t1_health_s))
         if first_request:
             self._first_request(deadline)
         self._set_state(EngineState.READY)
@@ -485,8 +493,8 @@ class EngineProcess:
         done = self.elapsed()
         self.cold_start.t2_first_token_s = round(first_token if first_token is not None else done, 3)
         self.cold_start.t3_first_request_s = round(done, 3)
-        self._emit(EngineEvent("phase", phase="T2_first_token", seconds=self.cold_start.t2_first_token_s))
-        self._emit(EngineEvent("phase", phase="T3_first_request", seconds=self.cold_start.t3_first_request_s))
+        self._emit(EngineEvent("phase", phase=PHASE_NAMES["t2_first_token_s"], seconds=self.cold_start.t2_first_token_s))
+        self._emit(EngineEvent("phase", phase=PHASE_NAMES["t3_first_request_s"], seconds=self.cold_start.t3_first_request_s))
 
     def stop(self, grace: float = 15.0) -> EngineOutcome | None:
         """Stop the engine and everything it forked; idempotent."""

@@ -12,24 +12,24 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 
-from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
+from desktop.core.common.defaults import DEFAULT_READY_TIMEOUT
+from desktop.core.common.errors import EngineFailed, SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
-from desktop.core.engines import get_adapter
+from desktop.core.engines import get_adapter, require_install
 from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
-from desktop.core.engines.model_path import resolve_model
-from desktop.core.engines.vllm import SLEEP_MODE_FLAG, has_cuda
 from desktop.core.machine.hardware import HardwareSnapshot, detect
-from desktop.core.planning.fit import launch_dtype
-from desktop.core.planning.swap import SmallerPlan, engine_need_bytes, smaller_plan
+from desktop.core.planning.launch import SECRET_ENV, planned_command
+from desktop.core.planning.planner import ask_key, plan_launch, replan
+from desktop.core.planning.swap import Need, SmallerPlan, engine_need, plan_facts, smaller_plan
 from desktop.core.runtime.launches import record_launch
+from desktop.core.runtime.proctree import tree_rss
 from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState, reap_orphans
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
 from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT
@@ -40,66 +40,19 @@ log = logging.getLogger("switchyard.endpoint")
 
 
 
-@dataclass(frozen=True)
-class EngineSpec:
-    """What the user asked to serve: an engine, the model as typed (`demo`, a file, a folder: `demo` resolves to
-    each engine's format, so a switch works) and the launch plan. With `plan` (e.g. recommend's, checked by the
-    fit) that plan is launched as is, only its model path and port filled in; without one, a plain plan of
-    `ctx_per_request` x `slots`."""
-
-    engine: str
-    model: str
-    ctx_per_request: int = 2048
-    slots: int = 4
-    port: int = 0
-    extra_args: tuple[str, ...] = ()
-    gpu_layers: int | None = None  # llama.cpp -ngl; None = the engine's default
-    kv_type: str | None = None  # llama.cpp KV cache type (f16, q8_0, ...); None = the engine's default
-    plan: LaunchPlan | None = None  # the checked plan (serve, recommend); None: a plain plan from the fields
-
-    def launch_plan(self, engine: str, model_path: Path) -> LaunchPlan:
-        if self.plan is not None:
-            return replace(self.plan, engine=engine, model_path=model_path, port=self.port or self.plan.port)
-        dtype = launch_dtype(engine, demo=self.model == "demo", cuda=has_cuda())
-        return LaunchPlan(engine=engine, model_path=model_path, port=self.port, ctx_per_request=self.ctx_per_request,
-                          slots=self.slots, dtype=dtype, extra_args=self.extra_args, gpu_layers=self.gpu_layers,
-                          kv_cache_type=self.kv_type)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(replace(self, plan=None))
-        data["extra_args"] = list(self.extra_args)
-        data["plan"] = self.plan.to_json() if self.plan else None
-        return data
+Launcher = Callable[[LaunchPlan], tuple[EngineAdapter, LaunchPlan, EngineInstall]]
 
 
-Launcher = Callable[[EngineSpec], tuple[EngineAdapter, LaunchPlan, EngineInstall]]
+def make_launcher(progress: ProgressCallback = no_progress, *, install_missing: bool = False) -> Launcher:
+    """The one way a checked plan becomes what the supervisor needs: the engine's install (the CLI wants a missing
+    engine to be an error with the install command; the GUI installs it once, cached, with progress) and no
+    orphans of earlier runs. The plan is launched exactly as the planner checked it."""
 
-
-def make_launcher(progress: ProgressCallback = no_progress, *, install_missing: bool = False,
-                  vllm_eager: bool = False, vllm_sleep: bool | None = None) -> Launcher:
-    """The one way an EngineSpec becomes what the supervisor needs. The CLI wants a missing engine to be an
-    error with the install command; the GUI installs it (once, cached) with progress and, on request, starts vLLM
-    eager (no torch.compile: a faster start on a CPU box). vLLM gets sleep mode on CUDA (`vllm_sleep` None: when
-    a CUDA GPU is there), so a stop-first switch can put it to sleep and wake it instead of a cold start."""
-    sleep = has_cuda() if vllm_sleep is None else vllm_sleep
-
-    def launch(spec: EngineSpec) -> tuple[EngineAdapter, LaunchPlan, EngineInstall]:
-        adapter = get_adapter(spec.engine)
-        model_path = resolve_model(spec.model, adapter, progress)
-        install = adapter.find_install()
-        if install is None and not install_missing:
-            raise EngineNotInstalled(f"{adapter.display_name} is not installed",
-                                     f"run `switchyard engines install {adapter.name}` first")
-        if install is None:
-            progress(ProgressEvent(f"{adapter.display_name} is not installed yet: installing it (once, cached)"))
-            install = adapter.install(progress)
+    def launch(plan: LaunchPlan) -> tuple[EngineAdapter, LaunchPlan, EngineInstall]:
+        adapter = get_adapter(plan.engine)
+        install = require_install(adapter, install_missing=install_missing, progress=progress)
         reap_orphans()
-        progress(ProgressEvent(f"Starting {adapter.display_name} on {model_path.name}; waiting until it serves"))
-        plan = spec.launch_plan(adapter.name, model_path)
-        if vllm_eager and adapter.name == "vllm":
-            plan = replace(plan, eager=True)
-        if sleep and adapter.name == "vllm" and SLEEP_MODE_FLAG not in plan.extra_args:
-            plan = replace(plan, extra_args=(*plan.extra_args, SLEEP_MODE_FLAG))
+        progress(ProgressEvent(f"Starting {adapter.display_name} on {plan.model_path.name}; waiting until it serves"))
         return adapter, plan, install
 
     return launch
@@ -112,7 +65,7 @@ default_launcher = make_launcher()
 class ManagedEngine:
     """One engine process the endpoint owns, with its proxy identity."""
 
-    spec: EngineSpec
+    plan: LaunchPlan  # the checked plan it runs (before its port and per-launch key were filled in)
     process: EngineProcess
     upstream: Upstream
     role: str  # "active" | "standby" | "starting" | "draining" | "sleeping"
@@ -120,8 +73,9 @@ class ManagedEngine:
 
     @property
     def can_sleep(self) -> bool:
-        """vLLM started with sleep mode (CUDA only): it can free its GPU memory and wake without a cold start."""
-        return self.process.adapter.name == "vllm" and SLEEP_MODE_FLAG in self.process.plan.extra_args
+        """Started with sleep mode (vLLM on CUDA): it can free its GPU memory and wake without a cold start."""
+        flag = self.process.adapter.sleep_mode_flag
+        return flag is not None and flag in self.process.plan.extra_args
 
     def to_json(self) -> dict[str, Any]:
         process = self.process
@@ -129,7 +83,7 @@ class ManagedEngine:
             "name": self.upstream.name,
             "role": self.role,
             "retried_smaller": self.retried,
-            "spec": self.spec.to_json(),
+            "plan": self.plan.to_json(),
             "engine": process.adapter.name,
             "base_url": process.base_url,
             "pid": process.pid,
@@ -181,34 +135,51 @@ class LoadOutOfMemory(EngineFailed):
 
 @dataclass
 class MemoryBudget:
-    """The memory the endpoint's engines share (free VRAM on a GPU machine) and what each one needs, both from
-    the fit, so the endpoint can tell whether two engines run side by side or one must stop first. Tests inject a
-    simulated budget (`free_bytes`, and `need` when they like)."""
+    """The memory the endpoint's engines share (free VRAM per GPU on a GPU machine, and RAM) and what each checked
+    plan holds there, both from the fit, so the endpoint can tell whether two engines run side by side or one must
+    stop first. Needs are compared per GPU: a TP=2 vLLM must fit on each of its two GPUs, not in their sum. Tests
+    inject a simulated budget (`free_bytes` and `need`, one shared pool)."""
 
     free_bytes: float
     hardware: HardwareSnapshot | None = None
-    need: Callable[[EngineSpec], float] | None = None
+    need: Callable[[LaunchPlan], float] | None = None
     label: str = "GPU memory"
-    _cache: dict[EngineSpec, float] = field(default_factory=dict)
+    _cache: dict[str, Need] = field(default_factory=dict)
 
-    def need_of(self, spec: EngineSpec) -> float:
-        key = replace(spec, port=0)
+    def need_of(self, plan: LaunchPlan) -> Need:
+        key = repr(replace(plan, port=0, api_key=None))
         if key not in self._cache:
             if self.need is not None:
-                self._cache[key] = self.need(spec)
+                self._cache[key] = Need({-1: self.need(plan)}, 0.0)
             else:
                 assert self.hardware is not None
-                self._cache[key] = engine_need_bytes(spec.engine, spec.model, spec.ctx_per_request, spec.slots,
-                                                     self.hardware)
+                self._cache[key] = engine_need(plan, self.hardware)
         return self._cache[key]
 
-    def fits(self, specs: Iterable[EngineSpec]) -> bool:
-        return sum(self.need_of(spec) for spec in specs) <= self.free_bytes
+    def _free(self) -> dict[int, float]:
+        if self.need is not None or self.hardware is None:
+            return {-1: self.free_bytes}
+        return {g.index: float(g.memory_free_bytes) for g in self.hardware.gpus if g.memory_total_bytes > 0}
 
-    def describe(self, specs: Iterable[EngineSpec]) -> str:
-        chosen = list(specs)
-        needs = " + ".join(f"{s.engine} {self.need_of(s) / 2**30:.2f}" for s in chosen)
-        return f"{needs} GiB vs {self.free_bytes / 2**30:.2f} GiB of free {self.label}"
+    def fits(self, plans: Iterable[LaunchPlan]) -> bool:
+        used: dict[int, float] = {}
+        ram = 0.0
+        for plan in plans:
+            need = self.need_of(plan)
+            ram += need.ram
+            for index, amount in need.gpu.items():
+                used[index] = used.get(index, 0.0) + amount
+        free = self._free()
+        if any(amount > free.get(index, 0.0) for index, amount in used.items()):
+            return False
+        return self.hardware is None or self.need is not None or ram <= self.hardware.ram_available_bytes
+
+    def describe(self, plans: Iterable[LaunchPlan]) -> str:
+        chosen = list(plans)
+        needs = " + ".join(f"{p.engine} {self.need_of(p).gpu_total / 2**30:.2f}" for p in chosen)
+        free = self._free()
+        per_gpu = "" if len(free) < 2 else " (" + ", ".join(f"GPU {i}: {b / 2**30:.2f}" for i, b in free.items()) + ")"
+        return f"{needs} GiB vs {self.free_bytes / 2**30:.2f} GiB of free {self.label}{per_gpu}"
 
 
 def machine_budget(hardware: HardwareSnapshot | None = None) -> MemoryBudget | None:
@@ -230,14 +201,9 @@ def memory_allows_standby(engine_rss_bytes: float, available_bytes: float, headr
     return engine_rss_bytes > 0 and available_bytes > engine_rss_bytes * headroom
 
 
-def _tree_rss(pid: int | None) -> float:
-    if pid is None:
-        return 0.0
-    try:
-        root = psutil.Process(pid)
-        return float(sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]))
-    except psutil.Error:
-        return 0.0
+def _shown(plan: LaunchPlan) -> str:
+    """The model as a person typed it (`demo`, a path), for messages."""
+    return plan.model or str(plan.model_path)
 
 
 class EndpointManager:
@@ -255,7 +221,7 @@ class EndpointManager:
         *,
         telemetry: Telemetry | None = None,
         launcher: Launcher = default_launcher,
-        ready_timeout: float = 900.0,
+        ready_timeout: float = DEFAULT_READY_TIMEOUT,
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         keep_standby: bool = False,
         failover: bool = False,
@@ -265,6 +231,7 @@ class EndpointManager:
         hardware: HardwareSnapshot | None = None,
         route: str | None = None,
         meter: bool = True,
+        engine_overrides: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self.proxy = proxy
         self.record_launches = record_launches  # each ready engine's cold start and load memory go to history
@@ -278,9 +245,12 @@ class EndpointManager:
         self.auto_fit = auto_fit
         self.hardware = hardware or (budget.hardware if budget else None)
         self.route = route
+        # asks this endpoint adds to every plan of one engine (engine name -> plan fields), e.g. the GUI's eager
+        # vLLM: checked with the plan like any other ask
+        self.engine_overrides: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (engine_overrides or {}).items()}
         self.state = "starting"
         self.last_error: str | None = None
-        self.spec: EngineSpec | None = None  # what this endpoint (or model) serves, also while it is unloaded
+        self.plan: LaunchPlan | None = None  # what this endpoint (or model) serves, also while it is unloaded
         self.active: ManagedEngine | None = None
         self.standby: ManagedEngine | None = None
         self.starting: ManagedEngine | None = None
@@ -336,39 +306,56 @@ class EndpointManager:
         self.proxy.set_upstream(upstream, down_reason, model=self.route, idle=idle)
 
     # --- lifecycle ---
-    def _launch(self, spec: EngineSpec) -> ManagedEngine:
-        """Start an engine for `spec` and wait until it serves. When it fails for lack of memory: with auto_fit,
-        retry once with the fit's next smaller plan and say what changed; without, say what that plan would be."""
+    def _hardware(self) -> HardwareSnapshot:
+        """The machine the plans are checked against: the one given, else this one as detected once."""
+        if self.hardware is None:
+            self.hardware = detect()
+        return self.hardware
+
+    def check(self, plan: LaunchPlan, *, engine: str | None = None, model: str | None = None,
+              changes: Mapping[str, Any] | None = None) -> LaunchPlan:
+        """The planner's checked plan for `plan`'s asks (for `engine`/`model` when given), with this endpoint's
+        per-engine asks (the GUI's eager vLLM): what every launch of this endpoint runs. Raises PlanRefused."""
+        target = get_adapter(engine or plan.engine).name
+        extra = {**self.engine_overrides.get(target, {}), **(changes or {})}
+        return replan(plan, self._hardware(), engine=engine, model=model, changes=extra).plan
+
+    def _launch(self, plan: LaunchPlan) -> ManagedEngine:
+        """Check `plan` with the planner, start it and wait until it serves. When it fails for lack of memory: with
+        auto_fit, retry once with the fit's next smaller plan (checked again) and say what changed; without, say
+        what that plan would be."""
+        plan = self.check(plan)
         try:
-            return self._launch_once(spec)
+            return self._launch_once(plan)
         except LoadOutOfMemory as exc:
-            smaller = self._smaller(spec)
+            smaller = self._smaller(plan)
             if smaller is None:
                 raise
             if not self.auto_fit:
                 raise LoadOutOfMemory(exc.message, f"{exc.hint}. The next smaller plan: {smaller.describe()} "
                                                    "(serve with --auto-fit to retry with it by itself)") from exc
-            retry = replace(spec, ctx_per_request=smaller.ctx, gpu_layers=smaller.gpu_layers, kv_type=smaller.kv_type,
-                            plan=replace(spec.plan, ctx_per_request=smaller.ctx, gpu_layers=smaller.gpu_layers,
-                                         kv_cache_type=smaller.kv_type) if spec.plan else None)
+            changes: dict[str, Any] = {"ctx_per_request": smaller.ctx}
+            if smaller.kv_type != plan.kv_cache_type:
+                changes["kv_cache_type"] = smaller.kv_type
+            if smaller.gpu_layers != plan.gpu_layers:
+                changes["gpu_layers"] = smaller.gpu_layers
+            retry = self.check(plan, changes=changes)
             self._emit("retrying", f"{exc.message}; retrying once with a smaller plan: {smaller.describe()}")
             managed = self._launch_once(retry)
             managed.retried = smaller.describe()
             return managed
 
-    def _smaller(self, spec: EngineSpec) -> SmallerPlan | None:
+    def _smaller(self, plan: LaunchPlan) -> SmallerPlan | None:
         try:
-            if self.hardware is None:
-                self.hardware = detect()
-            return smaller_plan(spec.engine, spec.model, spec.ctx_per_request, spec.slots, self.hardware,
-                                gpu_layers=spec.gpu_layers, kv_type=spec.kv_type)
+            return smaller_plan(plan.engine, plan_facts(plan), plan.ctx_per_request, plan.slots, self._hardware(),
+                                gpu_layers=plan.gpu_layers, kv_type=plan.kv_cache_type)
         except SwitchyardError as exc:  # e.g. a model whose facts cannot be read: no retry, the OOM is reported
-            log.warning("no smaller plan for %s: %s", spec.model, exc)
+            log.warning("no smaller plan for %s: %s", _shown(plan), exc)
             return None
 
-    def _launch_once(self, spec: EngineSpec) -> ManagedEngine:
-        """Start an engine for `spec` and wait until it really serves; stop it again if it does not."""
-        adapter, plan, install = self.launcher(spec)
+    def _launch_once(self, checked: LaunchPlan) -> ManagedEngine:
+        """Start an engine for the checked plan and wait until it really serves; stop it again if it does not."""
+        adapter, plan, install = self.launcher(checked)
         if not plan.api_key:  # a per-launch key only the endpoint holds: the engine's own port is no side door
             plan = replace(plan, api_key=secrets.token_urlsafe(32))
         process = EngineProcess(adapter, plan, install)
@@ -378,7 +365,7 @@ class EndpointManager:
                             api_key=process.plan.api_key, model=str(process.plan.model_path),
                             messages_api=adapter.anthropic_messages,
                             closes_after_stream=adapter.closes_after_stream)
-        managed = ManagedEngine(spec, process, upstream, "starting")
+        managed = ManagedEngine(checked, process, upstream, "starting")
         with self._lock:
             self.starting = managed
         try:
@@ -406,7 +393,7 @@ class EndpointManager:
             process.stop()
             raise SwitchyardError("the endpoint was stopped while the engine was starting")
         if self.record_launches:
-            record_launch(process, spec.model, source="endpoint")
+            record_launch(process, checked.model or str(checked.model_path), source="endpoint")
         if process.cold_start.t1_health_s is not None:
             self.cold_starts[adapter.name] = process.cold_start.t1_health_s
         if self.telemetry is not None:
@@ -414,14 +401,15 @@ class EndpointManager:
                                                api_key=process.plan.api_key))
         return managed
 
-    def start(self, spec: EngineSpec) -> ColdStart:
-        """Start the first engine and make it active. Requests that arrive meanwhile wait in the proxy."""
+    def start(self, plan: LaunchPlan) -> ColdStart:
+        """Start the first engine and make it active (the plan checked again by the planner). Requests that arrive
+        meanwhile wait in the proxy."""
         with self._switch_lock:
-            self.spec = spec
-            self._emit("starting", f"starting {spec.engine} on {spec.model}")
+            self.plan = plan
+            self._emit("starting", f"starting {plan.engine} on {_shown(plan)}")
             self.proxy.mark_loading(self.route)
             try:
-                managed = self._launch(spec)
+                managed = self._launch(plan)
             except SwitchyardError as exc:
                 self.last_error = str(exc)
                 self._set_upstream(None, down_reason=exc.message, idle=self.route is not None)
@@ -430,7 +418,7 @@ class EndpointManager:
             with self._lock:
                 managed.role = "active"
                 self.active = managed
-                self.spec = managed.spec
+                self.plan = managed.plan
             self._set_upstream(managed.upstream)
             self.down.clear()
             self._emit("serving", f"{managed.upstream.name} serves {self.proxy.url}/v1"
@@ -460,18 +448,23 @@ class EndpointManager:
     def loaded(self) -> bool:
         return self.active is not None
 
-    def prepare_standby(self, spec: EngineSpec) -> None:
-        """Start `spec` now and keep it warm, so a later switch to it is instant."""
+    def prepare_standby(self, plan: LaunchPlan) -> None:
+        """Start `plan` (checked by the planner) now and keep it warm, so a later switch to it is instant."""
         with self._switch_lock:
-            managed = self._launch(spec)
+            managed = self._launch(plan)
             with self._lock:
                 previous, self.standby = self.standby, managed
                 managed.role = "standby"
             if previous is not None:
                 self._retire(previous, drain=False)
 
-    def switch(self, engine: str, model: str | None = None) -> SwitchResult:
+    def _one_model(self, name: str | None) -> None:
+        if name is not None and name != self.route:
+            raise SwitchyardError(f"this endpoint serves one model; there is no '{name}' to pick", "drop --name")
+
+    def switch(self, engine: str, model: str | None = None, name: str | None = None) -> SwitchResult:
         """Move the endpoint to `engine` (and `model`, default: the active one's) without failing requests."""
+        self._one_model(name)
         if not self._switch_lock.acquire(blocking=False):
             raise SwitchyardError("a switch is already in progress", "wait for it to finish (switchyard status)")
         try:
@@ -479,75 +472,103 @@ class EndpointManager:
         finally:
             self._switch_lock.release()
 
-    def _target_spec(self, engine: str, model: str | None) -> EngineSpec:
+    def target(self, engine: str, model: str | None = None) -> LaunchPlan:
+        """The checked plan a switch to `engine` (and `model`, default: the one served) would start: planned again
+        from the served plan's asks, so fields of the old engine never reach the new one. Raises PlanRefused."""
         with self._lock:
             old = self.active
-        base = old.spec if old else self.spec
-        if model is None and base is None:
-            raise SwitchyardError("nothing is running to switch from; give --model")
-        adapter = get_adapter(engine)
+        base = old.plan if old else self.plan
         if base is None:
-            return EngineSpec(adapter.name, model or "demo")
-        same = base.engine == adapter.name and (model is None or model == base.model)
-        # a checked plan is per engine and model: another engine or model gets its own plain plan
-        return replace(base, engine=adapter.name, model=model or base.model, port=0, plan=base.plan if same else None)
+            if model is None:
+                raise SwitchyardError("nothing is running to switch from; give --model")
+            return plan_launch(engine, model, self._hardware(), self.engine_overrides.get(get_adapter(engine).name))\
+                .plan
+        return self.check(base, engine=engine, model=model)
 
-    def switch_preview(self, engine: str, model: str | None = None) -> dict[str, Any]:
-        """Which kind of switch it would be and about how long it should take, for the GUI to say beforehand."""
-        spec = self._target_spec(engine, model)
+    def switch_preview(self, engine: str, model: str | None = None, name: str | None = None) -> dict[str, Any]:
+        """Which kind of switch it would be, about how long it should take and the exact plan it would start (argv
+        and env, secrets masked): for the GUI to say beforehand and for `switch --dry-run`."""
+        self._one_model(name)
+        plan = self.target(engine, model)
+        kind = self._switch_kind(plan)
+        with self._lock:
+            old = self.active
+        cold = self.cold_starts.get(plan.engine)
+        took = f"about {cold:.0f} s" if cold else "a cold start"
+        preview: dict[str, Any]
+        if kind == "standby":
+            preview = {"kind": "standby", "expected_s": 0.0, "gap_s": 0.0,
+                       "message": f"instant: {plan.engine} is already warm"}
+        elif kind == "wake":
+            preview = {"kind": "wake", "expected_s": 2.0, "gap_s": 2.0,
+                       "message": f"stop-first, waking the sleeping {plan.engine} (about a second; requests wait)"}
+        elif kind == "stop-first" and old is not None and self.budget is not None:
+            preview = {"kind": "stop-first", "expected_s": cold, "gap_s": cold,
+                       "message": f"stop-first: both engines do not fit ({self.budget.describe([old.plan, plan])}); "
+                                  f"requests wait for {took}"}
+        else:
+            preview = {"kind": "warm", "expected_s": cold, "gap_s": 0.0,
+                       "message": f"warm: {plan.engine} starts beside the current engine ({took}); no request waits"}
+        command = planned_command(plan)
+        preview.update(plan=plan.to_json(), argv=command.argv,
+                       env={k: ("***" if k in SECRET_ENV else v) for k, v in command.env.items()})
+        return preview
+
+    def _same(self, managed: ManagedEngine | None, plan: LaunchPlan) -> bool:
+        return managed is not None and ask_key(managed.plan) == ask_key(plan) and \
+            managed.process.state == EngineState.READY
+
+    def _switch_kind(self, plan: LaunchPlan) -> str:
+        """standby (a warm one takes over) | wake (a sleeping vLLM) | stop-first (both do not fit) | warm."""
         with self._lock:
             old, standby, sleeping = self.active, self.standby, self.sleeping
-        if standby is not None and standby.spec == spec:
-            return {"kind": "standby", "expected_s": 0.0, "gap_s": 0.0,
-                    "message": f"instant: {spec.engine} is already warm"}
-        if sleeping is not None and sleeping.spec == spec:
-            return {"kind": "wake", "expected_s": 2.0, "gap_s": 2.0,
-                    "message": f"stop-first, waking the sleeping {spec.engine} (about a second; requests wait)"}
-        cold = self.cold_starts.get(spec.engine)
-        took = f"about {cold:.0f} s" if cold else "a cold start"
-        if old is not None and self.budget is not None and not self.budget.fits([old.spec, spec]):
-            return {"kind": "stop-first", "expected_s": cold, "gap_s": cold,
-                    "message": f"stop-first: both engines do not fit ({self.budget.describe([old.spec, spec])}); "
-                               f"requests wait for {took}"}
-        return {"kind": "warm", "expected_s": cold, "gap_s": 0.0,
-                "message": f"warm: {spec.engine} starts beside the current engine "
-                           f"({took}); no request waits"}
+        if self._same(standby, plan):
+            return "standby"
+        if old is not None and self._same(sleeping, plan):
+            return "wake"
+        if old is not None and self.budget is not None and not self.budget.fits([old.plan, plan]):
+            return "stop-first"
+        return "warm"
 
     def _switch(self, engine: str, model: str | None) -> SwitchResult:
         started = time.monotonic()
         with self._lock:
             old = self.active
-        spec = self._target_spec(engine, model)
-        if old is not None and old.spec == spec and old.process.state == EngineState.READY:
-            raise SwitchyardError(f"{old.upstream.name} already serves {spec.model}", "nothing to switch")
-        reused = False
+        try:
+            plan = self.target(engine, model)
+        except SwitchyardError as exc:  # refused by the planner: nothing started, the old engine keeps serving
+            self.last_error = str(exc)
+            self._emit("serving" if old else "down", f"switch to {engine} refused, "
+                       f"{old.upstream.name if old else 'nothing'} keeps serving: {exc.message}")
+            raise
+        if self._same(old, plan):
+            assert old is not None
+            raise SwitchyardError(f"{old.upstream.name} already serves {_shown(plan)}", "nothing to switch")
+        kind = self._switch_kind(plan)
         with self._lock:
             standby, sleeping = self.standby, self.sleeping
-        warm_standby = standby is not None and standby.spec == spec and standby.process.state == EngineState.READY
-        wake = sleeping if sleeping is not None and sleeping.spec == spec and \
-            sleeping.process.state == EngineState.READY else None
-        if old is not None and not warm_standby and (
-                wake is not None or (self.budget is not None and not self.budget.fits([old.spec, spec]))):
-            return self._switch_stop_first(old, spec, started, wake)
-        self._emit("switching", f"switching to {spec.engine} on {spec.model}")
-        if warm_standby:
+        if old is not None and kind in ("wake", "stop-first"):
+            return self._switch_stop_first(old, plan, started, sleeping if kind == "wake" else None)
+        self._emit("switching", f"switching to {plan.engine} on {_shown(plan)}")
+        reused = kind == "standby"
+        if reused:
             assert standby is not None
-            new, reused = standby, True
+            new = standby
             with self._lock:
                 self.standby = None
         else:
             try:
-                new = self._launch(spec)
+                new = self._launch(plan)
             except SwitchyardError as exc:
                 self.last_error = str(exc)
                 self._emit("serving" if old else "down",
-                           f"switch to {spec.engine} failed, {old.upstream.name if old else 'nothing'} "
+                           f"switch to {plan.engine} failed, {old.upstream.name if old else 'nothing'} "
                            f"keeps serving: {exc.message}")
                 raise
         with self._lock:
             new.role = "active"
             self.active = new
-            self.spec = new.spec
+            self.plan = new.plan
         self._set_upstream(new.upstream)  # from here on, new requests go to the new engine
         self.down.clear()  # a switch also revives an endpoint whose engine had died
         drained, kept, cut = True, False, 0
@@ -571,11 +592,11 @@ class EndpointManager:
         log.warning("%d request(s) on %s cut at the drain deadline", cut, old.upstream.name)
         return False, cut
 
-    def _switch_stop_first(self, old: ManagedEngine, spec: EngineSpec, started: float,
+    def _switch_stop_first(self, old: ManagedEngine, plan: LaunchPlan, started: float,
                            wake: ManagedEngine | None) -> SwitchResult:
-        why = f"a sleeping {spec.engine} is woken" if wake is not None else \
-            f"both do not fit: {self.budget.describe([old.spec, spec]) if self.budget else ''}"
-        self._emit("switching", f"stop-first switch to {spec.engine} on {spec.model} ({why}); new requests wait "
+        why = f"a sleeping {plan.engine} is woken" if wake is not None else \
+            f"both do not fit: {self.budget.describe([old.plan, plan]) if self.budget else ''}"
+        self._emit("switching", f"stop-first switch to {plan.engine} on {_shown(plan)} ({why}); new requests wait "
                                 "at the endpoint meanwhile")
         gap_started = time.monotonic()
         self._set_upstream(None)  # new requests wait (none fail) until the new engine serves
@@ -586,18 +607,18 @@ class EndpointManager:
         try:
             new = self._wake(wake) if wake is not None else None
             if new is None:
-                new = self._launch(spec)
+                new = self._launch(plan)
         except SwitchyardError as exc:
             self.last_error = str(exc)
             restored = self._restore(old, slept)
             self._emit("serving" if restored else "down",
-                       f"switch to {spec.engine} failed ({exc.message}); "
+                       f"switch to {plan.engine} failed ({exc.message}); "
                        + (f"{old.upstream.name} serves again" if restored else "the old engine did not come back"))
             raise
         with self._lock:
             new.role = "active"
             self.active = new
-            self.spec = new.spec
+            self.plan = new.plan
         self._set_upstream(new.upstream)
         gap = round(time.monotonic() - gap_started, 3)
         self.down.clear()
@@ -653,7 +674,7 @@ class EndpointManager:
         try:
             back = self._wake(old) if slept else None
             if back is None:
-                back = self._launch(old.spec)
+                back = self._launch(old.plan)
         except SwitchyardError as exc:
             log.error("the old engine did not come back: %s", exc)
             self._set_upstream(None, down_reason=f"a switch failed and the old engine did not come back: "
@@ -669,7 +690,7 @@ class EndpointManager:
     def _maybe_keep(self, old: ManagedEngine) -> bool:
         available = float(psutil.virtual_memory().available)
         if self.keep_standby and old.process.state == EngineState.READY and \
-                memory_allows_standby(_tree_rss(old.process.pid), available):
+                memory_allows_standby(float(tree_rss(old.process.pid) or 0), available):
             with self._lock:
                 previous, self.standby = self.standby, old
                 old.role = "standby"
