@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from desktop.core.common.defaults import DEFAULT_VLLM_UTILIZATION
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import GIB, HardwareSnapshot
 from desktop.core.models.facts import ModelFacts, facts_for
 from desktop.core.planning.fit import (
+    VLLM_DRIVER_RESERVED_BYTES,
     FitResult,
     estimate,
     normalise_engine,
@@ -57,9 +59,13 @@ def engine_need(plan: LaunchPlan, hardware: HardwareSnapshot, facts: ModelFacts 
     ram = float(result.cpu_ram_gib) * GIB
     if result.device == "CPU" or not hardware.gpus:
         return Need({}, float(result.total_gib) * GIB)
-    if sizing_of(plan.engine) == "vllm":  # total_gib is per GPU under tensor parallel
-        return Need({g.index: float(result.total_gib) * GIB for g in vllm_group(hardware, plan.tensor_parallel)},
-                    ram)
+    if sizing_of(plan.engine) == "vllm":
+        # every rank takes utilization x its own GPU's memory (a 4090 rank beside a 3060 one takes more than the
+        # 3060's share the fit sized the KV cache by), plus what the fit counts outside that budget
+        util = plan.gpu_memory_utilization or DEFAULT_VLLM_UTILIZATION
+        outside = max(0.0, float(result.total_gib) - float(result.breakdown.get("budget", result.total_gib))) * GIB
+        return Need({g.index: util * (g.memory_total_bytes - min(VLLM_DRIVER_RESERVED_BYTES, g.memory_total_bytes // 20))
+                     + outside for g in vllm_group(hardware, plan.tensor_parallel)}, ram)
     gpus = [g for g in hardware.gpus if g.memory_total_bytes > 0]
     used = float(result.breakdown.get("gpu_used", result.total_gib)) * GIB
     free = sum(g.memory_free_bytes for g in gpus) or 1
