@@ -443,3 +443,29 @@ def test_a_budget_from_plans_tells_stop_first_on_the_desktop_gpu() -> None:
 def test_plan_fields_of_one_engine_are_named_in_its_adapter_only() -> None:
     names = {f.name for f in fields(LaunchPlan)}
     assert LlamaCppAdapter.plan_fields <= names and VllmAdapter.plan_fields <= names
+
+
+def test_switch_dry_run_asks_the_running_endpoint_which_plan_it_would_start(capsys: pytest.CaptureFixture[str]
+                                                                             ) -> None:
+    from desktop.core.serving import control
+
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=30)
+    endpoint = manager(proxy, DESKTOP)
+    token = control.new_token()
+    proxy.add_routes(control.control_routes(control.EndpointControl(endpoint), token))
+    proxy.start()
+    discovery = control.write_discovery(proxy.port, proxy.url, token)
+    try:
+        endpoint.start(ask("llama.cpp", "demo", {"slots": 2}))
+        code, out, _err = cli(capsys, "switch", "--to", "vllm", "--dry-run", "--port", str(proxy.port), "--json")
+        preview = json.loads(out)
+        assert code == 0 and preview["argv"][1:] == planned_argv_tail(
+            plan_launch("vllm", "demo", DESKTOP, {"slots": 2}).plan)
+        assert len(Recorded.launched) == 1 and endpoint.active is not None  # nothing else started
+        endpoint.engine_overrides["vllm"] = {"gpu_memory_utilization": 0.95}
+        code, _out, err = cli(capsys, "switch", "--to", "vllm", "--dry-run", "--port", str(proxy.port))
+        assert code != 0 and "does not fit" in err and len(Recorded.launched) == 1
+    finally:
+        control.remove_discovery(discovery)
+        endpoint.close()
+        proxy.stop()
