@@ -30,7 +30,7 @@ def test_the_panel_shows_in_flight_requests_live_then_their_results(qtbot) -> No
 
     session = EngineSession()
     session.request_log = RequestLog()
-    session.request_log.subscribe(session._on_request)  # as _attach_request_log does, without an endpoint
+    session.request_log.subscribe(session._on_request)  # as _ensure_endpoint does, without an endpoint
     panel = RequestsPanel(session)
     qtbot.addWidget(panel)
     panel.show()
@@ -112,6 +112,6 @@ def test_a_busy_endpoint_port_leaves_no_request_log_writer_or_history_open(qtbot
         session.start(ask("llama.cpp", "demo"))
         qtbot.waitUntil(lambda: bool(failures), timeout=30_000)
     assert "cannot listen" in failures[0]
-    assert session.proxy is None and session._history is None
+    assert session.proxy is None and session.host is None
     assert not any(t.name == "switchyard-requestlog" for t in threading.enumerate())
     session.shutdown()

@@ -337,8 +337,8 @@ def _ensure_engine(adapter: Any, args: argparse.Namespace, what: str = "") -> No
 
 
 class _Endpoint:
-    """What every `serve` with an endpoint runs: the proxy with its history, telemetry, request log and control
-    channel, a SIGTERM/Ctrl-C/`switchyard stop` loop, and the teardown in reverse order.
+    """`serve`'s endpoint: the core's EndpointHost (proxy, history, telemetry, request log, control channel,
+    discovery file) and a SIGTERM/Ctrl-C/`switchyard stop` loop around it.
 
     Made in two steps: the cheap checks (port, API key, origins) before anything slow starts, `open()` after."""
 
@@ -352,40 +352,30 @@ class _Endpoint:
         self.guard = _guard_options(args)
 
     def open(self, model_name: str) -> ProxyServer:
-        from desktop.core.runtime.telemetry import Telemetry
-        from desktop.core.serving.proxy import ProxyServer
-        from desktop.core.serving.requestlog import RequestLog
+        from desktop.core.serving.host import EndpointHost
 
         args = self.args
-        self.proxy = ProxyServer(port=self.port, model_name=model_name, api_key=self.api_key,
-                                 wait_timeout=args.wait_timeout, capture_bodies=args.capture_bodies, **self.guard)
-        self.store = _history_store()
-        self.telemetry = Telemetry(sink=self.store)
-        self.request_log = RequestLog(sink=self.store)
-        self.request_log.attach(self.proxy)
-        return self.proxy
+        self.host = EndpointHost(port=self.port, model_name=model_name, api_key=self.api_key,
+                                 wait_timeout=args.wait_timeout, capture_bodies=args.capture_bodies,
+                                 store=_history_store(), **self.guard)
+        self.telemetry = self.host.telemetry
+        return self.host.proxy
 
-    def run(self, target: EndpointControl, announce: str, start: Callable[[], None],
-            check: Callable[[], None], close: Callable[[], None]) -> int:
+    def run(self, target: EndpointControl, served: Any, announce: str, start: Callable[[], None],
+            check: Callable[[], None]) -> int:
         """Serve until stopped; `start` runs in a thread (so `switchyard stop` works while engines load),
-        `check` raises when serving cannot go on, `close` stops the engines."""
-        from desktop.core.serving import control
-
-        proxy = self.proxy
-        token = control.new_token()
-        proxy.add_routes(control.control_routes(target, token))
-        proxy.add_routes(control.request_routes(self.request_log, token, lambda: proxy.capture_bodies))
+        `check` raises when serving cannot go on; `served` (the manager or fleet) stops with the host."""
+        host = self.host
+        host.control(target)
+        host.serve(served)
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
             raise _Terminate(signum)
 
         previous = signal.signal(signal.SIGTERM, on_signal)
-        discovery = None
         try:
-            proxy.start()
-            discovery = control.write_discovery(proxy.port, proxy.url, token)
-            self.telemetry.start()
-            print(f"endpoint listening on {proxy.url}/v1 {announce}", file=sys.stderr, flush=True)
+            host.start()
+            print(f"endpoint listening on {host.proxy.url}/v1 {announce}", file=sys.stderr, flush=True)
             threading.Thread(target=start, name="switchyard-start", daemon=True).start()
             while not target.stop_requested.wait(0.5):
                 check()
@@ -396,14 +386,7 @@ class _Endpoint:
             return 0
         finally:
             signal.signal(signal.SIGTERM, previous)
-            if discovery is not None:
-                control.remove_discovery(discovery)
-            close()
-            self.telemetry.stop()
-            proxy.stop()
-            self.request_log.stop()
-            if self.store is not None:
-                self.store.close()
+            host.close()
 
 
 def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
@@ -458,8 +441,8 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
             raise EngineFailed(f"the endpoint has no engine left: {manager.last_error}",
                                "start it again; add --standby ENGINE --failover to survive an engine crash")
 
-    return endpoint.run(target, f"(model '{args.model_name}'); starting {adapter.display_name}", start_engines,
-                        check, manager.close)
+    return endpoint.run(target, manager, f"(model '{args.model_name}'); starting {adapter.display_name}",
+                        start_engines, check)
 
 
 def _serve_fleet(args: argparse.Namespace) -> int:
@@ -501,8 +484,7 @@ def _serve_fleet(args: argparse.Namespace) -> int:
         except SwitchyardError as exc:  # that model loads again on its next request
             print(f"a model did not load: {exc}", file=sys.stderr, flush=True)
 
-    return endpoint.run(EndpointControl(fleet), f"for {', '.join(config.names())}", preload, lambda: None,
-                        fleet.close)
+    return endpoint.run(EndpointControl(fleet), fleet, f"for {', '.join(config.names())}", preload, lambda: None)
 
 
 def _print_event(event: EndpointEvent, as_json: bool) -> None:

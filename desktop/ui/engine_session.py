@@ -56,7 +56,6 @@ class EngineSession(QObject):
         self.manager: Any = None
         self.request_log: Any = None  # serving.requestlog.RequestLog, once the endpoint runs
         self.capture_bodies = False
-        self._history: Any = None
         self._requests_pending = False
         self.plan: LaunchPlan | None = None  # what was asked to serve (the planner checks it in the worker)
         self.busy = False
@@ -70,7 +69,7 @@ class EngineSession(QObject):
         from desktop.ui.app_control import AppControl
 
         self.remote = AppControl(self)  # `switchyard status|switch|stop` from a shell reach this session
-        self._discovery: Any = None
+        self.host: Any = None  # serving.host.EndpointHost, once the endpoint runs
         self.log_timer = QTimer(self)
         self.log_timer.setInterval(LOG_DRAIN_MS)
         self.log_timer.timeout.connect(self._tick)
@@ -95,54 +94,44 @@ class EngineSession(QObject):
 
     # --- endpoint setup (worker thread) ---
     def _ensure_endpoint(self) -> None:
+        """The app's endpoint: the core's EndpointHost (as `switchyard serve --endpoint` builds it) with this
+        session's listeners; `switchyard status|switch|stop|requests` from a shell reach it like the CLI's."""
         with self._setup_lock:
             if self.manager is not None:
                 return
             from desktop.core.runtime.telemetry import Telemetry
-            from desktop.core.serving import control
             from desktop.core.serving.endpoint import EndpointManager, machine_budget, make_launcher
-            from desktop.core.serving.proxy import ProxyServer
+            from desktop.core.serving.host import EndpointHost
             from desktop.core.storage import settings as core_settings
 
             saved = core_settings.load()
             port = self.endpoint_port if self.endpoint_port is not None else saved.endpoint_port
-            proxy = ProxyServer(port=port, allowed_origins=saved.allowed_origins)
-            self._attach_request_log(proxy)  # before start: its control route (if any) is added before start too
-            # `switchyard status|switch|stop|requests` from a shell reach this endpoint like one the CLI started
-            token = control.new_token()
-            proxy.add_routes(control.control_routes(self.remote, token))
-            proxy.add_routes(control.request_routes(self.request_log, token, lambda: proxy.capture_bodies))
-            try:
-                proxy.start()  # PortBusy (a readable SwitchyardError) when the port is taken
-            except BaseException:
-                self._close_request_log()
-                raise
-            telemetry = Telemetry()
-            telemetry.subscribe(self._on_samples)
-            telemetry.start()
+            host = EndpointHost(port=port, allowed_origins=saved.allowed_origins, capture_bodies=self.capture_bodies,
+                                store=self._open_history(), telemetry=Telemetry(), kind="app")
+            host.request_log.subscribe(self._on_request)
+            host.telemetry.subscribe(self._on_samples)
+            host.control(self.remote)
+            host.start()  # PortBusy (a readable SwitchyardError) when the port is taken; the host closed its parts
             budget = machine_budget()
-            manager = EndpointManager(proxy, telemetry=telemetry, budget=budget,
+            manager = EndpointManager(host.proxy, telemetry=host.telemetry, budget=budget,
                                       hardware=budget.hardware if budget else None,
                                       launcher=make_launcher(self._progress, install_missing=True))
             manager.subscribe(self._on_endpoint_event)
-            self.proxy, self.telemetry, self.manager = proxy, telemetry, manager
-            self._discovery = control.write_discovery(proxy.port, proxy.url, token, kind="app")
+            host.serve(manager)
+            self.host = host
+            self.proxy, self.telemetry, self.manager, self.request_log = \
+                host.proxy, host.telemetry, manager, host.request_log
 
-    def _attach_request_log(self, proxy: Any) -> None:
-        """The endpoint's request log, kept in history too (serving goes on without history if it cannot open)."""
+    def _open_history(self) -> Any:
+        """The request log's history (serving goes on without it if it cannot open)."""
         from desktop.core.common.errors import SwitchyardError
-        from desktop.core.serving.requestlog import RequestLog
         from desktop.core.storage.history import Store
 
         try:
-            self._history = Store()
+            return Store()
         except SwitchyardError as exc:
             log.warning("request history disabled: %s", exc)
-        request_log = RequestLog(sink=self._history)
-        request_log.subscribe(self._on_request)
-        request_log.attach(proxy)
-        proxy.set_capture_bodies(self.capture_bodies)
-        self.request_log = request_log
+            return None
 
     def set_capture_bodies(self, on: bool) -> None:
         """Keep request/response bodies in the request log from now on (the GUI's endpoint has no API key)."""
@@ -268,29 +257,13 @@ class EngineSession(QObject):
         self._shutdown_core()
 
     def _shutdown_core(self) -> None:
-        """The Qt-free part of shutting down, safe even after this QObject was deleted."""
-        if self._discovery is not None:  # first: `switchyard status` must not find an endpoint going away
-            from desktop.core.serving import control
-
-            control.remove_discovery(self._discovery)
-            self._discovery = None
+        """The Qt-free part of shutting down, safe even after this QObject was deleted: the host tears down its
+        parts in order (first the discovery file: `switchyard status` must not find an endpoint going away)."""
         if self.telemetry is not None:
             self.telemetry.unsubscribe(self._on_samples)
-        if self.manager is not None:
-            self.manager.close()
-        if self.telemetry is not None:
-            self.telemetry.stop()
-        if self.proxy is not None:
-            self.proxy.stop()
-        self._close_request_log()
-
-    def _close_request_log(self) -> None:
-        """Store what the request log still holds, then close the history (idempotent)."""
-        if self.request_log is not None:
-            self.request_log.stop()
-        if self._history is not None:
-            self._history.close()
-            self._history = None
+        host, self.host = self.host, None
+        if host is not None:
+            host.close()
 
     # --- callbacks from core threads: dropped once this object is gone (the window closed meanwhile) ---
     def _on_samples(self, samples: list[Any]) -> None:
