@@ -469,3 +469,22 @@ def test_switch_dry_run_asks_the_running_endpoint_which_plan_it_would_start(caps
         control.remove_discovery(discovery)
         endpoint.close()
         proxy.stop()
+
+
+def test_engine_slots_keep_role_and_slot_in_agreement() -> None:
+    from desktop.core.serving.managed import EngineSlots, ManagedEngine
+
+    def engine(name: str) -> ManagedEngine:
+        return ManagedEngine(ask("llama.cpp", "demo"), None, None, "new")  # type: ignore[arg-type]
+
+    slots, a, b = EngineSlots(), engine("a"), engine("b")
+    slots.put("starting", a)
+    slots.put("active", a)  # promoted: it leaves "starting"
+    assert slots.get("starting") is None and slots.get("active") is a and a.role == "active"
+    slots.put("standby", b)
+    slots.put("active", b)  # the standby takes over
+    assert slots.get("standby") is None and slots.get("active") is b and b.role == "active"
+    slots.release(a, "draining")
+    assert a.role == "draining" and slots.role_of(a) is None and slots.role_of(b) == "active"
+    slots.retired.append(a)
+    assert slots.take_all() == [b, a] and slots.get("active") is None
