@@ -84,8 +84,12 @@ def golden_case(snapshot: Path, model: str) -> dict[str, Any]:
 @pytest.fixture(autouse=True)
 def _machine_independent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)  # llama.cpp's env would otherwise carry this machine's
-    # the llama.cpp build a plan needs depends on the compilers here (nvcc: a CUDA source build); none, for golden
-    monkeypatch.setattr(runtimes.Toolchain, "detect", classmethod(lambda cls: cls()))
+    # the fit is a pure function of (facts, snapshot, plan): the compilers come from the snapshot (recorded ones have
+    # none), never from probing this machine's PATH (issue 20)
+    def probe(cls: type) -> None:
+        raise AssertionError("the fit probed this machine's toolchain")
+
+    monkeypatch.setattr(runtimes.Toolchain, "detect", classmethod(probe))
 
 
 def test_enough_golden_cases() -> None:
