@@ -167,9 +167,12 @@ class EngineSession(QObject):
 
     def _start(self, plan: LaunchPlan) -> Any:
         self._ensure_endpoint()
-        # vLLM without torch.compile when asked: an ask the planner checks like any other
-        self.manager.engine_overrides["vllm"] = {"eager": True} if self.vllm_eager else {}
+        self._apply_options()
         return self.manager.start(plan)
+
+    def _apply_options(self) -> None:
+        """vLLM without torch.compile when asked: an ask the planner checks like any other (start and switch)."""
+        self.manager.engine_overrides["vllm"] = {"eager": True} if self.vllm_eager else {}
 
     def _on_ready(self, cold: Any) -> None:
         self.busy = False
@@ -211,6 +214,7 @@ class EngineSession(QObject):
 
     def _switch(self, engine: str, model: str | None = None) -> Any:
         failed_before = self.proxy.counters.get("failed", 0)
+        self._apply_options()
         result = self.manager.switch(engine, model)
         result.failed_requests = self.proxy.counters.get("failed", 0) - failed_before
         self.plan = self.manager.plan
