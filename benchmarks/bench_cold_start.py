@@ -33,9 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from desktop.core.engines import get_adapter  # noqa: E402
+from desktop.core.engines.base import LaunchPlan  # noqa: E402
 from desktop.core.engines.vllm import COMPILE_CACHE_ENV  # noqa: E402
 from desktop.core.runtime.supervisor import EngineProcess  # noqa: E402
-from desktop.core.serving.endpoint import EngineSpec, make_launcher  # noqa: E402
+from desktop.core.serving.endpoint import make_launcher  # noqa: E402
+from desktop.core.serving.prepare import checked_prepare_plan  # noqa: E402
 
 CONFIGS = {
     "cache": {"eager": False, "env": {}},
@@ -49,9 +51,10 @@ def load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def one_start(spec: EngineSpec, eager: bool, env: dict[str, str], timeout: float) -> dict[str, Any]:
-    """Start the plan the endpoint would launch, wait for its first request, stop it; its cold start."""
-    adapter, plan, install = make_launcher(vllm_eager=eager)(spec)
+def one_start(asked: LaunchPlan, eager: bool, env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """Start the plan the endpoint would launch (the planner's, checked here), wait for its first request, stop
+    it; its cold start."""
+    adapter, plan, install = make_launcher()(checked_prepare_plan(asked, eager=eager))
     plan = replace(plan, env={**plan.env, **env})
     before = load()
     started = time.monotonic()
@@ -93,7 +96,9 @@ def main() -> int:
     if get_adapter("vllm").find_install() is None:
         print("vLLM is not installed: switchyard engines install vllm", file=sys.stderr)
         return 2
-    spec = EngineSpec("vllm", args.model, ctx_per_request=args.ctx, slots=args.parallel)
+    from desktop.core.planning.planner import ask
+
+    spec = ask("vllm", args.model, {"ctx_per_request": args.ctx, "slots": args.parallel})
     cache_root = Path(tempfile.mkdtemp(prefix="bench-cold-start-"))  # an empty compile cache, ours alone
     os.environ[COMPILE_CACHE_ENV] = str(cache_root)
     results: dict[str, list[dict[str, Any]]] = {}

@@ -48,8 +48,8 @@ def startup_seconds(runs: int = 3) -> tuple[float, float]:
 def loop_latency_under_load(requests: int, concurrency: int) -> dict[str, float]:
     from PySide6.QtCore import QElapsedTimer, QTimer
 
+    from desktop.core.planning.planner import ask
     from desktop.ui.app import create_app
-    from desktop.ui.engine_session import LaunchRequest
     from desktop.ui.main_window import MainWindow
     from desktop.ui.screenshots import wait_until
 
@@ -58,7 +58,7 @@ def loop_latency_under_load(requests: int, concurrency: int) -> dict[str, float]
     window.session.endpoint_port = 0
     window.show()
     serve = window.show_page("Serve")
-    window.launch(LaunchRequest("llama.cpp", "demo", ctx_per_request=concurrency * 128, slots=concurrency))
+    window.launch(ask("llama.cpp", "demo", {"ctx_per_request": concurrency * 128, "slots": concurrency}))
     if not wait_until(lambda: bool(serve.endpoint_edit.text()) or serve.notice.level == "error", 600):
         raise SystemExit("llama.cpp did not become ready")
     if serve.notice.level == "error":

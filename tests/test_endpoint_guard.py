@@ -405,13 +405,14 @@ def _engine_post(base_url: str, path: str, body: Any, timeout: float, **options:
 @pytest.mark.engine
 @pytest.mark.llamacpp
 def test_engine_port_refuses_requests_without_the_endpoints_key(llama_install: Any, demo_model: Any) -> None:
-    from desktop.core.serving.endpoint import EndpointManager, EngineSpec
+    from desktop.core.planning.planner import ask
+    from desktop.core.serving.endpoint import EndpointManager
 
     proxy = ProxyServer(port=find_free_port(), wait_timeout=600)
     proxy.start()
     manager = EndpointManager(proxy, ready_timeout=600)
     try:
-        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), slots=1))
+        manager.start(ask("llama.cpp", str(demo_model.gguf_path), {"slots": 1}))
         active = manager.active
         assert active is not None
         key = active.upstream.api_key
@@ -433,13 +434,14 @@ def test_engine_port_refuses_requests_without_the_endpoints_key(llama_install: A
 @pytest.mark.vllm
 def test_vllm_behind_the_endpoint_refuses_v1_without_the_key(vllm_install: Any, demo_model: Any) -> None:
     """vLLM's key guards /v1 only (its /health, /metrics stay open): the completions it serves need the key."""
-    from desktop.core.serving.endpoint import EndpointManager, EngineSpec, make_launcher
+    from desktop.core.planning.planner import ask
+    from desktop.core.serving.endpoint import EndpointManager
 
     proxy = ProxyServer(port=find_free_port(), wait_timeout=900)
     proxy.start()
-    manager = EndpointManager(proxy, ready_timeout=900, launcher=make_launcher(vllm_eager=True))
+    manager = EndpointManager(proxy, ready_timeout=900, engine_overrides={"vllm": {"eager": True}})
     try:
-        manager.start(EngineSpec("vllm", "demo", slots=1))
+        manager.start(ask("vllm", "demo", {"slots": 1}))
         active = manager.active
         assert active is not None and active.upstream.api_key
         body = {"model": "x", "prompt": "Hi", "max_tokens": 2}

@@ -79,13 +79,14 @@ def _check_private_engine(manager: Any, proxy: ProxyServer, tcp_allowed: bool = 
 @pytest.mark.engine
 @pytest.mark.llamacpp
 def test_llama_server_behind_the_endpoint_has_no_tcp_port(llama_install: Any, demo_model: Any) -> None:
-    from desktop.core.serving.endpoint import EndpointManager, EngineSpec
+    from desktop.core.planning.planner import ask
+    from desktop.core.serving.endpoint import EndpointManager
 
     proxy = ProxyServer(port=find_free_port(), wait_timeout=600)
     proxy.start()
     manager = EndpointManager(proxy, ready_timeout=600)
     try:
-        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), slots=1))
+        manager.start(ask("llama.cpp", str(demo_model.gguf_path), {"slots": 1}))
         _check_private_engine(manager, proxy)
     finally:
         manager.close()
@@ -97,13 +98,14 @@ def test_llama_server_behind_the_endpoint_has_no_tcp_port(llama_install: Any, de
 def test_vllm_behind_the_endpoint_has_no_tcp_port(vllm_install: Any, demo_model: Any) -> None:
     """vLLM's /invocations, /tokenize, /pause need no key: on a TCP port they answered anyone (and web pages).
     On its socket, no TCP port of vLLM's tree answers an inference request."""
-    from desktop.core.serving.endpoint import EndpointManager, EngineSpec, make_launcher
+    from desktop.core.planning.planner import ask
+    from desktop.core.serving.endpoint import EndpointManager
 
     proxy = ProxyServer(port=find_free_port(), wait_timeout=900)
     proxy.start()
-    manager = EndpointManager(proxy, ready_timeout=900, launcher=make_launcher(vllm_eager=True))
+    manager = EndpointManager(proxy, ready_timeout=900)
     try:
-        manager.start(EngineSpec("vllm", "demo", slots=1))
+        manager.start(ask("vllm", "demo", {"slots": 1, "eager": True}))
         # vLLM's CPU workers rendezvous over torch.distributed (a TCPStore and gloo pairs on 127.0.0.1): those
         # loopback listeners exist, but none of them speaks HTTP, so none answers inference
         _check_private_engine(manager, proxy, tcp_allowed=True)

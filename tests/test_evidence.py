@@ -197,8 +197,9 @@ def test_recommend_page_shows_figures_and_offers_a_measurement_when_defaults_dec
 def test_endpoint_launches_go_to_history_for_the_next_recommendation(llama_install, demo_model) -> None:  # type: ignore[no-untyped-def]
     """The GUI and `serve --endpoint` launch through the endpoint manager: each ready engine leaves a launch row
     (cold start T1-T3, memory) that the next `recommend` reads."""
+    from desktop.core.planning.planner import ask
     from desktop.core.runtime.ports import find_free_port
-    from desktop.core.serving.endpoint import EndpointManager, EngineSpec
+    from desktop.core.serving.endpoint import EndpointManager
     from desktop.core.serving.proxy import ProxyServer
 
     with Store() as store:
@@ -207,7 +208,7 @@ def test_endpoint_launches_go_to_history_for_the_next_recommendation(llama_insta
     proxy.start()
     manager = EndpointManager(proxy, ready_timeout=600)
     try:
-        manager.start(EngineSpec("llama.cpp", "demo", slots=2))
+        manager.start(ask("llama.cpp", "demo", {"slots": 2}))
     finally:
         manager.close()
         proxy.stop()

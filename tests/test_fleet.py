@@ -9,6 +9,7 @@ import json
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,12 @@ from desktop.core.engines.base import CommandLine, EngineAdapter, EngineInstall,
 from desktop.core.engines.llamacpp import LlamaCppAdapter
 from desktop.core.engines.vllm import SLEEP_MODE_FLAG, VllmAdapter
 from desktop.core.machine.hardware import HardwareSnapshot
+from desktop.core.planning.planner import ask as ask_plan
 from desktop.core.planning.swap import smaller_plan
 from desktop.core.runtime.ports import find_free_port
 from desktop.core.serving.endpoint import (
     EndpointEvent,
     EndpointManager,
-    EngineSpec,
     Launcher,
     LoadOutOfMemory,
     MemoryBudget,
@@ -36,6 +37,8 @@ from desktop.core.serving.proxy import ProxyServer
 
 STANDIN = Path(__file__).parent / "standin_engine.py"
 SNAPSHOTS = Path(__file__).parent / "snapshots"
+CPU = HardwareSnapshot.load(SNAPSHOTS / "cpu_laptop.json")  # the plans are checked for this recorded machine
+GPU = HardwareSnapshot.load(SNAPSHOTS / "rtx4090.json")  # a CUDA machine: the planner gives vLLM sleep mode
 
 
 def _standin(base: type[EngineAdapter], options: list[str]) -> EngineAdapter:
@@ -52,19 +55,20 @@ def _standin(base: type[EngineAdapter], options: list[str]) -> EngineAdapter:
     return StandIn()
 
 
-def standin_launcher(tmp_path: Path, options: Callable[[EngineSpec], list[str]] | None = None,
-                     sleep: bool = False) -> Launcher:
-    """Like make_launcher, with stand-in engines: vLLM gets sleep mode when `sleep` (as on CUDA)."""
+def standin_launcher(tmp_path: Path, options: Callable[[LaunchPlan], list[str]] | None = None,
+                     launched: list[LaunchPlan] | None = None) -> Launcher:
+    """Like make_launcher, with stand-in engines: the checked plan is launched as is (only the model file is the
+    stand-in's), and recorded in `launched`."""
 
-    def launch(spec: EngineSpec) -> tuple[EngineAdapter, LaunchPlan, EngineInstall]:
-        base: type[EngineAdapter] = LlamaCppAdapter if spec.engine == "llama.cpp" else VllmAdapter
-        adapter = _standin(base, options(spec) if options else [])
-        model = tmp_path / f"{spec.model}-{spec.engine}.bin"
+    def launch(checked: LaunchPlan) -> tuple[EngineAdapter, LaunchPlan, EngineInstall]:
+        base: type[EngineAdapter] = LlamaCppAdapter if checked.engine == "llama.cpp" else VllmAdapter
+        adapter = _standin(base, options(checked) if options else [])
+        model = tmp_path / f"{Path(checked.model).name}-{checked.engine}.bin"
         model.write_bytes(b"stand-in weights")
-        extra = (SLEEP_MODE_FLAG,) if sleep and spec.engine == "vllm" else ()
-        plan = LaunchPlan(engine=adapter.name, model_path=model, port=spec.port, ctx_per_request=spec.ctx_per_request,
-                          slots=spec.slots, gpu_layers=spec.gpu_layers, extra_args=extra)
-        return adapter, plan, EngineInstall(adapter.name, "stand-in", "cache", Path(sys.executable))
+        if launched is not None:
+            launched.append(checked)
+        return adapter, replace(checked, model_path=model), EngineInstall(adapter.name, "stand-in", "cache",
+                                                                          Path(sys.executable))
 
     return launch
 
@@ -120,7 +124,7 @@ class Events:
 
 def two_models(**overrides: Any) -> ModelsConfig:
     a = {"name": "alpha", "engine": "llama.cpp", "model": "demo", "ctx": 512, "parallel": 2}
-    b = {"name": "beta", "engine": "vllm", "model": "other", "ctx": 512, "parallel": 2}
+    b = {"name": "beta", "engine": "vllm", "model": "demo", "ctx": 512, "parallel": 2}
     a.update(overrides.get("alpha", {}))
     b.update(overrides.get("beta", {}))
     return parse_models_config({"models": [a, b]}, "test.yaml")
@@ -135,7 +139,7 @@ def test_models_config_is_validated_with_one_clear_line_each(tmp_path: Path) -> 
     assert config.names() == ["chat", "big"]
     assert config.models[0].engine == "llama.cpp" and config.models[0].ttl == 5.0
     assert config.models[0].loading_status and not config.models[1].loading_status
-    assert config.models[1].spec() == EngineSpec("vllm", "demo", ctx_per_request=4096, slots=8)
+    assert config.models[1].asks() == {"ctx_per_request": 4096, "slots": 8}
     bad = {
         "models: []": "non-empty list",
         "- {name: a, engine: llama.cpp}": "`model` is required",
@@ -158,12 +162,12 @@ def test_models_config_is_validated_with_one_clear_line_each(tmp_path: Path) -> 
 
 
 def test_requests_are_routed_by_model_and_unknown_names_get_a_404(proxy: ProxyServer, tmp_path: Path) -> None:
-    fleet = Fleet(proxy, two_models(), launcher=standin_launcher(tmp_path), ready_timeout=60)
+    fleet = Fleet(proxy, two_models(), hardware=CPU, launcher=standin_launcher(tmp_path), ready_timeout=60)
     try:
         fleet.start()
         assert served_by(ask(proxy, "alpha")) == "llama.cpp:demo-llama.cpp.bin"
-        assert served_by(ask(proxy, "beta")) == "vllm:other-vllm.bin"
-        assert served_by(ask(proxy, "beta", stream=True)) == "vllm:other-vllm.bin"
+        assert served_by(ask(proxy, "beta")) == "vllm:demo-vllm.bin"
+        assert served_by(ask(proxy, "beta", stream=True)) == "vllm:demo-vllm.bin"
         unknown = ask(proxy, "gamma")
         assert unknown.status_code == 404
         error = unknown.json()["error"]
@@ -180,7 +184,7 @@ def test_requests_are_routed_by_model_and_unknown_names_get_a_404(proxy: ProxySe
 
 
 def test_idle_ttl_stops_the_engine_and_the_next_request_loads_it(proxy: ProxyServer, tmp_path: Path) -> None:
-    fleet = Fleet(proxy, two_models(alpha={"ttl": 0.5}), launcher=standin_launcher(tmp_path), ready_timeout=60)
+    fleet = Fleet(proxy, two_models(alpha={"ttl": 0.5}), hardware=CPU, launcher=standin_launcher(tmp_path), ready_timeout=60)
     events = Events()
     fleet.subscribe(events)
     try:
@@ -207,7 +211,7 @@ def test_idle_ttl_stops_the_engine_and_the_next_request_loads_it(proxy: ProxySer
 def test_models_that_do_not_fit_together_are_swapped_and_no_request_fails(proxy: ProxyServer,
                                                                           tmp_path: Path) -> None:
     budget = MemoryBudget(free_bytes=1.5, need=lambda spec: 1.0)  # one engine fits, two do not
-    fleet = Fleet(proxy, two_models(), launcher=standin_launcher(tmp_path), ready_timeout=60, budget=budget)
+    fleet = Fleet(proxy, two_models(), hardware=CPU, launcher=standin_launcher(tmp_path), ready_timeout=60, budget=budget)
     try:
         fleet.start()
         assert fleet.lanes["alpha"].loaded and not fleet.lanes["beta"].loaded  # beta did not fit beside alpha
@@ -230,7 +234,7 @@ def test_models_that_do_not_fit_together_are_swapped_and_no_request_fails(proxy:
             thread.join(300)
         assert failures == []
         assert len(served) == 24
-        assert all(s in ("alpha=llama.cpp:demo-llama.cpp.bin", "beta=vllm:other-vllm.bin") for s in served)
+        assert all(s in ("alpha=llama.cpp:demo-llama.cpp.bin", "beta=vllm:demo-vllm.bin") for s in served)
         assert sum(lane.loaded for lane in fleet.lanes.values()) == 1  # never both at once
         assert proxy.counters["failed"] == 0
     finally:
@@ -239,7 +243,7 @@ def test_models_that_do_not_fit_together_are_swapped_and_no_request_fails(proxy:
 
 def test_a_waiting_streaming_client_is_told_that_its_model_loads(proxy: ProxyServer, tmp_path: Path) -> None:
     config = two_models(alpha={"loading_status": True})
-    fleet = Fleet(proxy, config, launcher=standin_launcher(tmp_path, lambda s: ["--load-seconds", "5"]),
+    fleet = Fleet(proxy, config, hardware=CPU, launcher=standin_launcher(tmp_path, lambda s: ["--load-seconds", "5"]),
                   ready_timeout=60)
     try:
         fleet.start(preload=False)  # nothing loaded: the first request loads its model
@@ -256,27 +260,27 @@ def test_a_waiting_streaming_client_is_told_that_its_model_loads(proxy: ProxySer
         assert lines.index(notes[-1]) < lines.index(data[0])  # the notes came before the answer
         # beta has no loading_status: its waiting client hears nothing until the answer
         quiet = ask(proxy, "beta", stream=True)
-        assert served_by(quiet) == "vllm:other-vllm.bin" and not quiet.text.startswith(":")
+        assert served_by(quiet) == "vllm:demo-vllm.bin" and not quiet.text.startswith(":")
         assert proxy.counters["failed"] == 0
     finally:
         fleet.close()
 
 
 # --- out of memory --------------------------------------------------------------------------------------------
-def fails_above(limit: int) -> Callable[[EngineSpec], list[str]]:
+def fails_above(limit: int) -> Callable[[LaunchPlan], list[str]]:
     return lambda spec: ["--fail-ctx-above", str(limit)]
 
 
 def test_an_out_of_memory_load_is_retried_once_with_a_smaller_plan_in_auto_fit(proxy: ProxyServer,
                                                                               tmp_path: Path) -> None:
     events = Events()
-    manager = EndpointManager(proxy, launcher=standin_launcher(tmp_path, fails_above(2048)), ready_timeout=60,
+    manager = EndpointManager(proxy, hardware=CPU, launcher=standin_launcher(tmp_path, fails_above(2048)), ready_timeout=60,
                               auto_fit=True)
     manager.subscribe(events)
     try:
-        manager.start(EngineSpec("llama.cpp", "demo", ctx_per_request=4096, slots=2))
+        manager.start(ask_plan("llama.cpp", "demo", {"ctx_per_request": 4096, "slots": 2}))
         active = manager.active
-        assert active is not None and active.spec.ctx_per_request == 2048 and active.process.plan.ctx_per_request == 2048
+        assert active is not None and active.plan.ctx_per_request == 2048 and active.process.plan.ctx_per_request == 2048
         assert active.retried is not None and "context 4,096 → 2,048 tokens per request" in active.retried
         assert "KV cache" in active.retried  # what the change saves, from the fit
         retry = next(e for e in events.seen if e.state == "retrying")
@@ -287,10 +291,10 @@ def test_an_out_of_memory_load_is_retried_once_with_a_smaller_plan_in_auto_fit(p
 
 
 def test_without_auto_fit_the_smaller_plan_is_offered_and_nothing_runs(proxy: ProxyServer, tmp_path: Path) -> None:
-    manager = EndpointManager(proxy, launcher=standin_launcher(tmp_path, fails_above(1024)), ready_timeout=60)
+    manager = EndpointManager(proxy, hardware=CPU, launcher=standin_launcher(tmp_path, fails_above(1024)), ready_timeout=60)
     try:
         with pytest.raises(LoadOutOfMemory) as caught:
-            manager.start(EngineSpec("llama.cpp", "demo", ctx_per_request=4096, slots=2))
+            manager.start(ask_plan("llama.cpp", "demo", {"ctx_per_request": 4096, "slots": 2}))
         assert "could not allocate memory" in caught.value.message
         assert caught.value.hint and "next smaller plan: context 4,096 → 2,048" in caught.value.hint
         assert "--auto-fit" in caught.value.hint
@@ -301,12 +305,12 @@ def test_without_auto_fit_the_smaller_plan_is_offered_and_nothing_runs(proxy: Pr
 
 def test_a_retry_that_fails_again_is_reported_and_not_repeated(proxy: ProxyServer, tmp_path: Path) -> None:
     events = Events()
-    manager = EndpointManager(proxy, launcher=standin_launcher(tmp_path, fails_above(512)), ready_timeout=60,
+    manager = EndpointManager(proxy, hardware=CPU, launcher=standin_launcher(tmp_path, fails_above(512)), ready_timeout=60,
                               auto_fit=True)
     manager.subscribe(events)
     try:
         with pytest.raises(LoadOutOfMemory):
-            manager.start(EngineSpec("llama.cpp", "demo", ctx_per_request=4096, slots=2))
+            manager.start(ask_plan("llama.cpp", "demo", {"ctx_per_request": 4096, "slots": 2}))
         assert [e.state for e in events.seen].count("retrying") == 1
         assert manager.active is None
     finally:
@@ -326,6 +330,7 @@ def test_smaller_plan_on_a_gpu_uses_q8_kv_and_fewer_layers() -> None:
 
 
 def test_the_machine_budget_is_free_vram_and_needs_come_from_the_fit() -> None:
+    from desktop.core.planning.planner import plan_launch
     from desktop.core.serving.endpoint import machine_budget
 
     cpu = HardwareSnapshot.from_json((SNAPSHOTS / "cpu_laptop.json").read_text())
@@ -333,8 +338,9 @@ def test_the_machine_budget_is_free_vram_and_needs_come_from_the_fit() -> None:
     gpu = HardwareSnapshot.from_json((SNAPSHOTS / "rtx4060_8gb.json").read_text())
     budget = machine_budget(gpu)
     assert budget is not None and budget.free_bytes == sum(g.memory_free_bytes for g in gpu.gpus)
-    llama, vllm = EngineSpec("llama.cpp", "demo", ctx_per_request=2048, slots=4), EngineSpec("vllm", "demo")
-    assert 0 < budget.need_of(llama) < budget.need_of(vllm) <= budget.free_bytes  # vLLM takes its util share
+    llama = plan_launch("llama.cpp", "demo", gpu, {"slots": 4}).plan
+    vllm = plan_launch("vllm", "demo", gpu).plan
+    assert 0 < budget.need_of(llama).gpu_total < budget.need_of(vllm).gpu_total <= budget.free_bytes  # util share
     assert not budget.fits([llama, vllm])  # so a switch between them on this GPU is stop-first
     assert "GiB of free GPU memory" in budget.describe([llama, vllm])
 
@@ -358,11 +364,11 @@ def test_stop_first_switch_sleeps_vllm_and_wakes_it_instead_of_a_cold_start(prox
                                                                            tmp_path: Path) -> None:
     calls = tmp_path / "calls.txt"
     budget = MemoryBudget(free_bytes=1.5, need=lambda spec: 1.0)
-    manager = EndpointManager(proxy, launcher=standin_launcher(tmp_path, lambda s: ["--calls", str(calls)],
-                                                               sleep=True),
+    # a CUDA machine: the planner starts vLLM with sleep mode (its flag is in the checked plan)
+    manager = EndpointManager(proxy, hardware=GPU, launcher=standin_launcher(tmp_path, lambda s: ["--calls", str(calls)]),
                               ready_timeout=60, budget=budget)
     try:
-        manager.start(EngineSpec("vllm", "demo"))
+        manager.start(ask_plan("vllm", "demo"))
         vllm = manager.active
         assert vllm is not None and vllm.can_sleep
         assert manager.switch_preview("llama.cpp")["kind"] == "stop-first"
@@ -387,11 +393,11 @@ def test_stop_first_switch_sleeps_vllm_and_wakes_it_instead_of_a_cold_start(prox
 def test_the_drain_is_bounded_and_what_is_left_gets_a_retryable_error(proxy: ProxyServer, tmp_path: Path) -> None:
     hold = tmp_path / "hold"
     budget = MemoryBudget(free_bytes=1.5, need=lambda spec: 1.0)
-    manager = EndpointManager(proxy, launcher=standin_launcher(
+    manager = EndpointManager(proxy, hardware=CPU, launcher=standin_launcher(
         tmp_path, lambda s: ["--hold-file", str(hold)] if s.engine == "llama.cpp" else []), ready_timeout=30, budget=budget, drain_timeout=0.5)
     lines: list[str] = []
     try:
-        manager.start(EngineSpec("llama.cpp", "demo"))
+        manager.start(ask_plan("llama.cpp", "demo"))
         hold.write_text("")  # from now on the stand-in holds its streams after the first chunk
         started = threading.Event()
 
@@ -435,8 +441,8 @@ def test_two_models_on_llamacpp_and_vllm_through_one_endpoint_with_the_openai_cl
                            "  - {name: big, engine: vllm, model: demo, ctx: 1024, parallel: 2}\n")
     proxy = ProxyServer(port=find_free_port(), wait_timeout=600)
     proxy.start()
-    fleet = Fleet(proxy, load_models_config(config_file), launcher=make_launcher(vllm_eager=True),
-                  ready_timeout=900)
+    fleet = Fleet(proxy, load_models_config(config_file), launcher=make_launcher(), ready_timeout=900,
+                  engine_overrides={"vllm": {"eager": True}})
     events = Events()
     fleet.subscribe(events)
     try:

@@ -98,12 +98,17 @@ def golden_case(snapshot: Path, model: str) -> dict[str, Any]:
 @pytest.fixture(autouse=True)
 def _machine_independent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)  # llama.cpp's env would otherwise carry this machine's
-    # the llama.cpp build a plan needs depends on the compilers here (nvcc: a CUDA source build); none, for golden
-    monkeypatch.setattr(runtimes.Toolchain, "detect", classmethod(lambda cls: cls()))
+    # the fit is a pure function of (facts, snapshot, plan): the compilers come from the snapshot (recorded ones have
+    # none), never from probing this machine's PATH (issue 20)
+    def probe(cls: type) -> None:
+        raise AssertionError("the fit probed this machine's toolchain")
+
+    monkeypatch.setattr(runtimes.Toolchain, "detect", classmethod(probe))
 
 
 def test_enough_golden_cases() -> None:
-    assert len(SNAPSHOTS) >= 8 and len(MODELS) == 5
+    assert len(SNAPSHOTS) >= 13 and len(MODELS) == 5
+    assert {"rtx4090_20free", "rtx4090_rtx3060"} <= {s.stem for s in SNAPSHOTS}
 
 
 @pytest.mark.parametrize("snapshot, model", CASES, ids=[f"{s.stem}-{m}" for s, m in CASES])
@@ -123,21 +128,27 @@ def _flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
 
 
-def plan_from_argv(engine: str, argv: list[str], env: dict[str, str]) -> LaunchPlan:
-    """Read a command line back into the plan it launches, independently of the adapters' builders. llama-server's
-    own defaults are not the fit's (common/common.h: `n_gpu_layers = -1` is auto with its own 1 GiB margin, `n_ctx
-    = 0` is the model's trained context), so a llama.cpp argv must state both: see
-    test_llama_argv_states_layers_and_context; a missing one reads as 0 layers / 4096 here and fails the check."""
+# llama-server's own defaults, read from its source (common/common.h): `n_gpu_layers = -1` ("auto": offload what
+# fits, `fit_params = true`, keeping a margin free on every device) and `n_ctx = 0` (the model's trained context).
+LLAMA_AUTO_FIT_MARGIN_BYTES = 1024**3
+
+
+def plan_from_argv(engine: str, argv: list[str], env: dict[str, str], facts: ModelFacts) -> LaunchPlan:
+    """Read a command line back into the plan it launches, independently of the adapters' builders. What the
+    argv leaves out is what the engine then does by default: llama-server without -ngl offloads what fits (auto),
+    without -c it takes the model's trained context."""
     engine = normalise_engine(engine)
     model = Path(str(_flag(argv, "--model")))
     if engine == "llama.cpp":
-        ctx_size, slots = int(_flag(argv, "--ctx-size") or 4096), int(_flag(argv, "--parallel") or 1)
+        slots = int(_flag(argv, "--parallel") or 1)
+        ctx_size = int(_flag(argv, "--ctx-size") or facts.context_length)
         kv_k, kv_v = _flag(argv, "--cache-type-k"), _flag(argv, "--cache-type-v")
         assert kv_k == kv_v, "K and V cache types differ"
         fa = _flag(argv, "--flash-attn")
         ub = _flag(argv, "--ubatch-size")
-        return LaunchPlan(engine=engine, model_path=model, ctx_per_request=ctx_size // slots, slots=slots,
-                          gpu_layers=int(_flag(argv, "--n-gpu-layers") or 0), kv_cache_type=kv_k or "f16",
+        ngl = _flag(argv, "--n-gpu-layers")
+        return LaunchPlan(engine=engine, model_path=model, ctx_per_request=max(1, ctx_size // slots), slots=slots,
+                          gpu_layers=int(ngl) if ngl is not None else None, kv_cache_type=kv_k or "f16",
                           flash_attn=None if fa is None else fa == "on", ubatch=int(ub) if ub else None)
     util = _flag(argv, "--gpu-memory-utilization")
     batched = _flag(argv, "--max-num-batched-tokens")
@@ -150,6 +161,15 @@ def plan_from_argv(engine: str, argv: list[str], env: dict[str, str]) -> LaunchP
                       kv_cache_gib=float(env.get("VLLM_CPU_KVCACHE_SPACE", 0)) or None)
 
 
+def engine_view(plan: LaunchPlan, hardware: HardwareSnapshot) -> HardwareSnapshot:
+    """The memory the engine itself plans with: llama-server's auto-fit (no -ngl) keeps a margin free on every
+    GPU, so "auto" is not the count the fit would choose on the whole free memory."""
+    if plan.engine != "llama.cpp" or plan.gpu_layers is not None:
+        return hardware
+    return replace(hardware, gpus=[replace(g, memory_free_bytes=max(0, g.memory_free_bytes - LLAMA_AUTO_FIT_MARGIN_BYTES))
+                                   for g in hardware.gpus])
+
+
 MEMORY_FIELDS = ("fits", "weights_gib", "kv_cache_gib", "overhead_gib", "total_gib", "gpu_layers", "cpu_ram_gib",
                  "kv_cache_tokens", "max_concurrency", "ctx", "quant")
 
@@ -157,7 +177,8 @@ MEMORY_FIELDS = ("fits", "weights_gib", "kv_cache_gib", "overhead_gib", "total_g
 def memory_disagreements(checked: FitResult, facts: ModelFacts, hardware: HardwareSnapshot, command: CommandLine,
                          what_if: str | None) -> list[str]:
     """Where the memory the argv implies differs from the fit's: an empty list when they agree."""
-    implied = estimate(facts, hardware, plan_from_argv(checked.engine, command.argv, command.env), quant=what_if)
+    read = plan_from_argv(checked.engine, command.argv, command.env, facts)
+    implied = estimate(facts, engine_view(read, hardware), read, quant=what_if)
     return [f"{name}: fit {getattr(checked, name)!r}, argv implies {getattr(implied, name)!r}"
             for name in MEMORY_FIELDS if getattr(checked, name) != getattr(implied, name)]
 
@@ -198,7 +219,9 @@ def _break(argv: list[str], flag: str, value: str | None) -> list[str]:
 
 
 def test_the_check_catches_an_argv_that_disagrees_with_the_fit() -> None:
-    """The bugs of issue 14: ctx multiplied by the slots twice, float32 weights, -ngl or TP never reaching argv."""
+    """The bugs of issue 14: ctx multiplied by the slots twice, float32 weights, -ngl or TP never reaching argv;
+    and of issue 20: an argv without -c or -ngl is not "no context, no GPU" but the model's trained context and
+    llama-server's own auto-fit, which is not the layer count the fit checked."""
     hw = HardwareSnapshot.load(HERE / "snapshots" / "rtx4090.json")
     facts = _facts("llama8b-q4_k_m")
     rec = recommend(facts, hw, WORKLOAD)
@@ -206,9 +229,22 @@ def test_the_check_catches_an_argv_that_disagrees_with_the_fit() -> None:
     command = _command(rec.plan)
     assert memory_disagreements(rec.fit, facts, hw, command, None) == []
     twice = str(rec.plan.llama_ctx_size * rec.plan.slots)
-    broken = [_break(command.argv, "--ctx-size", twice), _break(command.argv, "--n-gpu-layers", None)]
+    broken = [_break(command.argv, "--ctx-size", twice), _break(command.argv, "--ctx-size", None)]
     for argv in broken:
         assert memory_disagreements(rec.fit, facts, hw, replace(command, argv=argv), None), argv
+    # all 33 layers fit with room to spare: here llama-server's auto places them all too, as the fit did
+    assert memory_disagreements(rec.fit, facts, hw, replace(command, argv=_break(command.argv, "--n-gpu-layers",
+                                                                                   None)), None) == []
+    # partly offloaded on a desktop with 4 GiB taken: without -ngl the engine's auto-fit places other layers
+    desktop = HardwareSnapshot.load(HERE / "snapshots" / "rtx4090_20free.json")
+    big = _facts("llama70b-bf16")
+    partial = recommend(big, desktop, WORKLOAD)
+    assert partial.engine == "llama.cpp" and partial.fit is not None and partial.fit.fits == "partial"
+    command = _command(partial.plan)
+    what_if = _what_if(partial, big)
+    assert memory_disagreements(partial.fit, big, desktop, command, what_if) == []
+    no_ngl = replace(command, argv=_break(command.argv, "--n-gpu-layers", None))
+    assert memory_disagreements(partial.fit, big, desktop, no_ngl, what_if), no_ngl.argv
 
     h100x8 = HardwareSnapshot.load(HERE / "snapshots" / "h100_80gb.json")
     h100x8 = replace(h100x8, gpus=[replace(h100x8.gpus[0], index=i) for i in range(8)])

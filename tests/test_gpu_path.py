@@ -321,8 +321,8 @@ def test_windows_amd_gpus_come_from_wmi_with_the_64_bit_memory_size() -> None:
 
 def test_plans_pin_the_gpus_they_sized_and_mixed_cards_are_sized_per_card(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runtimes.Toolchain, "detect", classmethod(lambda cls: fake_nvcc(tmp_path, "12.4")))
-    box = mixed_box()
+    tools = fake_nvcc(tmp_path, "12.4")  # what detect records: the fit reads the snapshot, never probes
+    box = replace(mixed_box(), toolchain={"cmake": tools.cmake, "cxx": tools.cxx, "nvcc": tools.nvcc})
     facts = facts_for(str(FIXTURES / "llama8b-q4_k_m.gguf"))
     plan = LaunchPlan(engine="llama.cpp", model_path=Path("m.gguf"), ctx_per_request=4096, slots=2)
     two = fit.estimate(facts, box, plan)
@@ -475,14 +475,14 @@ def test_the_manager_sleeps_a_vllm_only_when_host_ram_holds_its_weights(tmp_path
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from desktop.core.serving import endpoint
+    from desktop.core.serving import switching as endpoint
 
     model = tmp_path / "hf"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"\0" * 4096)
     engine = SimpleNamespace(process=SimpleNamespace(plan=LaunchPlan(engine="vllm", model_path=model)))
     monkeypatch.setattr(endpoint.psutil, "virtual_memory", lambda: SimpleNamespace(available=64 * GIB))
-    assert endpoint._host_holds_weights(engine)  # type: ignore[arg-type]
+    assert endpoint.host_holds_weights(engine)  # type: ignore[arg-type]
     with open(model / "model.safetensors", "r+b") as handle:  # a sparse 63 GiB "checkpoint": no room beside it
         handle.truncate(63 * GIB)
-    assert not endpoint._host_holds_weights(engine)  # type: ignore[arg-type]
+    assert not endpoint.host_holds_weights(engine)  # type: ignore[arg-type]

@@ -19,7 +19,6 @@ from desktop.core.models.facts import facts_for
 from desktop.core.planning.export import ExportPlan, engine_args
 from desktop.core.planning.fit import estimate, launch_dtype
 from desktop.core.planning.recommend import Workload, recommend
-from desktop.core.serving.endpoint import EngineSpec
 
 HERE = Path(__file__).parent
 SNAP = HERE / "snapshots"
@@ -56,7 +55,15 @@ def test_dtype_is_auto_except_the_demo_on_vllms_cpu_backend() -> None:
     assert launch_dtype("vllm", demo=True, cuda=True) == "auto"
     assert launch_dtype("llama.cpp", demo=True, cuda=False) == "auto"
     assert launch_dtype("vllm", demo=False, cuda=False) == "auto"
-    assert EngineSpec("vllm", "/models/x").launch_plan("vllm", Path("/models/x")).dtype == "auto"
+    # the planner's plan: the checkpoint's own dtype for a real model on vLLM's CPU backend too
+    from dataclasses import replace
+
+    from desktop.core.planning.planner import plan_launch
+
+    cpu = HardwareSnapshot.load(SNAP / "cpu_laptop.json")
+    cpu = replace(cpu, ram_total_bytes=128 * 2**30, ram_available_bytes=100 * 2**30)
+    assert plan_launch("vllm", str(MODELS / "llama8b-bf16"), cpu, {"ctx_per_request": 512, "slots": 1}
+                       ).plan.dtype in ("auto", "bfloat16")
 
 
 def test_the_fit_returns_the_plan_it_checked_and_argv_carries_it() -> None:

@@ -436,7 +436,8 @@ def test_anthropic_client_through_the_endpoint_to_llama_server_and_switchyard_re
         llama_install: Any, demo_model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     from desktop.cli import main
-    from desktop.core.serving.endpoint import EndpointManager, EngineSpec
+    from desktop.core.planning.planner import ask
+    from desktop.core.serving.endpoint import EndpointManager
 
     monkeypatch.setenv("SWITCHYARD_HOME", str(tmp_path / "home"))
     proxy = ProxyServer(port=find_free_port(), model_name="stable", wait_timeout=120)
@@ -449,7 +450,7 @@ def test_anthropic_client_through_the_endpoint_to_llama_server_and_switchyard_re
         proxy.start()
         discovery = control.write_discovery(proxy.port, proxy.url, token)
         try:
-            manager.start(EngineSpec("llama.cpp", "demo", ctx_per_request=2048, slots=2))
+            manager.start(ask("llama.cpp", "demo", {"ctx_per_request": 2048, "slots": 2}))
             headers = {"x-api-key": "none", "anthropic-version": "2023-06-01"}
             body = {"model": "stable", "max_tokens": 8, "temperature": 0,
                     "messages": [{"role": "user", "content": "Hello"}]}

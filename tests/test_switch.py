@@ -22,11 +22,12 @@ import psutil
 import pytest
 from conftest import serve_until_ready
 
-from desktop.core.common.errors import EngineFailed, SwitchyardError
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.planning.planner import ask
 from desktop.core.runtime.ports import find_free_port
 from desktop.core.runtime.telemetry import Sample, Telemetry
 from desktop.core.serving import control
-from desktop.core.serving.endpoint import EndpointEvent, EndpointManager, EngineSpec, memory_allows_standby
+from desktop.core.serving.endpoint import EndpointEvent, EndpointManager, memory_allows_standby
 from desktop.core.serving.proxy import ProxyServer
 
 
@@ -199,7 +200,7 @@ def test_llamacpp_switch_under_load_keeps_every_request(llama_install: Any, demo
                                                         second_gguf: Path) -> None:
     proxy, manager, events, samples = _manager()
     try:
-        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), slots=4))
+        manager.start(ask("llama.cpp", str(demo_model.gguf_path), {"slots": 4}))
         first = manager.active
         assert first is not None and first.process.pid is not None
         with StreamingLoad(proxy.url, concurrency=8) as load:
@@ -228,9 +229,9 @@ def test_failed_switch_keeps_the_old_engine_serving(llama_install: Any, demo_mod
     corrupt.write_bytes(b"GGUF" + os.urandom(4096))
     proxy, manager, events, _samples = _manager()
     try:
-        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), slots=2))
+        manager.start(ask("llama.cpp", str(demo_model.gguf_path), {"slots": 2}))
         serving = manager.active
-        with pytest.raises(EngineFailed, match="GGUF|could not load"):
+        with pytest.raises(SwitchyardError, match="GGUF|could not load"):  # refused by the planner: nothing starts
             manager.switch("llama.cpp", str(corrupt))
         assert manager.active is serving and manager.starting is None
         assert "keeps serving" in events[-1].message
@@ -249,8 +250,8 @@ def test_failover_to_warm_standby_and_down_without_one(llama_install: Any, demo_
                                                        second_gguf: Path) -> None:
     proxy, manager, events, _samples = _manager(keep_standby=True, failover=True)
     try:
-        manager.start(EngineSpec("llama.cpp", str(demo_model.gguf_path), slots=2))
-        manager.prepare_standby(EngineSpec("llama.cpp", str(second_gguf), slots=2))
+        manager.start(ask("llama.cpp", str(demo_model.gguf_path), {"slots": 2}))
+        manager.prepare_standby(ask("llama.cpp", str(second_gguf), {"slots": 2}))
         active, standby = manager.active, manager.standby
         assert active is not None and standby is not None and active.process.pid is not None
         failed_over = threading.Event()
@@ -282,7 +283,7 @@ def test_switch_llamacpp_vllm_llamacpp_under_load_zero_failures(llama_install: A
                                                                  demo_model: Any) -> None:
     proxy, manager, events, samples = _manager()
     try:
-        manager.start(EngineSpec("llama.cpp", "demo", slots=8))
+        manager.start(ask("llama.cpp", "demo", {"slots": 8}))
         with StreamingLoad(proxy.url, concurrency=8, max_tokens=16) as load:
             assert load.started_ok.wait(120)
             to_vllm = manager.switch("vllm")
@@ -311,17 +312,19 @@ def test_single_gpu_switch_is_stop_first_under_load_with_zero_failures(llama_ins
     one fits but not both, so each switch stops the old engine first; requests wait at the endpoint, none fail,
     and the switch reports the gap."""
     from desktop.core.machine.hardware import detect
-    from desktop.core.planning.swap import engine_need_bytes
-    from desktop.core.serving.endpoint import MemoryBudget, make_launcher
+    from desktop.core.planning.planner import plan_launch, replan
+    from desktop.core.planning.swap import engine_need
+    from desktop.core.serving.endpoint import MemoryBudget
 
     hardware = detect()
-    llama = EngineSpec("llama.cpp", "demo", slots=8)
-    needs = [engine_need_bytes(spec.engine, spec.model, spec.ctx_per_request, spec.slots, hardware)
-             for spec in (llama, EngineSpec("vllm", "demo", slots=8))]
-    budget = MemoryBudget(free_bytes=max(needs) + min(needs) / 2, hardware=hardware)  # "VRAM": one, not two
-    assert not budget.fits([llama, EngineSpec("vllm", "demo", slots=8)])
-    proxy, manager, events, _samples = _manager(budget=budget, launcher=make_launcher(vllm_eager=True),
-                                                drain_timeout=300)
+    llama = plan_launch("llama.cpp", "demo", hardware, {"slots": 8}).plan
+    vllm = replan(llama, hardware, engine="vllm", changes={"eager": True}).plan
+    needs = [engine_need(plan, hardware).ram for plan in (llama, vllm)]
+    # a simulated "VRAM" of the fit's memory for each checked plan: one fits, not two
+    budget = MemoryBudget(free_bytes=max(needs) + min(needs) / 2, need=lambda plan: engine_need(plan, hardware).ram)
+    assert not budget.fits([llama, vllm])
+    proxy, manager, events, _samples = _manager(budget=budget, hardware=hardware, drain_timeout=300,
+                                                engine_overrides={"vllm": {"eager": True}})
     try:
         manager.start(llama)
         first = manager.active

@@ -215,11 +215,11 @@ def test_compare_ab_llamacpp_vs_vllm_live_results_verdict_and_report(window, qtb
 
 
 def _launch_demo(win, qtbot):  # type: ignore[no-untyped-def]
-    from desktop.ui.engine_session import LaunchRequest
+    from desktop.core.planning.planner import ask
 
     serve = win.show_page("Serve")
     with qtbot.waitSignal(serve.engine_ready, timeout=300_000):
-        serve.launch(LaunchRequest("llama.cpp", "demo", slots=2))
+        serve.launch(ask("llama.cpp", "demo", {"slots": 2}))
     return serve
 
 

@@ -144,10 +144,13 @@ def test_recommend_page_explains_its_pick_for_the_demo_model(window, qtbot) -> N
     qtbot.waitUntil(lambda: page.recommendation is not None, timeout=60_000)
     text = page.result_label.text()
     assert page.recommendation.engine in text and "Why:" in text and "Runner-up" in text
-    request = page.launch_request()
-    assert request is not None and request.engine == page.recommendation.engine and request.ctx_per_request >= 256
-    assert request.model == "demo"  # kept as typed, so a switch to the other engine finds its format
-    assert request.plan is page.recommendation.plan  # the fit's plan, launched as is (never re-derived)
+    from dataclasses import replace
+
+    plan = page.launch_request()  # a LaunchPlan: the recommended one, its checked fields kept as asks
+    assert plan is not None and plan.engine == page.recommendation.engine and plan.ctx_per_request >= 256
+    assert plan.model == "demo"  # kept as typed, so a switch to the other engine finds its format
+    assert replace(plan, model="", pinned=()) == page.recommendation.plan  # the fit's plan, launched as is
+    assert "ctx_per_request" in plan.pinned or plan.ctx_per_request == 2048
 
 
 def test_recommend_page_shows_bad_model_as_a_readable_error(window, qtbot) -> None:  # type: ignore[no-untyped-def]
@@ -221,7 +224,11 @@ def test_compare_shows_an_ab_result_side_by_side_and_exports_it(window, qtbot, t
     assert cells["concurrency 1: output tok/s"][2] == "2.00"
     assert {"concurrency 1: TTFT p50 (ms)", "concurrency 1: TTFT p95 (ms)", "Cold start T3: first request done (s)",
             "Peak memory (MiB, process tree)"} <= set(cells)
-    assert table.horizontalHeaderItem(3).text() == "vLLM / llama.cpp"
+    from desktop.core.engines import get_adapter
+
+    # the adapters' display names (one source for engine names)
+    assert table.horizontalHeaderItem(3).text() == \
+        f"{get_adapter('vllm').display_name} / {get_adapter('llama.cpp').display_name}"
     assert "pays back after" in compare.verdict_label.text()
     written = compare.export_to(tmp_path / "exported")
     assert sorted(p.name for p in written) == ["ab.csv", "ab.html", "ab.json"]

@@ -30,7 +30,7 @@ def test_the_panel_shows_in_flight_requests_live_then_their_results(qtbot) -> No
 
     session = EngineSession()
     session.request_log = RequestLog()
-    session.request_log.subscribe(session._on_request)  # as _attach_request_log does, without an endpoint
+    session.request_log.subscribe(session._on_request)  # as _ensure_endpoint does, without an endpoint
     panel = RequestsPanel(session)
     qtbot.addWidget(panel)
     panel.show()
@@ -69,11 +69,11 @@ def test_the_panel_shows_in_flight_requests_live_then_their_results(qtbot) -> No
 @pytest.mark.llamacpp
 def test_requests_through_the_guis_endpoint_appear_on_the_serve_page(  # type: ignore[no-untyped-def]  # noqa: E501
         window, qtbot, llama_ready, tmp_path: Path) -> None:  # noqa: F811
-    from desktop.ui.engine_session import LaunchRequest
+    from desktop.core.planning.planner import ask
     from desktop.ui.screenshots import save_requests_panel
 
     serve = window.show_page("Serve")
-    window.launch(LaunchRequest("llama.cpp", "demo", slots=2))
+    window.launch(ask("llama.cpp", "demo", {"slots": 2}))
     qtbot.waitUntil(lambda: bool(serve.endpoint_edit.text()) or serve.notice.level == "error", timeout=300_000)
     assert serve.endpoint_edit.text(), serve.notice.text()
     url = window.session.proxy.url
@@ -100,7 +100,8 @@ def test_requests_through_the_guis_endpoint_appear_on_the_serve_page(  # type: i
 def test_a_busy_endpoint_port_leaves_no_request_log_writer_or_history_open(qtbot) -> None:  # type: ignore[no-untyped-def]
     import socket
 
-    from desktop.ui.engine_session import EngineSession, LaunchRequest
+    from desktop.core.planning.planner import ask
+    from desktop.ui.engine_session import EngineSession
 
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -108,9 +109,9 @@ def test_a_busy_endpoint_port_leaves_no_request_log_writer_or_history_open(qtbot
         session = EngineSession(endpoint_port=holder.getsockname()[1])
         failures: list[str] = []
         session.failed.connect(failures.append)
-        session.start(LaunchRequest("llama.cpp", "demo"))
+        session.start(ask("llama.cpp", "demo"))
         qtbot.waitUntil(lambda: bool(failures), timeout=30_000)
     assert "cannot listen" in failures[0]
-    assert session.proxy is None and session._history is None
+    assert session.proxy is None and session.host is None
     assert not any(t.name == "switchyard-requestlog" for t in threading.enumerate())
     session.shutdown()

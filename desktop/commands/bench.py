@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json, stderr_progress
 from desktop.core.common import paths
-from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
+from desktop.core.common.defaults import DEFAULT_CTX_PER_REQUEST, DEFAULT_READY_TIMEOUT
+from desktop.core.common.errors import SwitchyardError
 
 if TYPE_CHECKING:  # the load generator loads when a benchmark runs, not for `--help`
     from desktop.core.measure.loadgen import SLO, LoadConfig, SweepResult, Target, Workload
@@ -72,9 +73,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bench.add_argument("--slo-tpot-ms", type=N.positive)
     bench.add_argument("--slo-e2el-ms", type=N.positive)
     bench.add_argument("--timeout", type=N.seconds, default=300.0, help="per-request timeout in seconds")
-    bench.add_argument("--ctx", type=N.count, default=2048, help="with --engine: context per request")
+    bench.add_argument("--ctx", type=N.count, default=DEFAULT_CTX_PER_REQUEST, help="with --engine: context per request")
     bench.add_argument("--parallel", type=N.count, help="with --engine: slots / max_num_seqs (default: top level)")
-    bench.add_argument("--json", metavar="FILE", help="write the result JSON here (- for stdout)")
+    bench.add_argument("--hardware", help="with --engine: plan for a snapshot from `switchyard detect --json`")
+    bench.add_argument("--dry-run", action="store_true",
+                       help="with --engine: print the checked plan, its exact argv and env; start nothing")
+    bench.add_argument("--json", metavar="FILE", nargs="?", const="-",
+                       help="write the result JSON here (- or no value: stdout)")
     bench.add_argument("--report", metavar="DIR", help="also write JSON, CSV and HTML reports into DIR")
     bench.add_argument("--requests-detail", action="store_true", help="include per-request records in --json")
     bench.add_argument("--no-history", action="store_true", help="do not record the run in history")
@@ -101,7 +106,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ab.add_argument("--power-watts", type=N.positive, help="power draw, with --price-per-kwh instead of a price")
     ab.add_argument("--price-per-kwh", type=N.non_negative_number)
     ab.add_argument("--lifetime-h", type=N.seconds, default=8.0, help="service lifetime the cold start is amortized over")
-    ab.add_argument("--ready-timeout", type=N.seconds, default=900.0)
+    ab.add_argument("--ready-timeout", type=N.seconds, default=DEFAULT_READY_TIMEOUT)
+    ab.add_argument("--hardware", help="plan for a snapshot from `switchyard detect --json` instead of this machine")
+    ab.add_argument("--dry-run", action="store_true",
+                    help="print both checked plans, their exact argv and env; start nothing")
     ab.add_argument("--install", action="store_true", help="install a missing engine instead of failing")
     ab.add_argument("--report", metavar="DIR", help="report folder (default: in the data dir)")
     ab.add_argument("--json", action="store_true", help="print the result JSON on stdout")
@@ -153,6 +161,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       duration_s=args.duration, warmup_requests=args.warmup, cooldown_requests=args.cooldown,
                       arrival=args.arrival, burstiness=args.burstiness, request_timeout_s=args.timeout)
     levels = sweep_levels(base, concurrency=args.concurrency, rates=args.rate)
+    if args.dry_run:
+        if not args.engine:
+            raise SwitchyardError("--dry-run plans an engine launch", "use it with --engine and --model")
+        described = _bench_plan(args, levels).describe()
+        if args.json:
+            emit_json(described)
+        else:
+            _print_plan(described)
+        return 0
     meta: dict[str, Any] = {"endpoint": args.endpoint, "engine": None, "engine_version": None,
                             "model": args.model, "settings": {"levels": [lvl.to_json() for lvl in levels],
                                                               "workload": workload.to_json(), "api": args.api}}
@@ -196,32 +213,51 @@ def _every_tenth() -> Any:
     return show
 
 
-def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[LoadConfig], slo: SLO | None,
-                  meta: dict[str, Any]) -> SweepResult:
-    from desktop.core.engines import get_adapter
-    from desktop.core.engines.model_path import resolve_model
-    from desktop.core.measure.loadgen import Target
-    from desktop.core.runtime.supervisor import EngineProcess, reap_orphans
-    from desktop.core.serving.endpoint import EngineSpec
+def _hardware(args: argparse.Namespace) -> Any:
+    from desktop.core.machine.hardware import HardwareSnapshot, detect
+
+    return HardwareSnapshot.load(args.hardware) if args.hardware else detect()
+
+
+def _bench_plan(args: argparse.Namespace, levels: list[LoadConfig]) -> Any:
+    """The planner's checked plan for `bench --engine` (slots default to the top load level), or its refusal."""
+    from desktop.core.planning.planner import plan_launch
 
     if not args.model:
         raise SwitchyardError("--engine needs --model", "e.g. --model demo")
-    adapter = get_adapter(args.engine)
-    model_path = resolve_model(args.model, adapter, stderr_progress)
-    install = adapter.find_install()
-    if install is None:
-        raise EngineNotInstalled(f"{adapter.display_name} is not installed",
-                                 f"run `switchyard engines install {adapter.name}`")
-    reap_orphans()
     top = max(level.concurrency or 1 for level in levels)
-    plan = EngineSpec(adapter.name, args.model, ctx_per_request=args.ctx, slots=args.parallel or top).launch_plan(
-        adapter.name, model_path)  # dtype auto; the demo on vLLM's CPU backend float32
-    meta.update(engine=adapter.name, engine_version=install.version, model=str(model_path))
+    return plan_launch(args.engine, args.model, _hardware(args),
+                       {"ctx_per_request": args.ctx, "slots": args.parallel or top}, progress=stderr_progress)
+
+
+def _print_plan(described: dict[str, Any], name: str | None = None) -> None:
+    import shlex
+
+    if name:
+        print(f"{name}:")
+    print(shlex.join(described["argv"]))
+    for key, value in described["env"].items():
+        print(f"  env {key}={value}")
+    fit = described["fit"]
+    print(f"fits: {fit['fits']} on {fit['device']}: {fit['total_gib']:.2f} GiB of {fit['available_gib']:.2f} GiB")
+
+
+def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[LoadConfig], slo: SLO | None,
+                  meta: dict[str, Any]) -> SweepResult:
+    from desktop.core.engines import get_adapter, require_install
+    from desktop.core.measure.loadgen import Target
+    from desktop.core.runtime.supervisor import EngineProcess, reap_orphans
+
+    plan = _bench_plan(args, levels).plan  # refused before anything starts
+    adapter = get_adapter(plan.engine)
+    install = require_install(adapter)
+    reap_orphans()
+    meta.update(engine=adapter.name, engine_version=install.version, model=str(plan.model_path))
     meta["settings"]["plan"] = plan.to_json()
     with EngineProcess(adapter, plan, install) as engine:
         engine.start()
         print(f"starting {adapter.display_name} (log: {engine.log_path})", file=sys.stderr)
-        cold = engine.wait_ready()
+        cold = engine.wait_ready(timeout=DEFAULT_READY_TIMEOUT)
         meta["cold_start"] = cold.to_json()
         meta["endpoint"] = engine.base_url
 
@@ -279,7 +315,7 @@ def _print_table(sweep: SweepResult) -> None:
 
 # --- ab -------------------------------------------------------------------------------------------------
 def cmd_ab(args: argparse.Namespace) -> int:
-    from desktop.core.measure.ab import ABConfig, run_ab
+    from desktop.core.measure.ab import ABConfig, plan_ab, run_ab
     from desktop.core.measure.reports import record_ab, write_ab_report
 
     engines = tuple(name.strip() for name in (args.engines or "").split(",") if name.strip())
@@ -300,8 +336,17 @@ def cmd_ab(args: argparse.Namespace) -> int:
                       service_lifetime_h=args.lifetime_h, ready_timeout_s=args.ready_timeout, eager=args.eager)
     if args.replay:
         config = replace(config, **_replay_options(args))
+    hardware = _hardware(args)
+    if args.dry_run:
+        plans = {name: checked.describe() for name, checked in plan_ab(config, hardware, stderr_progress).items()}
+        if args.json:
+            emit_json({"engines": plans})
+        else:
+            for name, described in plans.items():
+                _print_plan(described, name)
+        return 0
     directory = Path(args.report) if args.report else paths.data_dir() / "reports" / time.strftime("ab-%Y%m%d-%H%M%S")
-    result = run_ab(config, progress=_every_tenth(), allow_install=args.install)
+    result = run_ab(config, progress=_every_tenth(), allow_install=args.install, hardware=hardware)
     report = write_ab_report(result, directory)
     if not args.no_history:
         from desktop.core.storage.history import Store

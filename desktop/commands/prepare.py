@@ -8,6 +8,7 @@ import sys
 
 from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json, stderr_progress
+from desktop.core.common.defaults import DEFAULT_CTX_PER_REQUEST, DEFAULT_SLOTS
 
 
 def register_prepare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -16,8 +17,8 @@ def register_prepare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser.add_argument("engine", choices=("vllm",), help="the engine to prepare (vLLM compiles; llama.cpp "
                                                           "does not need it)")
     parser.add_argument("--model", required=True, help="`demo`, or a Hugging Face model folder")
-    parser.add_argument("--ctx", type=N.count, default=2048, help="context per request, as you will serve it")
-    parser.add_argument("--parallel", type=N.count, default=4, help="requests at once, as you will serve it")
+    parser.add_argument("--ctx", type=N.count, default=DEFAULT_CTX_PER_REQUEST, help="context per request, as you will serve it")
+    parser.add_argument("--parallel", type=N.count, default=DEFAULT_SLOTS, help="requests at once, as you will serve it")
     parser.add_argument("--eager", action="store_true", help="the plan runs --enforce-eager (nothing to compile)")
     parser.add_argument("--ready-timeout", type=N.seconds, default=1800.0)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -25,11 +26,11 @@ def register_prepare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from desktop.core.serving.endpoint import EngineSpec
+    from desktop.core.planning.planner import ask
     from desktop.core.serving.prepare import prepare
 
-    spec = EngineSpec(args.engine, args.model, ctx_per_request=args.ctx, slots=args.parallel)
-    done = prepare(spec, eager=args.eager, progress=stderr_progress, ready_timeout=args.ready_timeout)
+    asked = ask(args.engine, args.model, {"ctx_per_request": args.ctx, "slots": args.parallel})
+    done = prepare(asked, eager=args.eager, progress=stderr_progress, ready_timeout=args.ready_timeout)
     if args.json:
         emit_json(done.to_json())
         return 0

@@ -15,26 +15,31 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from desktop.commands import _numbers as N
 from desktop.commands._common import cell, emit_json, stderr_progress
-from desktop.core.common.errors import EngineFailed, EngineNotInstalled, SwitchyardError
-from desktop.core.serving.defaults import (
+from desktop.core.common.defaults import (
+    DEFAULT_CTX_PER_REQUEST,
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_FIRST_BYTE_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_PROXY_PORT,
+    DEFAULT_READY_TIMEOUT,
+    DEFAULT_SLOTS,
+    DEFAULT_VLLM_UTILIZATION,
     DEFAULT_WAIT_TIMEOUT,
+    SERVED_MODEL_NAME,
 )
+from desktop.core.common.errors import EngineFailed, SwitchyardError
 
 if TYPE_CHECKING:  # the engines, the proxy and the store load only when a command runs: `status` stays instant
-    from desktop.core.planning.fit import FitResult
+    from desktop.core.machine.hardware import HardwareSnapshot
+    from desktop.core.planning.planner import Checked
     from desktop.core.runtime.supervisor import EngineProcess
-    from desktop.core.serving.endpoint import EndpointEvent, EndpointManager
-    from desktop.core.serving.fleet import Fleet
+    from desktop.core.serving.control import EndpointControl
+    from desktop.core.serving.endpoint import EndpointEvent
     from desktop.core.serving.proxy import ProxyServer
     from desktop.core.storage.history import Store
 
@@ -50,29 +55,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--no-key", action="store_true",
                         help="plain serve: start the engine without its per-launch API key (any local process and "
                              "web page that finds the port can then use it)")
-    parser.add_argument("--ctx", type=N.count, default=2048,
+    parser.add_argument("--ctx", type=N.count, default=DEFAULT_CTX_PER_REQUEST,
                         help="context tokens per request (vLLM --max-model-len; llama.cpp's -c is ctx x parallel)")
-    parser.add_argument("--parallel", type=N.count, default=4, help="requests at once (llama.cpp slots / vLLM "
-                                                                "max_num_seqs)")
+    parser.add_argument("--parallel", type=N.count, default=DEFAULT_SLOTS,
+                        help="requests at once (llama.cpp slots / vLLM max_num_seqs)")
     plan = parser.add_argument_group("launch plan (default: what the fit finds on this machine)")
     plan.add_argument("--gpu-layers", type=N.non_negative, help="llama.cpp -ngl (default: as many as fit)")
     plan.add_argument("--kv-type", help="KV cache type: llama.cpp f16/q8_0/q4_0..., vLLM auto/fp8")
-    plan.add_argument("--util", type=N.fraction, help="vLLM gpu_memory_utilization (default 0.9)")
-    plan.add_argument("--tp", type=N.count, default=1, help="vLLM tensor-parallel size")
-    plan.add_argument("--dtype", default="auto", help="vLLM --dtype (default auto: the checkpoint's)")
+    plan.add_argument("--util", type=N.fraction, help=f"vLLM gpu_memory_utilization (default {DEFAULT_VLLM_UTILIZATION}, "
+                                                       "or less when other processes hold GPU memory)")
+    plan.add_argument("--tp", type=N.count, help="vLLM tensor-parallel size (default 1)")
+    plan.add_argument("--dtype", help="vLLM --dtype (default auto: the checkpoint's)")
     plan.add_argument("--hardware", help="plan for a snapshot from `switchyard detect --json` instead of this machine")
     plan.add_argument("--dry-run", action="store_true",
                       help="print the checked plan, the exact argv and env, and the memory breakdown; start nothing")
     parser.add_argument("--prompt", help="stream one completion for this prompt, print phase times, then stop")
     parser.add_argument("--max-tokens", type=N.count, default=32)
     parser.add_argument("--no-install", action="store_true", help="fail instead of installing a missing engine")
-    parser.add_argument("--ready-timeout", type=N.seconds, default=900.0)
+    parser.add_argument("--ready-timeout", type=N.seconds, default=DEFAULT_READY_TIMEOUT)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     endpoint = parser.add_argument_group("stable endpoint")
     endpoint.add_argument("--endpoint", action="store_true",
                           help=f"serve through the stable endpoint on 127.0.0.1:{DEFAULT_PROXY_PORT}")
     endpoint.add_argument("--proxy-port", type=N.port, help="stable endpoint port (implies --endpoint)")
-    endpoint.add_argument("--model-name", default="switchyard", help="the model name clients see")
+    endpoint.add_argument("--model-name", default=SERVED_MODEL_NAME, help="the model name clients see")
     endpoint.add_argument("--api-key-env", metavar="VAR",
                           help="require this environment variable's value as the endpoint's API key")
     endpoint.add_argument("--wait-timeout", type=N.seconds, default=DEFAULT_WAIT_TIMEOUT,
@@ -111,6 +117,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     switch.add_argument("--model", help="model for the new engine (default: the one served now)")
     switch.add_argument("--name", help="which model of a --config endpoint to switch")
     switch.add_argument("--port", type=N.port, help="which endpoint, when several run")
+    switch.add_argument("--dry-run", action="store_true",
+                        help="ask the running endpoint which checked plan (argv, env) it would start; start nothing")
     switch.add_argument("--json", action="store_true", help="machine-readable output")
     switch.set_defaults(func=cmd_switch)
 
@@ -124,28 +132,44 @@ class _Terminate(Exception):
     pass
 
 
-def checked_plan(args: argparse.Namespace, adapter: Any, model_path: Path) -> FitResult:
-    """The fit of the plan the flags describe, on this machine (or --hardware): the plan to launch."""
-    from desktop.core.engines.base import LaunchPlan
+def _hardware(args: argparse.Namespace) -> HardwareSnapshot:
+    """The machine the plans are checked against: --hardware SNAPSHOT, or this one now."""
     from desktop.core.machine.hardware import HardwareSnapshot, detect
-    from desktop.core.models.facts import facts_for
-    from desktop.core.planning.fit import estimate, validate_plan
 
-    hardware = HardwareSnapshot.load(args.hardware) if args.hardware else detect()
-    facts = facts_for("demo" if args.model == "demo" else str(model_path))
-    plan = LaunchPlan(engine=adapter.name, model_path=model_path, port=args.port, ctx_per_request=args.ctx,
-                      slots=args.parallel, gpu_layers=args.gpu_layers, kv_cache_type=args.kv_type,
-                      gpu_memory_utilization=args.util, tensor_parallel=args.tp, dtype=args.dtype)
-    validate_plan(plan)
-    return estimate(facts, hardware, plan)
+    return HardwareSnapshot.load(args.hardware) if args.hardware else detect()
+
+
+def plan_asks(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan fields the flags set (unset flags leave the choice to the planner)."""
+    from desktop.core.planning.planner import asks
+
+    return asks(ctx_per_request=args.ctx, slots=args.parallel, gpu_layers=args.gpu_layers,
+                kv_cache_type=args.kv_type, gpu_memory_utilization=args.util, tensor_parallel=args.tp,
+                dtype=args.dtype, port=args.port or None)
+
+
+def checked_plan(args: argparse.Namespace, hardware: HardwareSnapshot) -> Checked:
+    """The planner's checked plan for the flags on `hardware`, or its refusal (one line with the fix)."""
+    from desktop.core.planning.planner import plan_launch
+
+    return plan_launch(args.engine, args.model, hardware, plan_asks(args), progress=stderr_progress)
+
+
+def _print_described(described: dict[str, Any], as_json: bool, name: str | None = None) -> None:
+    if as_json:
+        return
+    if name:
+        print(f"{name}:")
+    print(shlex.join(described["argv"]))
+    for key, value in described["env"].items():
+        print(f"  env {key}={value}")
+    fit = described["fit"]
+    print(f"fits: {fit['fits']} on {fit['device']}: {fit['total_gib']:.2f} GiB of "
+          f"{fit['available_gib']:.2f} GiB (weights {fit['weights_gib']:.2f}, KV {fit['kv_cache_gib']:.2f})")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from desktop.core.engines import get_adapter
-    from desktop.core.engines.base import LaunchPlan
-    from desktop.core.engines.model_path import resolve_model
-    from desktop.core.planning.fit import validate_plan
-    from desktop.core.planning.launch import describe, require_fit
+    from desktop.core.engines import get_adapter, require_install
     from desktop.core.runtime.launches import record_launch
     from desktop.core.runtime.ports import ensure_port_free
     from desktop.core.runtime.supervisor import EngineProcess, reap_orphans
@@ -160,37 +184,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.engine or not args.model:
         raise SwitchyardError("say what to serve: --engine and --model", "or --config models.yaml for several")
     adapter = get_adapter(args.engine)
-    validate_plan(LaunchPlan(engine=adapter.name, model_path=Path("model"), ctx_per_request=args.ctx,
-                             slots=args.parallel, gpu_layers=args.gpu_layers, kv_cache_type=args.kv_type,
-                             gpu_memory_utilization=args.util, tensor_parallel=args.tp, dtype=args.dtype))
+    plan_asks(args)  # an unknown setting fails before the model resolves
     if args.dry_run:
-        result = checked_plan(args, adapter, resolve_model(args.model, adapter, stderr_progress))
-        require_fit(result, args.model)
-        described = describe(result)
+        described = checked_plan(args, _hardware(args)).describe()
         if args.json:
             emit_json(described)
-        else:
-            print(shlex.join(described["argv"]))
-            for key, value in described["env"].items():
-                print(f"  env {key}={value}")
-            fit = described["fit"]
-            print(f"fits: {fit['fits']} on {fit['device']}: {fit['total_gib']:.2f} GiB of "
-                  f"{fit['available_gib']:.2f} GiB (weights {fit['weights_gib']:.2f}, KV {fit['kv_cache_gib']:.2f})")
+        _print_described(described, args.json)
         return 0
     if (args.endpoint or args.proxy_port is not None) and args.prompt is None:
         return _serve_endpoint(args, adapter)
     if args.port:
         ensure_port_free(args.port)
-    model_path = resolve_model(args.model, adapter, stderr_progress)
-    plan = require_fit(checked_plan(args, adapter, model_path), args.model)  # refuse before installing anything
-    install = adapter.find_install()
-    if install is None:
-        if args.no_install:
-            raise EngineNotInstalled(f"{adapter.display_name} is not installed",
-                                     f"run `switchyard engines install {adapter.name}`")
-        print(f"{adapter.display_name} is not installed yet: installing it once (cached for later runs)",
-              file=sys.stderr)
-        install = adapter.install(stderr_progress)
+    plan = checked_plan(args, _hardware(args)).plan  # refuse before installing anything
+    install = require_install(adapter, install_missing=not args.no_install, progress=stderr_progress)
     reap_orphans()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -223,7 +229,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if engine.plan.api_key:
             print(f"API key of this launch (clients send `Authorization: Bearer <key>`; also in {discovery}): "
                   f"{engine.plan.api_key}", file=sys.stderr)
-        print(f"ready: {engine.base_url}/v1 serving {model_path.name} as '{plan.served_model_name}' "
+        print(f"ready: {engine.base_url}/v1 serving {plan.model_path.name} as '{plan.served_model_name}' "
               f"(T1 {cold.t1_health_s:.2f} s, first token {cold.t2_first_token_s:.2f} s). "
               "Ctrl-C or `switchyard stop` to stop.", file=sys.stderr)
         stopped = threading.Event()
@@ -317,31 +323,6 @@ def _history_store() -> Store | None:
         return None
 
 
-class _ServeControl:
-    """Adapts the endpoint manager to the control channel and remembers that a stop was asked for."""
-
-    def __init__(self, manager: EndpointManager) -> None:
-        self.manager = manager
-        self.stop_requested = threading.Event()
-
-    def status(self) -> dict[str, Any]:
-        data = self.manager.status()
-        data["pid"] = os.getpid()
-        return data
-
-    def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]:
-        from desktop.core.serving.endpoint import SwitchResult
-
-        if name is not None and name != self.manager.route:
-            raise SwitchyardError(f"this endpoint serves one model; there is no '{name}' to pick",
-                                  "drop --name")
-        result: SwitchResult = self.manager.switch(engine, model)
-        return result.to_json()
-
-    def request_stop(self) -> None:
-        self.stop_requested.set()
-
-
 def _guard_options(args: argparse.Namespace) -> dict[str, Any]:
     """The endpoint's origins (the flag, else the setting) and engine timeouts, checked before anything starts."""
     from desktop.core.common.origins import parse_allowed_origins
@@ -369,16 +350,14 @@ def _endpoint_api_key(args: argparse.Namespace) -> str | None:
 
 
 def _ensure_engine(adapter: Any, args: argparse.Namespace, what: str = "") -> None:
-    if adapter.find_install() is None:
-        if args.no_install:
-            raise EngineNotInstalled(f"{adapter.display_name}{what} is not installed",
-                                     f"run `switchyard engines install {adapter.name}`")
-        adapter.install(stderr_progress)
+    from desktop.core.engines import require_install
+
+    require_install(adapter, install_missing=not args.no_install, what=what, progress=stderr_progress)
 
 
 class _Endpoint:
-    """What every `serve` with an endpoint runs: the proxy with its history, telemetry, request log and control
-    channel, a SIGTERM/Ctrl-C/`switchyard stop` loop, and the teardown in reverse order.
+    """`serve`'s endpoint: the core's EndpointHost (proxy, history, telemetry, request log, control channel,
+    discovery file) and a SIGTERM/Ctrl-C/`switchyard stop` loop around it.
 
     Made in two steps: the cheap checks (port, API key, origins) before anything slow starts, `open()` after."""
 
@@ -392,40 +371,30 @@ class _Endpoint:
         self.guard = _guard_options(args)
 
     def open(self, model_name: str) -> ProxyServer:
-        from desktop.core.runtime.telemetry import Telemetry
-        from desktop.core.serving.proxy import ProxyServer
-        from desktop.core.serving.requestlog import RequestLog
+        from desktop.core.serving.host import EndpointHost
 
         args = self.args
-        self.proxy = ProxyServer(port=self.port, model_name=model_name, api_key=self.api_key,
-                                 wait_timeout=args.wait_timeout, capture_bodies=args.capture_bodies, **self.guard)
-        self.store = _history_store()
-        self.telemetry = Telemetry(sink=self.store)
-        self.request_log = RequestLog(sink=self.store)
-        self.request_log.attach(self.proxy)
-        return self.proxy
+        self.host = EndpointHost(port=self.port, model_name=model_name, api_key=self.api_key,
+                                 wait_timeout=args.wait_timeout, capture_bodies=args.capture_bodies,
+                                 store=_history_store(), **self.guard)
+        self.telemetry = self.host.telemetry
+        return self.host.proxy
 
-    def run(self, target: _ServeControl | _FleetControl, announce: str, start: Callable[[], None],
-            check: Callable[[], None], close: Callable[[], None]) -> int:
+    def run(self, target: EndpointControl, served: Any, announce: str, start: Callable[[], None],
+            check: Callable[[], None]) -> int:
         """Serve until stopped; `start` runs in a thread (so `switchyard stop` works while engines load),
-        `check` raises when serving cannot go on, `close` stops the engines."""
-        from desktop.core.serving import control
-
-        proxy = self.proxy
-        token = control.new_token()
-        proxy.add_routes(control.control_routes(target, token))
-        proxy.add_routes(control.request_routes(self.request_log, token, lambda: proxy.capture_bodies))
+        `check` raises when serving cannot go on; `served` (the manager or fleet) stops with the host."""
+        host = self.host
+        host.control(target)
+        host.serve(served)
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
             raise _Terminate(signum)
 
         previous = signal.signal(signal.SIGTERM, on_signal)
-        discovery = None
         try:
-            proxy.start()
-            discovery = control.write_discovery(proxy.port, proxy.url, token)
-            self.telemetry.start()
-            print(f"endpoint listening on {proxy.url}/v1 {announce}", file=sys.stderr, flush=True)
+            host.start()
+            print(f"endpoint listening on {host.proxy.url}/v1 {announce}", file=sys.stderr, flush=True)
             threading.Thread(target=start, name="switchyard-start", daemon=True).start()
             while not target.stop_requested.wait(0.5):
                 check()
@@ -436,60 +405,49 @@ class _Endpoint:
             return 0
         finally:
             signal.signal(signal.SIGTERM, previous)
-            if discovery is not None:
-                control.remove_discovery(discovery)
-            close()
-            self.telemetry.stop()
-            proxy.stop()
-            self.request_log.stop()
-            if self.store is not None:
-                self.store.close()
+            host.close()
 
 
 def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
-    from desktop.core.engines import get_adapter
-    from desktop.core.engines.model_path import resolve_model
-    from desktop.core.planning.launch import require_fit
+    from desktop.core.planning.planner import replan
     from desktop.core.runtime.ports import ensure_port_free
     from desktop.core.runtime.supervisor import reap_orphans
-    from desktop.core.serving.endpoint import EndpointManager, EngineSpec, machine_budget
+    from desktop.core.serving.control import EndpointControl
+    from desktop.core.serving.endpoint import EndpointManager, machine_budget
 
     endpoint = _Endpoint(args)
     if args.port:
         ensure_port_free(args.port)
-    model_path = resolve_model(args.model, adapter, stderr_progress)  # a bad model fails here, before anything starts
-    plan = require_fit(checked_plan(args, adapter, model_path), args.model)
+    hardware = _hardware(args)
+    plan = checked_plan(args, hardware).plan  # a bad model or a plan that does not fit fails here
     _ensure_engine(adapter, args)
-    standby_spec = None
-    if args.standby:
-        standby_adapter = get_adapter(args.standby)
-        resolve_model(args.model, standby_adapter, stderr_progress)
-        if standby_adapter.find_install() is None:
-            raise EngineNotInstalled(f"the standby engine {standby_adapter.display_name} is not installed",
-                                     f"run `switchyard engines install {standby_adapter.name}`")
-        standby_spec = EngineSpec(standby_adapter.name, args.model, ctx_per_request=args.ctx, slots=args.parallel)
+    standby_plan = None
+    if args.standby:  # planned like a switch to it: only the asks every engine shares carry over
+        standby_plan = replan(plan, hardware, engine=args.standby, progress=stderr_progress).plan
+        from desktop.core.engines import get_adapter
+
+        _ensure_engine(get_adapter(args.standby), args, " (the standby engine)")
     reap_orphans()
-    spec = EngineSpec(adapter.name, args.model, ctx_per_request=args.ctx, slots=args.parallel, port=args.port,
-                      plan=plan)
     proxy = endpoint.open(args.model_name)
     manager = EndpointManager(proxy, telemetry=endpoint.telemetry, ready_timeout=args.ready_timeout,
                               keep_standby=args.keep_standby or bool(args.standby), failover=args.failover,
-                              budget=machine_budget(), auto_fit=args.auto_fit, drain_timeout=args.drain_timeout)
+                              budget=machine_budget(hardware), hardware=hardware, auto_fit=args.auto_fit,
+                              drain_timeout=args.drain_timeout)
     manager.subscribe(lambda event: _print_event(event, args.json))
-    target = _ServeControl(manager)
+    target = EndpointControl(manager)
     failures: list[BaseException] = []
 
     def start_engines() -> None:
         try:
-            cold = manager.start(spec)
+            cold = manager.start(plan)
             active = manager.active
             print(f"ready: {proxy.url}/v1 serving '{args.model_name}' through {adapter.display_name} "
                   f"(engine pid {active.process.pid if active else None}, T1 {cold.t1_health_s:.2f} s, "
                   f"first token {cold.t2_first_token_s:.2f} s). Ctrl-C or `switchyard stop` to stop.",
                   file=sys.stderr, flush=True)
-            if standby_spec is not None:
-                print(f"starting the warm standby {standby_spec.engine}", file=sys.stderr, flush=True)
-                manager.prepare_standby(standby_spec)
+            if standby_plan is not None:
+                print(f"starting the warm standby {standby_plan.engine}", file=sys.stderr, flush=True)
+                manager.prepare_standby(standby_plan)
             if args.json:
                 emit_json(manager.status())
         except BaseException as exc:  # handed to the main thread, which reports it
@@ -502,47 +460,37 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
             raise EngineFailed(f"the endpoint has no engine left: {manager.last_error}",
                                "start it again; add --standby ENGINE --failover to survive an engine crash")
 
-    return endpoint.run(target, f"(model '{args.model_name}'); starting {adapter.display_name}", start_engines,
-                        check, manager.close)
-
-
-class _FleetControl:
-    """Adapts a Fleet to the control channel."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-        self.stop_requested = threading.Event()
-
-    def status(self) -> dict[str, Any]:
-        data = self.fleet.status()
-        data["pid"] = os.getpid()
-        return data
-
-    def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]:
-        return self.fleet.switch(engine, model, name).to_json()
-
-    def request_stop(self) -> None:
-        self.stop_requested.set()
+    return endpoint.run(target, manager, f"(model '{args.model_name}'); starting {adapter.display_name}",
+                        start_engines, check)
 
 
 def _serve_fleet(args: argparse.Namespace) -> int:
-    """`serve --config models.yaml`: every model of the list behind one endpoint, routed by `model`."""
+    """`serve --config models.yaml`: every model of the list behind one endpoint, routed by `model`; each entry
+    planned and checked before anything starts (`--dry-run` prints those plans)."""
     from desktop.core.engines import get_adapter
-    from desktop.core.engines.model_path import resolve_model
     from desktop.core.runtime.supervisor import reap_orphans
+    from desktop.core.serving.control import EndpointControl
     from desktop.core.serving.endpoint import machine_budget
-    from desktop.core.serving.fleet import Fleet, load_models_config
+    from desktop.core.serving.fleet import Fleet, load_models_config, plan_models
 
     config = load_models_config(args.config)
+    hardware = _hardware(args)
+    plans = plan_models(config, hardware, stderr_progress)  # a bad model or a plan that does not fit fails here
+    if args.dry_run:
+        described = {name: checked.describe() for name, checked in plans.items()}
+        if args.json:
+            emit_json({"models": described})
+        for name, one in described.items():
+            _print_described(one, args.json, name)
+        return 0
     endpoint = _Endpoint(args)
-    for entry in config.models:  # a bad model or a missing engine fails here, before anything starts
-        entry_adapter = get_adapter(entry.engine)
-        resolve_model(entry.model, entry_adapter, stderr_progress)
-        _ensure_engine(entry_adapter, args, f" (for '{entry.name}')")
+    for entry in config.models:  # a missing engine fails here, before anything starts
+        _ensure_engine(get_adapter(entry.engine), args, f" (for '{entry.name}')")
     reap_orphans()
     proxy = endpoint.open(config.names()[0])
     fleet = Fleet(proxy, config, telemetry=endpoint.telemetry, ready_timeout=args.ready_timeout,
-                  drain_timeout=args.drain_timeout, budget=machine_budget(), auto_fit=args.auto_fit)
+                  drain_timeout=args.drain_timeout, budget=machine_budget(hardware), auto_fit=args.auto_fit,
+                  hardware=hardware, plans=plans)
     fleet.subscribe(lambda event: _print_event(event, args.json))
 
     def preload() -> None:
@@ -555,7 +503,7 @@ def _serve_fleet(args: argparse.Namespace) -> int:
         except SwitchyardError as exc:  # that model loads again on its next request
             print(f"a model did not load: {exc}", file=sys.stderr, flush=True)
 
-    return endpoint.run(_FleetControl(fleet), f"for {', '.join(config.names())}", preload, lambda: None, fleet.close)
+    return endpoint.run(EndpointControl(fleet), fleet, f"for {', '.join(config.names())}", preload, lambda: None)
 
 
 def _print_event(event: EndpointEvent, as_json: bool) -> None:
@@ -581,7 +529,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                   f"{cell(engine['base_url'])}  {cell(engine['model_path'])}")
     for name, model in (data.get("models") or {}).items():
         engine = model.get("active")
-        spec = model.get("spec") or {}
+        spec = model.get("plan") or {}
         ttl = f"ttl {model['ttl']:g} s" if model.get("ttl") else "no ttl"
         where = f"pid {engine['pid']}  {engine['base_url']}" if engine else "not loaded (loads on its next request)"
         print(f"  model {cell(name):14} {cell(spec.get('engine', '?')):10} {cell(model['state']):9} {cell(where)}  "
@@ -600,8 +548,18 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
     engine = get_adapter(args.to).name  # an unknown engine fails here, clearly
     client = control.ControlClient(control.find_instance(args.port))
-    if not args.json:
+    if not args.json and not args.dry_run:
         print(f"switching to {engine}: the new engine starts and must serve before traffic moves", file=sys.stderr)
+    if args.dry_run:
+        preview = client.switch(engine, args.model, args.name, dry_run=True)
+        if args.json:
+            emit_json(preview)
+        else:
+            print(shlex.join(preview["argv"]))
+            for key, value in preview["env"].items():
+                print(f"  env {key}={value}")
+            print(preview["message"])
+        return 0
     result = client.switch(engine, args.model, args.name)
     if args.json:
         emit_json(result)

@@ -35,15 +35,6 @@ def create_app(argv: list[str] | None = None) -> QApplication:
     return app
 
 
-def is_dark(app: QApplication) -> bool:
-    scheme = app.styleHints().colorScheme()
-    if scheme == Qt.ColorScheme.Dark:
-        return True
-    if scheme == Qt.ColorScheme.Light:
-        return False
-    return app.palette().color(QPalette.ColorRole.Window).lightness() < 128
-
-
 def apply_chart_theme(app: QApplication) -> None:
     """pyqtgraph draws its own background: match it to the palette, now and on every OS theme change."""
     import pyqtgraph as pg

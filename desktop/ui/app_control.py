@@ -89,6 +89,15 @@ class AppControl(QObject):
         self._on_gui(lambda: session._on_switched(result))
         return dict(result.to_json())
 
+    def switch_preview(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]:
+        """`switchyard switch --dry-run` against the app: the checked plan it would start (nothing starts)."""
+        from desktop.core.common.errors import SwitchyardError
+
+        manager = self.session.manager
+        if manager is None:
+            raise SwitchyardError("the app serves nothing yet", "start an engine on its Serve page first")
+        return dict(manager.switch_preview(engine, model, name))
+
     def request_stop(self) -> bool:
         """Stop the app's engines and wait until they are gone; the app itself stays (returns False: no exit)."""
         from desktop.core.common.errors import SwitchyardError

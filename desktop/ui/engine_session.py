@@ -12,39 +12,26 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 from shiboken6 import isValid
 
 from desktop.ui.workers import submit
 
+if TYPE_CHECKING:
+    from desktop.core.engines.base import LaunchPlan
+
 log = logging.getLogger("switchyard.ui.engine")
 
 LOG_DRAIN_MS = 100
 
 
-@dataclass(frozen=True)
-class LaunchRequest:
-    """What the user asked to serve: an engine, a model spec (`demo`, a path) and either the form's two knobs or
-    a whole launch plan (the Recommend page's, checked by the fit), which is then launched as is."""
+def engine_choices() -> list[tuple[str, str]]:
+    """(name, display name) of every registered engine, for the pages' engine lists."""
+    from desktop.core.engines import ADAPTERS
 
-    engine: str
-    model: str = "demo"
-    ctx_per_request: int = 2048
-    slots: int = 4
-    extra_args: tuple[str, ...] = ()
-    ready_timeout_s: float = 900.0
-    plan: Any = None  # desktop.core.engines.base.LaunchPlan
-
-    @property
-    def shown_ctx(self) -> int:
-        return int(self.plan.ctx_per_request) if self.plan is not None else self.ctx_per_request
-
-    @property
-    def shown_slots(self) -> int:
-        return int(self.plan.slots) if self.plan is not None else self.slots
+    return [(adapter.name, adapter.display_name) for adapter in ADAPTERS.values()]
 
 
 class EngineSession(QObject):
@@ -69,9 +56,8 @@ class EngineSession(QObject):
         self.manager: Any = None
         self.request_log: Any = None  # serving.requestlog.RequestLog, once the endpoint runs
         self.capture_bodies = False
-        self._history: Any = None
         self._requests_pending = False
-        self.request: LaunchRequest | None = None
+        self.plan: LaunchPlan | None = None  # what was asked to serve (the planner checks it in the worker)
         self.busy = False
         self.switching = False
         self.vllm_eager = False  # vLLM without torch.compile: starts much sooner on CPU (tests, quick tries)
@@ -84,7 +70,7 @@ class EngineSession(QObject):
         from desktop.ui.app_control import AppControl
 
         self.remote = AppControl(self)  # `switchyard status|switch|stop` from a shell reach this session
-        self._discovery: Any = None
+        self.host: Any = None  # serving.host.EndpointHost, once the endpoint runs
         self.log_timer = QTimer(self)
         self.log_timer.setInterval(LOG_DRAIN_MS)
         self.log_timer.timeout.connect(self._tick)
@@ -109,52 +95,44 @@ class EngineSession(QObject):
 
     # --- endpoint setup (worker thread) ---
     def _ensure_endpoint(self) -> None:
+        """The app's endpoint: the core's EndpointHost (as `switchyard serve --endpoint` builds it) with this
+        session's listeners; `switchyard status|switch|stop|requests` from a shell reach it like the CLI's."""
         with self._setup_lock:
             if self.manager is not None:
                 return
             from desktop.core.runtime.telemetry import Telemetry
-            from desktop.core.serving import control
             from desktop.core.serving.endpoint import EndpointManager, machine_budget, make_launcher
-            from desktop.core.serving.proxy import ProxyServer
+            from desktop.core.serving.host import EndpointHost
             from desktop.core.storage import settings as core_settings
 
             saved = core_settings.load()
             port = self.endpoint_port if self.endpoint_port is not None else saved.endpoint_port
-            proxy = ProxyServer(port=port, allowed_origins=saved.allowed_origins)
-            self._attach_request_log(proxy)  # before start: its control route (if any) is added before start too
-            # `switchyard status|switch|stop|requests` from a shell reach this endpoint like one the CLI started
-            token = control.new_token()
-            proxy.add_routes(control.control_routes(self.remote, token))
-            proxy.add_routes(control.request_routes(self.request_log, token, lambda: proxy.capture_bodies))
-            try:
-                proxy.start()  # PortBusy (a readable SwitchyardError) when the port is taken
-            except BaseException:
-                self._close_request_log()
-                raise
-            telemetry = Telemetry(interval=self.telemetry_interval)
-            telemetry.subscribe(self._on_samples)
-            telemetry.start()
-            manager = EndpointManager(proxy, telemetry=telemetry, launcher=lambda spec: make_launcher(
-                self._progress, install_missing=True, vllm_eager=self.vllm_eager)(spec), budget=machine_budget())
+            host = EndpointHost(port=port, allowed_origins=saved.allowed_origins, capture_bodies=self.capture_bodies,
+                                store=self._open_history(), telemetry=Telemetry(interval=self.telemetry_interval), kind="app")
+            host.request_log.subscribe(self._on_request)
+            host.telemetry.subscribe(self._on_samples)
+            host.control(self.remote)
+            host.start()  # PortBusy (a readable SwitchyardError) when the port is taken; the host closed its parts
+            budget = machine_budget()
+            manager = EndpointManager(host.proxy, telemetry=host.telemetry, budget=budget,
+                                      hardware=budget.hardware if budget else None,
+                                      launcher=make_launcher(self._progress, install_missing=True))
             manager.subscribe(self._on_endpoint_event)
-            self.proxy, self.telemetry, self.manager = proxy, telemetry, manager
-            self._discovery = control.write_discovery(proxy.port, proxy.url, token, kind="app")
+            host.serve(manager)
+            self.host = host
+            self.proxy, self.telemetry, self.manager, self.request_log = \
+                host.proxy, host.telemetry, manager, host.request_log
 
-    def _attach_request_log(self, proxy: Any) -> None:
-        """The endpoint's request log, kept in history too (serving goes on without history if it cannot open)."""
+    def _open_history(self) -> Any:
+        """The request log's history (serving goes on without it if it cannot open)."""
         from desktop.core.common.errors import SwitchyardError
-        from desktop.core.serving.requestlog import RequestLog
         from desktop.core.storage.history import Store
 
         try:
-            self._history = Store()
+            return Store()
         except SwitchyardError as exc:
             log.warning("request history disabled: %s", exc)
-        request_log = RequestLog(sink=self._history)
-        request_log.subscribe(self._on_request)
-        request_log.attach(proxy)
-        proxy.set_capture_bodies(self.capture_bodies)
-        self.request_log = request_log
+            return None
 
     def set_capture_bodies(self, on: bool) -> None:
         """Keep request/response bodies in the request log from now on (the GUI's endpoint has no API key)."""
@@ -174,7 +152,8 @@ class EngineSession(QObject):
         self.progress.emit(getattr(event, "message", str(event)))
 
     # --- start ---
-    def start(self, request: LaunchRequest) -> None:
+    def start(self, plan: LaunchPlan) -> None:
+        """Serve `plan` (asked by a page: the planner checks it in the worker, a refusal arrives as `failed`)."""
         if self.busy:
             self.failed.emit("Switchyard is already starting or switching an engine: wait for it to finish.")
             return
@@ -183,17 +162,18 @@ class EngineSession(QObject):
             return
         self.busy = True
         self._stop_requested = False
-        self.request = request
+        self.plan = plan
         self.log_timer.start()
-        submit(self._start, request, on_finished=self._on_ready, on_error=self._on_error)
+        submit(self._start, plan, on_finished=self._on_ready, on_error=self._on_error)
 
-    def _start(self, request: LaunchRequest) -> Any:
-        from desktop.core.serving.endpoint import EngineSpec
-
+    def _start(self, plan: LaunchPlan) -> Any:
         self._ensure_endpoint()
-        self.manager.ready_timeout = request.ready_timeout_s
-        return self.manager.start(EngineSpec(request.engine, request.model, ctx_per_request=request.ctx_per_request,
-                                             slots=request.slots, extra_args=request.extra_args, plan=request.plan))
+        self._apply_options()
+        return self.manager.start(plan)
+
+    def _apply_options(self) -> None:
+        """vLLM without torch.compile when asked: an ask the planner checks like any other (start and switch)."""
+        self.manager.engine_overrides["vllm"] = {"eager": True} if self.vllm_eager else {}
 
     def _on_ready(self, cold: Any) -> None:
         self.busy = False
@@ -235,12 +215,10 @@ class EngineSession(QObject):
 
     def _switch(self, engine: str, model: str | None = None) -> Any:
         failed_before = self.proxy.counters.get("failed", 0)
+        self._apply_options()
         result = self.manager.switch(engine, model)
         result.failed_requests = self.proxy.counters.get("failed", 0) - failed_before
-        if self.request is not None:
-            from dataclasses import replace
-
-            self.request = replace(self.request, engine=result.to_engine, model=model or self.request.model)
+        self.plan = self.manager.plan
         return result
 
     def _on_switched(self, result: Any) -> None:
@@ -284,29 +262,13 @@ class EngineSession(QObject):
         self._shutdown_core()
 
     def _shutdown_core(self) -> None:
-        """The Qt-free part of shutting down, safe even after this QObject was deleted."""
-        if self._discovery is not None:  # first: `switchyard status` must not find an endpoint going away
-            from desktop.core.serving import control
-
-            control.remove_discovery(self._discovery)
-            self._discovery = None
+        """The Qt-free part of shutting down, safe even after this QObject was deleted: the host tears down its
+        parts in order (first the discovery file: `switchyard status` must not find an endpoint going away)."""
         if self.telemetry is not None:
             self.telemetry.unsubscribe(self._on_samples)
-        if self.manager is not None:
-            self.manager.close()
-        if self.telemetry is not None:
-            self.telemetry.stop()
-        if self.proxy is not None:
-            self.proxy.stop()
-        self._close_request_log()
-
-    def _close_request_log(self) -> None:
-        """Store what the request log still holds, then close the history (idempotent)."""
-        if self.request_log is not None:
-            self.request_log.stop()
-        if self._history is not None:
-            self._history.close()
-            self._history = None
+        host, self.host = self.host, None
+        if host is not None:
+            host.close()
 
     # --- callbacks from core threads: dropped once this object is gone (the window closed meanwhile) ---
     def _on_samples(self, samples: list[Any]) -> None:
@@ -346,11 +308,8 @@ class EngineSession(QObject):
         cold = process.cold_start
         for name, seconds in sorted(cold.markers.items(), key=lambda kv: kv[1]):
             self.phase_reached.emit(name, seconds)
-        for name in ("t1_health_s", "t2_first_token_s", "t3_first_request_s"):
-            value = getattr(cold, name)
-            if value is not None:
-                self.phase_reached.emit({"t1_health_s": "T1_health", "t2_first_token_s": "T2_first_token",
-                                         "t3_first_request_s": "T3_first_request"}[name], value)
+        for name, value in cold.event_phases().items():
+            self.phase_reached.emit(name, value)
 
     def _on_event(self, process: Any, event: Any) -> None:  # engine log thread
         if process is not self._watched or not isValid(self):

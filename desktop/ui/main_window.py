@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
@@ -20,7 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.ui import resources
-from desktop.ui.engine_session import EngineSession, LaunchRequest
+from desktop.ui.engine_session import EngineSession
 from desktop.ui.workers import wait_idle
 
 log = logging.getLogger("switchyard.ui")
@@ -121,9 +122,10 @@ class MainWindow(QMainWindow):
             self.nav.setCurrentRow(row)
         return widget
 
-    def launch(self, request: LaunchRequest) -> None:
+    def launch(self, plan: Any) -> None:
+        """Serve a LaunchPlan (the Recommend page's, or a form's asks) on the Serve page."""
         serve = self.show_page("Serve")
-        serve.launch(request)  # type: ignore[attr-defined]
+        serve.launch(plan)  # type: ignore[attr-defined]
 
     # --- menu ---
     def _build_menu(self) -> None:

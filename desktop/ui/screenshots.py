@@ -181,6 +181,6 @@ def _drive(window: Any, out: Path) -> None:
 
 
 def _default_request() -> Any:
-    from desktop.ui.engine_session import LaunchRequest
+    from desktop.core.planning.planner import ask
 
-    return LaunchRequest("llama.cpp", "demo")
+    return ask("llama.cpp", "demo")

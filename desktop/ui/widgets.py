@@ -20,7 +20,6 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QComboBox,
-    QFormLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
@@ -320,33 +319,6 @@ def quant_label(quant: str | None, dtype: str | None = None) -> str:
         return quant
     name = _FLOAT_NAMES.get((quant or dtype or "").lower())
     return f"{name} (unquantized)" if name else "unquantized (the checkpoint's dtype)"
-
-
-def not_available(feature: str, module: str) -> QLabel:
-    label = QLabel(f"{feature}: not available yet ({module} is not part of this build).")
-    label.setWordWrap(True)
-    label.setObjectName("notAvailable")
-    label.setAccessibleName(f"{feature} not available yet")
-    return label
-
-
-def module_available(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def key_value_form(rows: list[tuple[str, str]]) -> QWidget:
-    widget = QWidget()
-    form = QFormLayout(widget)
-    for key, value in rows:
-        label = QLabel(value)
-        label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        form.addRow(f"{key}:", label)
-    return widget
 
 
 def muted(color: QColor) -> QColor:

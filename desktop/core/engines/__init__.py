@@ -1,28 +1,61 @@
-"""Engine adapters behind one interface. Adding an engine = one module here plus its tests."""
+"""Engine adapters behind one interface. Adding an engine = one module here plus its tests, registered below:
+its name, aliases and display name then reach `serve`, `ab`, the fit and the GUI's engine lists from here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from desktop.core.common.errors import SwitchyardError
+from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
+from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
 from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from desktop.core.engines.llamacpp import LlamaCppAdapter
 from desktop.core.engines.runtimes import BuildChoice
 from desktop.core.engines.vllm import VllmAdapter
 from desktop.core.machine.hardware import HardwareSnapshot
 
-ADAPTERS: dict[str, EngineAdapter] = {adapter.name: adapter for adapter in (LlamaCppAdapter(), VllmAdapter())}
-ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "llama": "llama.cpp", "llama-server": "llama.cpp"}
+ADAPTERS: dict[str, EngineAdapter] = {}
+
+
+def register(adapter: EngineAdapter) -> EngineAdapter:
+    """Add an engine: the one place its name and spellings become known (tests register a fake one here)."""
+    ADAPTERS[adapter.name] = adapter
+    return adapter
+
+
+def unregister(name: str) -> None:
+    ADAPTERS.pop(name, None)
+
+
+for _adapter in (LlamaCppAdapter(), VllmAdapter()):
+    register(_adapter)
 
 
 def get_adapter(name: str) -> EngineAdapter:
-    """The adapter for an engine name (a few spellings accepted); a clear error for anything else."""
-    key = ALIASES.get(name.lower(), name.lower())
-    try:
-        return ADAPTERS[key]
-    except KeyError:
-        raise SwitchyardError(f"unknown engine '{name}'", f"choose one of: {', '.join(ADAPTERS)}") from None
+    """The adapter for an engine name (its aliases accepted, any case, spaces ignored); a clear error otherwise."""
+    key = name.strip().lower()
+    for adapter in ADAPTERS.values():
+        if key == adapter.name.lower() or key in adapter.aliases:
+            return adapter
+    raise SwitchyardError(f"unknown engine '{name}'", f"choose one of: {', '.join(ADAPTERS)}")
+
+
+def engine_names() -> list[str]:
+    return list(ADAPTERS)
+
+
+def require_install(adapter: EngineAdapter, *, install_missing: bool = False, what: str = "",
+                    progress: ProgressCallback = no_progress) -> EngineInstall:
+    """The engine's install, or (with `install_missing`) install it once, cached; else the error naming the
+    install command. The one copy of "install or fail" (serve, the endpoint, the fleet, bench, ab, the GUI)."""
+    install = adapter.find_install()
+    if install is not None:
+        return install
+    if not install_missing:
+        raise EngineNotInstalled(f"{adapter.display_name}{what} is not installed",
+                                 f"run `switchyard engines install {adapter.name}` first")
+    progress(ProgressEvent(f"{adapter.display_name} is not installed yet: installing it (once, cached)"))
+    return adapter.install(progress)
 
 
 @dataclass(frozen=True)
@@ -82,4 +115,5 @@ def engine_builds(hardware: HardwareSnapshot) -> list[EngineBuild]:
     return rows
 
 
-__all__ = ["ADAPTERS", "EngineAdapter", "EngineBuild", "EngineInstall", "LaunchPlan", "engine_builds", "get_adapter"]
+__all__ = ["ADAPTERS", "EngineAdapter", "EngineBuild", "EngineInstall", "LaunchPlan", "engine_builds", "engine_names",
+           "get_adapter", "register", "require_install", "unregister"]

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from desktop.core.common.defaults import DEFAULT_CTX_PER_REQUEST, DEFAULT_SLOTS, SERVED_MODEL_NAME
 from desktop.core.common.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:
@@ -74,9 +75,9 @@ class LaunchPlan:
     model_path: Path
     host: str = "127.0.0.1"
     port: int = 0
-    ctx_per_request: int = 2048  # tokens one request may use (vLLM --max-model-len)
-    slots: int = 4  # requests served at once: llama.cpp --parallel, vLLM --max-num-seqs (matched for a fair A/B)
-    served_model_name: str = "switchyard"
+    ctx_per_request: int = DEFAULT_CTX_PER_REQUEST  # tokens one request may use (vLLM --max-model-len)
+    slots: int = DEFAULT_SLOTS  # requests served at once: llama.cpp --parallel, vLLM --max-num-seqs (matched for a fair A/B)
+    served_model_name: str = SERVED_MODEL_NAME
     dtype: str = "auto"  # the checkpoint's own; "float32" only where needed (the demo on vLLM's CPU backend)
     quantization: str | None = None  # vLLM --quantization (fp8 on the fly); llama.cpp: the file's own
     gpu_layers: int | None = None  # llama.cpp --n-gpu-layers
@@ -95,6 +96,11 @@ class LaunchPlan:
     tokenizer_path: Path | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the engine
     extra_args: tuple[str, ...] = ()
+    # What the plan was asked with, so a switch, a retry or a reload plans again from the same asks
+    # (`planning.planner.replan`): the model as typed (`demo`, a file, a folder; `demo` resolves per engine) and
+    # the names of the fields a person (or the --auto-fit retry) set. Every other field is the planner's choice.
+    model: str = ""
+    pinned: tuple[str, ...] = ()
 
     @property
     def llama_ctx_size(self) -> int:
@@ -106,6 +112,7 @@ class LaunchPlan:
         data["model_path"] = str(self.model_path)
         data["tokenizer_path"] = str(self.tokenizer_path) if self.tokenizer_path else None
         data["extra_args"] = list(self.extra_args)
+        data["pinned"] = list(self.pinned)
         data["env"] = dict(self.env)
         if self.api_key:
             data["api_key"] = "***"  # plans are printed and stored: never the secret itself
@@ -128,10 +135,19 @@ class LaunchPlan:
         if values.get("tokenizer_path"):
             values["tokenizer_path"] = Path(str(values["tokenizer_path"]))
         values["extra_args"] = tuple(str(a) for a in values.get("extra_args") or ())
+        values["pinned"] = tuple(str(a) for a in values.get("pinned") or ())
         values["env"] = {str(k): str(v) for k, v in dict(values.get("env") or {}).items()}
         if values.get("api_key") == "***":
             values["api_key"] = None
         return cls(**values)
+
+
+# Plan fields every engine reads the same way. Every other field belongs to one engine (its adapter's
+# `plan_fields`) and never reaches another: a llama.cpp KV type is no vLLM --kv-cache-dtype, -ngl no vLLM flag.
+COMMON_PLAN_FIELDS = frozenset({"host", "port", "ctx_per_request", "slots", "served_model_name", "threads",
+                                "prefix_cache", "api_key"})
+# What the planner resolves itself (never a user's ask): the model's path per engine, and the build it needs.
+PLANNER_FIELDS = frozenset({"engine", "model_path", "model", "pinned", "backend"})
 
 
 @dataclass(frozen=True)
@@ -201,6 +217,15 @@ class EngineAdapter(ABC):
     name: str
     display_name: str
     model_format: ModelFormat
+    aliases: tuple[str, ...] = ()  # other spellings `--engine` accepts
+    # The LaunchPlan fields only this engine reads (besides COMMON_PLAN_FIELDS): what a switch to another engine
+    # drops, and what the planner refuses when a person sets it for another engine.
+    plan_fields: frozenset[str] = frozenset()
+    # Which memory accounting of the fit sizes it (planning.fit): "llama.cpp" or "vllm"; default its name.
+    sizing: str = ""
+    # The flag that lets it free its GPU memory and wake without a cold start (vLLM sleep mode, CUDA only).
+    sleep_mode_flag: str | None = None
+    dry_run_executable: str = "engine"  # what a dry run's argv names when the engine is not installed yet
     health_path: str = "/health"
     metrics_path: str = "/metrics"
     log_markers: Sequence[LogMarker] = ()

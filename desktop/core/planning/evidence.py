@@ -21,6 +21,11 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
+from desktop.core.common.defaults import (
+    DEFAULT_CTX_PER_REQUEST,
+    DEFAULT_VLLM_CPU_KV_GIB,
+    DEFAULT_VLLM_UTILIZATION,
+)
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import HardwareSnapshot
@@ -425,14 +430,14 @@ def _launch_plan(memory: LoadMemory) -> LaunchPlan:
             return replace(plan, engine=memory.engine)
         except (SwitchyardError, TypeError, ValueError):
             pass
-    ctx = int(s.get("ctx_per_request") or s.get("ctx") or 2048)
+    ctx = int(s.get("ctx_per_request") or s.get("ctx") or DEFAULT_CTX_PER_REQUEST)
     slots = max(1, int(s.get("slots") or s.get("parallel") or 1))
     if memory.engine == "llama.cpp":
         return sizing_plan("llama.cpp", ctx_per_request=ctx, slots=slots, gpu_layers=s.get("gpu_layers"),
                            kv_cache_type=s.get("kv_cache_type"))
     return sizing_plan("vllm", ctx_per_request=ctx, slots=slots,
-                       gpu_memory_utilization=float(s.get("gpu_memory_utilization") or 0.9),
-                       kv_cache_gib=float(s.get("kv_cache_gib") or 4.0), eager=bool(s.get("eager")),
+                       gpu_memory_utilization=float(s.get("gpu_memory_utilization") or DEFAULT_VLLM_UTILIZATION),
+                       kv_cache_gib=float(s.get("kv_cache_gib") or DEFAULT_VLLM_CPU_KV_GIB), eager=bool(s.get("eager")),
                        dtype=str(s.get("dtype") or "auto"))
 
 

@@ -23,15 +23,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from desktop.core.common.defaults import DEFAULT_VLLM_CPU_KV_GIB, DEFAULT_VLLM_UTILIZATION
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import GIB, MIB, GpuInfo, HardwareSnapshot
 from desktop.core.models.facts import ModelFacts, estimate_params, facts_from_config, hf_weight_bytes
 
 Verdict = Literal["yes", "partial", "no"]
-ENGINES = ("llama.cpp", "vllm")
-ENGINE_ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "llama": "llama.cpp",
-                  "llama-server": "llama.cpp", "vllm": "vllm", "llama.cpp": "llama.cpp"}
 
 MAX_CTX = 16 * 1024 * 1024
 
@@ -65,8 +63,8 @@ VLLM_BLOCK_SIZE = 16
 VLLM_BIG_GPU_BYTES = 70 * GIB  # from here vLLM's serve default max_num_batched_tokens is 8192 instead of 2048
 
 
-VLLM_DEFAULT_UTILIZATION = 0.9
-VLLM_CPU_DEFAULT_KV_GIB = 4  # VLLM_CPU_KVCACHE_SPACE the fit assumes (and the plan then sets) when none is given
+VLLM_DEFAULT_UTILIZATION = DEFAULT_VLLM_UTILIZATION
+VLLM_CPU_DEFAULT_KV_GIB = DEFAULT_VLLM_CPU_KV_GIB  # VLLM_CPU_KVCACHE_SPACE assumed (and then set) when none is given
 LLAMA_DEFAULT_UBATCH = 512  # llama-server's default --ubatch-size
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
@@ -77,10 +75,10 @@ def backend_for(engine: str, hardware: HardwareSnapshot) -> str:
     compilers); vLLM runs on CUDA, or its CPU build."""
     from desktop.core.engines import runtimes
 
-    if normalise_engine(engine) == "vllm":
+    if sizing_of(engine) == "vllm":
         return "cuda" if any(g.vendor == "nvidia" for g in hardware.cuda_gpus) else \
             "rocm" if hardware.cuda_gpus else "cpu"
-    return runtimes.preferred_variant(hardware, runtimes.Toolchain.detect())[0]
+    return runtimes.preferred_variant(hardware, runtimes.Toolchain.of(hardware))[0]
 
 
 @dataclass(frozen=True)
@@ -106,7 +104,7 @@ class FitSettings:
 
     @classmethod
     def of(cls, plan: LaunchPlan, quant: str | None = None, cuda_graphs_in_budget: bool = True) -> FitSettings:
-        llama = normalise_engine(plan.engine) == "llama.cpp"
+        llama = sizing_of(plan.engine) == "llama.cpp"
         if not llama and quant is None and plan.quantization:
             quant = plan.quantization
         return cls(
@@ -167,12 +165,12 @@ def sizing_plan(engine: str, **fields: Any) -> LaunchPlan:
 def launch_dtype(engine: str, *, demo: bool, cuda: bool) -> str:
     """`auto` (the checkpoint's own dtype) everywhere, except the demo's float32 weights on vLLM's CPU backend,
     where "auto" would cast them to a 16-bit type the CPU may only emulate. The one place float32 is chosen."""
-    return "float32" if normalise_engine(engine) == "vllm" and demo and not cuda else "auto"
+    return "float32" if sizing_of(engine) == "vllm" and demo and not cuda else "auto"
 
 
 def default_ctx(facts: ModelFacts, engine: str) -> int:
     """The per-request context when none is given: vLLM takes the model's; for llama.cpp 4096 at most."""
-    return facts.context_length if normalise_engine(engine) == "vllm" else min(facts.context_length, 4096)
+    return facts.context_length if sizing_of(engine) == "vllm" else min(facts.context_length, 4096)
 
 
 @dataclass(frozen=True)
@@ -207,10 +205,18 @@ class FitResult:
 
 
 def normalise_engine(engine: str) -> str:
-    key = ENGINE_ALIASES.get(engine.strip().lower())
-    if key is None:
-        raise SwitchyardError(f"unknown engine '{engine}'", "choose llama.cpp or vllm")
-    return key
+    """The registered engine's name for any accepted spelling (the adapter registry is the one list)."""
+    from desktop.core.engines import get_adapter
+
+    return get_adapter(engine).name
+
+
+def sizing_of(engine: str) -> str:
+    """Which memory accounting sizes `engine`: "llama.cpp" or "vllm" (the adapter's `sizing`, default its name)."""
+    from desktop.core.engines import get_adapter
+
+    adapter = get_adapter(engine)
+    return adapter.sizing or adapter.name
 
 
 def _gib(value: float) -> float:
@@ -452,6 +458,12 @@ def _vllm_cuda_graph_bytes(facts: ModelFacts) -> int:
     return int((0.3 + 0.006 * facts.n_layers) * GIB)
 
 
+def vllm_group(hw: HardwareSnapshot, tp: int) -> list[GpuInfo]:
+    """The GPUs a vLLM with tensor parallel `tp` is sized on (and the endpoint's budget charges)."""
+    gpus = hw.cuda_gpus
+    return sorted(gpus, key=lambda g: g.memory_free_bytes)[:tp] if tp < len(gpus) else list(gpus)
+
+
 def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> FitResult:
     notes: list[str] = []
     max_len = s.ctx
@@ -490,7 +502,7 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
     if tp > len(gpus):
         raise SwitchyardError(f"tensor parallel {tp} needs {tp} GPUs; this machine has {len(gpus)}",
                               "lower --tp, or answer for other hardware with --gpu NAME --gpus N")
-    group = sorted(gpus, key=lambda g: g.memory_free_bytes)[:tp] if tp < len(gpus) else gpus
+    group = vllm_group(hw, tp)
     if tp > 1 and any(g.mig for g in group):
         raise SwitchyardError("MIG instances cannot be joined for tensor parallel (a CUDA process sees one)",
                               "use --tp 1 on one MIG instance, or whole GPUs")
@@ -556,8 +568,8 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
         plan = replace(plan, dtype=launch_dtype(key, demo=facts.source == "demo", cuda=bool(hardware.cuda_gpus)))
     settings = FitSettings.of(plan, quant, cuda_graphs_in_budget)
     settings.validate()
-    if key == "llama.cpp":
-        result = _estimate_llama(facts, hardware, settings)
+    if sizing_of(key) == "llama.cpp":
+        result = replace(_estimate_llama(facts, hardware, settings), engine=key)
         kv_type = str(result.settings["kv_type"])
         quantized_v = kv_type not in ("f16", "f32", "bf16")
         # -fa stays auto (on, as the fit assumes) unless set, or a quantized V cache needs it on for certain
@@ -565,7 +577,7 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
                            flash_attn=plan.flash_attn if plan.flash_attn is not None else (True if quantized_v else None),
                            backend="cpu" if result.device == "CPU" else backend_for(key, hardware))  # type: ignore[arg-type]
     else:
-        result = _estimate_vllm(facts, hardware, settings)
+        result = replace(_estimate_vllm(facts, hardware, settings), engine=key)
         vquant = (result.quant or "").lower()
         flag = VLLM_QUANTS.get(vquant, (None, None))[1] if not (facts.quantization and not facts.is_gguf) else None
         if flag in CHECKPOINT_QUANTS:
@@ -637,7 +649,7 @@ def quick_verdict(engine: str, weights_bytes: int, config: dict[str, Any] | None
     gpus = hardware.cuda_gpus if key == "vllm" else hardware.gpus
     gpu_free = sum(g.memory_free_bytes for g in gpus)
     if key == "vllm":
-        budget = sum(g.memory_total_bytes for g in gpus) * 0.9
+        budget = sum(g.memory_total_bytes for g in gpus) * VLLM_DEFAULT_UTILIZATION
         return "yes" if gpus and need <= min(budget, gpu_free) else "no"
     if gpus and need <= gpu_free:
         return "yes"

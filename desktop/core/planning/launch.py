@@ -15,14 +15,17 @@ from desktop.core.planning.fit import FitResult
 SECRET_ENV = ("LLAMA_API_KEY", "VLLM_API_KEY")
 
 
+class PlanRefused(SwitchyardError):
+    """A launch the planner will not start: it does not fit, or it asks one engine for another's setting."""
+
+
 def planned_command(plan: LaunchPlan, install: EngineInstall | None = None) -> CommandLine:
     """The argv and environment `plan` starts with: the installed engine's, or a stand-in executable name when
     the engine is not installed yet (a dry run installs nothing)."""
     adapter = get_adapter(plan.engine)
     if install is None:
-        install = adapter.find_install() or EngineInstall(
-            adapter.name, "not installed", "dry-run",
-            Path("llama-server") if adapter.name == "llama.cpp" else Path("python"))
+        install = adapter.find_install() or EngineInstall(adapter.name, "not installed", "dry-run",
+                                                          Path(adapter.dry_run_executable))
     return adapter.build_command(plan, install)
 
 
@@ -36,7 +39,7 @@ def require_fit(result: FitResult, model: str) -> LaunchPlan:
         hint = (f"pass --util {util.group(1)}, or free GPU memory" if util else
                 "lower --ctx or --parallel, pick a smaller quantization, or ask `switchyard recommend` for a plan "
                 "that fits")
-        raise SwitchyardError(
+        raise PlanRefused(
             f"{model} does not fit with {result.engine} on {result.device}: needs {result.total_gib:.1f} GiB, "
             f"{result.available_gib:.1f} GiB available ({why})", hint)
     return result.plan

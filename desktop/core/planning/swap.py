@@ -1,16 +1,27 @@
-"""What the endpoint asks the fit when it runs several engines on one machine: how much of the scarce memory (VRAM
-on a GPU machine, RAM on a CPU one) an engine will hold, and, after a load failed for lack of memory, the next
-smaller plan to retry with and what exactly changed.
+"""What the endpoint asks the fit when it runs several engines on one machine: how much memory an engine's checked
+plan holds on each GPU and in RAM, and, after a load failed for lack of memory, the next smaller plan to retry
+with and what exactly changed.
 
-The numbers come from `fit.estimate`: this module only picks the settings and reads the result."""
+The numbers come from `fit.estimate` on the plan itself (its utilization, tensor parallel, KV type, GPU layers
+and CPU part): this module only reads the result."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from desktop.core.common.defaults import DEFAULT_VLLM_UTILIZATION
+from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import GIB, HardwareSnapshot
 from desktop.core.models.facts import ModelFacts, facts_for
-from desktop.core.planning.fit import FitResult, estimate, normalise_engine, sizing_plan
+from desktop.core.planning.fit import (
+    VLLM_DRIVER_RESERVED_BYTES,
+    FitResult,
+    estimate,
+    normalise_engine,
+    sizing_of,
+    sizing_plan,
+    vllm_group,
+)
 
 MIN_CTX = 256  # below this a retry would serve nothing useful: stop shrinking
 SMALLER_KV = "q8_0"  # llama.cpp's KV cache type of the smaller plan (half of f16, near-lossless)
@@ -24,18 +35,41 @@ def fit_for(engine: str, facts: ModelFacts, ctx: int, parallel: int, hardware: H
     return estimate(facts, hardware, plan)
 
 
-def memory_need_bytes(result: FitResult, hardware: HardwareSnapshot) -> float:
-    """The scarce memory an engine holds: its GPU part on a GPU machine, all of it on a CPU one."""
-    if hardware.gpus and result.device != "CPU":
-        used = result.breakdown.get("gpu_used")  # llama.cpp partly offloaded: only the GPU part competes
-        return float(used if used is not None else result.total_gib) * GIB
-    return float(result.total_gib) * GIB
+@dataclass(frozen=True)
+class Need:
+    """What one engine holds: bytes on each GPU it uses (by GPU index) and bytes of host RAM."""
+
+    gpu: dict[int, float]
+    ram: float
+
+    @property
+    def gpu_total(self) -> float:
+        return float(sum(self.gpu.values()))
 
 
-def engine_need_bytes(engine: str, model: str, ctx: int, parallel: int, hardware: HardwareSnapshot) -> float:
-    """`memory_need_bytes` for a model as the user typed it (`demo`, a file, a folder)."""
-    facts = facts_for(model)
-    return memory_need_bytes(fit_for(engine, facts, ctx, parallel, hardware), hardware)
+def plan_facts(plan: LaunchPlan) -> ModelFacts:
+    """The model facts of a plan: the demo's, or read from its model file/folder."""
+    return facts_for("demo" if plan.model == "demo" else str(plan.model_path))
+
+
+def engine_need(plan: LaunchPlan, hardware: HardwareSnapshot, facts: ModelFacts | None = None) -> Need:
+    """What `plan` holds on `hardware`, from the fit of that very plan: vLLM its utilization's share of each of
+    its tensor-parallel GPUs, llama.cpp its GPU layers spread over the GPUs by free memory plus its CPU part."""
+    result = estimate(facts or plan_facts(plan), hardware, plan)
+    ram = float(result.cpu_ram_gib) * GIB
+    if result.device == "CPU" or not hardware.gpus:
+        return Need({}, float(result.total_gib) * GIB)
+    if sizing_of(plan.engine) == "vllm":
+        # every rank takes utilization x its own GPU's memory (a 4090 rank beside a 3060 one takes more than the
+        # 3060's share the fit sized the KV cache by), plus what the fit counts outside that budget
+        util = plan.gpu_memory_utilization or DEFAULT_VLLM_UTILIZATION
+        outside = max(0.0, float(result.total_gib) - float(result.breakdown.get("budget", result.total_gib))) * GIB
+        return Need({g.index: util * (g.memory_total_bytes - min(VLLM_DRIVER_RESERVED_BYTES, g.memory_total_bytes // 20))
+                     + outside for g in vllm_group(hardware, plan.tensor_parallel)}, ram)
+    gpus = [g for g in hardware.gpus if g.memory_total_bytes > 0]
+    used = float(result.breakdown.get("gpu_used", result.total_gib)) * GIB
+    free = sum(g.memory_free_bytes for g in gpus) or 1
+    return Need({g.index: used * g.memory_free_bytes / free for g in gpus}, ram)
 
 
 @dataclass(frozen=True)

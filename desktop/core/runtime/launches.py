@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import psutil
-
 from desktop.core.common.errors import SwitchyardError
+from desktop.core.runtime.proctree import tree_rss
 from desktop.core.runtime.supervisor import EngineProcess
 from desktop.core.storage.history import RunRecord, Store
 
@@ -34,20 +33,8 @@ MEMORY_FACTS = {
 
 
 def tree_rss_gib(pid: int | None) -> float | None:
-    """Resident memory of a process and its children (vLLM forks an engine core), in GiB."""
-    if pid is None:
-        return None
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return None
-    total = 0
-    for proc in procs:
-        try:
-            total += proc.memory_info().rss
-        except psutil.Error:
-            continue
+    """Resident memory of a process tree (proctree.tree_rss), in GiB; None when gone or nothing resident."""
+    total = tree_rss(pid)
     return round(total / GIB, 3) if total else None
 
 

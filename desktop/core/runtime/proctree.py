@@ -77,6 +77,23 @@ def same_process(pid: int, created: float | None) -> psutil.Process | None:
     return proc
 
 
+def tree_rss(pid: int | None) -> int | None:
+    """Resident bytes of a process and all its descendants (vLLM forks an engine core); None when the process is
+    gone. The one definition: launch records, the endpoint's standby decision, the A/B sampler and telemetry."""
+    if pid is None:
+        return None
+    try:
+        root = psutil.Process(pid)
+        members = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0
+    for proc in members:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total
+
+
 def members_of(record: Recorded) -> list[psutil.Process]:
     """Every live process of the recorded engine's tree: the leader (if it still is the recorded process), its
     descendants and its process group. An empty list when the pid now belongs to someone else."""

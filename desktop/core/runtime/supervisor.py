@@ -81,6 +81,8 @@ COLD_START_PHASES: tuple[Phase, ...] = (
 )
 PHASE_BY_KEY = {phase.key: phase for phase in COLD_START_PHASES}
 SERVING_PHASES = ("api", "first_token", "first_request")  # every engine has these: T1, T2, T3
+# The serving phases' event names (EngineEvent("phase") and the GUI's timeline carry them; one spelling: here).
+PHASE_NAMES = {"t1_health_s": "T1_health", "t2_first_token_s": "T2_first_token", "t3_first_request_s": "T3_first_request"}
 
 
 @dataclass
@@ -157,6 +159,10 @@ class ColdStart:
         if self.compile_cache_found is not None:  # the engine logs nothing of it (Inductor's cache): what was there
             return "warm" if self.compile_cache_found else "miss"
         return None
+
+    def event_phases(self) -> dict[str, float]:
+        """The serving phases reached so far, by their event names (T1_health ...)."""
+        return {name: value for key, name in PHASE_NAMES.items() if (value := getattr(self, key)) is not None}
 
     def phase_seconds(self) -> dict[str, float]:
         """{phase key: seconds} of the finished phases (what reports and history tabulate)."""
@@ -687,7 +693,7 @@ class EngineProcess:
                     break
                 self._exited.wait(0.1)  # wakes at once if the engine dies
         self.cold_start.t1_health_s = round(self.elapsed(), 3)
-        self._emit(EngineEvent("phase", phase="T1_health", seconds=self.cold_start.t1_health_s))
+        self._emit(EngineEvent("phase", phase=PHASE_NAMES["t1_health_s"], seconds=self.cold_start.t1_health_s))
         if first_request:
             self._first_request(deadline)
         self._set_state(EngineState.READY)
@@ -719,8 +725,8 @@ class EngineProcess:
         done = self.elapsed()
         self.cold_start.t2_first_token_s = round(first_token if first_token is not None else done, 3)
         self.cold_start.t3_first_request_s = round(done, 3)
-        self._emit(EngineEvent("phase", phase="T2_first_token", seconds=self.cold_start.t2_first_token_s))
-        self._emit(EngineEvent("phase", phase="T3_first_request", seconds=self.cold_start.t3_first_request_s))
+        self._emit(EngineEvent("phase", phase=PHASE_NAMES["t2_first_token_s"], seconds=self.cold_start.t2_first_token_s))
+        self._emit(EngineEvent("phase", phase=PHASE_NAMES["t3_first_request_s"], seconds=self.cold_start.t3_first_request_s))
 
     def stop(self, grace: float = 15.0) -> EngineOutcome | None:
         """Stop the engine and everything it forked; idempotent."""

@@ -27,28 +27,6 @@ from desktop.core.engines.base import EngineAdapter
 
 log = logging.getLogger("switchyard.telemetry")
 
-SERIES = (
-    "requests_running",
-    "requests_waiting",
-    "prompt_tokens_per_s",
-    "generation_tokens_per_s",
-    "kv_cache_usage",
-    "ttft_s",
-    "itl_s",
-    "preemptions",
-    "cpu_percent",
-    "rss_bytes",
-    "gpu_util",
-    "gpu_mem_used_bytes",
-    "gpu_power_w",
-    "gpu_temp_c",
-    # pushed by the proxy, one sample per finished request
-    "proxy_ttft_s",
-    "proxy_output_tokens",
-    "proxy_e2e_s",
-    "proxy_failed",
-)
-
 
 @dataclass(frozen=True)
 class Sample:

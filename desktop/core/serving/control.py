@@ -146,9 +146,49 @@ class ControlTarget(Protocol):
 
     def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]: ...
 
+    def switch_preview(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]:
+        """The checked plan a switch would start (argv, env) and its kind; nothing starts (`switch --dry-run`)."""
+        ...
+
     def request_stop(self) -> bool | None:
         """Start stopping. False: the process stays (the app) and its engines are already stopped on return."""
         ...
+
+
+class Served(Protocol):
+    """What an endpoint serves through (the engine manager, or the fleet of several models)."""
+
+    def status(self) -> dict[str, Any]: ...
+
+    def switch(self, engine: str, model: str | None = None, name: str | None = None) -> Any: ...
+
+    def switch_preview(self, engine: str, model: str | None = None, name: str | None = None) -> dict[str, Any]: ...
+
+
+class EndpointControl:
+    """The control target of an endpoint (`serve --endpoint`, `serve --config`): status with the pid, switch,
+    `switch --dry-run` and a stop request the serving loop waits on. Written once for both."""
+
+    def __init__(self, served: Served) -> None:
+        import threading
+
+        self.served = served
+        self.stop_requested = threading.Event()
+
+    def status(self) -> dict[str, Any]:
+        data = self.served.status()
+        data["pid"] = os.getpid()
+        return data
+
+    def switch(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]:
+        return dict(self.served.switch(engine, model, name).to_json())
+
+    def switch_preview(self, engine: str, model: str | None, name: str | None = None) -> dict[str, Any]:
+        return self.served.switch_preview(engine, model, name)
+
+    def request_stop(self) -> bool | None:
+        self.stop_requested.set()
+        return None
 
 
 def _error(status: int, exc: Exception) -> LocalResponse:
@@ -193,11 +233,13 @@ def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
             engine = str(body["engine"])
             model = body.get("model")
             name = body.get("name")
+            dry_run = bool(body.get("dry_run"))
         except (ValueError, KeyError, TypeError, AttributeError):
             return LocalResponse.json({"error": 'expected JSON {"engine": ..., "model": ...}'}, status=400)
         try:
             named = {"name": str(name)} if name else {}  # only for an endpoint of several models
-            result = await asyncio.to_thread(target.switch, engine, str(model) if model else None, **named)
+            call = target.switch_preview if dry_run else target.switch
+            result = await asyncio.to_thread(call, engine, str(model) if model else None, **named)
         except SwitchyardError as exc:
             return _error(409, exc)
         except Exception as exc:  # reported to the client instead of dropping the connection
@@ -313,13 +355,15 @@ class ControlClient:
                                   "start it with --endpoint (or --proxy-port P)")
         return self._request("GET", "requests", 10.0 + wait, params={"limit": limit, "after": after, "wait": wait})
 
-    def switch(self, engine: str, model: str | None = None, name: str | None = None, timeout: float = 1800.0
-               ) -> dict[str, Any]:
+    def switch(self, engine: str, model: str | None = None, name: str | None = None, timeout: float = 1800.0,
+               dry_run: bool = False) -> dict[str, Any]:
         if self.discovery.kind == "engine":
             raise SwitchyardError(f"the `switchyard serve` on port {self.discovery.port} runs an engine without the "
                                   "stable endpoint, so it cannot switch engines",
                                   "start it with --endpoint (or --proxy-port P) to switch without changing the URL")
         body: dict[str, Any] = {"engine": engine, "model": model}
+        if dry_run:
+            body["dry_run"] = True
         if name:
             body["name"] = name
         return self._request("POST", "switch", timeout, body)

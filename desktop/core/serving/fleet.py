@@ -19,16 +19,19 @@ from typing import Any
 
 import yaml
 
+from desktop.core.common.defaults import DEFAULT_CTX_PER_REQUEST, DEFAULT_READY_TIMEOUT, DEFAULT_SLOTS
 from desktop.core.common.errors import SwitchyardError
+from desktop.core.common.progress import ProgressCallback, no_progress
 from desktop.core.engines import get_adapter
-from desktop.core.machine.hardware import HardwareSnapshot
+from desktop.core.engines.base import LaunchPlan
+from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.planning.fit import MAX_CTX
+from desktop.core.planning.planner import Checked, plan_launch
 from desktop.core.runtime.telemetry import Telemetry
 from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT
 from desktop.core.serving.endpoint import (
     EndpointListener,
     EndpointManager,
-    EngineSpec,
     Launcher,
     MemoryBudget,
     SwitchResult,
@@ -51,14 +54,22 @@ class ModelEntry:
     name: str
     engine: str
     model: str
-    ctx: int = 2048
-    parallel: int = 4
+    ctx: int = DEFAULT_CTX_PER_REQUEST
+    parallel: int = DEFAULT_SLOTS
     ttl: float | None = None  # seconds without requests before its engine stops; None = never
     loading_status: bool = False  # tell waiting streaming clients that the model loads (SSE comments)
     extra_routes: tuple[str, ...] = ()  # engine paths forwarded besides the inference routes (opt-in)
 
-    def spec(self) -> EngineSpec:
-        return EngineSpec(self.engine, self.model, ctx_per_request=self.ctx, slots=self.parallel)
+    def asks(self) -> dict[str, Any]:
+        """The plan fields this entry sets (the planner chooses the rest)."""
+        return {"ctx_per_request": self.ctx, "slots": self.parallel}
+
+    def plan(self, hardware: HardwareSnapshot, progress: ProgressCallback = no_progress) -> Checked:
+        """This entry's checked plan on `hardware`, or PlanRefused naming the entry and the fix."""
+        try:
+            return plan_launch(self.engine, self.model, hardware, self.asks(), progress=progress)
+        except SwitchyardError as exc:
+            raise type(exc)(f"'{self.name}': {exc.message}", exc.hint) from None
 
     def info(self) -> dict[str, Any]:
         return {"engine": self.engine, "model": self.model, "ctx": self.ctx, "parallel": self.parallel,
@@ -124,8 +135,8 @@ def parse_models_config(data: Any, source: str = "<config>") -> ModelsConfig:
             engine = get_adapter(item["engine"]).name
         except SwitchyardError as exc:
             raise SwitchyardError(f"{where}: {exc.message}", exc.hint) from exc
-        ctx = _int(where, "ctx", item.get("ctx", 2048), 1, MAX_CTX)
-        parallel = _int(where, "parallel", item.get("parallel", 4), 1, 1024)
+        ctx = _int(where, "ctx", item.get("ctx", DEFAULT_CTX_PER_REQUEST), 1, MAX_CTX)
+        parallel = _int(where, "parallel", item.get("parallel", DEFAULT_SLOTS), 1, 1024)
         ttl = item.get("ttl")
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0):
             raise SwitchyardError(f"{where}: ttl must be a positive number of seconds (or left out), not {ttl!r}",
@@ -160,6 +171,12 @@ def load_models_config(path: str | Path) -> ModelsConfig:
     return parse_models_config(data, str(file))
 
 
+def plan_models(config: ModelsConfig, hardware: HardwareSnapshot,
+                progress: ProgressCallback = no_progress) -> dict[str, Checked]:
+    """Every entry's checked plan (what `serve --config --dry-run` prints): the first that does not fit raises."""
+    return {entry.name: entry.plan(hardware, progress) for entry in config.models}
+
+
 class Fleet:
     """The engines of a model list behind one ProxyServer. Thread-safe; loads happen one at a time."""
 
@@ -170,21 +187,26 @@ class Fleet:
         *,
         telemetry: Telemetry | None = None,
         launcher: Launcher = default_launcher,
-        ready_timeout: float = 900.0,
+        ready_timeout: float = DEFAULT_READY_TIMEOUT,
         drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
         budget: MemoryBudget | None = None,
         auto_fit: bool = False,
         hardware: HardwareSnapshot | None = None,
+        plans: dict[str, Checked] | None = None,
+        engine_overrides: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.proxy = proxy
         self.config = config
         self.budget = budget
+        hardware = hardware or (budget.hardware if budget else None) or detect()
+        plans = plans if plans is not None else plan_models(config, hardware)  # refused here: nothing started
         self.lanes: dict[str, EndpointManager] = {}
         for entry in config.models:
             lane = EndpointManager(proxy, telemetry=telemetry, launcher=launcher, ready_timeout=ready_timeout,
                                    drain_timeout=drain_timeout, budget=budget, auto_fit=auto_fit,
-                                   hardware=hardware, route=entry.name, meter=False)
-            lane.spec = entry.spec()
+                                   hardware=hardware, route=entry.name, meter=False,
+                                   engine_overrides=engine_overrides)
+            lane.plan = plans[entry.name].plan
             lane.state = "unloaded"
             self.lanes[entry.name] = lane
         if telemetry is not None:
@@ -213,14 +235,14 @@ class Fleet:
             self._reaper.start()
         if not preload:
             return
-        loaded: list[EngineSpec] = []
+        loaded: list[LaunchPlan] = []
         for name, lane in self.lanes.items():
-            assert lane.spec is not None
-            if self.budget is not None and not self.budget.fits([*loaded, lane.spec]):
+            assert lane.plan is not None
+            if self.budget is not None and not self.budget.fits([*loaded, lane.plan]):
                 log.info("%s is not preloaded: it does not fit beside the others (loads on demand)", name)
                 continue
             self.load(name)
-            loaded.append(lane.spec)
+            loaded.append(lane.plan)
 
     def load(self, name: str) -> None:
         """Load `name`'s engine unless it is loaded; stop least recently used others first when the budget says
@@ -230,21 +252,21 @@ class Fleet:
             if lane.loaded or self._closed.is_set():
                 return
             self._make_room(name)
-            assert lane.spec is not None
-            lane.start(lane.spec)
+            assert lane.plan is not None
+            lane.start(lane.plan)  # planned again on the memory free now (a TTL reload, a swap back)
             self._loaded_at[name] = time.monotonic()
 
     def _make_room(self, name: str) -> None:
         if self.budget is None:
             return
-        want = self.lanes[name].spec
+        want = self.lanes[name].plan
         assert want is not None
-        loaded = {n: lane.active.spec for n, lane in self.lanes.items() if lane.active is not None and n != name}
+        loaded = {n: lane.active.plan for n, lane in self.lanes.items() if lane.active is not None and n != name}
         while loaded and not self.budget.fits([*loaded.values(), want]):
             victim = min(loaded, key=self._last_used)
-            spec = loaded.pop(victim)
+            plan = loaded.pop(victim)
             self.lanes[victim].unload(f"stopped to make room for '{name}' (stop-first: "
-                                      f"{self.budget.describe([spec, want])})")
+                                      f"{self.budget.describe([plan, want])})")
 
     def _last_used(self, name: str) -> float:
         lane = self.lanes[name]
@@ -293,8 +315,7 @@ class Fleet:
             return lane.unload(f"idle for {idle:.1f} s (ttl {ttl:g} s); the next request loads it again")
 
     # --- control ---
-    def switch(self, engine: str, model: str | None = None, name: str | None = None) -> SwitchResult:
-        """Switch one model's engine (like the single-model endpoint's switch)."""
+    def _lane(self, name: str | None) -> tuple[str, EndpointManager]:
         if name is None:
             if len(self.lanes) != 1:
                 raise SwitchyardError("this endpoint serves several models: say which one to switch",
@@ -303,10 +324,19 @@ class Fleet:
         lane = self.lanes.get(name)
         if lane is None:
             raise SwitchyardError(f"no model named '{name}' on this endpoint", f"one of: {', '.join(self.lanes)}")
+        return name, lane
+
+    def switch(self, engine: str, model: str | None = None, name: str | None = None) -> SwitchResult:
+        """Switch one model's engine (like the single-model endpoint's switch)."""
+        name, lane = self._lane(name)
         if not lane.loaded:
             self.load(name)
         with self._load_lock:
             return lane.switch(engine, model)
+
+    def switch_preview(self, engine: str, model: str | None = None, name: str | None = None) -> dict[str, Any]:
+        """The plan a switch of one model would start, and its kind (nothing starts)."""
+        return self._lane(name)[1].switch_preview(engine, model)
 
     def status(self) -> dict[str, Any]:
         models = {}
@@ -314,7 +344,7 @@ class Fleet:
             data = lane.status()
             data["ttl"] = self._ttl[name]
             data["loaded"] = lane.loaded
-            data["spec"] = lane.spec.to_json() if lane.spec else None
+            data["plan"] = lane.plan.to_json() if lane.plan else None
             models[name] = data
         states = {m["state"] for m in models.values()}
         return {

@@ -10,9 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
+from desktop.core.engines.base import LaunchPlan
+from desktop.core.machine.hardware import HardwareSnapshot, detect
+from desktop.core.planning.planner import replan
 from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.supervisor import EngineProcess
-from desktop.core.serving.endpoint import EngineSpec, make_launcher
+from desktop.core.serving.endpoint import make_launcher
 
 
 @dataclass(frozen=True)
@@ -32,11 +35,23 @@ class Prepared:
                 "compile_cache": self.compile_cache, "cold_start": self.cold_start, "log": self.log_path}
 
 
-def prepare(spec: EngineSpec, *, eager: bool = False, progress: ProgressCallback = no_progress,
-            ready_timeout: float = 1800.0, install_missing: bool = False) -> Prepared:
-    """Start `spec` as the endpoint would (same launcher, so the same plan and cache folder), wait for its
-    first request, stop it. Raises EngineFailed with the engine's own reason when it cannot start."""
-    adapter, plan, install = make_launcher(progress, install_missing=install_missing, vllm_eager=eager)(spec)
+def checked_prepare_plan(asked: LaunchPlan, *, eager: bool = False,
+                         hardware: HardwareSnapshot | None = None) -> LaunchPlan:
+    """The plan the endpoint would launch for `asked` (a LaunchPlan of asks, planner.ask), checked by the planner
+    on this machine: the same plan, so the same compile-cache folder, as the real start."""
+    changes = {"eager": True} if eager else None
+    return replan(asked, hardware or detect(), changes=changes).plan
+
+
+def prepare(asked: LaunchPlan, *, eager: bool = False, progress: ProgressCallback = no_progress,
+            ready_timeout: float = 1800.0, install_missing: bool = False,
+            hardware: HardwareSnapshot | None = None) -> Prepared:
+    """Start `asked` as the endpoint would (the planner's checked plan through the same launcher, so the same
+    cache folder), wait for its first request, stop it. Raises EngineFailed with the engine's own reason (or
+    PlanRefused with the fix) when it cannot start."""
+    checked = checked_prepare_plan(asked, eager=eager, hardware=hardware)
+    adapter, plan, install = make_launcher(progress, install_missing=install_missing)(checked)
+    model = asked.model or str(asked.model_path)
     cache = adapter.compile_cache_dir(plan)
     was_warm = _prepared(adapter.name, plan)
     progress(ProgressEvent(f"Preparing {adapter.display_name} on {plan.model_path.name}: one start to fill its "
@@ -44,10 +59,10 @@ def prepare(spec: EngineSpec, *, eager: bool = False, progress: ProgressCallback
     with EngineProcess(adapter, plan, install) as process:
         process.start()
         cold = process.wait_ready(timeout=ready_timeout, first_request=True)
-        record_launch(process, spec.model, source="prepare")
+        record_launch(process, model, source="prepare")
     progress(ProgressEvent(f"{adapter.display_name} prepared: cold start {cold.t3_first_request_s or 0:.1f} s, "
                            f"compile cache {cold.compile_cache or 'not reported'}", 1.0))
-    return Prepared(adapter.name, spec.model, str(cache) if cache else None, was_warm, cold.compile_cache,
+    return Prepared(adapter.name, model, str(cache) if cache else None, was_warm, cold.compile_cache,
                     cold.to_json(), str(process.log_path))
 
 
@@ -57,13 +72,7 @@ def _prepared(engine: str, plan: Any) -> bool:
     return engine == "vllm" and compile_cache_prepared(plan)
 
 
-def is_prepared(spec: EngineSpec, *, eager: bool = False) -> bool:
-    """Whether a start of `spec` would find its compile cache filled (no engine started, nothing installed)."""
-    from dataclasses import replace
-
-    from desktop.core.engines import get_adapter
-    from desktop.core.engines.model_path import resolve_model
-
-    adapter = get_adapter(spec.engine)
-    plan = spec.launch_plan(adapter.name, resolve_model(spec.model, adapter))
-    return _prepared(adapter.name, replace(plan, eager=eager) if eager else plan)
+def is_prepared(asked: LaunchPlan, *, eager: bool = False, hardware: HardwareSnapshot | None = None) -> bool:
+    """Whether a start of `asked` would find its compile cache filled (no engine started, nothing installed)."""
+    plan = checked_prepare_plan(asked, eager=eager, hardware=hardware)
+    return _prepared(plan.engine, plan)

@@ -32,12 +32,16 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.ui.charts import ChartBoard, LiveChart
+from desktop.ui.engine_session import engine_choices
 from desktop.ui.pages.models import _fill, _table
 from desktop.ui.widgets import Notice
 from desktop.ui.workers import BenchJob
 
-ENGINES = (("llama.cpp", "llama.cpp"), ("vllm", "vLLM"))
-ENGINE_LABELS = dict(ENGINES)
+
+def engine_label(name: str) -> str:
+    """An engine's display name, from the adapter registry."""
+    return dict(engine_choices()).get(name, name)
+
 LIVE_CHARTS = (("output_tokens", "Output tokens/s (live)", "tokens/s"),
                ("ttft_p50_ms", "TTFT p50 (live)", "ms"),
                ("in_flight", "Requests in flight (live)", "requests"))
@@ -99,8 +103,7 @@ def phase_table_rows(result: dict[str, Any], a: str, b: str) -> list[list[str]]:
 def ab_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The side-by-side table of an A/B result (its JSON): the engines as columns, B/A as the last one."""
     a, b = (engine["engine"] for engine in result["engines"])
-    headers = ["Metric", ENGINE_LABELS.get(a, a), ENGINE_LABELS.get(b, b), f"{ENGINE_LABELS.get(b, b)} / "
-               f"{ENGINE_LABELS.get(a, a)}"]
+    headers = ["Metric", engine_label(a), engine_label(b), f"{engine_label(b)} / {engine_label(a)}"]
     rows: list[list[str]] = []
     cold = result.get("cold_start", {})
     for key, label in COLD_PHASES:
@@ -139,7 +142,7 @@ def verdict_text(result: dict[str, Any]) -> str:
         winner = scenario.get("winner")
         if winner:
             lines.append(f"• {scenario['scenario']} (concurrency {scenario['concurrency']}): "
-                         f"{ENGINE_LABELS.get(winner, winner)}")
+                         f"{engine_label(winner)}")
     return "\n".join(lines)
 
 
@@ -168,7 +171,7 @@ class ComparePage(QWidget):
         self.engine_a = QComboBox()
         self.engine_b = QComboBox()
         for box, default in ((self.engine_a, 0), (self.engine_b, 1)):
-            for key, label in ENGINES:
+            for key, label in engine_choices():
                 box.addItem(label, key)
             box.setCurrentIndex(default)
         self.engine_a.setAccessibleName("Engine A")
@@ -337,7 +340,7 @@ class ComparePage(QWidget):
 
         self.buckets_received += 1
         engine = str(bucket.get("engine") or "endpoint")
-        label = ENGINE_LABELS.get(engine, engine)
+        label = engine_label(engine)
         now = time.time()
         t = self.board.origin + now - self._engine_started.setdefault(engine, now)
         for key, chart in self.live_charts.items():

@@ -23,7 +23,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.ui.engine_session import LaunchRequest
 from desktop.ui.widgets import Notice
 from desktop.ui.workers import submit
 
@@ -75,7 +74,7 @@ def _tag(fig: dict[str, Any]) -> str:
 
 class RecommendPage(QWidget):
     title = "Recommend"
-    launch_requested = Signal(object)  # LaunchRequest
+    launch_requested = Signal(object)  # LaunchPlan
     measure_requested = Signal(dict)  # a Compare-page A/B job that measures the engines here
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -242,7 +241,13 @@ class RecommendPage(QWidget):
         if self.measure_job is not None:
             self.measure_requested.emit(self.measure_job)
 
-    def launch_request(self) -> LaunchRequest | None:
+    def launch_request(self) -> Any:
+        """The recommended plan as the Serve page launches it: the fit's plan, every field it checked kept as an
+        ask (per-request context, slots, -ngl, KV type, util, TP), checked again by the planner when it starts."""
+        from dataclasses import replace
+
+        from desktop.core.planning.planner import asks_of
+
         rec = self.recommendation
         if rec is None:
             return None
@@ -250,9 +255,7 @@ class RecommendPage(QWidget):
         typed = self.model_edit.text().strip() or "demo"
         # `demo` stays `demo`: it resolves to each engine's format, so a later switch to the other engine works
         model = typed if typed == "demo" else str(plan.model_path or typed)
-        # the fit's plan, launched as is: per-request context, slots, -ngl, KV type, util, TP all as checked
-        return LaunchRequest(engine=rec.engine, model=model, ctx_per_request=plan.ctx_per_request, slots=plan.slots,
-                             plan=plan)
+        return replace(plan, model=model, pinned=tuple(sorted(asks_of(plan))))
 
     def open_export(self, modal: bool = True) -> Any:
         """The export dialog for the recommended launch plan (tests pass modal=False and drive it)."""

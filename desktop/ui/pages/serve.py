@@ -22,14 +22,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.core.common.defaults import DEFAULT_CTX_PER_REQUEST, DEFAULT_SLOTS
 from desktop.ui.charts import ChartBoard, LiveChart, pause_checkbox
 from desktop.ui.chat import ChatPane
-from desktop.ui.engine_session import EngineSession, LaunchRequest
+from desktop.ui.engine_session import EngineSession, engine_choices
 from desktop.ui.requests_panel import RequestsPanel
 from desktop.ui.widgets import LogPane, Notice, PhaseTimeline
 from desktop.ui.workers import submit
-
-ENGINES = (("llama.cpp", "llama.cpp (llama-server)"), ("vllm", "vLLM"))
 
 CHARTS: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("Throughput", "tokens/s", {"generation_tokens_per_s": "generated", "prompt_tokens_per_s": "prompt"}),
@@ -82,15 +81,19 @@ def engines_line(serving: Any, starting: Any, shown: Any = None) -> str:
     return " · ".join(parts) or "stopped"
 
 
-def plan_for_form(engine: str, model: str, ctx: int, parallel: int) -> Any:
-    """The LaunchPlan the Start button would use (without installing or starting anything)."""
-    from desktop.core.engines import get_adapter
-    from desktop.core.engines.model_path import resolve_model
-    from desktop.core.serving.endpoint import EngineSpec
+def form_plan(engine: str, model: str, ctx: int, parallel: int) -> Any:
+    """What the form asks for, as a plan not yet checked (the session's endpoint checks it before it starts)."""
+    from desktop.core.planning.planner import ask
 
-    adapter = get_adapter(engine)
-    spec = EngineSpec(adapter.name, model, ctx_per_request=ctx, slots=parallel)
-    return spec.launch_plan(adapter.name, resolve_model(model, adapter))
+    return ask(engine, model, {"ctx_per_request": ctx, "slots": parallel})
+
+
+def plan_for_form(engine: str, model: str, ctx: int, parallel: int) -> Any:
+    """The checked LaunchPlan the Start button would launch on this machine (installs and starts nothing)."""
+    from desktop.core.machine.hardware import detect
+    from desktop.core.planning.planner import replan
+
+    return replan(form_plan(engine, model, ctx, parallel), detect()).plan
 
 
 class ServePage(QWidget):
@@ -106,7 +109,7 @@ class ServePage(QWidget):
 
         # --- launch controls ---
         self.engine_box = QComboBox()
-        for key, label in ENGINES:
+        for key, label in engine_choices():  # the adapter registry: a new engine shows up here by itself
             self.engine_box.addItem(label, key)
         self.engine_box.setAccessibleName("Engine")
         self.model_edit = QLineEdit("demo")
@@ -115,11 +118,11 @@ class ServePage(QWidget):
         self.ctx_spin = QSpinBox()
         self.ctx_spin.setRange(256, 1_048_576)
         self.ctx_spin.setSingleStep(1024)
-        self.ctx_spin.setValue(2048)
+        self.ctx_spin.setValue(DEFAULT_CTX_PER_REQUEST)
         self.ctx_spin.setAccessibleName("Context length")
         self.parallel_spin = QSpinBox()
         self.parallel_spin.setRange(1, 1024)
-        self.parallel_spin.setValue(4)
+        self.parallel_spin.setValue(DEFAULT_SLOTS)
         self.parallel_spin.setAccessibleName("Parallel sequences")
         self.start_button = QPushButton("&Start")
         self.stop_button = QPushButton("S&top")
@@ -240,20 +243,23 @@ class ServePage(QWidget):
         self._update_buttons()
 
     # --- actions ---
-    def launch(self, request: LaunchRequest) -> None:
-        index = self.engine_box.findData(request.engine)
+    def launch(self, plan: Any) -> None:
+        """Serve `plan` (a LaunchPlan: the form's asks, or the Recommend page's checked plan)."""
+        index = self.engine_box.findData(plan.engine)
         if index >= 0:
             self.engine_box.setCurrentIndex(index)
-        self.model_edit.setText(request.model)
-        self.ctx_spin.setValue(request.shown_ctx)
-        self.parallel_spin.setValue(request.shown_slots)
-        self.notice.show_message(f"Starting {request.engine} on {request.model}…")
-        self.session.start(request)
+        model = plan.model or str(plan.model_path)
+        self.model_edit.setText(model)
+        self.ctx_spin.setValue(plan.ctx_per_request)
+        self.parallel_spin.setValue(plan.slots)
+        self.timeline.clear()
+        self.notice.show_message(f"Starting {plan.engine} on {model}…")
+        self.session.start(plan)
         self._update_buttons()
 
     def start_clicked(self) -> None:
-        self.launch(LaunchRequest(engine=self.engine_box.currentData(), model=self.model_edit.text().strip() or "demo",
-                                  ctx_per_request=self.ctx_spin.value(), slots=self.parallel_spin.value()))
+        self.launch(form_plan(self.engine_box.currentData(), self.model_edit.text().strip() or "demo",
+                              self.ctx_spin.value(), self.parallel_spin.value()))
 
     def stop_clicked(self) -> None:
         self.notice.show_message("Stopping…")
@@ -261,7 +267,8 @@ class ServePage(QWidget):
 
     def other_engine(self) -> str:
         current = self.session.process.adapter.name if self.session.process is not None else self.engine_box.currentData()
-        return "vllm" if current == "llama.cpp" else "llama.cpp"
+        names = [name for name, _label in engine_choices()]
+        return names[(names.index(current) + 1) % len(names)] if current in names else names[0]
 
     def switch_clicked(self) -> None:
         target = self.other_engine()
@@ -273,13 +280,12 @@ class ServePage(QWidget):
 
     def prepare_vllm(self) -> bool:
         """"Prepare vLLM" for the form's model and plan in the background (desktop.core.serving.prepare)."""
-        from desktop.core.serving.endpoint import EngineSpec
         from desktop.core.serving.prepare import prepare
 
         if self.preparing:
             return False
-        spec = EngineSpec("vllm", self.model_edit.text().strip() or "demo", ctx_per_request=self.ctx_spin.value(),
-                          slots=self.parallel_spin.value())
+        spec = form_plan("vllm", self.model_edit.text().strip() or "demo", self.ctx_spin.value(),
+                         self.parallel_spin.value())
         self.preparing = True
         self.prepare_button.setEnabled(False)
         self.notice.show_message("Preparing vLLM: one start to fill its compile cache (the engines above keep "
@@ -428,10 +434,10 @@ class ServePage(QWidget):
         from desktop.core.engines import get_adapter
 
         serving, starting = self.engines()
-        request = self.session.request
+        plan = self.session.plan
         for process, word in ((serving, "serving"), (starting, "starting")):
-            if process is not None and request is not None and process.adapter.name == \
-                    get_adapter(entry["engine"]).name and request.model == entry["model"]:
+            if process is not None and plan is not None and process.adapter.name == \
+                    get_adapter(entry["engine"]).name and (plan.model or str(plan.model_path)) == entry["model"]:
                 return word
         return "not loaded"
 

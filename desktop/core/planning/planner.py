@@ -1,0 +1,149 @@
+"""The one planner: every engine the app starts runs a plan from here, checked by the fit.
+
+`plan_launch(engine, model, hardware, asks)` takes what a person (or a workload, or the --auto-fit retry) asked
+for, fills in everything else the way the fit finds it fits on `hardware` (-ngl, KV type, vLLM's utilization for
+the memory that is free, the CPU KV space, dtype, the build), and returns the checked plan, or raises `PlanRefused`
+with the one fix. `serve`, each `serve --config` entry, `switch`, `--standby`, `bench --engine`, `ab` and the
+GUI's Launch it / Measure it here call it; the endpoint calls `replan` for switches, retries, swaps and reloads.
+
+A plan remembers what it was asked with (`LaunchPlan.model`, `LaunchPlan.pinned`), so planning again for another
+engine keeps only the asks every engine reads the same way: a llama.cpp KV type never becomes vLLM's
+--kv-cache-dtype, -ngl never reaches vLLM, a utilization never reaches llama.cpp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.common.progress import ProgressCallback, no_progress
+from desktop.core.engines import ADAPTERS, get_adapter
+from desktop.core.engines.base import (
+    COMMON_PLAN_FIELDS,
+    PLANNER_FIELDS,
+    EngineAdapter,
+    EngineInstall,
+    LaunchPlan,
+)
+from desktop.core.engines.model_path import resolve_model
+from desktop.core.machine.hardware import HardwareSnapshot
+from desktop.core.models.facts import ModelFacts, facts_for
+from desktop.core.planning.fit import FitResult, estimate, sizing_of, vllm_utilization
+from desktop.core.planning.launch import PlanRefused, describe, require_fit
+
+_DEFAULTS = LaunchPlan(engine="", model_path=Path("model"))
+ASKABLE = frozenset(f.name for f in fields(LaunchPlan)) - PLANNER_FIELDS
+# Asks that belong to one model file: planning for another model drops them (its layers, its quantization).
+MODEL_FIELDS = frozenset({"gpu_layers", "quantization", "tokenizer_path"})
+# Asks that name one process: another engine or model gets its own port and key.
+PROCESS_FIELDS = frozenset({"port", "api_key"})
+FLAGS = {"gpu_layers": "--gpu-layers", "kv_cache_type": "--kv-type", "gpu_memory_utilization": "--util",
+         "tensor_parallel": "--tp", "dtype": "--dtype", "ctx_per_request": "--ctx", "slots": "--parallel"}
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A plan the fit said fits, and that fit (the memory breakdown a dry run prints)."""
+
+    plan: LaunchPlan
+    fit: FitResult
+
+    def describe(self, install: EngineInstall | None = None) -> dict[str, Any]:
+        """The plan, its exact argv and env (secrets masked) and the memory breakdown."""
+        return describe(replace(self.fit, plan=self.plan), install)
+
+
+def engine_fields(adapter: EngineAdapter) -> frozenset[str]:
+    """The plan fields `adapter`'s engine reads: the common ones and its own."""
+    return COMMON_PLAN_FIELDS | adapter.plan_fields
+
+
+def asks(**values: Any) -> dict[str, Any]:
+    """Plan fields a person set: None (not given) and values equal to LaunchPlan's default are no asks."""
+    unknown = sorted(set(values) - ASKABLE)
+    if unknown:
+        raise SwitchyardError(f"not a launch plan setting: {', '.join(unknown)}",
+                              f"settings are: {', '.join(sorted(ASKABLE))}")
+    return {k: v for k, v in values.items() if v is not None and v != getattr(_DEFAULTS, k)}
+
+
+def asks_of(plan: LaunchPlan) -> dict[str, Any]:
+    """A whole plan (recommend's, an export's) as asks: every field of its engine that differs from the default."""
+    own = engine_fields(get_adapter(plan.engine)) - PROCESS_FIELDS
+    return asks(**{name: getattr(plan, name) for name in own})
+
+
+def pinned(plan: LaunchPlan) -> dict[str, Any]:
+    """What `plan` was asked with (the planner chose the rest)."""
+    return {name: getattr(plan, name) for name in plan.pinned}
+
+
+def ask_key(plan: LaunchPlan) -> tuple[Any, ...]:
+    """Two plans asked the same (same engine, model and asks, whatever their port or key): the same launch."""
+    return (plan.engine, plan.model or str(plan.model_path),
+            tuple(sorted((k, repr(v)) for k, v in pinned(plan).items() if k not in PROCESS_FIELDS)))
+
+
+def _owner(name: str, adapter: EngineAdapter) -> str:
+    owners = [a.display_name for a in ADAPTERS.values() if a is not adapter and name in a.plan_fields]
+    return " / ".join(owners) or "another engine"
+
+
+def ask(engine: str, model: str, overrides: Mapping[str, Any] | None = None) -> LaunchPlan:
+    """A plan that holds only what was asked (engine, model as typed, the set fields), not yet checked: what a
+    form or a page hands on. Every launch checks it (`replan`, as the endpoint does) before anything starts."""
+    adapter = get_adapter(engine)
+    wanted = asks(**dict(overrides or {}))
+    return LaunchPlan(engine=adapter.name, model_path=Path(model), model=model, pinned=tuple(sorted(wanted)),
+                      **wanted)
+
+
+def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: Mapping[str, Any] | None = None,
+                *, model_path: Path | None = None, facts: ModelFacts | None = None,
+                progress: ProgressCallback = no_progress) -> Checked:
+    """The checked plan for `model` on `engine` on `hardware` with `overrides` (plan fields a person set), or
+    `PlanRefused` naming the fix. `model` as typed: `demo`, a GGUF file, a Hugging Face folder."""
+    adapter = get_adapter(engine)
+    wanted = asks(**dict(overrides or {}))
+    foreign = sorted(set(wanted) - engine_fields(adapter))
+    if foreign:
+        name = foreign[0]
+        raise PlanRefused(f"{FLAGS.get(name, name)} is a {_owner(name, adapter)} setting, not one of "
+                          f"{adapter.display_name}", f"drop {FLAGS.get(name, name)}, or pick the engine it is for")
+    path = model_path or resolve_model(model, adapter, progress)
+    if facts is None:
+        facts = facts_for("demo" if model == "demo" else str(path))
+    base = LaunchPlan(engine=adapter.name, model_path=path, model=model, pinned=tuple(sorted(wanted)), **wanted)
+    if sizing_of(adapter.name) == "vllm" and "gpu_memory_utilization" not in wanted and hardware.cuda_gpus:
+        # vLLM refuses to start below total x utilization free: ask for what is free on a desktop with a browser
+        base = replace(base, gpu_memory_utilization=vllm_utilization(hardware))
+    result = estimate(facts, hardware, base)
+    plan = require_fit(result, model)
+    flag = adapter.sleep_mode_flag
+    if flag and plan.backend == "cuda" and flag not in plan.extra_args:
+        # sleep mode lets a stop-first switch free vLLM's GPU memory and wake it again without a cold start
+        plan = replace(plan, extra_args=(*plan.extra_args, flag))
+    return Checked(plan, replace(result, plan=plan))
+
+
+def replan(plan: LaunchPlan, hardware: HardwareSnapshot, *, engine: str | None = None, model: str | None = None,
+           changes: Mapping[str, Any] | None = None, progress: ProgressCallback = no_progress) -> Checked:
+    """Plan again from what `plan` was asked with: for another engine (only the asks every engine reads the same
+    way carry over), another model, the --auto-fit retry's `changes`, or a reload on the memory free now."""
+    adapter = get_adapter(engine or plan.engine)
+    typed = model or plan.model or str(plan.model_path)
+    wanted = pinned(plan)
+    same_engine = adapter.name == plan.engine
+    same_model = typed == (plan.model or str(plan.model_path))
+    if not same_engine:
+        wanted = {k: v for k, v in wanted.items() if k in COMMON_PLAN_FIELDS}
+    if not same_model:
+        wanted = {k: v for k, v in wanted.items() if k not in MODEL_FIELDS}
+    if not (same_engine and same_model):
+        wanted = {k: v for k, v in wanted.items() if k not in PROCESS_FIELDS}
+    wanted.update(changes or {})
+    path = plan.model_path if same_engine and same_model and plan.model_path.exists() else None
+    return plan_launch(adapter.name, typed, hardware, wanted, model_path=path, progress=progress)

@@ -1,0 +1,280 @@
+"""How the endpoint moves from one engine to another, as small functions over the manager's state (its EngineSlots):
+which kind of switch a checked plan needs (`kind_of`: a warm standby takes over, a sleeping vLLM is woken,
+stop-first when the two do not fit together, else warm), and each kind (`warm`, `stop_first`) with the steps they
+share (`promote`, `drain_or_cut`, `put_away`, `wake`, `restore`, `keep_or_stop`). `switch_preview` and the switch
+itself decide with the same `kind_of`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import psutil
+
+from desktop.core.common import unixhttp
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines.base import LaunchPlan
+from desktop.core.planning.fit import level1_sleep_allowed
+from desktop.core.planning.launch import SECRET_ENV, planned_command
+from desktop.core.planning.planner import ask_key
+from desktop.core.runtime.proctree import tree_rss
+from desktop.core.runtime.supervisor import EngineState
+from desktop.core.serving.budget import memory_allows_standby
+from desktop.core.serving.managed import ManagedEngine, SwitchResult
+
+if TYPE_CHECKING:
+    from desktop.core.serving.endpoint import EndpointManager
+
+log = logging.getLogger("switchyard.endpoint")
+
+
+def shown(plan: LaunchPlan) -> str:
+    """The model as a person typed it (`demo`, a path), for messages."""
+    return plan.model or str(plan.model_path)
+
+
+def same(managed: ManagedEngine | None, plan: LaunchPlan) -> bool:
+    """`managed` serves what `plan` asks for, and is ready."""
+    return managed is not None and ask_key(managed.plan) == ask_key(plan) and \
+        managed.process.state == EngineState.READY
+
+
+def kind_of(m: EndpointManager, plan: LaunchPlan) -> str:
+    """standby (a warm one takes over) | wake (a sleeping vLLM) | stop-first (both do not fit) | warm."""
+    with m.lock:
+        old, standby, sleeping = m.active, m.standby, m.sleeping
+    if same(standby, plan):
+        return "standby"
+    if old is not None and same(sleeping, plan):
+        return "wake"
+    if old is not None and m.budget is not None and not m.budget.fits([old.plan, plan]):
+        return "stop-first"
+    return "warm"
+
+
+def preview(m: EndpointManager, plan: LaunchPlan) -> dict[str, Any]:
+    """The kind of switch to `plan`, about how long it takes, and the exact argv and env it starts."""
+    kind = kind_of(m, plan)
+    old = m.active
+    cold = m.cold_starts.get(plan.engine)
+    took = f"about {cold:.0f} s" if cold else "a cold start"
+    result: dict[str, Any]
+    if kind == "standby":
+        result = {"kind": kind, "expected_s": 0.0, "gap_s": 0.0, "message": f"instant: {plan.engine} is already warm"}
+    elif kind == "wake":
+        result = {"kind": kind, "expected_s": 2.0, "gap_s": 2.0,
+                  "message": f"stop-first, waking the sleeping {plan.engine} (about a second; requests wait)"}
+    elif kind == "stop-first" and old is not None and m.budget is not None:
+        result = {"kind": kind, "expected_s": cold, "gap_s": cold,
+                  "message": f"stop-first: both engines do not fit ({m.budget.describe([old.plan, plan])}); "
+                             f"requests wait for {took}"}
+    else:
+        result = {"kind": "warm", "expected_s": cold, "gap_s": 0.0,
+                  "message": f"warm: {plan.engine} starts beside the current engine ({took}); no request waits"}
+    command = planned_command(plan)
+    result.update(plan=plan.to_json(), argv=command.argv,
+                  env={k: ("***" if k in SECRET_ENV else v) for k, v in command.env.items()})
+    return result
+
+
+def promote(m: EndpointManager, new: ManagedEngine) -> None:
+    """`new` serves from now on: the active role, the proxy's upstream, an endpoint that is no longer down."""
+    with m.lock:
+        m.active = new
+        m.plan = new.plan
+    m.set_upstream(new.upstream)
+    m.down.clear()  # a switch also revives an endpoint whose engine had died
+
+
+def warm(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, kind: str, started: float
+         ) -> SwitchResult:
+    """The new engine starts (or the warm standby takes over) while the old one serves; then the old one drains
+    and stops, or stays warm when memory allows."""
+    m.emit("switching", f"switching to {plan.engine} on {shown(plan)}")
+    reused = kind == "standby"
+    if reused:
+        new = m.standby
+        assert new is not None
+        m.standby = None
+    else:
+        try:
+            new = m.launch(plan)
+        except SwitchyardError as exc:
+            m.last_error = str(exc)
+            m.emit("serving" if old else "down", f"switch to {plan.engine} failed, "
+                   f"{old.upstream.name if old else 'nothing'} keeps serving: {exc.message}")
+            raise
+    promote(m, new)  # from here on, new requests go to the new engine
+    drained, kept, cut = True, False, 0
+    if old is not None:
+        m.slots.release(old)
+        drained, cut = drain_or_cut(m, old)
+        kept = keep_or_stop(m, old)
+    m.emit("serving", f"{new.upstream.name} serves {m.proxy.url}/v1")
+    return SwitchResult(old.upstream.engine if old else None, new.upstream.engine,
+                        round(time.monotonic() - started, 3), reused, drained, kept,
+                        None if reused else new.process.cold_start, kind="standby" if reused else "warm",
+                        cut_requests=cut, retried_smaller=new.retried)
+
+
+def stop_first(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan, started: float,
+               sleeping: ManagedEngine | None) -> SwitchResult:
+    """New requests wait at the endpoint, the old engine drains and stops (or sleeps), the new one starts (or the
+    sleeping one wakes), requests flow. When the new one fails, the old one comes back."""
+    why = f"a sleeping {plan.engine} is woken" if sleeping is not None else \
+        f"both do not fit: {m.budget.describe([old.plan, plan]) if m.budget else ''}"
+    m.emit("switching", f"stop-first switch to {plan.engine} on {shown(plan)} ({why}); new requests wait "
+                        "at the endpoint meanwhile")
+    gap_started = time.monotonic()
+    m.set_upstream(None)  # new requests wait (none fail) until the new engine serves
+    m.proxy.mark_loading(m.route)
+    m.slots.release(old)
+    drained, cut = drain_or_cut(m, old)
+    slept = put_away(m, old)
+    try:
+        new = wake(m, sleeping) if sleeping is not None else None
+        if new is None:
+            new = m.launch(plan)
+    except SwitchyardError as exc:
+        m.last_error = str(exc)
+        restored = restore(m, old, slept)
+        m.emit("serving" if restored else "down", f"switch to {plan.engine} failed ({exc.message}); "
+               + (f"{old.upstream.name} serves again" if restored else "the old engine did not come back"))
+        raise
+    promote(m, new)
+    gap = round(time.monotonic() - gap_started, 3)
+    m.emit("serving", f"{new.upstream.name} serves {m.proxy.url}/v1 (stop-first; no engine served for "
+                      f"{gap:.1f} s, requests waited)")
+    return SwitchResult(old.upstream.engine, new.upstream.engine, round(time.monotonic() - started, 3),
+                        False, drained, False, None if sleeping is not None else new.process.cold_start,
+                        kind="stop-first", gap_s=gap, cut_requests=cut, woke=sleeping is not None,
+                        old_sleeping=slept, retried_smaller=new.retried)
+
+
+def drain_or_cut(m: EndpointManager, old: ManagedEngine) -> tuple[bool, int]:
+    """Let in-flight requests on `old` finish until the drain deadline; end the rest with a retryable error."""
+    if m.proxy.drain(old.upstream, m.drain_timeout):
+        return True, 0
+    cut = m.proxy.cut(old.upstream, f"the endpoint switched engines and this request was still running "
+                                    f"after the {m.drain_timeout:g} s drain deadline; retry it")
+    log.warning("%d request(s) on %s cut at the drain deadline", cut, old.upstream.name)
+    return False, cut
+
+
+def engine_post(managed: ManagedEngine, path: str, timeout: float = 120.0) -> bool:
+    key = managed.process.plan.api_key
+    try:
+        url = managed.process.base_url  # the engine's private socket (desktop.core.common.unixhttp)
+        with unixhttp.client(url, timeout=timeout) as client:
+            response = client.post(unixhttp.http_url(url) + path,
+                                   headers={"Authorization": f"Bearer {key}"} if key else None)
+    except httpx.HTTPError as exc:
+        log.warning("%s %s failed: %s", managed.upstream.name, path, exc)
+        return False
+    if response.status_code >= 300:
+        log.warning("%s %s answered HTTP %d", managed.upstream.name, path, response.status_code)
+    return response.status_code < 300
+
+
+def host_holds_weights(engine: ManagedEngine) -> bool:
+    """A level-1 sleep pins the weights in host RAM: only when RAM has room for them (else the vLLM is stopped)."""
+    model = Path(engine.process.plan.model_path)
+    weights = sum(f.stat().st_size for f in model.glob("*.safetensors")) if model.is_dir() else 0
+    return level1_sleep_allowed(weights, int(psutil.virtual_memory().available))
+
+
+def put_away(m: EndpointManager, old: ManagedEngine) -> bool:
+    """Free the old engine's memory: sleep a vLLM that has sleep mode (level 1: weights to host RAM, KV cache
+    dropped), stop anything else. True when it sleeps."""
+    if old.can_sleep and old.process.state == EngineState.READY and host_holds_weights(old) \
+            and engine_post(old, "/sleep?level=1"):
+        with m.lock:
+            previous = m.sleeping
+            m.sleeping = old
+        if previous is not None and previous is not old:
+            m.retire(previous)
+        return True
+    m.retire(old)
+    return False
+
+
+def wake(m: EndpointManager, sleeping: ManagedEngine) -> ManagedEngine | None:
+    """Wake a sleeping vLLM (POST /wake_up); None (and it is stopped) when it does not wake."""
+    with m.lock:
+        m.slots.release(sleeping, "waking")
+    if sleeping.process.state == EngineState.READY and engine_post(sleeping, "/wake_up"):
+        return sleeping
+    m.retire(sleeping)
+    return None
+
+
+def restore(m: EndpointManager, old: ManagedEngine, slept: bool) -> bool:
+    """After a failed stop-first switch: bring the old engine back (wake it, or start it again)."""
+    try:
+        back = wake(m, old) if slept else None
+        if back is None:
+            back = m.launch(old.plan)
+    except SwitchyardError as exc:
+        log.error("the old engine did not come back: %s", exc)
+        m.set_upstream(None, down_reason=f"a switch failed and the old engine did not come back: {exc.message}",
+                       idle=m.route is not None)
+        m.down.set()
+        return False
+    with m.lock:
+        m.active = back
+    m.set_upstream(back.upstream)
+    return True
+
+
+def keep_or_stop(m: EndpointManager, old: ManagedEngine) -> bool:
+    """After a warm switch: keep the old engine as the warm standby when asked and memory allows, else stop it."""
+    available = float(psutil.virtual_memory().available)
+    if m.keep_standby and old.process.state == EngineState.READY and \
+            memory_allows_standby(float(tree_rss(old.process.pid) or 0), available):
+        with m.lock:
+            previous = m.standby
+            m.standby = old
+        if previous is not None and previous is not old:
+            m.retire(previous)
+        return True
+    m.retire(old)
+    return False
+
+
+def on_crash(m: EndpointManager, managed: ManagedEngine) -> None:
+    """An engine died (called on its log thread: it must not be stopped here). A standby or sleeping one is just
+    dropped; the active one is replaced by the warm standby with failover, else the endpoint is down (one model of
+    several: it loads again on its next request)."""
+    reason = managed.process.failure()
+    with m.lock:
+        if managed is m.standby or managed is m.sleeping:
+            log.warning("%s %s died: %s", managed.role, managed.upstream.name, reason.message)
+            m.slots.release(managed, "crashed")
+            m.slots.retired.append(managed)
+            return
+        if managed is not m.active:
+            return
+        m.last_error = str(reason)
+        standby = m.standby
+        if m.failover and standby is not None and standby.process.state == EngineState.READY:
+            m.slots.release(managed, "crashed")
+            m.active = standby  # leaves the standby role
+            m.slots.retired.append(managed)
+        else:
+            standby = None
+            if m.route is not None:  # a model of several: the next request for it loads it again
+                m.active = None
+                m.slots.retired.append(managed)
+    if m.telemetry is not None:
+        threading.Thread(target=m.telemetry.unwatch, args=(managed.upstream.name,), daemon=True).start()
+    if standby is not None:
+        m.set_upstream(standby.upstream)
+        m.emit("failover", f"{managed.upstream.name} died ({reason.message}); {standby.upstream.name} took over")
+        return
+    m.set_upstream(None, down_reason=reason.message, idle=m.route is not None)
+    m.emit("down", f"{reason.message} ({reason.hint})")
+    m.down.set()
