@@ -33,7 +33,7 @@ from safetensors.numpy import save_file
 from desktop.core.common import paths
 from desktop.core.models import demo
 
-ARCHS_VERSION = "1"
+ARCHS_VERSION = "2"
 GGUF_TYPES = ("F16", "Q8_0", "Q4_K_M")
 SEED = 20261201
 Array = npt.NDArray[Any]
@@ -382,7 +382,8 @@ def _merges() -> list[str]:
 def padded_vocab(size: int) -> list[str]:
     """The demo's byte-level BPE tokens, padded with unused placeholders to the architecture's vocab size."""
     base = demo.tokenizer_vocab(_tokenizer())
-    return base + [f"<unused{i}>" for i in range(size - len(base))]
+    named = [t for t in ("<unk>", "<|endoftext|>", "<|end|>") if t not in base]  # llama.cpp looks some up (phi3)
+    return base + named + [f"<unused{i}>" for i in range(size - len(base) - len(named))]
 
 
 def write_arch(spec: ArchSpec, directory: Path, gguf_types: tuple[str, ...] = GGUF_TYPES) -> int:
