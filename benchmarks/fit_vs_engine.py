@@ -70,10 +70,17 @@ def compare(engine: str, report: MemoryReport, fit: Any) -> dict[str, Any]:
     return {"measured": measured, "predicted": predicted, "relative_error": errors}
 
 
+# --no-repack: this machine's VM advertises AMX, and llama.cpp 11434's AMX repack path dies with SIGILL on
+# quantized types here. Without repacking every type loads and the weights are the GGUF's own bytes; the
+# repacked copies (an extra AMX buffer as large as the matmul weights, on F16 too) are a property of the
+# machine, not of an architecture, and are what `switchyard calibrate` measures and corrects for.
+LLAMA_HARNESS_ARGS = ("--no-repack",)
+
+
 def _plan(engine: str, model_path: Path, setting: dict[str, Any]) -> LaunchPlan:
     if engine == "llama.cpp":
         return LaunchPlan(engine=engine, model_path=model_path, ctx_per_request=setting["ctx_per_request"],
-                          slots=setting["slots"], threads=2)
+                          slots=setting["slots"], threads=2, extra_args=LLAMA_HARNESS_ARGS)
     return LaunchPlan(engine=engine, model_path=model_path, ctx_per_request=setting["ctx_per_request"],
                       slots=setting["slots"], eager=True, kv_cache_gib=setting["kv_cache_gib"], threads=2)
 

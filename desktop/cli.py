@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "desktop.commands.serve",
     "desktop.commands.requests",
     "desktop.commands.machine",
+    "desktop.commands.calibrate",
     "desktop.commands.hub",
     "desktop.commands.bench",
     "desktop.commands.export",

@@ -22,7 +22,7 @@ from desktop.core.storage.history import MemoryPoint, Store
 
 PARTS = ("weights", "kv_cache", "compute")
 CORRECTION_WINDOW = 12  # newest points per component that decide the ratio
-MARGIN = 0.05  # a correction smaller than this is noise: the fit is left as it is
+MARGIN = 0.002  # below this a ratio is the logs' rounding: the fit is left as it is
 ENGINE_FIT_MARGIN = 0.10  # llama-server's own --fit projection vs ours: beyond this the disagreement is explained
 
 

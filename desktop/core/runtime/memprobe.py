@@ -20,9 +20,7 @@ from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from desktop.core.engines.memory_report import MemoryReport, memory_lines_done, parse
 from desktop.core.runtime.supervisor import EngineEvent, EngineProcess
 
-# --no-repack: on this machine's CPU (AMX advertised by the VM) the AMX repack path of llama.cpp 11434 dies with
-# SIGILL for quantized types; without repacking every type loads, and weights are the GGUF's own bytes.
-PROBE_ARGS = {"llama.cpp": ("-v", "--no-warmup", "--no-repack")}
+PROBE_ARGS = {"llama.cpp": ("-v", "--no-warmup")}  # the launch as the app makes it, plus its memory lines
 
 
 @dataclass
