@@ -223,14 +223,44 @@ def test_models_that_do_not_fit_together_are_swapped_and_no_request_fails(proxy:
                     served.append(f"{model}={served_by(response)}")
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        # "never both at once", sampled all along (not only at the end): lanes loaded, and engine processes alive
+        overlap: list[str] = []
+        done = threading.Event()
+
+        def engines_alive() -> list[int]:
+            alive = []
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    if any("standin_engine" in part for part in child.cmdline()):
+                        alive.append(child.pid)
+                except psutil.Error:
+                    continue
+            return alive
+
+        def watch() -> None:
+            while not done.is_set():
+                loaded = [name for name, lane in fleet.lanes.items() if lane.loaded]
+                if len(loaded) > 1:
+                    overlap.append(f"lanes {loaded}")
+                alive = engines_alive()
+                if len(alive) > 1:
+                    overlap.append(f"engine processes {alive}")
+                done.wait(0.01)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(300)
+        done.set()
+        watcher.join(10)
         assert failures == []
         assert len(served) == 24
         assert all(s in ("alpha=llama.cpp:demo-llama.cpp.bin", "beta=vllm:other-vllm.bin") for s in served)
-        assert sum(lane.loaded for lane in fleet.lanes.values()) == 1  # never both at once
+        assert {s.split("=")[0] for s in served} == {"alpha", "beta"}  # so swaps happened while sampled
+        assert overlap == [], overlap[:5]  # never both at once, at any sample
+        assert sum(lane.loaded for lane in fleet.lanes.values()) == 1
         assert proxy.counters["failed"] == 0
     finally:
         fleet.close()
@@ -334,6 +364,16 @@ def test_the_machine_budget_is_free_vram_and_needs_come_from_the_fit() -> None:
     assert budget is not None and budget.free_bytes == sum(g.memory_free_bytes for g in gpu.gpus)
     llama, vllm = EngineSpec("llama.cpp", "demo", ctx_per_request=2048, slots=4), EngineSpec("vllm", "demo")
     assert 0 < budget.need_of(llama) < budget.need_of(vllm) <= budget.free_bytes  # vLLM takes its util share
+    # the needs ARE the fit's numbers for those plans on this GPU: llama.cpp's GPU part, vLLM's whole budget
+    from desktop.core.models.facts import facts_for
+    from desktop.core.planning.fit import estimate, sizing_plan
+
+    demo = facts_for("demo")
+    llama_fit = estimate(demo, gpu, sizing_plan("llama.cpp", ctx_per_request=2048, slots=4))
+    vllm_fit = estimate(demo, gpu, sizing_plan("vllm", ctx_per_request=vllm.ctx_per_request, slots=vllm.slots))
+    assert llama_fit.device != "CPU" and vllm_fit.device != "CPU"
+    assert budget.need_of(llama) == pytest.approx(llama_fit.breakdown["gpu_used"] * 2**30, rel=1e-6)
+    assert budget.need_of(vllm) == pytest.approx(vllm_fit.total_gib * 2**30, rel=1e-6)
     assert not budget.fits([llama, vllm])  # so a switch between them on this GPU is stop-first
     assert "GiB of free GPU memory" in budget.describe([llama, vllm])
 
