@@ -196,6 +196,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="llama3 + gemma3, one setting, F16 and Q4_K_M")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--from-json", type=Path, help="print the summary of a saved points.json")
+    parser.add_argument("--vllm-settings", default="0,1,2", help="which of VLLM_SETTINGS to run (indexes)")
+    parser.add_argument("--llama-settings", default="0,1,2", help="which of LLAMA_SETTINGS to run (indexes)")
+    parser.add_argument("--append", action="store_true",
+                        help="add to the points already in OUT/points.json (or its .partial.json), skipping points "
+                             "measured there: a long run can be done in passes")
     parser.add_argument("--refit", type=Path, help="recompute the fit's side of a saved points.json (the engines' "
                                                    "measurements are kept) and rewrite it")
     args = parser.parse_args()
@@ -217,37 +222,52 @@ def main() -> int:
     keys = ["llama3", "gemma3"] if args.quick else [k.strip() for k in args.archs.split(",") if k.strip()]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     quants = ["F16", "Q4_K_M"] if args.quick else [q.strip() for q in args.quants.split(",")]
-    llama_settings = LLAMA_SETTINGS[1:2] if args.quick else LLAMA_SETTINGS
-    vllm_settings = VLLM_SETTINGS[1:2] if args.quick else VLLM_SETTINGS
+    llama_settings = LLAMA_SETTINGS[1:2] if args.quick else [LLAMA_SETTINGS[int(i)] for i in args.llama_settings.split(",") if i]
+    vllm_settings = VLLM_SETTINGS[1:2] if args.quick else [VLLM_SETTINGS[int(i)] for i in args.vllm_settings.split(",") if i]
     hardware = detect()
     started = time.time()
     load_before = [round(x, 2) for x in os.getloadavg()]
     points: list[dict[str, Any]] = []
     out_file = args.out / ("quick.json" if args.quick else "points.json")
+    previous_meta: dict[str, Any] = {}
+    if args.append:
+        for candidate in (out_file.with_suffix(".partial.json"), out_file):
+            if candidate.exists():
+                saved = json.loads(candidate.read_text())
+                points = saved["points"]
+                previous_meta = saved.get("meta", {})
+                break
+    done = {_key(p) for p in points}
     for engine in engines:  # every llama.cpp point first: they take seconds, vLLM's take a minute or more each
         for key in keys:
             archs.ensure_arch(key)
+            todo: list[tuple[str | None, dict[str, Any]]] = []
             if engine == "llama.cpp":
-                for quant in quants:
-                    for ctx, slots in llama_settings:
-                        points.append(run_point(engine, key, quant, {"ctx_per_request": ctx, "slots": slots},
-                                                hardware))
-                        _progress(points[-1])
+                todo = [(quant, {"ctx_per_request": ctx, "slots": slots})
+                        for quant in quants for ctx, slots in llama_settings]
             else:
-                for ctx, slots, kv_gib in vllm_settings:
-                    points.append(run_point(engine, key, None, {"ctx_per_request": ctx, "slots": slots,
-                                                                "kv_cache_gib": kv_gib}, hardware))
-                    _progress(points[-1])
-            args.out.mkdir(parents=True, exist_ok=True)  # partial results survive an interrupted run
-            out_file.with_suffix(".partial.json").write_text(json.dumps({"points": points}, indent=1) + "\n")
-    meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": round(time.time() - started),
-            "loadavg_before": load_before, "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                todo = [(None, {"ctx_per_request": ctx, "slots": slots, "kv_cache_gib": kv_gib})
+                        for ctx, slots, kv_gib in vllm_settings]
+            for quant, setting in todo:
+                if (engine, key, quant, json.dumps(setting, sort_keys=True)) in done:
+                    continue
+                points.append(run_point(engine, key, quant, setting, hardware))
+                _progress(points[-1])
+                args.out.mkdir(parents=True, exist_ok=True)  # partial results survive an interrupted run
+                out_file.with_suffix(".partial.json").write_text(json.dumps({"points": points}, indent=1) + "\n")
+    passes = [*previous_meta.get("passes", []), {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": round(time.time() - started),
+        "loadavg_before": load_before, "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "engines": engines, "vllm_settings": args.vllm_settings, "llama_settings": args.llama_settings}]
+    meta = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "passes": passes,
+            "seconds": sum(p["seconds"] for p in passes), "launch_seconds": round(sum(p["seconds"] for p in points)),
+            "loadavg_before": passes[0]["loadavg_before"], "loadavg_after": passes[-1]["loadavg_after"],
             "cpu": hardware.cpu.model if hardware.cpu else platform.processor(),
             "cpu_features": {"avx2": hardware.cpu.avx2, "avx512": hardware.cpu.avx512, "amx": hardware.cpu.amx}
             if hardware.cpu else {},
             "cores": os.cpu_count(), "ram_gib": round(hardware.ram_total_bytes / 1024**3, 1),
             "versions": {p["engine"]: p["engine_version"] for p in points}, "points": len(points),
-            "archs": len(keys), "tuning": list(TUNING), "held_out": list(HELD_OUT), "quick": args.quick}
+            "archs": len({p["arch"] for p in points}), "tuning": list(TUNING), "held_out": list(HELD_OUT), "quick": args.quick}
     summary = summarise(points)
     text = print_summary(summary, meta)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -257,6 +277,10 @@ def main() -> int:
                                                       indent=1) + "\n")
     (args.out / f"{name}-summary.txt").write_text(text + "\n")
     return 0
+
+
+def _key(point: dict[str, Any]) -> tuple[str, str, str | None, str]:
+    return point["engine"], point["arch"], point.get("quant"), json.dumps(point["setting"], sort_keys=True)
 
 
 def _progress(point: dict[str, Any]) -> None:

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-from typing import Any
 
 from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json
-from desktop.core.common.errors import SwitchyardError
-
-CALIBRATE_CTX = 1024
+from desktop.core.runtime.calibrate import CALIBRATE_CTX, calibrate, describe
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,109 +26,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=cmd_calibrate)
 
 
-def model_for(engine: str, model: str) -> Path | None:
-    """The file or folder `engine` loads for `model`, or None when the model has no form that engine reads."""
-    from desktop.core.engines import get_adapter
-
-    if model == "demo":
-        from desktop.core.models.demo import ensure_demo_model
-
-        return ensure_demo_model().path_for(get_adapter(engine).model_format)  # type: ignore[arg-type]
-    path = Path(model).expanduser()
-    if not path.exists():
-        raise SwitchyardError(f"{model} does not exist", "pass a .gguf file, a Hugging Face folder, or demo")
-    wants_gguf = get_adapter(engine).model_format == "gguf"
-    is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
-    if wants_gguf != is_gguf:
-        return None
-    return path.resolve()
-
-
-def calibrate(engine: str, model: str, ctx: int = CALIBRATE_CTX, timeout: float = 900.0,
-              store: Any = None) -> dict[str, Any]:
-    """Probe one engine on `model`, store its memory points, and return predicted vs measured per component."""
-    from desktop.core.engines import get_adapter
-    from desktop.core.engines.base import LaunchPlan
-    from desktop.core.machine.hardware import detect
-    from desktop.core.models.facts import facts_from_path
-    from desktop.core.planning import calibration
-    from desktop.core.planning.fit import estimate, exact_bytes, launch_dtype
-    from desktop.core.runtime.memprobe import probe
-    from desktop.core.storage.history import Store
-
-    adapter = get_adapter(engine)
-    install = adapter.find_install()
-    if install is None:
-        return {"engine": adapter.name, "skipped": f"{adapter.name} is not installed"}
-    path = model_for(adapter.name, model)
-    if path is None:
-        return {"engine": adapter.name, "skipped": f"{model} is not in a format {adapter.name} loads"}
-    hardware = detect()
-    facts = facts_from_path(path)
-    vllm = adapter.name == "vllm"
-    plan = LaunchPlan(engine=adapter.name, model_path=path, ctx_per_request=ctx, slots=1, eager=vllm,
-                      kv_cache_gib=1.0 if vllm and not hardware.cuda_gpus else None,
-                      dtype=launch_dtype(adapter.name, demo=model == "demo", cuda=bool(hardware.cuda_gpus)))
-    fit = estimate(facts, hardware, plan)
-    result = probe(adapter, install, fit.plan or plan, timeout=timeout)
-    out: dict[str, Any] = {"engine": adapter.name, "version": install.version, "model": str(path),
-                           "accelerators": calibration.accelerator_set(hardware, adapter.name),
-                           "started": result.started, "error": result.error, "argv": result.argv,
-                           "lines": result.report.lines}
-    if not result.started:
-        return out
-    pairs = calibration.components(adapter.name, result.report, fit)
-    out["components"] = {k: {"predicted_bytes": p, "measured_bytes": m, "ratio": round(m / p, 4) if p else None}
-                         for k, (p, m) in pairs.items()}
-    points = calibration.points_for(adapter.name, install.version, str(path), result.report, fit, hardware,
-                                    "calibrate", settings=(fit.plan or plan).to_json())
-    if store is None:
-        with Store() as own:
-            own.add_memory_points(points)
-            out["corrected"] = _corrected(fit, hardware, own, exact_bytes)
-    else:
-        store.add_memory_points(points)
-        out["corrected"] = _corrected(fit, hardware, store, exact_bytes)
-    opinion = calibration.second_opinion(result.report, fit)
-    if opinion is not None:
-        out["engine_fit"] = opinion.to_json()
-    return out
-
-
-def _corrected(fit: Any, hardware: Any, store: Any, exact_bytes: Any) -> dict[str, Any]:
-    from desktop.core.planning import calibration
-
-    fixed = calibration.corrected(fit, hardware, store)
-    return {"total_gib": fixed.total_gib, "notes": fixed.notes[-1:], "bytes": exact_bytes(fixed)}
-
-
-def _mib(value: float | None) -> str:
-    return "-" if value is None else f"{value / 2**20:10.2f}"
-
-
-def print_result(found: dict[str, Any]) -> None:
-    if "skipped" in found:
-        print(f"{found['engine']}: skipped ({found['skipped']})")
-        return
-    print(f"{found['engine']} {found['version']} on {found['accelerators']}: {found['model']}")
-    if not found["started"]:
-        print(f"  did not start: {found['error']}")
-        return
-    print(f"  {'component':12}{'predicted MiB':>16}{'measured MiB':>16}{'measured/predicted':>20}")
-    for name, row in found["components"].items():
-        if name == "kv_tokens":
-            print(f"  {'KV tokens':12}{row['predicted_bytes']:>16,.0f}{row['measured_bytes']:>16,.0f}"
-                  f"{row['ratio']:>20.3f}")
-            continue
-        print(f"  {name:12}{_mib(row['predicted_bytes']):>16}{_mib(row['measured_bytes']):>16}{row['ratio']:>20.3f}")
-    if found.get("engine_fit"):
-        opinion = found["engine_fit"]
-        print(f"  llama-server's own --fit projects {opinion['engine_mib']:.1f} MiB; ours {opinion['ours_mib']:.1f} MiB"
-              + (f" ({opinion['explanation']})" if opinion.get("explanation") else ""))
-    for note in found["corrected"]["notes"]:
-        print(f"  next fit: {note}")
-
-
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from desktop.core.planning.fit import ENGINES, normalise_engine
 
@@ -142,7 +35,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         emit_json({"results": results})
     else:
         for found in results:
-            print_result(found)
+            print("\n".join(describe(found)))
     measured = [r for r in results if r.get("started")]
     if not measured:
         reasons = "; ".join(f"{r['engine']}: {r.get('skipped') or r.get('error')}" for r in results)
