@@ -450,6 +450,33 @@ def vllm_kv_bytes_per_token(facts: ModelFacts, tp: int, kv_cache_dtype: str, max
     return per_layer * ((facts.n_layers - swa) + swa * share)
 
 
+VLLM_CPU_BLOCK_SIZE = 128  # the CPU attention backend's default block (vllm/platforms/cpu.py)
+VLLM_CPU_BATCHED_TOKENS = 2048  # the CPU API server's default max_num_batched_tokens (engine/arg_utils.py)
+
+
+def _vllm_cpu_kv_tokens(facts: ModelFacts, kv_space: int, max_len: int, kv_cache_dtype: str, dtype: str,
+                        batched: int) -> int:
+    """The "KV cache size: N tokens" vLLM's CPU build logs: max concurrency x max_model_len, where a request
+    needs whole 128-token blocks in every KV cache group. With sliding-window layers (the hybrid allocator)
+    layers are grouped by type into groups of the smaller count; one block id holds a page in every group,
+    and a sliding-window group holds min(window - 1 + in-flight tokens, max_model_len) tokens plus one block
+    (kv_cache_interface.SlidingWindowSpec), not the whole request. Measured: benchmarks/results/fit."""
+    elem = 1.0 if kv_cache_dtype.startswith("fp8") else 4.0 if DTYPE_BYTES.get(dtype) == 4 else 2.0
+    if facts.kv_lora_rank:
+        per_layer = (facts.kv_lora_rank + (facts.qk_rope_head_dim or 64)) * elem
+    else:
+        per_layer = 2 * facts.n_kv_heads * facts.head_dim * elem
+    block = VLLM_CPU_BLOCK_SIZE
+    swa = min(facts.swa_layers, facts.n_layers) if facts.sliding_window else 0
+    full = facts.n_layers - swa
+    group = min(full, swa) if full and swa else facts.n_layers
+    pages = int(kv_space // (group * block * per_layer))  # block ids in the shared pool
+    window_tokens = min((facts.sliding_window or 0) - 1 + batched, max_len)
+    per_request = (-(-full // group)) * -(-max_len // block) if full else 0
+    per_request += (-(-swa // group)) * (-(-window_tokens // block) + 1) if swa else 0
+    return int(pages / max(per_request, 1) * max_len)
+
+
 def _vllm_activation_bytes(facts: ModelFacts, batched: int, max_num_seqs: int, tp: int) -> int:
     """The profiled peak: ~3 bf16 copies of the (hidden + MLP) activations per batched token, plus the
     sampler's f32 logits for max_num_seqs sequences. Fitted to vLLM's "activation peak" log lines."""
@@ -484,7 +511,8 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
     if not gpus:
         # vLLM's CPU backend: weights in RAM plus a fixed KV space (VLLM_CPU_KVCACHE_SPACE).
         kv_space = int(s.cpu_kv_cache_gib * GIB)
-        tokens = int(kv_space // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE
+        tokens = _vllm_cpu_kv_tokens(facts, kv_space, max_len, s.kv_cache_dtype, s.dtype,
+                                     s.max_num_batched_tokens or VLLM_CPU_BATCHED_TOKENS)
         need = weights + kv_space + int(1.0 * GIB)
         ram = hw.ram_available_bytes
         verdict: Verdict = "yes" if need <= ram and tokens >= max_len else "no"
