@@ -69,7 +69,7 @@ def test_llama_cpp_fit_per_component_against_llama_server(llama_install: EngineI
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize(("arch", "ctx", "slots", "kv_gib"), [("llama3", 2048, 2, 1.0), ("qwen3", 4096, 4, 2.0)])
+@pytest.mark.parametrize(("arch", "ctx", "slots", "kv_gib"), [("llama3", 2048, 2, 1.0), ("gemma3", 4096, 4, 2.0)])
 def test_vllm_cpu_fit_against_vllm(vllm_install: EngineInstall, arch: str, ctx: int, slots: int,
                                    kv_gib: float) -> None:
     model = archs.ensure_arch(arch)
@@ -83,9 +83,11 @@ def test_vllm_cpu_fit_against_vllm(vllm_install: EngineInstall, arch: str, ctx: 
     assert result.started, result.error
     assert result.env.get("VLLM_CPU_KVCACHE_SPACE") == str(round(kv_gib))
     pairs = calibration.components("vllm", result.report, fit)
-    # arithmetic checks: the KV space the plan set, the tokens vLLM pages into it (within 2 %), and the weights
-    # (vLLM's CPU build logs only the checkpoint size, to 2 decimals of a GiB)
+    # arithmetic checks: the KV space the plan set, and the tokens vLLM pages into it (within 2 %: 128-token
+    # blocks, sliding-window groups); the weights (vLLM's CPU build logs only the checkpoint size, to 2 decimals
+    # of a GiB)
     assert rel(pairs["kv_cache"]) <= ARITHMETIC_BOUND, pairs
     assert rel(pairs["kv_tokens"]) <= 0.02, pairs
-    assert rel(pairs["weights"]) <= 0.03, pairs
+    predicted, measured = pairs["weights"]
+    assert abs(predicted - measured) <= 0.005 * 2**30 + 0.01 * measured, pairs  # the log's rounding, + 1 %
     assert result.report.max_concurrency_len == ctx
