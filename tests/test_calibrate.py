@@ -147,3 +147,31 @@ def test_machine_page_calibrate_button_shows_the_lines(qtbot: Any, monkeypatch: 
     qtbot.waitUntil(lambda: "weights" in page.calibration_label.text(), timeout=10000)
     assert page.calibrate_button.isEnabled()
     page.shutdown()
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_a_launch_that_prints_memory_lines_records_calibration_points(tmp_path: Path, llama_install: Any) -> None:
+    """Every launch the app records also stores the engine's own memory lines (here a plan whose extra args turn
+    llama-server's -v on) as calibration points for this accelerator set, next to the fit's prediction."""
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.base import LaunchPlan
+    from desktop.core.machine.hardware import detect
+    from desktop.core.runtime.launches import record_launch
+    from desktop.core.runtime.supervisor import EngineProcess
+
+    model = archs.ensure_arch("llama3").gguf_paths["Q4_K_M"]
+    plan = LaunchPlan("llama.cpp", model, ctx_per_request=1024, slots=1, extra_args=("-v", "--no-repack"))
+    with EngineProcess(get_adapter("llama.cpp"), plan, llama_install, log_dir=tmp_path) as process:
+        process.start()
+        process.wait_ready(timeout=300)
+        with Store(tmp_path / "h.sqlite3") as store:
+            run = record_launch(process, str(model), store=store)
+            assert run is not None
+            record = store.get_run(run)
+            points = store.memory_points(calibration.accelerator_set(detect(), "llama.cpp"), "llama.cpp")
+    assert record is not None and record.summary["load_memory"]["engine_report"]["weights_gib"] > 0
+    assert {p.component for p in points} == {"weights", "kv_cache", "compute", "total"}
+    assert all(p.source == "launch" and p.run_id == run for p in points)
+    weights = next(p for p in points if p.component == "weights")
+    assert weights.measured_bytes == pytest.approx(weights.predicted_bytes, rel=0.01)  # --no-repack: the file
