@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "desktop.commands.requests",
     "desktop.commands.profile",
     "desktop.commands.machine",
+    "desktop.commands.calibrate",
     "desktop.commands.hub",
     "desktop.commands.bench",
     "desktop.commands.export",

@@ -25,3 +25,17 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
   .venv/bin/python -c "import desktop, PySide6, gguf"
   echo "$digest" > "$stamp"
 fi
+# The .desktop entry is checked by desktop-file-validate (tests/test_installer_recipes.py): with --dev, install
+# desktop-file-utils from Debian's apt when it is missing and we are root; otherwise say which command does it.
+if [ -n "$extras" ] && ! command -v desktop-file-validate >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing desktop-file-utils (desktop-file-validate) with apt-get"
+    if ! { apt-get install -y -q --no-install-recommends desktop-file-utils ||
+           { apt-get update -q && apt-get install -y -q --no-install-recommends desktop-file-utils; }; } \
+         >.venv/apt-desktop-file-utils.log 2>&1; then
+      echo "could not install desktop-file-utils: see .venv/apt-desktop-file-utils.log" >&2
+    fi
+  else
+    echo "note: desktop-file-validate is missing; install it with: sudo apt-get install desktop-file-utils" >&2
+  fi
+fi

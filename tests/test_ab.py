@@ -91,14 +91,15 @@ def test_config_rejects_bad_input() -> None:
 @pytest.mark.engine
 @pytest.mark.llamacpp
 @pytest.mark.vllm
-def test_ab_cli_both_real_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """One short real A/B: llama.cpp vs vLLM (eager: no torch.compile) on the demo model, through the CLI."""
-    from desktop.core.engines import get_adapter
-
-    for name in ("llama.cpp", "vllm"):
-        if get_adapter(name).find_install() is None:
-            pytest.skip(f"{name} is not installed")
+def test_ab_cli_both_real_engines(tmp_path: Path, capsys: pytest.CaptureFixture[str], llama_install,  # type: ignore[no-untyped-def]
+                                  vllm_install) -> None:
+    """One short real A/B: llama.cpp vs vLLM (eager: no torch.compile) on the demo model, through the CLI.
+    The engines come from conftest's provisioning fixtures, so a broken `find_install` fails instead of skipping."""
     from desktop.cli import main
+    from desktop.core.storage.history import Store
+
+    with Store() as store:
+        before = {run.id for run in store.runs(limit=1000, kind="ab")}
 
     report = tmp_path / "report"
     code = main(["ab", "--model", "demo", "--engines", "llama.cpp,vllm", "--concurrency", "1,4", "--eager",
@@ -132,4 +133,10 @@ def test_ab_cli_both_real_engines(tmp_path: Path, capsys: pytest.CaptureFixture[
             cells = row[key]
             assert cells["ratio"]["mean"] == pytest.approx(cells["vllm"]["mean"] / cells["llama.cpp"]["mean"])
     assert data["amortization"]["concurrency"] == 4 and data["amortization"]["verdict"]
-    assert os.environ["SWITCHYARD_HOME"]  # history went to the session's temp home
+    # the run went to the session's temp home's history, with the report it wrote
+    with Store() as store:
+        assert str(store.path).startswith(os.environ["SWITCHYARD_HOME"])
+        new_runs = [run for run in store.runs(limit=1000, kind="ab") if run.id not in before]
+    assert len(new_runs) == 1 and new_runs[0].model == "demo"
+    assert new_runs[0].report_path == str(report / "ab.html")
+    assert {e["engine"] for e in new_runs[0].summary["engines"]} == {"llama.cpp", "vllm"}

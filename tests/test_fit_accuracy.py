@@ -18,16 +18,22 @@ llama.cpp model / KV / compute buffer sizes:
 - https://github.com/ggml-org/llama.cpp/pull/6122    Command-R 35B, n_ctx 4096: KV 5120 MiB, compute 672 MiB
 - https://github.com/JamePeng/llama-cpp-python/pull/1 DeepSeek-R1-Distill-Qwen-7B, n_ctx 2048: KV 112, compute 304 MiB
 
-Honest accounting. Every point has a split: `tuning` points are the ones the constants were fitted to (the vLLM
-activation/non-torch constants and the llama.cpp compute-buffer formula), so their errors are in-sample; `held_out`
-points were never used to set anything (the KV-token points and the R1-Distill-Qwen-7B log) and must stay so.
-Each split reports the median absolute error in GiB and the median relative error; "would it start" is reported as
-a verdict rate. llama.cpp's check compares the memory the estimator models beyond the weights (KV cache + compute
-buffers) with the logged KV + compute buffers: the weights are an input read from the GGUF, and adding the same
-known weights to both sides only diluted the error.
+What these points are, honestly (see benchmarks/fit_vs_engine.py for accuracy against the real engines):
+- `tuning` (7): the vLLM activation/non-torch constants and the older no-flash-attention llama.cpp compute
+  formula were fitted to these; their errors are in-sample.
+- `kv_bytes_per_token` (6): vLLM's logged token count from its own logged KV memory. vLLM computes that count by
+  the same division the fit does (memory / bytes per token, whole 16-token blocks), and one point's model was
+  identified from the logged bytes per token. These are **KV bytes-per-token checks** (GQA, head_dim, TP head
+  split, fp8 element size): worth having, but arithmetic, not evidence of accuracy.
+- `arithmetic` (1): the JamePeng log, whose n_ctx was worked back from its KV line; its compute buffer is the
+  logits buffer, exact arithmetic with no fitted term.
+Accuracy of the fit against engines launched for real (weights, KV, compute per architecture feature) is
+measured by benchmarks/fit_vs_engine.py and bounded in CI by tests/test_fit_engines.py.
 
-Targets: in-sample median relative error <= 10% on vLLM KV-cache memory and on llama.cpp KV + compute memory;
-held-out median relative error <= 10%; no wrong start/no-start verdict where the true margin exceeds 10%.
+Each split reports the median absolute error in GiB and the median relative error; "would it start" is reported
+as a verdict rate over the in-sample logs. Targets: in-sample median relative error <= 10%; the arithmetic
+checks within 2% (they only move if the bytes-per-token arithmetic breaks); no wrong start/no-start verdict
+where the true margin exceeds 10%.
 """
 
 from __future__ import annotations
@@ -112,19 +118,20 @@ def test_every_point_is_cited_and_split() -> None:
     points = [p for g in groups for p in POINTS[g]]
     assert len(points) >= 12
     assert all(p["source"].startswith("https://github.com/") for p in points)
-    assert {p["split"] for p in points} == {"tuning", "held_out"}
-    assert sum(p["split"] == "held_out" for p in points) >= 4
+    assert {p["split"] for p in points} == {"tuning", "kv_bytes_per_token", "arithmetic"}
+    # nothing here claims to be held-out accuracy: those numbers come from the real engines
+    assert all(p["split"] == "kv_bytes_per_token" for p in POINTS["vllm_kv_tokens"])
 
 
-def test_accuracy_report_in_sample_and_held_out() -> None:
+def test_in_sample_and_kv_bytes_per_token_checks() -> None:
     lines = []
-    for split in ("tuning", "held_out"):
+    for split, bound in (("tuning", 0.10), ("kv_bytes_per_token", 0.02), ("arithmetic", 0.02)):
         found = errors(split)
         abs_gib = statistics.median(e[1] for e in found)
         relative = statistics.median(e[2] for e in found)
-        lines.append(f"{split:>8}: {len(found)} points, median |error| {abs_gib:.3f} GiB, median relative "
+        lines.append(f"{split:>18}: {len(found)} points, median |error| {abs_gib:.3f} GiB, median relative "
                      f"{relative:.2%}, max relative {max(e[2] for e in found):.1%}")
-        assert relative <= 0.10, (split, found)
+        assert relative <= bound, (split, found)
     rate = sum(verdicts()) / len(verdicts())
     lines.append(f"would it start: {rate:.0%} of {len(verdicts())} logged start/refuse outcomes predicted right "
                  "(all in-sample)")

@@ -67,8 +67,10 @@ def standin_launcher(tmp_path: Path, options: Callable[[LaunchPlan], list[str]] 
         model.write_bytes(b"stand-in weights")
         if launched is not None:
             launched.append(checked)
+        # the stand-in plays the build the checked plan is for (a CUDA vLLM keeps its sleep-mode flag)
         return adapter, replace(checked, model_path=model), EngineInstall(adapter.name, "stand-in", "cache",
-                                                                          Path(sys.executable))
+                                                                          Path(sys.executable),
+                                                                          details={"backend": checked.backend})
 
     return launch
 
@@ -228,14 +230,44 @@ def test_models_that_do_not_fit_together_are_swapped_and_no_request_fails(proxy:
                     served.append(f"{model}={served_by(response)}")
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        # "never both at once", sampled all along (not only at the end): lanes loaded, and engine processes alive
+        overlap: list[str] = []
+        done = threading.Event()
+
+        def engines_alive() -> list[int]:
+            alive = []
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    if any("standin_engine" in part for part in child.cmdline()):
+                        alive.append(child.pid)
+                except psutil.Error:
+                    continue
+            return alive
+
+        def watch() -> None:
+            while not done.is_set():
+                loaded = [name for name, lane in fleet.lanes.items() if lane.loaded]
+                if len(loaded) > 1:
+                    overlap.append(f"lanes {loaded}")
+                alive = engines_alive()
+                if len(alive) > 1:
+                    overlap.append(f"engine processes {alive}")
+                done.wait(0.01)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(300)
+        done.set()
+        watcher.join(10)
         assert failures == []
         assert len(served) == 24
         assert all(s in ("alpha=llama.cpp:demo-llama.cpp.bin", "beta=vllm:demo-vllm.bin") for s in served)
-        assert sum(lane.loaded for lane in fleet.lanes.values()) == 1  # never both at once
+        assert {s.split("=")[0] for s in served} == {"alpha", "beta"}  # so swaps happened while sampled
+        assert overlap == [], overlap[:5]  # never both at once, at any sample
+        assert sum(lane.loaded for lane in fleet.lanes.values()) == 1
         assert proxy.counters["failed"] == 0
     finally:
         fleet.close()
@@ -341,6 +373,13 @@ def test_the_machine_budget_is_free_vram_and_needs_come_from_the_fit() -> None:
     llama = plan_launch("llama.cpp", "demo", gpu, {"slots": 4}).plan
     vllm = plan_launch("vllm", "demo", gpu).plan
     assert 0 < budget.need_of(llama).gpu_total < budget.need_of(vllm).gpu_total <= budget.free_bytes  # util share
+    # the needs ARE the fit's numbers for those very plans on this GPU (llama.cpp: the GPU part it places there)
+    from desktop.core.models.facts import facts_for
+    from desktop.core.planning.fit import estimate
+
+    llama_fit = estimate(facts_for("demo"), gpu, llama)
+    assert llama_fit.device != "CPU"
+    assert budget.need_of(llama).gpu_total == pytest.approx(llama_fit.breakdown["gpu_used"] * 2**30, rel=1e-6)
     assert not budget.fits([llama, vllm])  # so a switch between them on this GPU is stop-first
     assert "GiB of free GPU memory" in budget.describe([llama, vllm])
 

@@ -16,18 +16,10 @@ pytestmark = [pytest.mark.engine, pytest.mark.llamacpp]
 SWITCHYARD = [sys.executable, "-m", "desktop"]
 
 
-def _prerequisites() -> Path:
-    from desktop.core.engines import get_adapter
-
-    if get_adapter("llama.cpp").find_install() is None:
-        pytest.skip("llama-server is not provisioned: run `switchyard engines install llama.cpp`")
-    from desktop.core.models.demo import ensure_demo_model
-
-    return Path(ensure_demo_model().gguf_path)
-
-
-def test_pull_then_serve(tmp_path: Path) -> None:
-    demo_gguf = _prerequisites()
+def test_pull_then_serve(tmp_path: Path, llama_install, demo_model) -> None:  # type: ignore[no-untyped-def]
+    """No skip guards: `serve`, the demo model and llama-server are all part of the product now, so a regression in
+    any of them fails here (the conftest fixtures provision the engine and generate the demo model)."""
+    demo_gguf = Path(demo_model.gguf_path)
     with FakeHub() as hub:
         hub.add_repo("demo/switchyard-demo-GGUF", {"demo-Q8_0.gguf": demo_gguf}, tags=["gguf"])
         env = dict(os.environ, HF_ENDPOINT=hub.endpoint, HF_HUB_CACHE=str(tmp_path / "hf-cache"),

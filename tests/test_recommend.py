@@ -89,14 +89,22 @@ def test_gain_curve() -> None:
 
 
 def test_this_machine_recommends_llama_cpp_with_reasons() -> None:
+    """On this machine as detected: without a CUDA GPU llama.cpp wins with CPU reasons; with one, the plan runs
+    on that GPU and its fit was checked against the memory that is free there (never asserts nothing)."""
     hw = detect()
     rec = recommend(facts_from_config(LLAMA_8B), hw, Workload())
+    assert rec.fit is not None and rec.fit.plan is not None
     if not hw.cuda_gpus:
         assert rec.engine == "llama.cpp"
         assert any("CPU" in r for r in rec.reasons)
         # vLLM's CPU build is a candidate: it loses on the stated default, not to a sentence
         assert rec.runner_up is not None and rec.runner_up["engine"] == "vllm" and rec.runner_up["fits"] == "yes"
         assert "default" in rec.runner_up["why_lost"]
+        assert rec.fit.device == "CPU" and rec.fit.plan.backend == "cpu"
+    else:
+        assert rec.fit.device != "CPU" and rec.fit.plan.backend in ("cuda", "rocm", "vulkan")
+        assert rec.fit.available_gib <= max(g.memory_free_bytes for g in hw.gpus) * len(hw.gpus) / 2**30 + 0.01
+        assert rec.runner_up is not None and rec.runner_up["engine"] in ("llama.cpp", "vllm")
 
 
 def test_gguf_models_keep_their_quantization() -> None:

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,6 +187,28 @@ def _close(proxy: ProxyServer, manager: EndpointManager) -> None:
     proxy.stop()
 
 
+def _served(proxy: ProxyServer) -> list[Any]:
+    """Every request the endpoint answered, with the engine and upstream that answered it (RequestRecord)."""
+    records: list[Any] = []
+    proxy.subscribe(records.append)
+    return records
+
+
+def _wait_for(condition: Any, timeout: float = 120.0) -> bool:
+    """Poll `condition()` until it holds or the deadline passes (no sleep as synchronisation)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        threading.Event().wait(0.05)
+    return bool(condition())
+
+
+def _ok_by(records: list[Any], key: str, value: str, since: int = 0) -> int:
+    """Requests answered 200 whose `key` (engine | upstream) was `value`, among records[since:]."""
+    return sum(1 for r in list(records)[since:] if r.status == 200 and getattr(r, key) == value)
+
+
 @pytest.fixture
 def second_gguf(demo_model: Any, tmp_path: Path) -> Path:
     """The demo GGUF under another path: a different model spec for llama.cpp → llama.cpp switches."""
@@ -203,14 +226,18 @@ def test_llamacpp_switch_under_load_keeps_every_request(llama_install: Any, demo
         manager.start(ask("llama.cpp", str(demo_model.gguf_path), {"slots": 4}))
         first = manager.active
         assert first is not None and first.process.pid is not None
+        served = _served(proxy)
         with StreamingLoad(proxy.url, concurrency=8) as load:
             assert load.started_ok.wait(120)
             result = manager.switch("llama.cpp", str(second_gguf))
-            assert manager.active is not None and manager.active is not first
-            assert load.started_ok.wait(1)
+            second = manager.active
+            assert second is not None and second is not first
+            # the new engine serves: requests answered by *its* upstream after the switch, not the old event
+            assert _wait_for(lambda: _ok_by(served, "upstream", second.upstream.name) >= 8), served[-3:]
             ok_after_switch = load.result.ok
         assert load.result.failed == [], load.result.failed[:3]
         assert load.result.ok > ok_after_switch >= 8
+        assert _ok_by(served, "upstream", first.upstream.name) > 0  # and the old one did before it
         assert result.drained and not result.reused_standby and not result.old_kept_as_standby
         assert result.cold_start is not None and result.cold_start.t1_health_s is not None
         assert not psutil.pid_exists(first.process.pid) or first.process.state.value == "stopped"
@@ -284,15 +311,20 @@ def test_switch_llamacpp_vllm_llamacpp_under_load_zero_failures(llama_install: A
     proxy, manager, events, samples = _manager()
     try:
         manager.start(ask("llama.cpp", "demo", {"slots": 8}))
+        served = _served(proxy)
         with StreamingLoad(proxy.url, concurrency=8, max_tokens=16) as load:
             assert load.started_ok.wait(120)
             to_vllm = manager.switch("vllm")
             assert manager.active is not None and manager.active.upstream.engine == "vllm"
-            ok_on_vllm = load.result.ok
+            # vLLM itself answers requests (counted per upstream engine, not the cumulative total)
+            assert _wait_for(lambda: _ok_by(served, "engine", "vllm") >= 4), served[-3:]
             back = manager.switch("llama.cpp")
             assert manager.active is not None and manager.active.upstream.engine == "llama.cpp"
+            back_at = len(served)
+            assert _wait_for(lambda: _ok_by(served, "engine", "llama.cpp", since=back_at) >= 4), served[-3:]
         assert load.result.failed == [], load.result.failed[:3]
-        assert load.result.ok > ok_on_vllm > 0
+        assert _ok_by(served, "engine", "vllm") >= 4 and _ok_by(served, "engine", "llama.cpp", since=back_at) >= 4
+        assert {r.engine for r in served if r.status == 200} == {"llama.cpp", "vllm"}
         assert to_vllm.from_engine == "llama.cpp" and to_vllm.to_engine == "vllm" and to_vllm.drained
         assert back.to_engine == "llama.cpp" and back.drained
         assert [e.state for e in events].count("switching") == 2
@@ -329,17 +361,19 @@ def test_single_gpu_switch_is_stop_first_under_load_with_zero_failures(llama_ins
         manager.start(llama)
         first = manager.active
         assert first is not None and first.process.pid is not None
+        served = _served(proxy)
         with StreamingLoad(proxy.url, concurrency=8, max_tokens=16) as load:
             assert load.started_ok.wait(120)
             to_vllm = manager.switch("vllm")
             assert not psutil.pid_exists(first.process.pid) or first.process.state.value == "stopped"
             assert manager.active is not None and manager.active.upstream.engine == "vllm"
-            ok_on_vllm = load.result.ok
+            assert _wait_for(lambda: _ok_by(served, "engine", "vllm") >= 4), served[-3:]
             back = manager.switch("llama.cpp")
             assert manager.active is not None and manager.active.upstream.engine == "llama.cpp"
-            assert load.started_ok.wait(1)
+            back_at = len(served)
+            assert _wait_for(lambda: _ok_by(served, "engine", "llama.cpp", since=back_at) >= 4), served[-3:]
         assert load.result.failed == [], load.result.failed[:3]
-        assert load.result.ok > ok_on_vllm > 0
+        assert _ok_by(served, "engine", "vllm") >= 4
         for result in (to_vllm, back):
             assert result.kind == "stop-first" and result.drained and result.cut_requests == 0
             assert 0 < result.gap_s <= result.seconds

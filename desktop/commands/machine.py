@@ -42,7 +42,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p_fit.add_argument("--tp", type=N.count, default=1, help="vLLM tensor parallel size")
     _hardware_options(p_fit)
     p_fit.add_argument("--no-history", action="store_true",
-                       help="the estimate alone, not corrected by this machine's past launches of the model")
+                       help="the estimate alone, not corrected by this machine's past launches or calibration")
+    p_fit.add_argument("--engine-check", action="store_true",
+                       help="also launch the engine briefly and show its own memory report (llama-server: its "
+                            "--fit projection) next to the estimate")
     p_fit.add_argument("--json", action="store_true")
     p_fit.set_defaults(func=cmd_fit)
 
@@ -170,11 +173,62 @@ def cmd_fit(args: argparse.Namespace) -> int:
     found = _evidence(args, facts).get(engine)
     if found is not None and found.load_memory is not None:
         result = corrected_fit(result, memory_checks(facts, hardware, found.load_memory))
+    if not args.no_history and _this_machine(args):
+        from desktop.core.planning import calibration
+
+        result = calibration.corrected(result, hardware)
+    check = _engine_check(facts, hardware, result) if args.engine_check else None
     if args.json:
-        emit_json(result.to_json())
+        emit_json({**result.to_json(), **({"engine_check": check} if check is not None else {})})
     else:
         _print_fit(result)
+        if check is not None:
+            _print_engine_check(check)
     return 0 if result.fits != "no" else 1
+
+
+def _engine_check(facts: Any, hardware: HardwareSnapshot, result: FitResult) -> dict[str, Any]:
+    """The engine's own answer for the checked plan on this machine: a probe launch and its memory report."""
+    from desktop.core.engines import get_adapter
+    from desktop.core.planning import calibration
+    from desktop.core.runtime.memprobe import probe
+
+    local = facts.hf_dir if result.engine == "vllm" and facts.hf_dir else facts.path
+    if result.plan is None or not local:
+        raise SwitchyardError("--engine-check needs a local model file or folder", "pass a path, or demo")
+    adapter = get_adapter(result.engine)
+    install = adapter.find_install()
+    if install is None:
+        raise SwitchyardError(f"{result.engine} is not installed", f"switchyard engines install {result.engine}")
+    from dataclasses import replace
+    from pathlib import Path
+
+    probed = probe(adapter, install, replace(result.plan, model_path=Path(local)))
+    out: dict[str, Any] = {"started": probed.started, "error": probed.error, "argv": probed.argv,
+                           "lines": probed.report.lines}
+    if probed.started:
+        out["components"] = {k: {"predicted_bytes": p, "measured_bytes": m}
+                             for k, (p, m) in calibration.components(result.engine, probed.report, result).items()}
+    opinion = calibration.second_opinion(probed.report, result)
+    if opinion is not None:
+        out["engine_fit"] = opinion.to_json()
+    return out
+
+
+def _print_engine_check(check: dict[str, Any]) -> None:
+    if not check["started"]:
+        print(f"  engine check: the engine did not start: {check['error']}")
+    for name, row in (check.get("components") or {}).items():
+        if name == "kv_tokens":
+            print(f"  engine check: KV tokens predicted {row['predicted_bytes']:,.0f}, engine {row['measured_bytes']:,.0f}")
+        else:
+            print(f"  engine check: {name} predicted {row['predicted_bytes'] / 2**20:.1f} MiB, engine "
+                  f"{row['measured_bytes'] / 2**20:.1f} MiB")
+    opinion = check.get("engine_fit")
+    if opinion:
+        print(f"  llama-server's own --fit projects {opinion['engine_mib']:.1f} MiB for this plan; the estimate "
+              f"{opinion['ours_mib']:.1f} MiB ({opinion['relative'] * 100:+.1f}%)"
+              + (f": {opinion['explanation']}" if opinion.get("explanation") else ""))
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:

@@ -204,6 +204,13 @@ class FitResult:
         return data
 
 
+def exact_bytes(result: FitResult) -> dict[str, float]:
+    """The fit's components in bytes, unrounded (the GiB fields are rounded to 1 MiB, too coarse to compare a
+    small model with the engine's own report): weights, kv_cache, compute (llama.cpp compute + output buffers,
+    vLLM activation peak)."""
+    return {k.removeprefix("bytes."): v for k, v in result.breakdown.items() if k.startswith("bytes.")}
+
+
 def normalise_engine(engine: str) -> str:
     """The registered engine's name for any accepted spelling (the adapter registry is the one list)."""
     from desktop.core.engines import get_adapter
@@ -261,24 +268,48 @@ def llama_weight_bytes(facts: ModelFacts, quant: str | None) -> tuple[int, str]:
 
 # --- llama.cpp ------------------------------------------------------------------------------------------
 
+def _llama_cells(facts: ModelFacts, ctx: int, parallel: int, ubatch: int) -> tuple[int, int]:
+    """KV cells per sequence stream: (full-attention layers, sliding-window layers). llama-server keeps one
+    stream per slot (kv_unified off unless -np is auto): each holds ctx/np cells padded to 256, and a
+    sliding-window layer only window + ubatch of them (llama-kv-cache-iswa.cpp, measured: gemma3 rows of
+    benchmarks/results/fit)."""
+    cells = -(-max(ctx // max(parallel, 1), 1) // 256) * 256
+    window = facts.sliding_window or 0
+    swa_cells = -(-min(cells, window + ubatch) // 256) * 256 if window and facts.swa_layers else 0
+    return cells, swa_cells
+
+
 def _llama_kv_bytes(facts: ModelFacts, ctx: int, parallel: int, ubatch: int, kv_type: str) -> int:
-    cells = -(-ctx // 256) * 256
+    cells, swa_cells = _llama_cells(facts, ctx, parallel, ubatch)
     per_cell_layer = _kv_width(facts) * KV_TYPE_BYTES[kv_type]
-    swa = min(facts.swa_layers, facts.n_layers) if facts.sliding_window else 0
+    swa = min(facts.swa_layers, facts.n_layers) if swa_cells else 0
     full_layers = facts.n_layers - swa
-    swa_cells = min(cells, -(-((facts.sliding_window or 0) * parallel + ubatch) // 256) * 256) if swa else 0
-    return int(per_cell_layer * (full_layers * cells + swa * swa_cells))
+    return int(per_cell_layer * parallel * (full_layers * cells + swa * swa_cells))
 
 
-def _llama_compute_bytes(facts: ModelFacts, ctx: int, ubatch: int, flash_attn: bool) -> int:
-    """Scratch for one ubatch: logits (ubatch x vocab, f32) or, without flash attention, the KQ scores
-    (ubatch x ctx x heads, f32). Matches llama.cpp's logged compute buffer within a few percent."""
+def _llama_compute_bytes(facts: ModelFacts, ctx: int, ubatch: int, flash_attn: bool, parallel: int = 1) -> int:
+    """The scheduler's compute buffer for one worst-case ubatch plus the host output (logits) buffer.
+
+    With flash attention (llama-server's auto turns it on): f32 activations of ~5 hidden-sized and 3
+    FFN-sized rows per token (gate, up and their product; for MoE the active experts' FFN), one f16 KQ mask per
+    cache kind (cells per stream x ubatch), and logits for one output per slot (slots x vocab, f32). Only the
+    last token of each sequence is decoded to logits: a vocabulary-sized buffer per slot, not per ubatch row.
+    Measured against llama-server 11434's `-v` buffer lines (benchmarks/fit_vs_engine.py, tuning split).
+    Without flash attention the KQ scores (ubatch x ctx x heads, f32) are materialised; that branch keeps the
+    older formula fitted to published logs (tests/test_fit_accuracy.py)."""
     ub = min(ubatch, max(ctx, 1))
     h = facts.hidden_size
-    logits = 4 * ub * (h + facts.vocab_size)
     if flash_attn:
-        ffn = 4 * ub * (2 * (facts.intermediate_size or 4 * h) + h)
-        return int(max(logits, ffn))
+        if facts.is_moe:
+            ff = (facts.n_experts_active or 2) * (facts.moe_intermediate_size or facts.intermediate_size or 4 * h)
+        else:
+            ff = facts.intermediate_size or 4 * h
+        cells, swa_cells = _llama_cells(facts, ctx, parallel, ubatch)
+        full = facts.n_layers - (min(facts.swa_layers, facts.n_layers) if swa_cells else 0)
+        masks = 2 * ub * ((cells if full > 0 else 0) + swa_cells)
+        output = 4 * parallel * facts.vocab_size
+        return int(4 * ub * (5 * h + 3 * ff) + masks + output)
+    logits = 4 * ub * (h + facts.vocab_size)
     scores = 4 * ub * (1 + 4 * h + ctx * (1 + facts.n_heads))
     return int(max(logits, scores))
 
@@ -322,7 +353,7 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         notes.append("a quantized V cache needs flash attention (-fa on)")
     weights, quant = llama_weight_bytes(facts, s.quant)
     kv = _llama_kv_bytes(facts, ctx, s.parallel, s.ubatch, kv_type)
-    compute = _llama_compute_bytes(facts, ctx, s.ubatch, flash)
+    compute = _llama_compute_bytes(facts, ctx, s.ubatch, flash, s.parallel)
     n_layers = facts.n_layers
     embed = facts.embedding_bytes or int(facts.vocab_size * facts.hidden_size * weights / max(facts.params or 1, 1))
     tied = facts.tie_word_embeddings or not facts.has_output_tensor
@@ -334,7 +365,8 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
                 "ctx_per_slot": per_request}
     if s.parallel > 1:
         notes.append(f"{s.parallel} slots of {per_request:,} tokens share one {ctx:,}-token context (-c)")
-    breakdown = {"weights": _gib(weights), "kv_cache": _gib(kv), "compute_buffers": _gib(compute)}
+    breakdown = {"weights": _gib(weights), "kv_cache": _gib(kv), "compute_buffers": _gib(compute),
+                 "bytes.weights": float(weights), "bytes.kv_cache": float(kv), "bytes.compute": float(compute)}
 
     if not use_gpu:
         ram = hw.ram_available_bytes
@@ -441,6 +473,33 @@ def vllm_kv_bytes_per_token(facts: ModelFacts, tp: int, kv_cache_dtype: str, max
     return per_layer * ((facts.n_layers - swa) + swa * share)
 
 
+VLLM_CPU_BLOCK_SIZE = 128  # the CPU attention backend's default block (vllm/platforms/cpu.py)
+VLLM_CPU_BATCHED_TOKENS = 2048  # the CPU API server's default max_num_batched_tokens (engine/arg_utils.py)
+
+
+def _vllm_cpu_kv_tokens(facts: ModelFacts, kv_space: int, max_len: int, kv_cache_dtype: str, dtype: str,
+                        batched: int) -> int:
+    """The "KV cache size: N tokens" vLLM's CPU build logs: max concurrency x max_model_len, where a request
+    needs whole 128-token blocks in every KV cache group. With sliding-window layers (the hybrid allocator)
+    layers are grouped by type into groups of the smaller count; one block id holds a page in every group,
+    and a sliding-window group holds min(window - 1 + in-flight tokens, max_model_len) tokens plus one block
+    (kv_cache_interface.SlidingWindowSpec), not the whole request. Measured: benchmarks/results/fit."""
+    elem = 1.0 if kv_cache_dtype.startswith("fp8") else 4.0 if DTYPE_BYTES.get(dtype) == 4 else 2.0
+    if facts.kv_lora_rank:
+        per_layer = (facts.kv_lora_rank + (facts.qk_rope_head_dim or 64)) * elem
+    else:
+        per_layer = 2 * facts.n_kv_heads * facts.head_dim * elem
+    block = VLLM_CPU_BLOCK_SIZE
+    swa = min(facts.swa_layers, facts.n_layers) if facts.sliding_window else 0
+    full = facts.n_layers - swa
+    group = min(full, swa) if full and swa else facts.n_layers
+    pages = int(kv_space // (group * block * per_layer))  # block ids in the shared pool
+    window_tokens = min((facts.sliding_window or 0) - 1 + batched, max_len)
+    per_request = (-(-full // group)) * -(-max_len // block) if full else 0
+    per_request += (-(-swa // group)) * (-(-window_tokens // block) + 1) if swa else 0
+    return int(pages / max(per_request, 1) * max_len)
+
+
 def _vllm_activation_bytes(facts: ModelFacts, batched: int, max_num_seqs: int, tp: int) -> int:
     """The profiled peak: ~3 bf16 copies of the (hidden + MLP) activations per batched token, plus the
     sampler's f32 logits for max_num_seqs sequences. Fitted to vLLM's "activation peak" log lines."""
@@ -481,7 +540,8 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
     if not gpus:
         # vLLM's CPU backend: weights in RAM plus a fixed KV space (VLLM_CPU_KVCACHE_SPACE).
         kv_space = int(s.cpu_kv_cache_gib * GIB)
-        tokens = int(kv_space // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE
+        tokens = _vllm_cpu_kv_tokens(facts, kv_space, max_len, s.kv_cache_dtype, s.dtype,
+                                     s.max_num_batched_tokens or VLLM_CPU_BATCHED_TOKENS)
         need = weights + kv_space + int(1.0 * GIB)
         ram = hw.ram_available_bytes
         verdict: Verdict = "yes" if need <= ram and tokens >= max_len else "no"
@@ -496,7 +556,9 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
         return FitResult("vllm", verdict, _gib(weights), _gib(kv_space), _gib(GIB), _gib(need), _gib(ram),
                          _gib(ram - need), "CPU", max_len, kv_cache_tokens=tokens,
                          max_concurrency=round(tokens / max_len, 2), cpu_ram_gib=_gib(need), quant=quant,
-                         breakdown={"weights": _gib(weights), "kv_cache": _gib(kv_space)},
+                         breakdown={"weights": _gib(weights), "kv_cache": _gib(kv_space),
+                                    "bytes.weights": float(weights), "bytes.kv_cache": float(kv_space),
+                                    "bytes.compute": float(GIB)},
                          settings=settings, notes=notes)
 
     if tp > len(gpus):
@@ -524,7 +586,8 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
     used = budget + (graphs - in_budget_graphs)
     breakdown = {"budget": _gib(budget), "weights": _gib(per_gpu_weights), "activation_peak": _gib(activation),
                  "non_torch": _gib(non_torch), "cuda_graphs": _gib(graphs), "kv_cache": _gib(max(kv, 0)),
-                 "kv_bytes_per_token": round(per_token, 1)}
+                 "kv_bytes_per_token": round(per_token, 1), "bytes.weights": float(per_gpu_weights),
+                 "bytes.kv_cache": float(max(kv, 0)), "bytes.compute": float(activation)}
     verdict = "yes"
     if per_gpu_weights + activation + non_torch >= budget:
         verdict = "no"

@@ -3,8 +3,11 @@ load. The recommender reads these rows back (desktop.core.planning.evidence): co
 and the memory corrects the next fit for the same model on this machine.
 
 Memory comes from what is there without slowing serving: the engine's own load lines when it prints them
-(vLLM at its default verbosity: weights, KV cache, CUDA graphs; llama.cpp only at -lv 4, which the app no
-longer uses), and always the resident memory of the engine's process tree once it has served a first request.
+(vLLM at its default verbosity: weights, KV cache, CUDA graphs; llama.cpp only at -v/-lv 4, which the app's
+normal launches do not use: `switchyard calibrate` makes a short -v probe instead), and always the resident
+memory of the engine's process tree once it has served a first request. The engine's lines are parsed by
+engines.memory_report and stored as per-component calibration points (planning.calibration) next to the fit's
+prediction for the launched plan, keyed by this machine's accelerator set.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import logging
 from typing import Any
 
 from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines.memory_report import MemoryReport, parse
 from desktop.core.runtime.proctree import tree_rss
-from desktop.core.runtime.supervisor import EngineProcess
-from desktop.core.storage.history import RunRecord, Store
+from desktop.core.runtime.supervisor import LOG_TAIL_LINES, EngineProcess
+from desktop.core.storage.history import MemoryPoint, RunRecord, Store
 
 log = logging.getLogger("switchyard.launches")
 
@@ -59,24 +63,63 @@ def load_memory(facts: dict[str, str], rss_gib: float | None) -> dict[str, Any]:
     return out
 
 
+def engine_report(process: EngineProcess) -> MemoryReport:
+    """The engine's own memory lines from this launch's log (engines.memory_report): vLLM prints them at its
+    default verbosity; llama-server only at -v, so its normal launches usually yield an empty report."""
+    return parse(process.adapter.name, process.log_tail(LOG_TAIL_LINES))
+
+
 def launch_record(process: EngineProcess, model: str, source: str = "serve") -> RunRecord:
     """The history row for a launch that is ready now (call right after `wait_ready`)."""
     cold = process.cold_start
-    summary = {"cold_start": cold.to_json(), "load_memory": load_memory(cold.facts, tree_rss_gib(process.pid)),
-               "source": source}
+    memory = load_memory(cold.facts, tree_rss_gib(process.pid))
+    report = engine_report(process)
+    if not report.empty():
+        memory["engine_report"] = {**report.summary_gib(), "lines": report.lines}
+    summary = {"cold_start": cold.to_json(), "load_memory": memory, "source": source}
     return RunRecord(kind="launch", engine=process.adapter.name, engine_version=process.install.version,
                      model=model, settings=process.plan.to_json(), summary=summary,
                      label=f"launch {process.adapter.name} ({source})")
 
 
+def memory_points(process: EngineProcess, model: str, run_id: int | None,
+                  report: MemoryReport | None = None) -> list[MemoryPoint]:
+    """The launch's engine-reported memory next to what the fit predicts for its plan, one row per component:
+    the same rows `switchyard calibrate` stores, so every launch corrects the next fit on these accelerators."""
+    from desktop.core.machine.hardware import detect
+    from desktop.core.models.facts import facts_from_path
+    from desktop.core.planning import calibration
+    from desktop.core.planning.fit import estimate
+
+    report = report if report is not None else engine_report(process)
+    if report.empty():
+        return []
+    hardware = detect()
+    fit = estimate(facts_from_path(process.plan.model_path), hardware, process.plan)
+    return calibration.points_for(process.adapter.name, process.install.version, model, report, fit, hardware,
+                                  "launch", run_id, process.plan.to_json())
+
+
 def record_launch(process: EngineProcess, model: str, source: str = "serve", store: Store | None = None) -> int | None:
-    """Store the launch in history; history trouble never stops serving (it is logged and skipped)."""
+    """Store the launch in history, and the engine's memory lines as calibration points; history trouble never
+    stops serving (it is logged and skipped)."""
     try:
         record = launch_record(process, model, source)
         if store is not None:
-            return store.add_run(record)
+            run_id = store.add_run(record)
+            _add_points(store, process, model, run_id)
+            return run_id
         with Store() as own:
-            return own.add_run(record)
+            run_id = own.add_run(record)
+            _add_points(own, process, model, run_id)
+            return run_id
     except (SwitchyardError, OSError) as exc:
         log.warning("could not record the launch in history: %s", exc)
         return None
+
+
+def _add_points(store: Store, process: EngineProcess, model: str, run_id: int) -> None:
+    try:
+        store.add_memory_points(memory_points(process, model, run_id))
+    except (SwitchyardError, OSError, ValueError) as exc:  # a model the fit cannot read: the launch row stays
+        log.warning("could not compare the launch's memory with the fit: %s", exc)

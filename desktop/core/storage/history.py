@@ -72,6 +72,24 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX requests_t ON requests (t)",
     ),
+    (  # 3 -> 4: per-component memory the engines reported next to what the fit predicted, keyed by the
+       # accelerator set (not the host name: a GPU moved to another box keeps its corrections)
+        """CREATE TABLE memory_points (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            created_at REAL NOT NULL,
+            accelerators TEXT NOT NULL,
+            engine TEXT NOT NULL,
+            engine_version TEXT,
+            model TEXT,
+            component TEXT NOT NULL,
+            predicted_bytes REAL NOT NULL,
+            measured_bytes REAL NOT NULL,
+            source TEXT NOT NULL,
+            run_id INTEGER,
+            settings_json TEXT NOT NULL DEFAULT '{}'
+        )""",
+        "CREATE INDEX memory_points_key ON memory_points (accelerators, engine, component, created_at)",
+    ),
 )
 # The request log's columns (besides the row id): the keys of the endpoint's RequestRecord.to_json() it keeps.
 REQUEST_COLUMNS = ("t", "seq", "method", "path", "model", "engine", "upstream", "status", "streamed",
@@ -102,6 +120,24 @@ class RunRecord:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class MemoryPoint:
+    """One component of one launch: what the engine reported and what the fit predicted (bytes)."""
+
+    accelerators: str
+    engine: str
+    component: str  # weights | kv_cache | compute | total
+    predicted_bytes: float
+    measured_bytes: float
+    source: str  # "calibrate" | "launch"
+    engine_version: str | None = None
+    model: str | None = None
+    run_id: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+    id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +253,33 @@ class Store:
         """Drop samples older than `before` (telemetry retention)."""
         with self._lock, self._db:
             return self._db.execute("DELETE FROM samples WHERE ts < ?", (before,)).rowcount
+
+    # --- engine-reported memory vs the fit (calibration) -----------------------------------------------
+    def add_memory_points(self, rows: Iterable[MemoryPoint]) -> int:
+        values = [(r.created_at, r.accelerators, r.engine, r.engine_version, r.model, r.component,
+                   float(r.predicted_bytes), float(r.measured_bytes), r.source, r.run_id,
+                   json.dumps(r.settings, default=str)) for r in rows]
+        with self._lock, self._db:
+            self._db.executemany(
+                "INSERT INTO memory_points (created_at, accelerators, engine, engine_version, model, component, "
+                "predicted_bytes, measured_bytes, source, run_id, settings_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                "?, ?)", values)
+        return len(values)
+
+    def memory_points(self, accelerators: str, engine: str | None = None, limit: int = 200) -> list[MemoryPoint]:
+        """Newest first, for one accelerator set (and engine)."""
+        query = ("SELECT created_at, accelerators, engine, engine_version, model, component, predicted_bytes, "
+                 "measured_bytes, source, run_id, settings_json, id FROM memory_points WHERE accelerators = ?")
+        args: list[Any] = [accelerators]
+        if engine:
+            query += " AND engine = ?"
+            args.append(engine)
+        query += " ORDER BY created_at DESC, id DESC LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(query, (*args, limit)).fetchall()
+        return [MemoryPoint(created_at=r[0], accelerators=r[1], engine=r[2], engine_version=r[3], model=r[4],
+                            component=r[5], predicted_bytes=r[6], measured_bytes=r[7], source=r[8], run_id=r[9],
+                            settings=json.loads(r[10] or "{}"), id=r[11]) for r in rows]
 
     # --- the endpoint's request log --------------------------------------------------------------------
     def add_requests(self, rows: Iterable[Mapping[str, Any]]) -> int:

@@ -1,11 +1,14 @@
 """Machine: what was detected (GPUs, CPU, RAM, disk, notes), the engine builds this machine should run (and
-whether the installed ones waste the GPU), and live free VRAM / RAM, refreshed every 2 s."""
+whether the installed ones waste the GPU), live free VRAM / RAM, refreshed every 2 s, and a Calibrate button:
+each installed engine is launched briefly and its own memory report corrects the fit here
+(desktop.core.runtime.calibrate; the page only shows its predicted-vs-measured lines)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from PySide6.QtCore import QTimer
+from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
@@ -29,6 +32,14 @@ def detect_hardware() -> Any:
 
     models_dir = settings_module.load().models_dir or None
     return detect(models_dir)
+
+
+def calibrate_engines() -> list[list[str]]:
+    """Every engine's calibration (`switchyard calibrate` on the demo), as the lines it prints."""
+    from desktop.core.engines import engine_names
+    from desktop.core.runtime.calibrate import calibrate, describe
+
+    return [describe(calibrate(engine)) for engine in engine_names()]
 
 
 def engine_builds(snapshot: Any) -> Any:
@@ -58,11 +69,23 @@ class MachinePage(QWidget):
         self.notes_label.setWordWrap(True)
         self.refresh_button = QPushButton("&Refresh")
         self.refresh_button.clicked.connect(self.refresh)
+        self.calibrate_box = QGroupBox("Memory calibration")
+        calibrate_layout = QVBoxLayout(self.calibrate_box)
+        self.calibrate_button = QPushButton("&Calibrate memory (launches each engine briefly)")
+        self.calibrate_button.setAccessibleName("Calibrate memory")
+        self.calibrate_button.clicked.connect(self.calibrate)
+        self.calibration_label = QLabel("Not calibrated on this machine yet: the fit uses its formulas alone.")
+        self.calibration_label.setWordWrap(True)
+        self.calibration_label.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.calibration_label.setAccessibleName("Calibration result")
+        calibrate_layout.addWidget(self.calibrate_button)
+        calibrate_layout.addWidget(self.calibration_label)
         layout = QVBoxLayout(self)
         layout.addWidget(self.notice)
         layout.addWidget(summary_box)
         layout.addWidget(self.builds_box)
         layout.addWidget(self.live_box)
+        layout.addWidget(self.calibrate_box)
         layout.addWidget(self.notes_label)
         layout.addWidget(self.refresh_button)
         layout.addStretch(1)
@@ -77,6 +100,19 @@ class MachinePage(QWidget):
             return  # never pile up probes
         self._refreshing = True
         submit(detect_hardware, on_finished=self.show_snapshot, on_error=self.show_error)
+
+    def calibrate(self) -> None:
+        self.calibrate_button.setEnabled(False)
+        self.calibration_label.setText("Calibrating: launching each installed engine at a small context…")
+        submit(calibrate_engines, on_finished=self.show_calibration, on_error=self.show_calibration_error)
+
+    def show_calibration(self, results: list[list[str]]) -> None:
+        self.calibrate_button.setEnabled(True)
+        self.calibration_label.setText("\n".join(line for lines in results for line in lines))
+
+    def show_calibration_error(self, message: str) -> None:
+        self.calibrate_button.setEnabled(True)
+        self.calibration_label.setText(f"Calibration failed: {message}")
 
     def show_error(self, message: str) -> None:
         self._refreshing = False
