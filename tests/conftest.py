@@ -16,6 +16,16 @@ from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineInstall, LaunchPlan
 
 
+@pytest.fixture(autouse=True)
+def _keep_umask() -> Iterator[None]:
+    """`desktop.cli.main` sets the app's umask 077 for its whole process; a test that calls it in-process must not
+    leave it for the next one (which may create files another user has to read)."""
+    previous = os.umask(0o022)
+    os.umask(previous)
+    yield
+    os.umask(previous)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Settings, history, logs and pidfiles go to a temp dir; engines and the demo model stay shared (cached)."""

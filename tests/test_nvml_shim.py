@@ -130,7 +130,10 @@ def test_vllm_plans_on_the_gpu_take_the_checkpoints_dtype(shim_dir: Path, model:
     assert "float32" not in rec["argv"] and _flag(rec["argv"], "--dtype") == "auto"
     util = rec["plan"]["gpu_memory_utilization"]
     assert util == 0.82 and _flag(rec["argv"], "--gpu-memory-utilization") == str(util)
-    refused = cli(shim_dir, "serve", "--engine", "vllm", "--model", model, "--dry-run", "--json")  # util 0.9
+    # without --util the planner asks vLLM for what is free (vLLM V1 refuses to start below total x util free)
+    planned = cli_json(shim_dir, "serve", "--engine", "vllm", "--model", model, "--dry-run", "--json")
+    assert _flag(planned["argv"], "--gpu-memory-utilization") == str(util)
+    refused = cli(shim_dir, "serve", "--engine", "vllm", "--model", model, "--util", "0.9", "--dry-run", "--json")
     assert refused.returncode != 0 and "switchyard: hint: pass --util 0.82" in refused.stderr
     dry = cli_json(shim_dir, "serve", "--engine", "vllm", "--model", model, "--ctx", "4096", "--parallel", "8",
                    "--util", str(util), "--dry-run", "--json")
