@@ -81,6 +81,20 @@ def _lengths(requests: int, mean: int) -> list[int]:
     return [low + (index * 37) % (high - low + 1) for index in range(requests)]
 
 
+def _session(url: str) -> tuple[aiohttp.ClientSession, str]:
+    """A client session for `url` and the URL to send to: an engine on its private Unix socket (the app's engines
+    listen there, `desktop.core.common.unixhttp`) is reached with aiohttp's UnixConnector, TCP otherwise. A fresh
+    connection per request in both cases: llama-server closes idle kept-alive connections, and a client that
+    reuses one just then fails (the proxy retries that case; this client does not)."""
+    from desktop.core.common import unixhttp
+
+    socket = unixhttp.socket_of(url)
+    connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=socket, limit=0, force_close=True) if socket \
+        else aiohttp.TCPConnector(limit=0, force_close=True)
+    session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600))
+    return session, unixhttp.http_url(url) if socket else url
+
+
 async def _round(mode: str, url: str, concurrency: int, requests: int, max_tokens: int) -> Round:
     queue: asyncio.Queue[int] = asyncio.Queue()
     for length in _lengths(requests, max_tokens):
@@ -88,10 +102,8 @@ async def _round(mode: str, url: str, concurrency: int, requests: int, max_token
     ttfts: list[float] = []
     totals = {"tokens": 0, "failed": 0}
     errors: list[str] = []
-    # A fresh connection per request in both modes: llama-server closes idle kept-alive connections, and a
-    # client that reuses one just then fails (the proxy retries that case; this client does not).
-    connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+    session, url = _session(url)
+    async with session:
         async def worker() -> None:
             while not queue.empty():
                 length = queue.get_nowait()
@@ -132,8 +144,8 @@ async def _mixed_round(urls: dict[str, str], concurrency: int, requests: int, ma
     for length in _lengths(requests, max_tokens):
         queue.put_nowait(length)
     ttfts: dict[str, list[float]] = {mode: [] for mode in urls}
-    connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+    sessions = {mode: _session(url) for mode, url in urls.items()}
+    try:
         modes = list(urls)
 
         async def worker(index: int) -> None:
@@ -142,11 +154,15 @@ async def _mixed_round(urls: dict[str, str], concurrency: int, requests: int, ma
             while not queue.empty():
                 mode = modes[index % len(modes)]
                 index += 1
-                first, _tokens = await _one(session, urls[mode], queue.get_nowait())
+                session, url = sessions[mode]
+                first, _tokens = await _one(session, url, queue.get_nowait())
                 if first is not None:
                     ttfts[mode].append(first)
 
         await asyncio.gather(*(worker(index) for index in range(concurrency)))
+    finally:
+        for session, _url in sessions.values():
+            await session.close()
     return ttfts
 
 
