@@ -8,6 +8,7 @@ plan and the argv it would run (the real adapter's build_command) and pretends t
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
@@ -46,6 +47,7 @@ class Recorded:
 
     launched: list[Recorded] = []
     fail_ctx_above: int | None = None  # an "out of memory" load for plans with more context than this
+    fail_log: list[str] = []  # what the failed load printed (its log tail)
     refuse_start = False  # stop right at start (the CLI's plain serve, bench and the A/B end there)
 
     def __init__(self, adapter: Any, plan: LaunchPlan, install: EngineInstall, tcp: bool = False) -> None:
@@ -81,6 +83,9 @@ class Recorded:
 
     def subscribe(self, _listener: Any) -> None:
         pass
+
+    def log_tail(self, lines: int = 200) -> list[str]:
+        return Recorded.fail_log[-lines:]
 
     def stop(self) -> None:
         self.state = EngineState.STOPPED
@@ -268,6 +273,27 @@ def test_switch_after_an_auto_fit_retry_carries_no_llamacpp_field_to_vllm(proxy:
         assert argv(vllm.plan) == argv(plan_launch("vllm", "demo", DESKTOP, {"ctx_per_request": 4096,
                                                                              "slots": 2}).plan)
     finally:
+        endpoint.close()
+
+
+def test_vllm_out_of_memory_retry_takes_the_length_vllm_printed(proxy: ProxyServer) -> None:
+    """vLLM V1's "KV cache is needed, which is larger than the available KV cache memory ... the estimated maximum
+    model length is M" (a recorded log, its numbers set for this plan): --auto-fit retries with max_model_len M,
+    checked by the planner, instead of halving the context blindly."""
+    recorded = (HERE / "data" / "vllm-v1" / "kv-cache-too-small.log").read_text()
+    endpoint = manager(proxy, DESKTOP, auto_fit=True)
+    Recorded.fail_ctx_above = 6000
+    Recorded.fail_log = re.sub(r"estimated maximum model length is \d+", "estimated maximum model length is 6000",
+                               re.sub(r"max seq len \(\d+\)", "max seq len (8192)", recorded)).splitlines()
+    try:
+        endpoint.start(ask("vllm", "demo", {"ctx_per_request": 8192, "slots": 2}))
+        first, retry = Recorded.launched
+        assert first.plan.ctx_per_request == 8192 and retry.plan.ctx_per_request == 6000  # not 4096 (half)
+        assert endpoint.active is not None and "6000" in (endpoint.active.retried or "")
+        assert argv(retry.plan) == argv(plan_launch("vllm", "demo", DESKTOP, {"ctx_per_request": 6000,
+                                                                              "slots": 2}).plan)
+    finally:
+        Recorded.fail_log = []
         endpoint.close()
 
 

@@ -301,6 +301,12 @@ class EngineAdapter(ABC):
     # access-log lines are the app talking to itself, kept in the log file but out of the engine log pane.
     polled_paths: tuple[str, ...] = ("/health", "/metrics", "/slots")
 
+    def memory_retry(self, log_text: str, plan: LaunchPlan) -> tuple[dict[str, Any], str] | None:
+        """After an out-of-memory start: the plan fields to change (and why, in words) when the engine's own log
+        says what would start, e.g. vLLM's "estimated maximum model length is M"; None: the fit's next smaller
+        plan decides (the default)."""
+        return None
+
     def is_polling_line(self, line: str) -> bool:
         """Whether `line` is an engine's access-log line for one of the app's own polls (`polled_paths`)."""
         match = _ACCESS_LINE.search(line)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
@@ -415,6 +415,15 @@ class VllmAdapter(EngineAdapter):
         else:
             extra = {k: v for k, v in extra.items() if not k.startswith("VLLM_CPU_")}
         return CommandLine(argv, _engine_env(extra, cpu=cpu))
+
+    def memory_retry(self, log_text: str, plan: LaunchPlan) -> tuple[dict[str, Any], str] | None:
+        """vLLM V1 prints what would start (its estimated maximum model length, the free memory): retry with it."""
+        retry = memory_retry(log_text, plan)
+        if retry is None:
+            return None
+        changes = {name: getattr(retry.plan, name) for name in ("ctx_per_request", "gpu_memory_utilization")
+                   if getattr(retry.plan, name) != getattr(plan, name)}
+        return (changes, retry.reason) if changes else None
 
     def cold_start_phases(self, plan: LaunchPlan) -> tuple[str, ...]:
         """--enforce-eager skips torch.compile (and CUDA graphs, but the engine still warms up)."""

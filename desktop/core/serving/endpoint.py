@@ -189,6 +189,17 @@ class EndpointManager:
         try:
             return self._launch_once(plan)
         except LoadOutOfMemory as exc:
+            told = get_adapter(plan.engine).memory_retry(exc.log_text, plan)
+            if told is not None:  # the engine said what would start: retry with exactly that
+                said, why = told
+                if not self.auto_fit:
+                    raise LoadOutOfMemory(exc.message, f"{exc.hint}. The engine says this would start: {why} "
+                                                       "(serve with --auto-fit to retry with it by itself)") from exc
+                retry = self.check(plan, changes=said)
+                self.emit("retrying", f"{exc.message}; retrying once as the engine said: {why}")
+                managed = self._launch_once(retry)
+                managed.retried = why
+                return managed
             smaller = self._smaller(plan)
             if smaller is None:
                 raise
@@ -239,7 +250,9 @@ class EndpointManager:
             process.stop()
             reason = process.outcome.reason if process.outcome else None
             if reason is not None and reason.memory:
-                raise LoadOutOfMemory(exc.message, exc.hint) from exc
+                oom = LoadOutOfMemory(exc.message, exc.hint)
+                oom.log_text = "\n".join(process.log_tail(400))
+                raise oom from exc
             raise
         except BaseException:
             process.stop()

@@ -86,7 +86,10 @@ EndpointListener = Callable[[EndpointEvent], None]
 
 
 class LoadOutOfMemory(EngineFailed):
-    """An engine failed to load for lack of memory (the adapter's explanation says so)."""
+    """An engine failed to load for lack of memory (the adapter's explanation says so); `log_text` is the end of
+    its log, where an engine may say what would start (vLLM V1's estimated maximum model length)."""
+
+    log_text: str = ""
 
 
 class EngineSlots:
