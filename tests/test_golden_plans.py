@@ -75,6 +75,15 @@ def vllm_build(snapshot: Path) -> dict[str, Any]:
             "cuda_build": choice.extra.get("cuda_build"), "reason": choice.reason}
 
 
+# vLLM's compile cache folder is named by a hash of the model's absolute path (engines.vllm.compile_cache_key):
+# that differs per checkout and user, so the goldens record that it is set, not where.
+COMPILE_CACHE_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def _portable_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: "<the plan's compile cache>" if k in COMPILE_CACHE_ENV else v for k, v in env.items()}
+
+
 def golden_case(snapshot: Path, model: str) -> dict[str, Any]:
     try:
         rec = _recommend(snapshot, model)
@@ -85,7 +94,7 @@ def golden_case(snapshot: Path, model: str) -> dict[str, Any]:
     fit = rec.fit
     data = {
         "snapshot": snapshot.stem, "model": model, "engine": rec.engine, "quant": rec.quant,
-        "plan": rec.plan.to_json(), "argv": command.argv, "env": command.env,
+        "plan": rec.plan.to_json(), "argv": command.argv, "env": _portable_env(command.env),
         "fit": {"fits": fit.fits, "device": fit.device, "weights_gib": fit.weights_gib,
                 "kv_cache_gib": fit.kv_cache_gib, "total_gib": fit.total_gib, "available_gib": fit.available_gib,
                 "gpu_layers": fit.gpu_layers, "kv_cache_tokens": fit.kv_cache_tokens,
