@@ -64,14 +64,14 @@ def _in_order(keys: list[str]) -> bool:
 @pytest.mark.llamacpp
 @pytest.mark.vllm
 def test_switch_told_live_phases_bar_charts_and_quiet_log(window, qtbot, llama_ready, vllm_ready, demo_model) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    from desktop.ui.engine_session import LaunchRequest
+    from desktop.core.planning.planner import ask
 
     session = window.session
     session.vllm_eager = True  # no torch.compile: the switch is a minute shorter on CPU (the phases still show)
     session.telemetry_interval = SCRAPE_INTERVAL_S
     serve = window.show_page("Serve")
     with qtbot.waitSignal(serve.engine_ready, timeout=300_000):
-        serve.launch(LaunchRequest("llama.cpp", "demo", slots=2))
+        serve.launch(ask("llama.cpp", "demo", {"slots": 2}))
     llama = session.process
     scrapes = ScrapeCounter()
     session.telemetry.subscribe(scrapes)

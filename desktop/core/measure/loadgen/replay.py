@@ -204,8 +204,8 @@ async def run_replay(
     results: list[RequestResult | None] = [None] * len(specs)
     aborted: list[str] = []
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(request_timeout_s, connect=10.0),
-                                 trust_env=False, verify=target.verify_tls, follow_redirects=False) as client:
+    # target.async_client: over the engine's private Unix socket where it has one (common.unixhttp), else TCP
+    async with target.async_client(limits=limits, timeout=httpx.Timeout(request_timeout_s, connect=10.0)) as client:
         model = target.model or await discover_model(client, target)
         clock_zero = time.perf_counter() + START_LEAD_S
 
