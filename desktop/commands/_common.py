@@ -78,3 +78,17 @@ class LazyChoices(Sequence[str]):
 
     def __contains__(self, value: object) -> bool:
         return value in self._names()
+
+
+def print_described(described: dict[str, Any], name: str | None = None) -> None:
+    """A dry run's plan as a person reads it: the argv, its environment, the fit's verdict (serve, bench, ab)."""
+    import shlex
+
+    if name:
+        print(f"{name}:")
+    print(shlex.join(described["argv"]))
+    for key, value in described["env"].items():
+        print(f"  env {key}={value}")
+    fit = described["fit"]
+    print(f"fits: {fit['fits']} on {fit['device']}: {fit['total_gib']:.2f} GiB of "
+          f"{fit['available_gib']:.2f} GiB (weights {fit['weights_gib']:.2f}, KV {fit['kv_cache_gib']:.2f})")

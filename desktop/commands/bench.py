@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from desktop.commands import _numbers as N
-from desktop.commands._common import emit_json, stderr_progress
+from desktop.commands._common import emit_json, print_described, stderr_progress
 from desktop.core.common import paths
 from desktop.core.common.defaults import DEFAULT_CTX_PER_REQUEST, DEFAULT_READY_TIMEOUT
 from desktop.core.common.errors import SwitchyardError
@@ -168,7 +168,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.json:
             emit_json(described)
         else:
-            _print_plan(described)
+            print_described(described)
         return 0
     meta: dict[str, Any] = {"endpoint": args.endpoint, "engine": None, "engine_version": None,
                             "model": args.model, "settings": {"levels": [lvl.to_json() for lvl in levels],
@@ -228,18 +228,6 @@ def _bench_plan(args: argparse.Namespace, levels: list[LoadConfig]) -> Any:
     top = max(level.concurrency or 1 for level in levels)
     return plan_launch(args.engine, args.model, _hardware(args),
                        {"ctx_per_request": args.ctx, "slots": args.parallel or top}, progress=stderr_progress)
-
-
-def _print_plan(described: dict[str, Any], name: str | None = None) -> None:
-    import shlex
-
-    if name:
-        print(f"{name}:")
-    print(shlex.join(described["argv"]))
-    for key, value in described["env"].items():
-        print(f"  env {key}={value}")
-    fit = described["fit"]
-    print(f"fits: {fit['fits']} on {fit['device']}: {fit['total_gib']:.2f} GiB of {fit['available_gib']:.2f} GiB")
 
 
 def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[LoadConfig], slo: SLO | None,
@@ -343,7 +331,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
             emit_json({"engines": plans})
         else:
             for name, described in plans.items():
-                _print_plan(described, name)
+                print_described(described, name)
         return 0
     directory = Path(args.report) if args.report else paths.data_dir() / "reports" / time.strftime("ab-%Y%m%d-%H%M%S")
     result = run_ab(config, progress=_every_tenth(), allow_install=args.install, hardware=hardware)

@@ -19,7 +19,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from desktop.commands import _numbers as N
-from desktop.commands._common import cell, emit_json, stderr_progress
+from desktop.commands._common import cell, emit_json, print_described, stderr_progress
 from desktop.core.common.defaults import (
     DEFAULT_CTX_PER_REQUEST,
     DEFAULT_DRAIN_TIMEOUT,
@@ -156,16 +156,8 @@ def checked_plan(args: argparse.Namespace, hardware: HardwareSnapshot) -> Checke
 
 
 def _print_described(described: dict[str, Any], as_json: bool, name: str | None = None) -> None:
-    if as_json:
-        return
-    if name:
-        print(f"{name}:")
-    print(shlex.join(described["argv"]))
-    for key, value in described["env"].items():
-        print(f"  env {key}={value}")
-    fit = described["fit"]
-    print(f"fits: {fit['fits']} on {fit['device']}: {fit['total_gib']:.2f} GiB of "
-          f"{fit['available_gib']:.2f} GiB (weights {fit['weights_gib']:.2f}, KV {fit['kv_cache_gib']:.2f})")
+    if not as_json:
+        print_described(described, name)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
