@@ -192,14 +192,19 @@ def put_away(m: EndpointManager, old: ManagedEngine) -> bool:
     dropped), stop anything else. True when it sleeps."""
     if old.can_sleep and old.process.state == EngineState.READY and host_holds_weights(old) \
             and engine_post(old, "/sleep?level=1"):
-        with m.lock:
-            previous = m.sleeping
-            m.sleeping = old
-        if previous is not None and previous is not old:
-            m.retire(previous)
+        park(m, old, "sleeping")
         return True
     m.retire(old)
     return False
+
+
+def park(m: EndpointManager, engine: ManagedEngine, slot: str) -> None:
+    """Put `engine` in the manager's `slot` ("sleeping" or "standby"); the one it replaces there is stopped."""
+    with m.lock:
+        previous = getattr(m, slot)
+        setattr(m, slot, engine)
+    if previous is not None and previous is not engine:
+        m.retire(previous)
 
 
 def wake(m: EndpointManager, sleeping: ManagedEngine) -> ManagedEngine | None:
@@ -235,11 +240,7 @@ def keep_or_stop(m: EndpointManager, old: ManagedEngine) -> bool:
     available = float(psutil.virtual_memory().available)
     if m.keep_standby and old.process.state == EngineState.READY and \
             memory_allows_standby(float(tree_rss(old.process.pid) or 0), available):
-        with m.lock:
-            previous = m.standby
-            m.standby = old
-        if previous is not None and previous is not old:
-            m.retire(previous)
+        park(m, old, "standby")
         return True
     m.retire(old)
     return False
