@@ -5,6 +5,7 @@ app's cache folder), for each configuration:
     cache on,  compiled : first start (empty cache) vs repeat starts of the same plan (warm cache)
     cache off, compiled : VLLM_DISABLE_COMPILE_CACHE=1 TORCHINDUCTOR_FORCE_DISABLE_CACHES=1, every start compiles
     eager               : --enforce-eager, nothing compiled (cache irrelevant)
+    fresh               : cache on, emptied before every start: N first starts (the first of 'cache' is one)
 
 N runs each, T1 (health OK) and T3 (first request done), every phase (supervisor.COLD_START_PHASES), the
 compile cache outcome (hit / warm / stale / miss) and the load average around every start: a busy machine makes cold
@@ -44,6 +45,8 @@ CONFIGS = {
     # vLLM's cache and Inductor's (the one that makes a CPU repeat start warm) both off
     "nocache": {"eager": False, "env": {"VLLM_DISABLE_COMPILE_CACHE": "1", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}},
     "eager": {"eager": True, "env": {}},
+    # every start is a first start: the compile cache is emptied before each (N first starts, not one)
+    "fresh": {"eager": False, "env": {}, "fresh": True},
 }
 
 
@@ -108,6 +111,9 @@ def main() -> int:
             cache_root.mkdir(parents=True)
             results[config] = []
             for run in range(args.runs):
+                if CONFIGS[config].get("fresh") and run:
+                    shutil.rmtree(cache_root, ignore_errors=True)
+                    cache_root.mkdir(parents=True)
                 found = one_start(spec, bool(CONFIGS[config]["eager"]), dict(CONFIGS[config]["env"]), args.timeout)
                 results[config].append(found)
                 print(f"{config} run {run + 1}/{args.runs}: T1 {found['t1_s']:.1f} s, T3 {found['t3_s']:.1f} s, "

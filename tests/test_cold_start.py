@@ -155,6 +155,10 @@ def test_compile_cache_is_per_model_and_plan_and_in_the_apps_folder(tmp_path: Pa
     artefact.mkdir(parents=True)
     (artefact / "model").write_bytes(b"compiled")
     assert compile_cache_prepared(base) and compile_cache_prepared(same)
+    assert VllmAdapter().compile_cache_found(base) is True
+    # caches switched off in the plan's env: the files left there are not a warm start
+    switched_off = LaunchPlan("vllm", tmp_path / "model-a", env={"VLLM_DISABLE_COMPILE_CACHE": "1"})
+    assert VllmAdapter().compile_cache_found(switched_off) is False
 
 
 VLLM_TRUNCATED = """\

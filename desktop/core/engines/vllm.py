@@ -435,7 +435,13 @@ class VllmAdapter(EngineAdapter):
         return None if plan.eager else compile_cache_root() / compile_cache_key(plan)
 
     def compile_cache_found(self, plan: LaunchPlan) -> bool | None:
-        return None if plan.eager else compile_cache_prepared(plan)
+        """Whether this start can use compiled code from an earlier one: never with the caches switched off in
+        the plan's env (vLLM and Inductor still write files there, which made such starts read "warm")."""
+        if plan.eager:
+            return None
+        if plan.env.get("VLLM_DISABLE_COMPILE_CACHE") == "1" or plan.env.get("TORCHINDUCTOR_FORCE_DISABLE_CACHES") == "1":
+            return False
+        return compile_cache_prepared(plan)
 
     def health_state(self, status_code: int | None, body: str) -> Literal["ready", "loading", "down"]:
         if status_code == 200:
