@@ -383,6 +383,15 @@ class EndpointManager:
                 raise SwitchyardError("nothing is running to switch from; give --model")
             return plan_launch(engine, model, self._hardware(), self.engine_overrides.get(get_adapter(engine).name))\
                 .plan
+        with self.lock:
+            sleeper = self.sleeping
+        if sleeper is not None:  # waking the sleeper needs no room beside itself: its plan on the machine
+            try:
+                own = self.check(base, engine=engine, model=model, hardware=self.machine())
+            except SwitchyardError:
+                own = None
+            if own is not None and switching.same(sleeper, own):
+                return own
         return self.check(base, engine=engine, model=model)
 
     def switch_preview(self, engine: str, model: str | None = None, name: str | None = None) -> dict[str, Any]:
