@@ -693,8 +693,9 @@ def pin_devices(plan: LaunchPlan, gpus: list[GpuInfo], hardware: HardwareSnapsho
     order (Mesa's device-select layer puts the GPU driving the display first; Windows follows DXGI), which
     detection cannot see: on a laptop whose Intel iGPU drives the display, "Vulkan0" is that iGPU. And with
     GGML_VK_VISIBLE_DEVICES set, ggml-vulkan.cpp skips its merging of one GPU seen through two drivers (RADV and
-    AMDVLK). llama.cpp's default there is every discrete GPU (an integrated one only when there is none), which
-    are the GPUs the fit sizes."""
+    AMDVLK). The planner asks the llama.cpp adapter instead (`select_devices`: the sized GPUs by name as the
+    installed Vulkan build listed them); without one, llama.cpp's default is every discrete GPU (an integrated
+    one only when there is none)."""
     if plan.backend == "rocm":
         return _pin_rocm(plan, gpus, hardware)
     nvidia = [g for g in gpus if g.vendor == "nvidia"]
