@@ -715,3 +715,28 @@ def test_a_cpu_vllm_build_on_an_nvidia_box_is_started_without_sleep_mode(tmp_pat
         assert SLEEP_MODE_FLAG not in active.process.plan.extra_args and not active.can_sleep  # what runs
     finally:
         manager.close()
+
+
+def test_switching_back_between_two_vllms_wakes_the_sleeper_instead_of_stopping_it(tmp_path: Path,
+                                                                                 proxy: Any) -> None:
+    """vLLM on the demo sleeps for vLLM on the 8B; switching back puts the 8B to sleep and wakes the demo: the
+    sleeper being woken leaves the sleeping slot first, so parking the 8B there does not stop it."""
+    from desktop.core.planning.planner import ask as ask_plan
+    from desktop.core.serving.endpoint import EndpointManager, MemoryBudget
+
+    calls = tmp_path / "calls.txt"
+    manager = EndpointManager(proxy, hardware=snapshot("rtx4090"), budget=MemoryBudget(free_bytes=1.5,
+                                                                                       need=lambda plan: 1.0),
+                              launcher=standin_launcher(tmp_path, lambda plan: ["--calls", str(calls)]),
+                              ready_timeout=60, record_launches=False)
+    try:
+        manager.start(ask_plan("vllm", "demo"))
+        demo = manager.active
+        assert manager.switch("vllm", str(FIXTURES / "llama8b-bf16")).old_sleeping and manager.sleeping is demo
+        big = manager.active
+        back = manager.switch("vllm", "demo")
+        assert back.woke and back.old_sleeping and manager.active is demo and manager.sleeping is big
+        assert calls.read_text().split() == ["/sleep?level=1", "/sleep?level=1", "/wake_up"]
+        assert served_by(ask(proxy, "x")) == "vllm:demo-vllm.bin"
+    finally:
+        manager.close()
