@@ -26,6 +26,10 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=4)
     parser.add_argument("--hold-file", help="while this file exists, streams pause after their first chunk")
     parser.add_argument("--load-seconds", type=float, default=0.0, help="how long 'loading the model' takes")
+    parser.add_argument("--gpu-file", help="the NVML stand-in's free-memory file (NVML_SHIM_FREE_FILE): written with "
+                                           "--free-awake once loaded and at a full wake, --free-asleep at /sleep")
+    parser.add_argument("--free-awake", default="")
+    parser.add_argument("--free-asleep", default="")
     args, _rest = parser.parse_known_args()
 
     print(f"{args.name}: loading model (ctx {args.ctx})", flush=True)
@@ -34,6 +38,13 @@ def main() -> int:
         return 1
     threading.Event().wait(args.load_seconds)  # the stand-in's "load" (the test decides how long)
     sleeping = threading.Event()
+
+    def gpu_memory(text: str) -> None:  # what this "engine" holds on the stand-in GPU, as NVML will report it
+        if args.gpu_file and text:
+            with open(args.gpu_file, "w") as handle:
+                handle.write(text)
+
+    gpu_memory(args.free_awake)
     dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
 
     class Handler(BaseHTTPRequestHandler):
@@ -62,14 +73,20 @@ def main() -> int:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             path = self.path.split("?")[0]
-            if path in ("/sleep", "/wake_up"):
+            if path in ("/sleep", "/wake_up", "/collective_rpc"):
                 if not dev_mode:  # like vLLM: the routes exist only with VLLM_SERVER_DEV_MODE=1
                     self._json(404, {"detail": "Not Found"})
                     return
                 if args.calls:
+                    method = json.loads(raw or b"{}").get("method") if path == "/collective_rpc" else None
                     with open(args.calls, "a") as handle:
-                        handle.write(self.path + "\n")
-                (sleeping.set if path == "/sleep" else sleeping.clear)()
+                        handle.write(self.path + (f":{method}" if method else "") + "\n")
+                if path == "/sleep":
+                    sleeping.set()
+                    gpu_memory(args.free_asleep)
+                elif self.path in ("/wake_up", "/wake_up?tags=kv_cache"):  # fully awake again
+                    sleeping.clear()
+                    gpu_memory(args.free_awake)
                 self._json(200, {})
                 return
             if path not in ("/v1/completions", "/v1/chat/completions"):

@@ -333,15 +333,30 @@ def test_no_cpu_only_vllm_variable_in_a_gpu_launch() -> None:
 
 
 def test_gpu_plans_pin_the_gpus_they_sized_by_uuid() -> None:
+    """CUDA by UUID, ROCm by place among the AMD GPUs (HIP_VISIBLE_DEVICES); a Vulkan plan is never pinned by a
+    number (the loader's order is not detection's: see fit.pin_devices)."""
+    kinds = set()
     for path in GOLDEN_FILES:
         data = json.loads(path.read_text())
         plan = data.get("plan")
-        if not plan or plan["backend"] != "cuda":
+        if not plan or plan["backend"] not in ("cuda", "rocm", "vulkan"):
             continue
+        kinds.add(plan["backend"])
         hardware = HardwareSnapshot.load(HERE / "snapshots" / f"{data['snapshot']}.json")
-        uuids = {g.uuid for g in hardware.gpus}
-        pinned = data["env"]["CUDA_VISIBLE_DEVICES"].split(",")
-        assert pinned and set(pinned) <= uuids, path.name
+        if plan["backend"] == "cuda":
+            uuids = {g.uuid for g in hardware.gpus}
+            pinned = data["env"]["CUDA_VISIBLE_DEVICES"].split(",")
+            assert pinned and set(pinned) <= uuids, path.name
+        elif plan["backend"] == "rocm":
+            amd = [g for g in hardware.gpus if g.vendor == "amd"]
+            places = data["env"]["HIP_VISIBLE_DEVICES"].split(",")
+            assert places and all(0 <= int(i) < len(amd) for i in places), path.name
+            if data["engine"] == "llama.cpp":
+                assert data["argv"][data["argv"].index("--device") + 1] == \
+                    ",".join(f"ROCm{i}" for i in range(len(places))), path.name
+        else:
+            assert "GGML_VK_VISIBLE_DEVICES" not in data["env"] and "--device" not in data["argv"], path.name
+    assert kinds == {"cuda", "rocm", "vulkan"}
 
 
 def test_llama_argv_states_layers_and_context() -> None:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+from test_fleet import ask, served_by, standin_launcher
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines import get_adapter, provision, runtimes
@@ -341,6 +345,63 @@ def test_plans_pin_the_gpus_they_sized_and_mixed_cards_are_sized_per_card(tmp_pa
     assert command.env["CUDA_VISIBLE_DEVICES"] == box.gpus[0].uuid
 
 
+def test_rocm_plans_pin_the_amd_gpus_they_sized_and_vulkan_plans_leave_the_order_to_llama_cpp() -> None:
+    """HIP_VISIBLE_DEVICES (llama.cpp's docs/build.md) and `--device ROCm0,...`. Vulkan is not pinned by number: the loader's order is not detection's
+    (Mesa's device-select layer puts the display GPU first), and GGML_VK_VISIBLE_DEVICES turns off ggml's merging
+    of one GPU seen through two drivers (ggml-vulkan.cpp)."""
+    amd = snapshot("amd_rx7900xtx")
+    card = amd.gpus[0]
+    two = replace(amd, gpus=[card, replace(card, index=1, name="AMD Radeon RX 7900 XT",
+                                           memory_free_bytes=card.memory_free_bytes // 2)])
+    gguf = facts_for(str(FIXTURES / "llama8b-q4_k_m.gguf"))
+    plan = LaunchPlan(engine="llama.cpp", model_path=Path("m.gguf"), ctx_per_request=4096, slots=2)
+    one = fit.estimate(gguf, amd, plan)
+    assert one.plan is not None and one.plan.backend == "rocm"
+    assert one.plan.env["HIP_VISIBLE_DEVICES"] == "0" and one.plan.extra_args[-2:] == ("--device", "ROCm0")
+    both = fit.estimate(gguf, two, plan)
+    assert both.plan is not None and both.plan.env["HIP_VISIBLE_DEVICES"] == "0,1"
+    command = get_adapter("llama.cpp").build_command(both.plan, EngineInstall("llama.cpp", "x", "cache",
+                                                                              Path("/bin/llama-server")))
+    assert command.env["HIP_VISIBLE_DEVICES"] == "0,1" and command.argv[command.argv.index("--device") + 1] == \
+        "ROCm0,ROCm1"
+    mesa = fit.estimate(gguf, snapshot("gpu_radeon_mesa_only"), plan)
+    assert mesa.plan is not None and mesa.plan.backend == "vulkan"
+    assert "--device" not in mesa.plan.extra_args and not {"GGML_VK_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                                                            "CUDA_VISIBLE_DEVICES"} & set(mesa.plan.env)
+
+
+def test_a_vulkan_plan_names_the_sized_gpu_as_the_installed_build_listed_it(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Vulkan build listed the display's iGPU first at install (recorded `--list-devices`): the plan for the
+    Radeon names Vulkan1, found by name, or by memory for a name detection did not know; no Vulkan build
+    installed, or a GPU it did not list: unpinned (llama.cpp's default, every discrete GPU)."""
+    from desktop.core.engines.llamacpp import recorded_devices, recorded_text, vulkan_names
+    from desktop.core.planning.planner import plan_launch
+
+    listed = parse_list_devices((LIST_DEVICES / "vulkan-igpu-first-7800xt.txt").read_text()) or []
+    assert recorded_devices(recorded_text(listed)) == [replace(d, free_mib=None) for d in listed]
+    engines = tmp_path / "engines"
+    monkeypatch.setenv("SWITCHYARD_ENGINES_DIR", str(engines))
+    monkeypatch.delenv("SWITCHYARD_LLAMA_SERVER", raising=False)
+    mesa = snapshot("gpu_radeon_mesa_only")
+    gguf = str(FIXTURES / "llama8b-q4_k_m.gguf")
+    assert "--device" not in plan_launch("llama.cpp", gguf, mesa).plan.extra_args  # no Vulkan build installed
+    root = engines / "llama.cpp" / f"{runtimes.RELEASE_TAG}-ubuntu-vulkan-x64"
+    (root / "bin").mkdir(parents=True)
+    script(root / "bin" / "llama-server", "exit 0\n")
+    provision.write_marker(root, {"version": runtimes.LLAMA_CPP_BIN_VERSION, "backend": "vulkan",
+                                  "source": "release", "devices": recorded_text(listed)})
+    plan = plan_launch("llama.cpp", gguf, mesa).plan
+    assert plan.backend == "vulkan" and plan.extra_args[-2:] == ("--device", "Vulkan1")
+    command = get_adapter("llama.cpp").build_command(plan, EngineInstall("llama.cpp", "x", "cache",
+                                                                         Path("/bin/llama-server")))
+    assert command.argv[command.argv.index("--device") + 1] == "Vulkan1"
+    card = mesa.gpus[0]
+    assert vulkan_names([replace(card, name="AMD GPU (device 0x747e)")], listed) == ["Vulkan1"]  # by memory
+    assert vulkan_names([card, replace(card, index=1)], listed) is None  # a second card it never listed
+    assert vulkan_names([replace(card, name="AMD GPU", memory_total_bytes=4 * GIB)], listed) is None
+
+
 # --- 5. memory right -------------------------------------------------------------------------------------------
 
 def vllm_fit_on_4090() -> fit.FitResult:
@@ -471,18 +532,211 @@ def test_no_cpu_only_variable_in_a_gpu_vllm_launch() -> None:
     assert cpu_env["VLLM_CPU_KVCACHE_SPACE"] == "1" and cpu_env["VLLM_CPU_OMP_THREADS_BIND"] == "0-7"
 
 
-def test_the_manager_sleeps_a_vllm_only_when_host_ram_holds_its_weights(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+# --- 5b. the live switch after a sleep: NVML read again, the next plan planned on it ------------------------------
+
+@pytest.fixture(scope="module")
+def nvml_shim_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The NVML stand-in (tests/fixtures/nvml) built here; loaded in this process by the tests below."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if not sys.platform.startswith("linux") or compiler is None:
+        pytest.skip("the NVML stand-in is an ELF library built with a C compiler")
+    out = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(out), str(HERE / "fixtures" / "nvml" / "nvml_shim.c")],
+                   check=True, capture_output=True, timeout=120)
+    return out
+
+
+@dataclass
+class LiveGpu:
+    """This process's NVML is the stand-in: one RTX 4090 (24 GiB) whose free memory is `free_file` (MiB), which
+    the stand-in engines rewrite as they load, sleep and wake; host RAM is `ram_available`."""
+
+    free_file: Path
+    calls: Path
+
+    def free(self, mib: int) -> None:
+        self.free_file.write_text(str(mib))
+
+    def calls_made(self) -> list[str]:
+        return self.calls.read_text().split() if self.calls.exists() else []
+
+
+@pytest.fixture
+def live_gpu(nvml_shim_lib: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LiveGpu:
+    import ctypes
     from types import SimpleNamespace
 
-    from desktop.core.serving import switching as endpoint
+    import pynvml
 
-    model = tmp_path / "hf"
-    model.mkdir()
-    (model / "model.safetensors").write_bytes(b"\0" * 4096)
-    engine = SimpleNamespace(process=SimpleNamespace(plan=LaunchPlan(engine="vllm", model_path=model)))
-    monkeypatch.setattr(endpoint.psutil, "virtual_memory", lambda: SimpleNamespace(available=64 * GIB))
-    assert endpoint.host_holds_weights(engine)  # type: ignore[arg-type]
-    with open(model / "model.safetensors", "r+b") as handle:  # a sparse 63 GiB "checkpoint": no room beside it
-        handle.truncate(63 * GIB)
-    assert not endpoint.host_holds_weights(engine)  # type: ignore[arg-type]
+    monkeypatch.setattr(pynvml, "nvmlLib", ctypes.CDLL(str(nvml_shim_lib)))
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
+    gpu = LiveGpu(tmp_path / "nvml-free-mib", tmp_path / "calls.txt")
+    gpu.free(20 * 1024)  # the shim's default: 20 of 24 GiB free (another process holds 3.5 GiB)
+    monkeypatch.setenv("NVML_SHIM_FREE_FILE", str(gpu.free_file))
+    monkeypatch.setattr(hw_module.psutil, "virtual_memory",
+                        lambda: SimpleNamespace(total=64 * GIB, available=48 * GIB, percent=25.0))
+    return gpu
+
+
+@pytest.fixture
+def proxy() -> Iterator[Any]:
+    from desktop.core.runtime.ports import find_free_port
+    from desktop.core.serving.proxy import ProxyServer
+
+    server = ProxyServer(port=find_free_port(), wait_timeout=60)
+    server.start()
+    yield server
+    server.stop()
+
+
+def _sleep_switch_manager(gpu: LiveGpu, tmp_path: Path, proxy: Any, frees: dict[str, tuple[int, int]],
+                          launched: list[LaunchPlan]) -> Any:
+    """An endpoint on the stand-in GPU as `serve` builds it on a live machine (its budget from detect, NVML read
+    again after a sleep), with stand-in engines; `frees`: engine -> (MiB free while it runs, while it sleeps)."""
+    from desktop.core.serving.endpoint import EndpointManager, machine_budget
+
+    def options(plan: LaunchPlan) -> list[str]:
+        if plan.engine not in frees:
+            return ["--calls", str(gpu.calls)]
+        awake, asleep = frees[plan.engine]
+        return ["--calls", str(gpu.calls), "--gpu-file", str(gpu.free_file), "--free-awake", str(awake),
+                "--free-asleep", str(asleep)]
+
+    machine = hw_module.detect()
+    assert machine.gpus[0].name == "NVIDIA GeForce RTX 4090" and machine.gpus[0].memory_free_bytes == 20 * GIB
+    return EndpointManager(proxy, hardware=machine, budget=machine_budget(machine), redetect=hw_module.detect,
+                           launcher=standin_launcher(tmp_path, options, launched), ready_timeout=60,
+                           record_launches=False)
+
+
+GGUF_8B = str(FIXTURES / "llama8b-q4_k_m.gguf")
+
+
+def test_after_a_sleep_the_next_engine_is_planned_on_the_memory_nvml_reports_then(live_gpu: LiveGpu, tmp_path: Path,
+                                                                                  proxy: Any) -> None:
+    """vLLM (sleep mode) serves, a stop-first switch to llama.cpp puts it to sleep: the sleeper keeps more than
+    the fit's model of it (16 of 20 GiB stay taken), so the 8B GGUF planned before the sleep with every layer on
+    the GPU is planned again on what NVML reports after the sleep: fewer layers, or it would not load."""
+    from desktop.core.planning.planner import ask as ask_plan
+    from desktop.core.planning.planner import replan
+
+    launched: list[LaunchPlan] = []
+    manager = _sleep_switch_manager(live_gpu, tmp_path, proxy, {"vllm": (1024, 4 * 1024)},
+                                    launched)
+    try:
+        manager.start(ask_plan("vllm", "demo"))
+        vllm = manager.active
+        assert vllm is not None and vllm.can_sleep
+        before = manager.target("llama.cpp", GGUF_8B)  # planned on the machine as detected at the start
+        assert before.gpu_layers == 33 and manager.switch_preview("llama.cpp", GGUF_8B)["kind"] == "stop-first"
+        result = manager.switch("llama.cpp", GGUF_8B)
+        assert result.kind == "stop-first" and result.old_sleeping and manager.sleeping is vllm
+        assert live_gpu.calls_made() == ["/sleep?level=1"]  # 48 GiB of RAM hold the demo's weights
+        now = hw_module.detect()
+        assert now.gpus[0].memory_free_bytes == 4 * GIB  # what the stand-in GPU reports while vLLM sleeps
+        expected = replan(before, now).plan  # the planner's own answer for the memory free now
+        assert 0 < (expected.gpu_layers or 0) < 33
+        started = launched[-1]
+        assert started.engine == "llama.cpp" and started.gpu_layers == expected.gpu_layers
+        assert served_by(ask(proxy, "x")) == "llama.cpp:llama8b-q4_k_m.gguf-llama.cpp.bin"
+        back = manager.switch("vllm", "demo")  # the sleeper wakes (its plan is not started again)
+        assert back.woke and manager.active is vllm and live_gpu.calls_made() == ["/sleep?level=1", "/wake_up"]
+        assert launched[-1] is started
+    finally:
+        manager.close()
+
+
+def test_a_sleep_whose_weights_host_ram_cannot_hold_is_level_2_and_the_wake_reloads_them(
+        live_gpu: LiveGpu, tmp_path: Path, proxy: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Level 1 pins the 8B's ~15 GiB of weights in host RAM: with 12 GiB available it sleeps at level 2 (weights
+    dropped), and the wake is vLLM's three steps: weights' memory, reload_weights, KV cache."""
+    from types import SimpleNamespace
+
+    from desktop.core.planning.planner import ask as ask_plan
+
+    monkeypatch.setattr(hw_module.psutil, "virtual_memory",
+                        lambda: SimpleNamespace(total=16 * GIB, available=12 * GIB, percent=25.0))
+    launched: list[LaunchPlan] = []
+    manager = _sleep_switch_manager(live_gpu, tmp_path, proxy, {"vllm": (1024, 19 * 1024)},
+                                    launched)
+    try:
+        manager.start(ask_plan("vllm", str(FIXTURES / "llama8b-bf16")))
+        assert manager.switch("llama.cpp", GGUF_8B).old_sleeping  # the two do not fit together: stop-first
+        assert live_gpu.calls_made() == ["/sleep?level=2"]
+        assert manager.sleeping is not None and manager.sleeping.sleep_level == 2
+        back = manager.switch("vllm", str(FIXTURES / "llama8b-bf16"))
+        assert back.woke and live_gpu.calls_made() == [
+            "/sleep?level=2", "/wake_up?tags=weights", "/collective_rpc:reload_weights", "/wake_up?tags=kv_cache"]
+        assert served_by(ask(proxy, "x")) == "vllm:llama8b-bf16-vllm.bin"
+    finally:
+        manager.close()
+
+
+def test_a_vllm_whose_leftovers_leave_no_room_for_the_next_plan_is_stopped_not_slept(live_gpu: LiveGpu,
+                                                                                     tmp_path: Path,
+                                                                                     proxy: Any) -> None:
+    """The next vLLM keeps the 0.82 utilization asked of the first: it needs 0.82 x 23.55 GiB free, which the
+    20 GiB free minus what a sleeper keeps on the GPU do not give. So the first vLLM is stopped, not slept."""
+    from desktop.core.planning.planner import ask as ask_plan
+
+    launched: list[LaunchPlan] = []
+    manager = _sleep_switch_manager(live_gpu, tmp_path, proxy, {"vllm": (1024, 19 * 1024)},
+                                    launched)
+    try:
+        manager.start(ask_plan("vllm", "demo", {"gpu_memory_utilization": 0.82}))
+        first = manager.active
+        assert first is not None and first.can_sleep
+        result = manager.switch("vllm", str(FIXTURES / "llama8b-bf16"))
+        assert result.kind == "stop-first" and not result.old_sleeping and manager.sleeping is None
+        assert live_gpu.calls_made() == [] and first.process.state.value == "stopped"
+        assert launched[-1].model.endswith("llama8b-bf16") and launched[-1].gpu_memory_utilization == 0.82
+    finally:
+        manager.close()
+
+
+def test_a_cpu_vllm_build_on_an_nvidia_box_is_started_without_sleep_mode(tmp_path: Path, proxy: Any) -> None:
+    """The plan for a CUDA machine asks for --enable-sleep-mode; the vllm-cpu build rejects it, so the endpoint
+    starts that build without it (and never tries to put it to sleep)."""
+    from desktop.core.engines.vllm import SLEEP_MODE_FLAG
+    from desktop.core.planning.planner import ask as ask_plan
+    from desktop.core.serving.endpoint import EndpointManager
+
+    standin = standin_launcher(tmp_path)
+
+    def cpu_build(checked: LaunchPlan) -> Any:
+        adapter, plan, install = standin(checked)
+        return adapter, plan, replace(install, details={"backend": "cpu", "explicit_cpu": "True"})
+
+    manager = EndpointManager(proxy, hardware=snapshot("rtx4090"), launcher=cpu_build, ready_timeout=60)
+    try:
+        manager.start(ask_plan("vllm", "demo"))
+        active = manager.active
+        assert active is not None and SLEEP_MODE_FLAG in active.plan.extra_args  # what the planner asked
+        assert SLEEP_MODE_FLAG not in active.process.plan.extra_args and not active.can_sleep  # what runs
+    finally:
+        manager.close()
+
+
+def test_switching_back_between_two_vllms_wakes_the_sleeper_instead_of_stopping_it(tmp_path: Path,
+                                                                                 proxy: Any) -> None:
+    """vLLM on the demo sleeps for vLLM on the 8B; switching back puts the 8B to sleep and wakes the demo: the
+    sleeper being woken leaves the sleeping slot first, so parking the 8B there does not stop it."""
+    from desktop.core.planning.planner import ask as ask_plan
+    from desktop.core.serving.endpoint import EndpointManager, MemoryBudget
+
+    calls = tmp_path / "calls.txt"
+    manager = EndpointManager(proxy, hardware=snapshot("rtx4090"), budget=MemoryBudget(free_bytes=1.5,
+                                                                                       need=lambda plan: 1.0),
+                              launcher=standin_launcher(tmp_path, lambda plan: ["--calls", str(calls)]),
+                              ready_timeout=60, record_launches=False)
+    try:
+        manager.start(ask_plan("vllm", "demo"))
+        demo = manager.active
+        assert manager.switch("vllm", str(FIXTURES / "llama8b-bf16")).old_sleeping and manager.sleeping is demo
+        big = manager.active
+        back = manager.switch("vllm", "demo")
+        assert back.woke and back.old_sleeping and manager.active is demo and manager.sleeping is big
+        assert calls.read_text().split() == ["/sleep?level=1", "/sleep?level=1", "/wake_up"]
+        assert served_by(ask(proxy, "x")) == "vllm:demo-vllm.bin"
+    finally:
+        manager.close()

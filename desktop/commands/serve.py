@@ -401,6 +401,7 @@ class _Endpoint:
 
 
 def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
+    from desktop.core.machine.hardware import detect
     from desktop.core.planning.planner import replan
     from desktop.core.runtime.ports import ensure_port_free
     from desktop.core.runtime.supervisor import reap_orphans
@@ -424,7 +425,7 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
     manager = EndpointManager(proxy, telemetry=endpoint.telemetry, ready_timeout=args.ready_timeout,
                               keep_standby=args.keep_standby or bool(args.standby), failover=args.failover,
                               budget=machine_budget(hardware), hardware=hardware, auto_fit=args.auto_fit,
-                              drain_timeout=args.drain_timeout)
+                              drain_timeout=args.drain_timeout, redetect=None if args.hardware else detect)
     manager.subscribe(lambda event: _print_event(event, args.json))
     target = EndpointControl(manager)
     failures: list[BaseException] = []

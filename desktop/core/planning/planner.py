@@ -31,7 +31,7 @@ from desktop.core.engines.base import (
 from desktop.core.engines.model_path import resolve_model
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts, facts_for
-from desktop.core.planning.fit import FitResult, estimate, sizing_of, vllm_utilization
+from desktop.core.planning.fit import FitResult, estimate, sized_gpus, sizing_of, vllm_utilization
 from desktop.core.planning.launch import PlanRefused, describe, require_fit
 
 _DEFAULTS = LaunchPlan(engine="", model_path=Path("model"))
@@ -122,6 +122,8 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
         base = replace(base, gpu_memory_utilization=vllm_utilization(hardware))
     result = estimate(facts, hardware, base)
     plan = require_fit(result, model)
+    # the engine's own device selection where the snapshot cannot pin the sized GPUs (llama.cpp's Vulkan build)
+    plan = adapter.select_devices(plan, sized_gpus(adapter.name, hardware, plan))
     flag = adapter.sleep_mode_flag
     if flag and plan.backend == "cuda" and flag not in plan.extra_args:
         # sleep mode lets a stop-first switch free vLLM's GPU memory and wake it again without a cold start

@@ -92,6 +92,7 @@ class EndpointManager:
         route: str | None = None,
         meter: bool = True,
         engine_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        redetect: Callable[[], HardwareSnapshot] | None = None,
     ) -> None:
         self.proxy = proxy
         self.record_launches = record_launches  # each ready engine's cold start and load memory go to history
@@ -105,6 +106,10 @@ class EndpointManager:
         self.auto_fit = auto_fit
         self.hardware = hardware or (budget.hardware if budget else None)
         self.route = route
+        # how to read this machine's memory again (NVML) once a vLLM sleeps: the next plans are checked against
+        # what it left. None for a recorded snapshot (`--hardware`): there the fit's model of the sleeper is used.
+        self.redetect = redetect if redetect is not None else (detect if self.hardware is None else None)
+        self._beside: tuple[ManagedEngine, HardwareSnapshot] | None = None  # the sleeper and the machine beside it
         # asks this endpoint adds to every plan of one engine (engine name -> plan fields), e.g. the GUI's eager
         # vLLM: checked with the plan like any other ask
         self.engine_overrides: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (engine_overrides or {}).items()}
@@ -167,19 +172,42 @@ class EndpointManager:
         self.proxy.set_upstream(upstream, down_reason, model=self.route, idle=idle)
 
     # --- lifecycle ---
-    def _hardware(self) -> HardwareSnapshot:
-        """The machine the plans are checked against: the one given, else this one as detected once."""
+    def machine(self) -> HardwareSnapshot:
+        """The machine without our engines: the one given, else this one as detected once."""
         if self.hardware is None:
             self.hardware = detect()
         return self.hardware
 
+    def _hardware(self) -> HardwareSnapshot:
+        """The machine the plans are checked against: while a vLLM sleeps, as it was read after it went to sleep
+        (its CUDA context and graph pool stay on the GPU, level 1 pins its weights in RAM); else `machine()`."""
+        with self.lock:
+            beside = self._beside
+            if beside is not None and beside[0] is self.sleeping:
+                return beside[1]
+        return self.machine()
+
+    def beside_sleeper(self, sleeper: ManagedEngine, modelled: HardwareSnapshot) -> HardwareSnapshot:
+        """`sleeper` went to sleep: read the memory again (`redetect`, NVML), or take the fit's model of what it
+        left for a recorded snapshot. Plans are checked against that for as long as it sleeps."""
+        fresh = modelled
+        if self.redetect is not None:
+            try:
+                fresh = self.redetect()
+            except Exception:  # detection problems must not stop serving: the fit's model stands in
+                log.exception("reading the GPU memory again after the sleep failed; using the fit's estimate")
+        with self.lock:
+            self._beside = (sleeper, fresh)
+        return fresh
+
     def check(self, plan: LaunchPlan, *, engine: str | None = None, model: str | None = None,
-              changes: Mapping[str, Any] | None = None) -> LaunchPlan:
+              changes: Mapping[str, Any] | None = None, hardware: HardwareSnapshot | None = None) -> LaunchPlan:
         """The planner's checked plan for `plan`'s asks (for `engine`/`model` when given), with this endpoint's
-        per-engine asks (the GUI's eager vLLM): what every launch of this endpoint runs. Raises PlanRefused."""
+        per-engine asks (the GUI's eager vLLM): what every launch of this endpoint runs, on `hardware` (default:
+        the memory free now, see `_hardware`). Raises PlanRefused."""
         target = get_adapter(engine or plan.engine).name
         extra = {**self.engine_overrides.get(target, {}), **(changes or {})}
-        return replan(plan, self._hardware(), engine=engine, model=model, changes=extra).plan
+        return replan(plan, hardware or self._hardware(), engine=engine, model=model, changes=extra).plan
 
     def launch(self, plan: LaunchPlan) -> ManagedEngine:
         """Check `plan` with the planner, start it and wait until it serves. When it fails for lack of memory: with
@@ -355,6 +383,15 @@ class EndpointManager:
                 raise SwitchyardError("nothing is running to switch from; give --model")
             return plan_launch(engine, model, self._hardware(), self.engine_overrides.get(get_adapter(engine).name))\
                 .plan
+        with self.lock:
+            sleeper = self.sleeping
+        if sleeper is not None:  # waking the sleeper needs no room beside itself: its plan on the machine
+            try:
+                own = self.check(base, engine=engine, model=model, hardware=self.machine())
+            except SwitchyardError:
+                own = None
+            if own is not None and switching.same(sleeper, own):
+                return own
         return self.check(base, engine=engine, model=model)
 
     def switch_preview(self, engine: str, model: str | None = None, name: str | None = None) -> dict[str, Any]:

@@ -26,6 +26,7 @@ class ManagedEngine:
     upstream: Upstream
     role: str  # "active" | "standby" | "starting" | "draining" | "sleeping"
     retried: str | None = None  # what changed in the retry after an out-of-memory load, if there was one
+    sleep_level: int = 0  # vLLM sleep level it was put to sleep at (1: weights in host RAM, 2: dropped); 0 awake
 
     @property
     def can_sleep(self) -> bool:
@@ -39,6 +40,7 @@ class ManagedEngine:
             "name": self.upstream.name,
             "role": self.role,
             "retried_smaller": self.retried,
+            "sleep_level": self.sleep_level,
             "plan": self.plan.to_json(),
             "engine": process.adapter.name,
             "base_url": process.base_url,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -18,9 +18,11 @@ import psutil
 from desktop.core.common import unixhttp
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
-from desktop.core.planning.fit import level1_sleep_allowed
-from desktop.core.planning.launch import SECRET_ENV, planned_command
+from desktop.core.machine.hardware import HardwareSnapshot
+from desktop.core.planning.fit import estimate, plan_after_sleep
+from desktop.core.planning.launch import SECRET_ENV, PlanRefused, planned_command
 from desktop.core.planning.planner import ask_key
+from desktop.core.planning.swap import engine_need, plan_facts
 from desktop.core.runtime.proctree import tree_rss
 from desktop.core.runtime.supervisor import EngineState
 from desktop.core.serving.budget import memory_allows_standby
@@ -124,7 +126,8 @@ def warm(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, kind: 
 def stop_first(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan, started: float,
                sleeping: ManagedEngine | None) -> SwitchResult:
     """New requests wait at the endpoint, the old engine drains and stops (or sleeps), the new one starts (or the
-    sleeping one wakes), requests flow. When the new one fails, the old one comes back."""
+    sleeping one wakes), requests flow. When the new one fails, the old one comes back. A new engine beside a
+    sleeping vLLM is planned again against the memory read after the sleep."""
     why = f"a sleeping {plan.engine} is woken" if sleeping is not None else \
         f"both do not fit: {m.budget.describe([old.plan, plan]) if m.budget else ''}"
     m.emit("switching", f"stop-first switch to {plan.engine} on {shown(plan)} ({why}); new requests wait "
@@ -132,13 +135,16 @@ def stop_first(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan, started
     gap_started = time.monotonic()
     m.set_upstream(None)  # new requests wait (none fail) until the new engine serves
     m.proxy.mark_loading(m.route)
+    if sleeping is not None:
+        with m.lock:  # out of the sleeping slot first: putting `old` to sleep must not stop the one to wake
+            m.slots.release(sleeping, "waking")
     m.slots.release(old)
     drained, cut = drain_or_cut(m, old)
-    slept = put_away(m, old)
+    slept = put_away(m, old, None if sleeping is not None else plan)
     try:
         new = wake(m, sleeping) if sleeping is not None else None
         if new is None:
-            new = m.launch(plan)
+            new, slept = launch_beside(m, plan, old if slept else None)
     except SwitchyardError as exc:
         m.last_error = str(exc)
         restored = restore(m, old, slept)
@@ -155,6 +161,21 @@ def stop_first(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan, started
                         old_sleeping=slept, retried_smaller=new.retried)
 
 
+def launch_beside(m: EndpointManager, plan: LaunchPlan, sleeper: ManagedEngine | None) -> tuple[ManagedEngine, bool]:
+    """Start `plan`, checked against the memory free now (beside `sleeper`, when one sleeps). When the memory read
+    after the sleep leaves no room after all (the sleeper holds more than the fit modelled), the sleeper is stopped
+    and the plan checked again. Returns the engine and whether `sleeper` still sleeps."""
+    try:
+        return m.launch(plan), sleeper is not None
+    except PlanRefused as exc:
+        if sleeper is None or m.sleeping is not sleeper:
+            raise
+        log.warning("%s does not fit beside the sleeping %s (%s); stopping that one instead",
+                    shown(plan), sleeper.upstream.name, exc.message)
+        m.retire(sleeper)
+        return m.launch(plan), False
+
+
 def drain_or_cut(m: EndpointManager, old: ManagedEngine) -> tuple[bool, int]:
     """Let in-flight requests on `old` finish until the drain deadline; end the rest with a retryable error."""
     if m.proxy.drain(old.upstream, m.drain_timeout):
@@ -165,12 +186,13 @@ def drain_or_cut(m: EndpointManager, old: ManagedEngine) -> tuple[bool, int]:
     return False, cut
 
 
-def engine_post(managed: ManagedEngine, path: str, timeout: float = 120.0) -> bool:
+def engine_post(managed: ManagedEngine, path: str, timeout: float = 120.0, body: dict[str, Any] | None = None
+                ) -> bool:
     key = managed.process.plan.api_key
     try:
         url = managed.process.base_url  # the engine's private socket (desktop.core.common.unixhttp)
         with unixhttp.client(url, timeout=timeout) as client:
-            response = client.post(unixhttp.http_url(url) + path,
+            response = client.post(unixhttp.http_url(url) + path, json=body,
                                    headers={"Authorization": f"Bearer {key}"} if key else None)
     except httpx.HTTPError as exc:
         log.warning("%s %s failed: %s", managed.upstream.name, path, exc)
@@ -180,19 +202,38 @@ def engine_post(managed: ManagedEngine, path: str, timeout: float = 120.0) -> bo
     return response.status_code < 300
 
 
-def host_holds_weights(engine: ManagedEngine) -> bool:
-    """A level-1 sleep pins the weights in host RAM: only when RAM has room for them (else the vLLM is stopped)."""
-    model = Path(engine.process.plan.model_path)
-    weights = sum(f.stat().st_size for f in model.glob("*.safetensors")) if model.is_dir() else 0
-    return level1_sleep_allowed(weights, int(psutil.virtual_memory().available))
+def sleep_choice(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan | None
+                 ) -> tuple[int | None, HardwareSnapshot | None]:
+    """How to put `old` away before `plan` starts: the vLLM sleep level and the machine the next engine would find
+    beside the sleeper (the fit's model of it), or (None, None) to stop it. Level 1 pins the weights in host RAM:
+    only when RAM has room for them beside the next engine's RAM part (read now); else level 2 (weights dropped,
+    reloaded at the wake). Either level leaves the CUDA context and graph pool on the GPU: when the next plan does
+    not fit beside them, the vLLM is stopped instead."""
+    if not old.can_sleep or old.process.state != EngineState.READY:
+        return None, None
+    base = m.machine()  # the old engine's memory counted as free: what it frees by sleeping is modelled below
+    try:
+        ram_now = int(m.redetect().ram_available_bytes) if m.redetect is not None else base.ram_available_bytes
+        next_ram = int(engine_need(plan, base).ram) if plan is not None else 0
+        level, beside = plan_after_sleep(estimate(plan_facts(old.plan), base, old.plan),
+                                         replace(base, ram_available_bytes=ram_now), next_host_bytes=next_ram)
+        if level is not None and plan is not None:
+            m.check(plan, hardware=beside)  # PlanRefused: it would not fit beside what the sleeper keeps
+    except SwitchyardError as exc:  # a refusal above, or a model whose facts cannot be read: stop it
+        log.info("%s is stopped, not put to sleep: %s", old.upstream.name, exc.message)
+        return None, None
+    return level, beside
 
 
-def put_away(m: EndpointManager, old: ManagedEngine) -> bool:
-    """Free the old engine's memory: sleep a vLLM that has sleep mode (level 1: weights to host RAM, KV cache
-    dropped), stop anything else. True when it sleeps."""
-    if old.can_sleep and old.process.state == EngineState.READY and host_holds_weights(old) \
-            and engine_post(old, "/sleep?level=1"):
+def put_away(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan | None = None) -> bool:
+    """Free the old engine's memory before `plan` starts: sleep a vLLM that has sleep mode (at the level
+    `sleep_choice` finds, then read the memory again for the next plan), stop anything else. True when it
+    sleeps."""
+    level, beside = sleep_choice(m, old, plan)
+    if level is not None and beside is not None and engine_post(old, f"/sleep?level={level}"):
+        old.sleep_level = level
         park(m, old, "sleeping")
+        m.beside_sleeper(old, beside)
         return True
     m.retire(old)
     return False
@@ -208,10 +249,16 @@ def park(m: EndpointManager, engine: ManagedEngine, slot: str) -> None:
 
 
 def wake(m: EndpointManager, sleeping: ManagedEngine) -> ManagedEngine | None:
-    """Wake a sleeping vLLM (POST /wake_up); None (and it is stopped) when it does not wake."""
+    """Wake a sleeping vLLM (POST /wake_up; after a level-2 sleep: its weights' memory, vLLM's reload_weights,
+    then its KV cache, as vLLM's sleep-mode docs say); None (and it is stopped) when it does not wake."""
     with m.lock:
         m.slots.release(sleeping, "waking")
-    if sleeping.process.state == EngineState.READY and engine_post(sleeping, "/wake_up"):
+    steps = [("/wake_up", None)] if sleeping.sleep_level != 2 else [
+        ("/wake_up?tags=weights", None), ("/collective_rpc", {"method": "reload_weights"}),
+        ("/wake_up?tags=kv_cache", None)]
+    if sleeping.process.state == EngineState.READY and all(engine_post(sleeping, path, body=body)
+                                                          for path, body in steps):
+        sleeping.sleep_level = 0
         return sleeping
     m.retire(sleeping)
     return None
