@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
@@ -204,7 +204,7 @@ class Autopilot:
         m = self.manager
         active, standby = m.active, m.standby
         on = active.plan.engine if active is not None else BASE
-        vllm_state = "off"
+        vllm_state: Literal["off", "starting", "ready"] = "off"
         if self._busy() and self._acting == "start_standby":
             vllm_state = "starting"
         elif standby is not None and standby.plan.engine == OTHER and standby.process.state == EngineState.READY:
@@ -213,7 +213,7 @@ class Autopilot:
         remaining = None if s.lifetime_s is None else max(0.0, s.lifetime_s - (now - self.started_at))
         return PolicyInputs(now=now, crossover=self.crossover, inflight=self.samples(now),
                             expected_remaining_s=remaining, both_fit=self.both_fit,
-                            active=OTHER if on == OTHER else BASE, vllm_state=vllm_state,  # type: ignore[arg-type]
+                            active=OTHER if on == OTHER else BASE, vllm_state=vllm_state,
                             window_s=s.window_s, idle_s=s.idle_s, co_resident_cost=s.co_resident_cost)
 
     def _record(self, decision: Decision) -> None:
