@@ -110,8 +110,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       help="sustained load: in-flight p95 over this many seconds (default 300)")
     auto.add_argument("--auto-idle", type=N.seconds, metavar="S",
                       help="retire vLLM after this many seconds at low load (default 600)")
-    auto.add_argument("--auto-crossover", type=N.positive, metavar="C",
-                      help="force the crossover concurrency (demos, tests; default: this machine's measurements)")
+    auto.add_argument("--auto-crossover", type=N.count, metavar="C",
+                      help="force the crossover at C requests in flight (demos, tests; default: this machine's measurements)")
     auto.add_argument("--auto-lifetime", type=N.seconds, metavar="S",
                       help="how long this service is expected to run (default: unknown, vLLM may pay back)")
     auto.add_argument("--auto-tick", type=N.seconds, metavar="S", help="how often the policy decides (default 1)")
