@@ -218,6 +218,30 @@ def test_a_vllm_that_fails_to_start_leaves_llamacpp_serving_and_is_not_retried(
     assert "is not tried again" in h.autopilot.status()["last"]["reason"]
 
 
+@pytest.mark.gui
+def test_the_serve_page_shows_the_hybrid_state_and_last_decision(qtbot: Any, hybrid: Callable[..., Hybrid]
+                                                                 ) -> None:
+    from desktop.ui.main_window import MainWindow
+
+    window = MainWindow()
+    window.session.endpoint_port = 0
+    window.confirm_quit = lambda: True
+    qtbot.addWidget(window)
+    window.show()
+    try:
+        serve = window.show_page("Serve")
+        h = hybrid(BOTH_FIT)
+        assert _until(lambda: h.autopilot.last is not None)
+        serve._show_autopilot(h.autopilot)
+        assert serve.autopilot_label.isVisible()
+        assert serve.autopilot_label.text().startswith("Hybrid (watching): ")
+        assert h.autopilot.last is not None and h.autopilot.last.action in serve.autopilot_label.text()
+        serve._show_autopilot(None)  # one engine, no hybrid: nothing shown
+        assert not serve.autopilot_label.isVisible()
+    finally:
+        window.close()
+
+
 # --- the CLI -------------------------------------------------------------------------------------------------
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "desktop", *args], capture_output=True, text=True,  # noqa: S603
