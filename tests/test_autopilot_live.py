@@ -104,6 +104,11 @@ def hybrid(tmp_path: Path) -> Iterator[Callable[..., Hybrid]]:
         one.close()
 
 
+def _more_decisions(h: Hybrid, count: int = 10) -> None:
+    seen = h.autopilot.steps
+    assert _until(lambda: h.autopilot.steps >= seen + count), "the loop stopped deciding"
+
+
 def _held(h: Hybrid, clients: int) -> StreamingLoad:
     """`clients` streaming clients whose requests on llama.cpp hold after their first chunk: `clients` in flight."""
     h.hold.write_text("")
@@ -151,7 +156,7 @@ def test_load_below_the_crossover_stays_on_llamacpp(hybrid: Callable[..., Hybrid
     h = hybrid(BOTH_FIT)
     load = _held(h, 1)  # in-flight 1 <= crossover 2
     stayed = _until(lambda: "stay" in h.actions())
-    _until(lambda: False, 0.5)  # a few more decisions: none of them starts anything
+    _more_decisions(h)  # none of the next ones starts anything
     h.hold.unlink()
     load.__exit__()
     assert stayed, h.actions()
@@ -165,7 +170,7 @@ def test_short_expected_lifetime_stays_even_above_the_crossover(hybrid: Callable
     h = hybrid(BOTH_FIT, settings=AutopilotSettings(window_s=1.0, idle_s=1.5, tick_s=0.05, lifetime_s=30.0))
     load = _held(h, 4)
     stayed = _until(lambda: "stay" in h.actions())
-    _until(lambda: False, 0.5)
+    _more_decisions(h)
     h.hold.unlink()
     load.__exit__()
     assert stayed, h.actions()
@@ -209,7 +214,7 @@ def test_a_vllm_that_fails_to_start_leaves_llamacpp_serving_and_is_not_retried(
     h = hybrid(BOTH_FIT, vllm_options=["--fail-ctx-above", "1", "--oom-line", "CUDA out of memory"])
     load = _held(h, 4)
     failed = _until(lambda: any("failed" in e["reason"] for e in h.log.events()))
-    _until(lambda: False, 0.5)
+    _more_decisions(h)
     h.hold.unlink()
     load.__exit__()
     assert failed, h.log.events()

@@ -129,6 +129,7 @@ class Autopilot:
         self._action: threading.Thread | None = None
         self._acting: str | None = None
         self._not_before = 0.0  # a failed vLLM start is not tried again before this
+        self.steps = 0  # decisions made so far (tests wait on it)
         manager.proxy.subscribe_started(self._arrived)
         manager.proxy.subscribe(self._finished)
 
@@ -196,6 +197,7 @@ class Autopilot:
                                         f"{time.strftime('%H:%M:%S', time.localtime(self._not_before))}",
                                 now, decision.numbers)
         self._record(decision)
+        self.steps += 1
         if not self._busy():
             self._act(decision)
         return decision
