@@ -248,6 +248,30 @@ def test_the_serve_page_shows_the_hybrid_state_and_last_decision(qtbot: Any, hyb
         window.close()
 
 
+def test_decisions_are_kept_in_history_counted_in_metrics_and_shown_by_requests() -> None:
+    from desktop.core.planning.autopilot import Decision
+    from desktop.core.serving.metrics import EndpointMetrics
+    from desktop.core.storage.history import Store
+
+    reason = f"in-flight p95 9 over 5 min > crossover 4 (history test {time.time()})"
+    store = Store()
+    log = RequestLog(sink=store)
+    metrics = EndpointMetrics(log)
+    log.start()
+    log.note(Decision("start_standby", reason, time.time(), {"inflight_p95": 9.0}).to_json())
+    assert log.flush()
+    log.stop()
+    store.close()
+    assert [e["reason"] for e in log.events()] == [reason]
+    assert 'switchyard_autopilot_decisions_total{action="start_standby"} 1.0' in metrics.render().decode()
+    listed = _cli("requests", "--history", "--json")
+    assert listed.returncode == 0, listed.stderr
+    kept = [e for e in json.loads(listed.stdout)["events"] if e["reason"] == reason]
+    assert kept and kept[0]["kind"] == "autopilot" and kept[0]["numbers"] == {"inflight_p95": 9.0}
+    table = _cli("requests", "--history")
+    assert f"autopilot: start_standby — {reason}" in table.stdout, table.stdout[-500:]
+
+
 # --- the CLI -------------------------------------------------------------------------------------------------
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "desktop", *args], capture_output=True, text=True,  # noqa: S603
