@@ -224,6 +224,7 @@ def test_a_vllm_that_fails_to_start_leaves_llamacpp_serving_and_is_not_retried(
 
 
 @pytest.mark.gui
+@pytest.mark.qt_log_ignore("propagateSizeHints")
 def test_the_serve_page_shows_the_hybrid_state_and_last_decision(qtbot: Any, hybrid: Callable[..., Hybrid]
                                                                  ) -> None:
     from desktop.ui.main_window import MainWindow
