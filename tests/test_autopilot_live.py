@@ -315,7 +315,7 @@ def test_real_engines_hybrid_hands_over_under_load_and_retires(llama_install: An
         ready_at = time.monotonic()
         assert ready.startswith("ready:") and "through llama.cpp" in ready, ready
         url = f"http://127.0.0.1:{port}"
-        body = {"model": "switchyard", "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+        body = {"model": "switchyard", "prompt": "Hello", "max_tokens": 1, "temperature": 0}
         first = httpx.post(url + "/v1/completions", json=body, timeout=30, trust_env=False)
         assert first.status_code == 200 and time.monotonic() - ready_at < 2.0
         client = control.ControlClient(control.find_instance(port))
@@ -340,10 +340,11 @@ def test_real_engines_hybrid_hands_over_under_load_and_retires(llama_install: An
         actions = [d["action"] for d in status["autopilot"]["decisions"]]
         assert [a for a in actions if a in ("start_standby", "hand_over", "retire")] == \
             ["start_standby", "hand_over", "retire"], actions
+        # the same decisions from the CLI and in the request log (the loop may have decided once more since)
         cli = _cli("status", "--port", str(port), "--json")
-        assert [d["action"] for d in json.loads(cli.stdout)["autopilot"]["decisions"]] == actions
+        assert [d["action"] for d in json.loads(cli.stdout)["autopilot"]["decisions"]][:len(actions)] == actions
         logged = json.loads(_cli("requests", "--port", str(port), "--json", "-n", "1000").stdout)["events"]
-        assert [e["action"] for e in logged if e["kind"] == "autopilot"] == actions
+        assert [e["action"] for e in logged if e["kind"] == "autopilot"][:len(actions)] == actions
         assert all(e["reason"] for e in logged)
     finally:
         proc.terminate()
