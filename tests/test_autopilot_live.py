@@ -123,8 +123,10 @@ def test_load_above_the_crossover_both_fit_starts_vllm_hands_over_and_retires_it
     h = hybrid(BOTH_FIT)
     load = _held(h, 4)  # in-flight 4 > crossover 2, sustained over the window
     assert _until(lambda: "start_standby" in h.actions()), h.actions()
-    h.hold.unlink()  # llama.cpp answers again: the load keeps streaming through the hand-over
+    # the 4 requests stay held on llama.cpp through the hand-over: new ones go to vLLM, these must drain
     assert _until(lambda: h.active_engine() == "vllm"), (h.actions(), h.engines())
+    assert h.proxy.inflight() >= 4
+    h.hold.unlink()  # the held requests finish on llama.cpp (none is cut), then it stops
     assert h.engines() == ["llama.cpp", "vllm"]  # vLLM was started beside llama.cpp (the warm standby) ...
     assert h.first is not None and _until(lambda: h.first.role == "stopped")  # ... llama.cpp stopped after its drain
     hand_over = _until(lambda: next((d for d in h.autopilot.status()["decisions"]
