@@ -50,7 +50,7 @@ def cmd_requests(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"source": "endpoint", "url": discovery.url, **data})
         return 0
-    _print_table(data["requests"], data["inflight"])
+    _print_table(data["requests"], data["inflight"], data.get("events") or [])
     return 0
 
 
@@ -59,12 +59,13 @@ def _from_history(args: argparse.Namespace) -> int:
 
     with Store() as store:
         rows = store.requests(args.limit)
+        events = store.events(args.limit)
     if args.json:
-        _print_json({"source": "history", "inflight": [], "requests": rows})
+        _print_json({"source": "history", "inflight": [], "requests": rows, "events": events})
     else:
         if not rows:
             print("no requests in history yet", file=sys.stderr)
-        _print_table(rows, [])
+        _print_table(rows, [], events)
     return 0
 
 
@@ -121,7 +122,19 @@ def _line(record: dict[str, Any]) -> str:
     return line
 
 
-def _print_table(records: list[dict[str, Any]], inflight: list[dict[str, Any]]) -> None:
+def _event_line(event: dict[str, Any]) -> str:
+    """An endpoint event (an autopilot decision) between the requests: its time, kind, action and reason."""
+    return (f"{time.strftime('%H:%M:%S', time.localtime(float(event.get('t') or 0)))}  "
+            f"{cell(event.get('kind') or 'event')}: {cell(event.get('action') or '-')} — {cell(event.get('reason') or '')}")
+
+
+def _print_table(records: list[dict[str, Any]], inflight: list[dict[str, Any]],
+                 events: list[dict[str, Any]] | None = None) -> None:
     print(_HEADER)
-    for record in [*records, *inflight]:
+    first = records[0]["t"] if records else 0.0
+    lines = [(float(e.get("t") or 0), 0, _event_line(e)) for e in events or [] if float(e.get("t") or 0) >= first]
+    lines += [(float(r["t"]), 1, _line(r)) for r in records]
+    for _t, _order, line in sorted(lines, key=lambda item: (item[0], item[1])):
+        print(line)
+    for record in inflight:
         print(_line(record))

@@ -46,7 +46,8 @@ if TYPE_CHECKING:  # the engines, the proxy and the store load only when a comma
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("serve", help="run an engine on a model (OpenAI-compatible, 127.0.0.1)")
-    parser.add_argument("--engine", help="llama.cpp or vllm (or give --config)")
+    parser.add_argument("--engine", help="llama.cpp, vllm, or auto (the hybrid endpoint: llama.cpp at once, vLLM "
+                                         "when the load makes it pay; see --auto-*) (or give --config)")
     parser.add_argument("--model", help="`demo`, a GGUF file, or a Hugging Face folder (or give --config)")
     parser.add_argument("--config", metavar="MODELS_YAML",
                         help="serve several models behind the endpoint: a YAML list of entries name, engine, "
@@ -104,6 +105,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     endpoint.add_argument("--drain-timeout", type=N.seconds, default=DEFAULT_DRAIN_TIMEOUT,
                           help="how long a switch lets in-flight requests finish before ending them with a "
                                "retryable error (seconds)")
+    auto = parser.add_argument_group("hybrid endpoint (--engine auto)")
+    auto.add_argument("--auto-window", type=N.seconds, metavar="S",
+                      help="sustained load: in-flight p95 over this many seconds (default 300)")
+    auto.add_argument("--auto-idle", type=N.seconds, metavar="S",
+                      help="retire vLLM after this many seconds at low load (default 600)")
+    auto.add_argument("--auto-crossover", type=N.count, metavar="C",
+                      help="force the crossover at C requests in flight (demos, tests; default: this machine's measurements)")
+    auto.add_argument("--auto-lifetime", type=N.seconds, metavar="S",
+                      help="how long this service is expected to run (default: unknown, vLLM may pay back)")
+    auto.add_argument("--auto-tick", type=N.seconds, metavar="S", help="how often the policy decides (default 1)")
     parser.set_defaults(func=cmd_serve)
 
     status = subparsers.add_parser("status", help="show the running stable endpoint and its engines")
@@ -175,6 +186,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _serve_fleet(args)
     if not args.engine or not args.model:
         raise SwitchyardError("say what to serve: --engine and --model", "or --config models.yaml for several")
+    if args.engine == "auto":
+        return _serve_auto(args)
+    _no_auto_flags(args)
     adapter = get_adapter(args.engine)
     plan_asks(args)  # an unknown setting fails before the model resolves
     if args.dry_run:
@@ -457,6 +471,130 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
                         start_engines, check)
 
 
+AUTO_FLAGS = ("auto_window", "auto_idle", "auto_crossover", "auto_lifetime", "auto_tick")
+
+
+def _no_auto_flags(args: argparse.Namespace) -> None:
+    given = [name for name in AUTO_FLAGS if getattr(args, name, None) is not None]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise SwitchyardError(f"{flag} is a setting of the hybrid endpoint", "add --engine auto, or drop it")
+
+
+def _plan_auto(args: argparse.Namespace, hardware: HardwareSnapshot) -> tuple[Any, Any, dict[str, str]]:
+    """Both engines' checked plans, up front: (llama.cpp's, vLLM's, why each refused one was refused). vLLM is
+    planned like a switch to it (only the asks every engine shares carry over). Neither: one clear error."""
+    from desktop.core.engines.base import COMMON_PLAN_FIELDS
+    from desktop.core.planning.planner import plan_launch, replan
+
+    refused: dict[str, str] = {}
+    llama = vllm = None
+    wanted = plan_asks(args)
+    try:
+        llama = plan_launch("llama.cpp", args.model, hardware, wanted, progress=stderr_progress)
+    except SwitchyardError as exc:
+        refused["llama.cpp"] = str(exc)
+    try:
+        vllm = replan(llama.plan, hardware, engine="vllm", progress=stderr_progress) if llama is not None else             plan_launch("vllm", args.model, hardware, {k: v for k, v in wanted.items() if k in COMMON_PLAN_FIELDS},
+                        progress=stderr_progress)
+    except SwitchyardError as exc:
+        refused["vllm"] = str(exc)
+    if llama is None and vllm is None:
+        raise SwitchyardError(f"neither engine can serve {args.model} here: llama.cpp: {refused['llama.cpp']}; "
+                              f"vLLM: {refused['vllm']}", "serve a smaller model or context (--ctx, --parallel)")
+    return llama, vllm, refused
+
+
+def _serve_auto(args: argparse.Namespace) -> int:
+    """`serve --engine auto`: the hybrid endpoint. llama.cpp starts at once (its fast cold start serves the first
+    requests); the autopilot loop (serving.autopilot) brings vLLM in when the policy says the load makes it pay,
+    hands over with drain and retires it after the idle window. Both plans are checked before anything starts."""
+    from desktop.core.engines import get_adapter
+    from desktop.core.runtime.ports import ensure_port_free
+    from desktop.core.runtime.supervisor import reap_orphans
+    from desktop.core.serving.autopilot import (
+        Autopilot,
+        AutopilotSettings,
+        both_fit,
+        machine_crossover,
+        ram_budget,
+    )
+    from desktop.core.serving.control import EndpointControl
+    from desktop.core.serving.endpoint import EndpointManager, machine_budget
+
+    if args.prompt is not None or args.standby:
+        raise SwitchyardError("--engine auto serves through the stable endpoint and manages both engines itself",
+                              "drop --prompt/--standby")
+    plan_asks(args)  # an unknown setting fails before the model resolves
+    hardware = _hardware(args)
+    llama, vllm, refused = _plan_auto(args, hardware)
+    if args.dry_run:
+        described = {name: checked.describe() for name, checked in (("llama.cpp", llama), ("vllm", vllm))
+                     if checked is not None}
+        if args.json:
+            emit_json({"engine": "auto", "plans": described, "refused": refused})
+        for name, one in described.items():
+            _print_described(one, args.json, name)
+        for name, why in refused.items():
+            if not args.json:
+                print(f"{name}: refused: {why}")
+        return 0
+    endpoint = _Endpoint(args)
+    if args.port:
+        ensure_port_free(args.port)
+    first = llama if llama is not None else vllm
+    assert first is not None
+    _ensure_engine(get_adapter(first.plan.engine), args)
+    if llama is not None and vllm is not None:
+        try:
+            _ensure_engine(get_adapter("vllm"), args, " (the hybrid's second engine)")
+        except SwitchyardError as exc:
+            refused["vllm"], vllm = str(exc), None
+    reap_orphans()
+    proxy = endpoint.open(args.model_name)
+    budget = machine_budget(hardware) or ram_budget(hardware)
+    manager = EndpointManager(proxy, telemetry=endpoint.telemetry, ready_timeout=args.ready_timeout,
+                              keep_standby=args.keep_standby, failover=args.failover, budget=budget,
+                              hardware=hardware, auto_fit=args.auto_fit, drain_timeout=args.drain_timeout)
+    manager.subscribe(lambda event: _print_event(event, args.json))
+    store = endpoint.host.store
+    settings = AutopilotSettings(**{name: value for name, value in (
+        ("window_s", args.auto_window), ("idle_s", args.auto_idle), ("crossover", args.auto_crossover),
+        ("lifetime_s", args.auto_lifetime), ("tick_s", args.auto_tick)) if value is not None})
+    other = vllm if llama is not None else None
+    only = None if other is not None else first.plan.engine
+    autopilot = Autopilot(manager, machine_crossover(store.runs(limit=500) if store else [], args.model, hardware,
+                                                     settings.crossover),
+                          other.plan if other is not None else None,
+                          both_fit=other is not None and both_fit([first.plan, other.plan], budget, hardware),
+                          settings=settings, journal=endpoint.host.request_log.note,
+                          refused=refused.get("vllm" if only == "llama.cpp" else "llama.cpp"), only=only)
+    manager.autopilot = autopilot
+    target = EndpointControl(manager)
+    failures: list[BaseException] = []
+
+    def start_engines() -> None:
+        try:
+            cold = manager.start(first.plan)
+            print(f"ready: {proxy.url}/v1 serving '{args.model_name}' through {first.plan.engine} (hybrid: "
+                  f"T1 {cold.t1_health_s:.2f} s, first token {cold.t2_first_token_s:.2f} s). Ctrl-C or "
+                  "`switchyard stop` to stop.", file=sys.stderr, flush=True)
+            autopilot.start()
+            if args.json:
+                emit_json(manager.status())
+        except BaseException as exc:  # handed to the main thread, which reports it
+            failures.append(exc)
+
+    def check() -> None:
+        if failures and not target.stop_requested.is_set():
+            raise failures[0]
+        if manager.down.is_set():
+            raise EngineFailed(f"the endpoint has no engine left: {manager.last_error}", "start it again")
+
+    return endpoint.run(target, manager, f"(model '{args.model_name}'); hybrid: starting {first.plan.engine}",
+                        start_engines, check)
+
+
 def _serve_fleet(args: argparse.Namespace) -> int:
     """`serve --config models.yaml`: every model of the list behind one endpoint, routed by `model`; each entry
     planned and checked before anything starts (`--dry-run` prints those plans)."""
@@ -527,6 +665,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         where = f"pid {engine['pid']}  {engine['base_url']}" if engine else "not loaded (loads on its next request)"
         print(f"  model {cell(name):14} {cell(spec.get('engine', '?')):10} {cell(model['state']):9} {cell(where)}  "
               f"({ttl})")
+    auto = data.get("autopilot")
+    if auto:
+        last = auto.get("last") or {}
+        print(f"  autopilot {cell(auto['state'])}: {cell(last.get('action', '-'))} — {cell(last.get('reason', 'no decision yet'))}")
     requests = data.get("requests")
     if requests:
         print(f"  requests {requests['requests']} total, {requests['failed']} failed, {requests['inflight']} in flight")

@@ -15,8 +15,8 @@ llama.cpp ta < tb, with vLLM's cold start C:
 vLLM is brought in only when the expected remaining service time exceeds that payback. Where llama.cpp measures
 faster at every concurrency (a CPU, typically), it stays on llama.cpp and says why.
 
-Wiring into the live endpoint manager (start llama.cpp, start vLLM in the background, hand over with drain,
-retire after idle) belongs to the new manager (issue 20, helper "door"); this module only decides.
+The live endpoint acts on it (`serving.autopilot`: start llama.cpp, start vLLM in the background, hand over
+with drain, retire after idle); this module only decides.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ DEFAULT_WINDOW_S = 300.0  # sustained load: in-flight p95 over the last 5 minute
 DEFAULT_IDLE_S = 600.0  # vLLM is retired after 10 minutes without load above the crossover
 DEFAULT_CO_RESIDENT_COST = 0.2  # share of the serving engine's throughput a loading/idle second engine takes
 RETIRE_BELOW = 0.5  # hysteresis: hand back only when the load falls to half the crossover (or to nothing)
+COVERED_SLACK_S = 1e-6  # a window's spans sum to its length only up to float rounding (wall-clock times)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def decide(inputs: PolicyInputs) -> Decision:
     if on_vllm:
         idle, idle_cov = sustained_load(inputs.inflight, inputs.now, inputs.idle_s)
         numbers["idle_window_p95"] = idle
-        if idle_cov >= inputs.idle_s and idle <= cross * RETIRE_BELOW:
+        if idle_cov >= inputs.idle_s - COVERED_SLACK_S and idle <= cross * RETIRE_BELOW:
             return made("retire", f"in-flight p95 {idle:g} over {_minutes(inputs.idle_s)} <= {RETIRE_BELOW:g} x "
                                   f"crossover {cross:g}: retiring vLLM, llama.cpp serves")
         return made("stay", f"in-flight p95 {idle:g} over {_minutes(inputs.idle_s)}: vLLM keeps serving")
@@ -129,7 +130,7 @@ def decide(inputs: PolicyInputs) -> Decision:
                                  f"p95 {load:g} over {window} > crossover {cross:g}")
     if inputs.vllm_state == "starting":
         return made("watch", "vLLM is starting in the background; llama.cpp serves meanwhile")
-    if covered < inputs.window_s:
+    if covered < inputs.window_s - COVERED_SLACK_S:
         return made("watch", f"watching the load: {_minutes(covered)} of the {window} window seen, in-flight p95 "
                              f"{load:g} so far (crossover {cross:g})")
     if load <= cross:

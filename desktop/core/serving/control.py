@@ -303,6 +303,7 @@ def request_routes(request_log: RequestLog, token: str, capture: Any = None) -> 
         return LocalResponse.json({
             "inflight": [r.to_json() for r in request_log.inflight()],
             "requests": [r.to_json() for r in records],
+            "events": request_log.events(limit),  # the endpoint's events (autopilot decisions), oldest first
             "capture_bodies": bool(capture()) if capture is not None else False,
         })
 

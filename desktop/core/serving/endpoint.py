@@ -123,6 +123,7 @@ class EndpointManager:
         self.lock = threading.RLock()
         self._listeners: list[EndpointListener] = []
         self._closed = False
+        self.autopilot: Any = None  # serve --engine auto: the hybrid loop (serving.autopilot), shown in status
         if telemetry is not None and meter:
             proxy.subscribe(lambda record: telemetry.publish(record.to_samples()))
 
@@ -166,6 +167,7 @@ class EndpointManager:
                 "budget_gib": round(self.budget.free_bytes / 2**30, 2) if self.budget else None,
                 "gpu_telemetry": (self.telemetry.gpu.unavailable or "ok")
                 if self.telemetry and self.telemetry.gpu else "off",
+                "autopilot": self.autopilot.status() if self.autopilot is not None else None,
             }
 
     def set_upstream(self, upstream: Upstream | None, down_reason: str | None = None, idle: bool = False) -> None:
@@ -437,6 +439,8 @@ class EndpointManager:
 
     def close(self) -> None:
         """Stop every engine (in-flight requests are cut); the proxy is stopped by its owner."""
+        if self.autopilot is not None:  # it acts through this manager: it stops first
+            self.autopilot.stop()
         with self.lock:
             self._closed = True
             engines = self.slots.take_all()

@@ -7,7 +7,7 @@ inter-token latency ((E2E - TTFT) / (output tokens - 1); the proxy does not time
 in-flight gauge reads the log's in-flight table at scrape time; cold starts by phase come from the launches in
 history since the endpoint started (read at scrape time, at most once a second). Switches and autopilot decisions
 are observed through `observe_switch` / `observe_decision`, which the endpoint manager calls when it makes them
-(wiring: issue 20's new manager).
+(the autopilot's reach it as request-log events).
 
 Each observation costs a few microseconds on the endpoint's loop (`benchmarks/bench_metrics.py` measures it);
 the text is built only when someone scrapes.
@@ -84,11 +84,16 @@ class EndpointMetrics:
         if request_log is not None:
             self.in_flight.set_function(lambda: float(len(request_log.inflight())))
             request_log.subscribe(self._on_request)
+            request_log.subscribe_events(self._on_event)
 
     # --- feeding ---
     def _on_request(self, kind: str, record: RequestRecord) -> None:
         if kind == "finished":
             self.observe_request(record)
+
+    def _on_event(self, event: Mapping[str, Any]) -> None:
+        if event.get("kind") == "autopilot":  # the hybrid loop's decisions, as the request log keeps them
+            self.observe_decision(str(event.get("action")))
 
     def observe_request(self, record: RequestRecord) -> None:
         model, engine = record.model or "", record.engine or ""

@@ -4,6 +4,9 @@
 It listens to the proxy (`ProxyServer.subscribe_started` / `subscribe`), so its callbacks run on the endpoint's
 event loop: they only touch a dict and a deque under a lock and hand finished records to a writer thread, which
 stores whatever piled up meanwhile in one transaction (SQLite is never written from the endpoint's loop).
+
+Besides requests it keeps the endpoint's events (`note`): small dicts with a `kind`, such as the hybrid
+autopilot's decisions (`{"kind": "autopilot", "action", "reason", "t", "numbers"}`), in memory and in history.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ DEFAULT_CAPACITY = 1000
 DEFAULT_HISTORY_KEEP = 100_000
 
 RequestEventListener = Callable[[str, RequestRecord], None]  # ("started" | "finished", record)
+EventListener = Callable[[dict[str, Any]], None]  # an endpoint event (`RequestLog.note`)
+DEFAULT_EVENTS = 200
 
 
 class RequestSink(Protocol):
@@ -35,12 +40,21 @@ class RequestSink(Protocol):
 
     def prune_requests(self, keep: int) -> object: ...
 
+    # optional: `add_events(rows)` keeps the endpoint's events (Store has it); a sink without it keeps requests only
+
 
 class _Flush:
     """A marker in the writer's queue: set once everything queued before it is stored."""
 
     def __init__(self) -> None:
         self.done = threading.Event()
+
+
+class _Event:
+    """An endpoint event in the writer's queue."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
 
 
 class RequestLog:
@@ -56,7 +70,9 @@ class RequestLog:
         self._inflight: dict[int, RequestRecord] = {}
         self._recent: deque[RequestRecord] = deque(maxlen=capacity)
         self._listeners: list[RequestEventListener] = []
-        self._queue: queue.SimpleQueue[RequestRecord | _Flush | None] = queue.SimpleQueue()
+        self._events: deque[dict[str, Any]] = deque(maxlen=DEFAULT_EVENTS)
+        self._event_listeners: list[EventListener] = []
+        self._queue: queue.SimpleQueue[RequestRecord | _Event | _Flush | None] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self.finished_count = 0
 
@@ -80,6 +96,28 @@ class RequestLog:
         if self._sink is not None:
             self._queue.put(record)
         self._notify("finished", record)
+
+    def note(self, event: Mapping[str, Any]) -> None:
+        """An endpoint event (a dict with `kind` and `t`, e.g. an autopilot decision): kept with the requests."""
+        data = dict(event)
+        with self._lock:
+            self._events.append(data)
+        if self._sink is not None and hasattr(self._sink, "add_events"):
+            self._queue.put(_Event(data))
+        for listener in list(self._event_listeners):
+            try:
+                listener(data)
+            except Exception:
+                log.exception("event listener failed")
+
+    def events(self, limit: int | None = None, since: float = 0.0) -> list[dict[str, Any]]:
+        """The last events (t > since), oldest first."""
+        with self._lock:
+            events = [e for e in self._events if float(e.get("t", 0.0)) > since]
+        return events[-limit:] if limit else events
+
+    def subscribe_events(self, listener: EventListener) -> None:
+        self._event_listeners.append(listener)
 
     # --- reading ---
     def recent(self, limit: int | None = None, after: int = 0) -> list[RequestRecord]:
@@ -141,6 +179,7 @@ class RequestLog:
                 except queue.Empty:
                     break
             rows = [item.to_json() for item in items if isinstance(item, RequestRecord)]
+            events = [item.data for item in items if isinstance(item, _Event)]
             running = None not in items
             if rows:
                 try:
@@ -148,6 +187,11 @@ class RequestLog:
                     sink.prune_requests(self.history_keep)
                 except Exception:
                     log.exception("could not store %d request records", len(rows))
+            if events:
+                try:
+                    sink.add_events(events)  # type: ignore[attr-defined]  # only queued when the sink has it
+                except Exception:
+                    log.exception("could not store %d endpoint events", len(events))
             for item in items:
                 if isinstance(item, _Flush):
                     item.done.set()

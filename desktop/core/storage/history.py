@@ -90,6 +90,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX memory_points_key ON memory_points (accelerators, engine, component, created_at)",
     ),
+    (  # 4 -> 5: the endpoint's events beside its requests (the hybrid autopilot's decisions and their reasons)
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            t REAL NOT NULL,
+            kind TEXT NOT NULL,
+            action TEXT,
+            reason TEXT,
+            data_json TEXT NOT NULL DEFAULT '{}'
+        )""",
+        "CREATE INDEX events_t ON events (t)",
+    ),
 )
 # The request log's columns (besides the row id): the keys of the endpoint's RequestRecord.to_json() it keeps.
 REQUEST_COLUMNS = ("t", "seq", "method", "path", "model", "engine", "upstream", "status", "streamed",
@@ -322,6 +333,22 @@ class Store:
         for row in out:
             row["streamed"] = bool(row["streamed"])
         return out
+
+    def add_events(self, events: Iterable[Mapping[str, Any]]) -> int:
+        """Append endpoint events (dicts with `t`, `kind`, and for decisions `action` and `reason`)."""
+        values = [(float(e.get("t") or time.time()), str(e.get("kind") or "event"), e.get("action"), e.get("reason"),
+                   json.dumps(dict(e), default=str)) for e in events]
+        with self._lock, self._db:
+            self._db.executemany("INSERT INTO events (t, kind, action, reason, data_json) VALUES (?, ?, ?, ?, ?)",
+                                 values)
+        return len(values)
+
+    def events(self, limit: int = 100, kind: str | None = None) -> list[dict[str, Any]]:
+        """The last `limit` events (of `kind`), oldest first, each the dict that was added."""
+        query = "SELECT data_json FROM events" + (" WHERE kind = ?" if kind else "") + " ORDER BY id DESC LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(query, (kind, limit) if kind else (limit,)).fetchall()
+        return [dict(json.loads(r[0])) for r in reversed(rows)]
 
     def prune_requests(self, keep: int) -> int:
         """Keep only the newest `keep` requests (request-log retention)."""

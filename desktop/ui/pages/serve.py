@@ -167,6 +167,11 @@ class ServePage(QWidget):
         self.switch_label = QLabel("")
         self.switch_label.setAccessibleName("Last switch")
         self.timeline = PhaseTimeline()
+        self.autopilot_label = QLabel("")  # the hybrid endpoint (serve --engine auto): its state and last decision
+        self.autopilot_label.setObjectName("autopilotDecision")
+        self.autopilot_label.setAccessibleName("Hybrid mode decision")
+        self.autopilot_label.setWordWrap(True)
+        self.autopilot_label.hide()
         status = QGridLayout()
         status.addWidget(QLabel("State:"), 0, 0)
         status.addWidget(self.state_label, 0, 1)
@@ -176,6 +181,7 @@ class ServePage(QWidget):
         status.addWidget(self.endpoint_edit, 0, 3)
         status.addWidget(self.copy_button, 0, 4)
         status.addWidget(self.switch_label, 1, 0, 1, 5)
+        status.addWidget(self.autopilot_label, 2, 0, 1, 5)
         status.setColumnStretch(3, 1)
 
         # --- charts ---
@@ -463,6 +469,7 @@ class ServePage(QWidget):
             self._serving_source = source
         line = engines_line(serving, starting, self.session.process)
         self.state_label.setText(line)
+        self._show_autopilot(getattr(manager, "autopilot", None) if manager is not None else None)
         ready = serving is not None and serving.state.value == "ready"
         self.chat.show_engine_state(engine_short(serving) if ready else None,
                                     line.split(" · ")[-1] if starting is not None else None)
@@ -473,6 +480,18 @@ class ServePage(QWidget):
             self._show_row(process)  # a start that failed or was stopped stops growing too
         for key in [k for k in self._rows if k not in self.timeline.rows]:
             self._rows.pop(key)  # rows the bar no longer keeps
+
+    def _show_autopilot(self, autopilot: Any) -> None:
+        """Hybrid mode: "Hybrid (starting vLLM): start_standby — in-flight p95 9 over 5 min > crossover 4; ...";
+        hidden when the endpoint serves one engine."""
+        if autopilot is None:
+            self.autopilot_label.hide()
+            return
+        data = autopilot.status()
+        last = data.get("last") or {}
+        self.autopilot_label.setText(f"Hybrid ({data['state']}): {last.get('action', 'watching')} — "
+                                     f"{last.get('reason', 'no decision yet')}")
+        self.autopilot_label.show()
 
     def _show_row(self, process: Any) -> None:
         cold = process.cold_start

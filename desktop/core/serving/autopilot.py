@@ -1,0 +1,315 @@
+"""The hybrid endpoint live (`serve --engine auto`): llama.cpp serves at once, a small loop watches the requests in
+flight, asks the hybrid policy (`planning.autopilot.decide`) what to do, and does it with the manager's own
+switching: vLLM starts in the background as the warm standby, takes over when it serves (in-flight requests on
+llama.cpp drain), or, where only one engine fits, a stop-first switch; after the idle window vLLM is retired and
+llama.cpp serves again.
+
+The in-flight level is exact, not polled: the proxy tells the loop of every request as it arrives and as it
+finishes (a set add/discard on the endpoint's loop), so the level's history is a step function the policy reads
+time-weighted. Every decision whose action changes (and every failed action) is kept: in `status()` (the control
+channel's `status --json`, the Serve page) and in the request log's events (`switchyard requests`, history).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines.base import LaunchPlan
+from desktop.core.machine.hardware import HardwareSnapshot
+from desktop.core.planning.autopilot import (
+    DEFAULT_CO_RESIDENT_COST,
+    DEFAULT_IDLE_S,
+    DEFAULT_WINDOW_S,
+    Decision,
+    PolicyInputs,
+    decide,
+)
+from desktop.core.planning.crossover import Crossover, CurvePoint, EngineCurve, crossover, curves_from_history
+from desktop.core.runtime.supervisor import EngineState
+from desktop.core.serving.budget import MemoryBudget
+from desktop.core.serving.metering import RequestRecord
+
+if TYPE_CHECKING:
+    from desktop.core.serving.endpoint import EndpointManager
+    from desktop.core.serving.managed import ManagedEngine
+
+log = logging.getLogger("switchyard.autopilot")
+
+BASE, OTHER = "llama.cpp", "vllm"
+DEFAULT_TICK_S = 1.0
+DEFAULT_RETRY_AFTER_S = 600.0  # a vLLM that failed to start is not tried again for this long
+KEEP_DECISIONS = 50
+
+Journal = Callable[[dict[str, Any]], None]  # where decisions go besides status (the request log's events)
+
+
+@dataclass(frozen=True)
+class AutopilotSettings:
+    """The thresholds a person (or a test, or a demo) can set; defaults are the policy's."""
+
+    window_s: float = DEFAULT_WINDOW_S  # sustained load: in-flight p95 over this window
+    idle_s: float = DEFAULT_IDLE_S  # vLLM is retired after this long at low load
+    tick_s: float = DEFAULT_TICK_S  # how often the loop decides
+    crossover: float | None = None  # forced crossover concurrency (tests, demos); None: this machine's history
+    lifetime_s: float | None = None  # how long this service is expected to run (None: unknown)
+    retry_after_s: float = DEFAULT_RETRY_AFTER_S
+    co_resident_cost: float = DEFAULT_CO_RESIDENT_COST
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def forced_crossover(at: float, cold_start_s: float | None) -> Crossover:
+    """A crossover at concurrency `at` by construction (--auto-crossover): llama.cpp flat, vLLM half as fast at 1,
+    level at `at`, 4x at the top; vLLM's cold start as measured (or the default)."""
+    tag = f"forced (--auto-crossover {at:g})"
+    level = max(1, round(at))
+    top = max(64, 2 * level)
+    llama = EngineCurve(BASE, (CurvePoint(1, 1.0), CurvePoint(top, 1.0)), tag, relative=True)
+    points = (CurvePoint(1, 1.01), CurvePoint(top, 4.0)) if level <= 1 else \
+        (CurvePoint(1, 0.5), CurvePoint(level, 1.0), CurvePoint(top, 4.0))
+    vllm = EngineCurve(OTHER, points, tag, cold_start_s, tag, relative=True)
+    return crossover([llama, vllm])
+
+
+def machine_crossover(runs: Iterable[Any], model: str, hardware: HardwareSnapshot, forced: float | None = None
+                      ) -> Crossover:
+    """This machine's crossover for `model` from history (defaults where nothing was measured), or a forced one
+    (keeping vLLM's measured or default cold start)."""
+    curves = curves_from_history(list(runs), model, cpu=not hardware.cuda_gpus)
+    if forced is not None:
+        return forced_crossover(forced, next((c.cold_start_s for c in curves if c.engine == OTHER), None))
+    return crossover(curves)
+
+
+def both_fit(plans: list[LaunchPlan], budget: MemoryBudget | None, hardware: HardwareSnapshot) -> bool:
+    """Whether the two checked plans fit at once: the endpoint's budget (free VRAM), else the machine's RAM."""
+    return (budget or ram_budget(hardware)).fits(plans)
+
+
+def ram_budget(hardware: HardwareSnapshot) -> MemoryBudget:
+    """A CPU machine's shared memory: the engines' RAM needs (from the fit) against the RAM available."""
+    return MemoryBudget(float(hardware.ram_available_bytes), hardware=hardware, label="RAM")
+
+
+class Autopilot:
+    """The hybrid endpoint's loop over one EndpointManager. `start()` after the first engine serves; `stop()`
+    before the manager closes (its close() does). `other_plan` None: one engine was refused by the planner
+    (`refused` says why, `only` is the one that serves), and the loop only says so."""
+
+    def __init__(self, manager: EndpointManager, crossover_: Crossover, other_plan: LaunchPlan | None, *,
+                 both_fit: bool, settings: AutopilotSettings | None = None, journal: Journal | None = None,
+                 refused: str | None = None, only: str | None = None, clock: Callable[[], float] = time.time
+                 ) -> None:
+        self.manager = manager
+        self.crossover = crossover_
+        self.other_plan = other_plan
+        self.both_fit = both_fit
+        self.settings = settings or AutopilotSettings()
+        self.journal = journal
+        self.refused = refused
+        self.only = only or BASE  # with no other plan: the one engine that serves
+        self.clock = clock
+        self.started_at = clock()
+        self.last: Decision | None = None
+        self.decisions: deque[Decision] = deque(maxlen=KEEP_DECISIONS)
+        self.state = "off"
+        self._lock = threading.Lock()
+        self._inflight: set[int] = set()
+        self._samples: deque[tuple[float, float]] = deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._action: threading.Thread | None = None
+        self._acting: str | None = None
+        self._not_before = 0.0  # a failed vLLM start is not tried again before this
+        self.steps = 0  # decisions made so far (tests wait on it)
+        manager.proxy.subscribe_started(self._arrived)
+        manager.proxy.subscribe(self._finished)
+
+    # --- the in-flight level (called on the endpoint's loop: a set and a deque, nothing more) ---
+    def _arrived(self, record: RequestRecord) -> None:
+        with self._lock:
+            self._inflight.add(record.seq)
+            self._samples.append((self.clock(), float(len(self._inflight))))
+
+    def _finished(self, record: RequestRecord) -> None:
+        with self._lock:
+            if record.seq in self._inflight:
+                self._inflight.discard(record.seq)
+                self._samples.append((self.clock(), float(len(self._inflight))))
+
+    def samples(self, now: float) -> list[tuple[float, float]]:
+        """The level's steps inside the longer window, with the level in force when it opened; older ones go."""
+        keep = max(self.settings.window_s, self.settings.idle_s) + 1.0
+        with self._lock:
+            while len(self._samples) > 1 and self._samples[1][0] < now - keep:
+                self._samples.popleft()
+            return list(self._samples)
+
+    # --- the loop ---
+    def start(self) -> None:
+        with self._lock:
+            self._samples.append((self.clock(), float(len(self._inflight))))  # the window starts now
+        self.state = "watching"
+        if self.other_plan is None:
+            other = OTHER if self.only == BASE else BASE
+            self._record(Decision("stay", f"only {self.only} can serve this model here ({other}: {self.refused}): "
+                                          f"the hybrid mode stays on {self.only}", self.clock()))
+        self._thread = threading.Thread(target=self._run, name="switchyard-autopilot", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.state = "off"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.tick_s):
+            try:
+                self.step()
+            except Exception:  # the endpoint serves on whatever the loop does
+                log.exception("autopilot step failed")
+
+    def _busy(self) -> bool:
+        return self._action is not None and self._action.is_alive()
+
+    def step(self) -> Decision | None:
+        """Decide once and act on it (an action runs in its own thread; while a switch runs nothing is decided)."""
+        m = self.manager
+        if self.other_plan is None or m.active is None or self._stop.is_set():
+            return None
+        if self._busy() and self._acting != "start_standby":
+            return None
+        now = self.clock()
+        decision = decide(self._inputs(now))
+        if decision.action in ("start_standby", "switch_stop_first") and now < self._not_before:
+            decision = Decision("stay", f"{decision.reason} — but vLLM failed to start at "
+                                        f"{time.strftime('%H:%M:%S', time.localtime(self._not_before - self.settings.retry_after_s))}"
+                                        f" and is not tried again before "
+                                        f"{time.strftime('%H:%M:%S', time.localtime(self._not_before))}",
+                                now, decision.numbers)
+        self._record(decision)
+        self.steps += 1
+        if not self._busy():
+            self._act(decision)
+        return decision
+
+    def _inputs(self, now: float) -> PolicyInputs:
+        m = self.manager
+        active, standby = m.active, m.standby
+        on = active.plan.engine if active is not None else BASE
+        vllm_state: Literal["off", "starting", "ready"] = "off"
+        if self._busy() and self._acting == "start_standby":
+            vllm_state = "starting"
+        elif standby is not None and standby.plan.engine == OTHER and standby.process.state == EngineState.READY:
+            vllm_state = "ready"
+        s = self.settings
+        remaining = None if s.lifetime_s is None else max(0.0, s.lifetime_s - (now - self.started_at))
+        return PolicyInputs(now=now, crossover=self.crossover, inflight=self.samples(now),
+                            expected_remaining_s=remaining, both_fit=self.both_fit,
+                            active=OTHER if on == OTHER else BASE, vllm_state=vllm_state,
+                            window_s=s.window_s, idle_s=s.idle_s, co_resident_cost=s.co_resident_cost)
+
+    def _record(self, decision: Decision) -> None:
+        """Keep `decision` as the last one; when its action differs from the last kept one, also in the list and
+        the journal (a decision a second would drown the log)."""
+        with self._lock:
+            self.last = decision
+            changed = not self.decisions or self.decisions[-1].action != decision.action
+            if changed:
+                self.decisions.append(decision)
+        if not changed:
+            return
+        log.info("autopilot %s: %s", decision.action, decision.reason)
+        if self.journal is not None:
+            try:
+                self.journal(decision.to_json())
+            except Exception:
+                log.exception("could not journal an autopilot decision")
+
+    # --- acting, with the manager's own switching ---
+    def _act(self, decision: Decision) -> None:
+        action = decision.action
+        if action == "start_standby":
+            self._spawn(action, self._start_standby)
+        elif action in ("hand_over", "switch_stop_first"):
+            self._spawn(action, lambda: self._switch(OTHER, action))
+        elif action == "retire":
+            self._spawn(action, self._retire)
+
+    def _spawn(self, action: str, work: Callable[[], None]) -> None:
+        self._acting = action
+        self.state = {"start_standby": "starting vLLM", "retire": "retiring vLLM"}.get(action, "handing over")
+
+        def run() -> None:
+            try:
+                work()
+            finally:
+                self.state = "watching"
+
+        self._action = threading.Thread(target=run, name=f"switchyard-autopilot-{action}", daemon=True)
+        self._action.start()
+
+    def _failed(self, what: str, exc: SwitchyardError) -> None:
+        self._not_before = self.clock() + self.settings.retry_after_s
+        self._record(Decision("stay", f"{what} failed ({exc.message}): llama.cpp keeps serving; vLLM is not tried "
+                                      f"again for {self.settings.retry_after_s:g} s", self.clock()))
+
+    def _start_standby(self) -> None:
+        m = self.manager
+        try:
+            m.prepare_standby(m.target(OTHER))
+        except SwitchyardError as exc:
+            self._failed("starting vLLM in the background", exc)
+
+    def _switch(self, engine: str, action: str) -> None:
+        try:
+            result = self.manager.switch(engine)
+        except SwitchyardError as exc:
+            if engine == OTHER:
+                self._failed("the hand-over to vLLM", exc)
+            else:
+                self._record(Decision("stay", f"handing back to llama.cpp failed ({exc.message}); vLLM keeps "
+                                              "serving", self.clock()))
+            return
+        last = self.last
+        if last is not None:  # what the switch did, next to why
+            done = replace(last, numbers={**last.numbers, "switch": {
+                "kind": result.kind, "seconds": result.seconds, "gap_s": result.gap_s,
+                "cut_requests": result.cut_requests}})
+            with self._lock:
+                if self.decisions and self.decisions[-1] is last:
+                    self.decisions[-1] = done
+                self.last = done
+
+    def _retire(self) -> None:
+        self._switch(BASE, "retire")
+        standby: ManagedEngine | None = self.manager.standby
+        if standby is not None and standby.plan.engine == OTHER:  # kept warm by --keep-standby: retiring frees it
+            self.manager.retire(standby)
+
+    # --- what status shows ---
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            last = self.last.to_json() if self.last else None
+            decisions = [d.to_json() for d in self.decisions]
+            level = len(self._inflight)
+        x = self.crossover
+        return {"mode": "auto", "state": self.state, "inflight": level, "last": last, "decisions": decisions,
+                "settings": self.settings.to_json(), "both_fit": self.both_fit,
+                "vllm_refused": self.refused,
+                "crossover": {"concurrency": x.crossover_concurrency, "verdict": x.verdict,
+                              "tags": {c.engine: c.tag for c in x.curves},
+                              "vllm_cold_start_s": next((c.cold_start_s for c in x.curves if c.engine == OTHER),
+                                                        None)}}
+
+
+__all__ = ["Autopilot", "AutopilotSettings", "both_fit", "forced_crossover", "machine_crossover", "ram_budget"]
