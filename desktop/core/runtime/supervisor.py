@@ -38,7 +38,7 @@ from desktop.core.common import paths, private, unixhttp
 from desktop.core.common.errors import EngineFailed, SwitchyardError
 from desktop.core.common.sse import iter_deltas
 from desktop.core.engines.base import EngineAdapter, EngineInstall, FailureReason, LaunchPlan
-from desktop.core.runtime import pagecache, proctree, watchdog, winjob
+from desktop.core.runtime import enginefix, pagecache, proctree, watchdog, winjob
 from desktop.core.runtime.ports import ensure_port_free, find_free_port
 
 log = logging.getLogger("switchyard.supervisor")
@@ -414,6 +414,7 @@ class EngineProcess:
         self.install = install
         self.plan = plan
         self.cold_start = ColdStart()
+        self.learned_fix: enginefix.LearnedFix | None = None  # arguments added at start that an earlier crash taught
         self.state = EngineState.STOPPED
         self.outcome: EngineOutcome | None = None
         self._log_dir = log_dir or paths.logs_dir()
@@ -491,6 +492,7 @@ class EngineProcess:
         if self._proc is not None:
             raise SwitchyardError("this engine process was already started")
         self._choose_address()
+        self._apply_learned_fix()
         command = self.adapter.build_command(self.plan, self.install)
         self._program = command.argv[0] if command.argv and os.path.isabs(command.argv[0]) else None
         env = {**os.environ, **command.env}
@@ -533,6 +535,17 @@ class EngineProcess:
             self.plan = replace(self.plan, port=find_free_port(host))
         else:
             ensure_port_free(self.plan.port, host)
+
+    def _apply_learned_fix(self) -> None:
+        """Start with the arguments an earlier crash of this build on this model taught (runtime.enginefix): a
+        llama-server that died of SIGILL in its weight repack here starts with --no-repack from then on."""
+        fix = enginefix.learned(self.adapter.name, self.install, self.plan.model_path)
+        missing = tuple(a for a in fix.args if a not in self.plan.extra_args) if fix else ()
+        if fix is None or not missing:
+            return
+        self.plan = replace(self.plan, extra_args=(*self.plan.extra_args, *missing))
+        self.learned_fix = fix
+        log.info("%s starts with %s (learned here: %s)", self.adapter.name, " ".join(missing), fix.why)
 
     def _listener_is_ours(self) -> bool:
         """Whether what listens at the engine's address belongs to the engine's process tree, checked before

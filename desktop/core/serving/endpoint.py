@@ -25,6 +25,7 @@ from desktop.core.engines.vllm import sleep_mode_supported
 from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.planning.planner import plan_launch, replan
 from desktop.core.planning.swap import SmallerPlan, plan_facts, smaller_plan
+from desktop.core.runtime import enginefix
 from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState, reap_orphans
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
@@ -35,6 +36,7 @@ from desktop.core.serving.managed import (
     EndpointEvent,
     EndpointListener,
     EngineSlots,
+    LoadCrashed,
     LoadOutOfMemory,
     ManagedEngine,
     SlotView,
@@ -188,6 +190,8 @@ class EndpointManager:
         plan = self.check(plan)
         try:
             return self._launch_once(plan)
+        except LoadCrashed as exc:
+            return self._after_crash(plan, exc)
         except LoadOutOfMemory as exc:
             told = get_adapter(plan.engine).memory_retry(exc.log_text, plan)
             if told is not None:  # the engine said what would start: retry with exactly that
@@ -216,6 +220,19 @@ class EndpointManager:
             managed = self._launch_once(retry)
             managed.retried = smaller.describe()
             return managed
+
+    def _after_crash(self, plan: LaunchPlan, exc: LoadCrashed) -> ManagedEngine:
+        """A load that crashed in a way the adapter knows arguments avoid (llama-server's SIGILL in its weight
+        repack): retry once with them, and once that serves, remember them so later starts begin with them."""
+        told = get_adapter(plan.engine).crash_retry(exc.exit_code, exc.log_tail, plan)
+        if told is None:
+            raise exc
+        retry = self.check(plan, changes={"extra_args": (*plan.extra_args, *told.args)})
+        self.emit("retrying", f"{exc.message}; retrying once with {' '.join(told.args)}")
+        managed = self._launch_once(retry)
+        process = managed.process
+        enginefix.remember(process.adapter.name, process.install, process.plan.model_path, told, exc.exit_code)
+        return managed
 
     def _smaller(self, plan: LaunchPlan) -> SmallerPlan | None:
         try:
@@ -253,6 +270,10 @@ class EndpointManager:
                 oom = LoadOutOfMemory(exc.message, exc.hint)
                 oom.log_text = "\n".join(process.log_tail(400))
                 raise oom from exc
+            if process.outcome is not None and process.outcome.state == EngineState.CRASHED:
+                crashed = LoadCrashed(exc.message, exc.hint)
+                crashed.exit_code, crashed.log_tail = process.outcome.exit_code, tuple(process.log_tail(400))
+                raise crashed from exc
             raise
         except BaseException:
             process.stop()
@@ -411,6 +432,6 @@ class EndpointManager:
         self.emit("stopped", "all engines stopped")
 
 
-__all__ = ["EndpointEvent", "EndpointListener", "EndpointManager", "Launcher", "LoadOutOfMemory", "ManagedEngine",
-           "MemoryBudget", "SwitchResult", "default_launcher", "machine_budget", "make_launcher",
+__all__ = ["EndpointEvent", "EndpointListener", "EndpointManager", "Launcher", "LoadCrashed", "LoadOutOfMemory",
+           "ManagedEngine", "MemoryBudget", "SwitchResult", "default_launcher", "machine_budget", "make_launcher",
            "memory_allows_standby"]

@@ -92,6 +92,14 @@ class LoadOutOfMemory(EngineFailed):
     log_text: str = ""
 
 
+class LoadCrashed(EngineFailed):
+    """An engine died while loading, not for lack of memory: its exit and the end of its log, from which the
+    adapter may know an argument that avoids the crash (`EngineAdapter.crash_retry`)."""
+
+    exit_code: int | None = None
+    log_tail: tuple[str, ...] = ()
+
+
 class EngineSlots:
     """The manager's state as one type: which engine holds each role (at most one per role; an engine in one role
     only), and the engines on their way out. An engine's `role` is the slot it is in, or how it left it
