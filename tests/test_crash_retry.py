@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from desktop.core.common.errors import EngineFailed
 from desktop.core.engines.base import EngineInstall, LaunchPlan
 from desktop.core.engines.llamacpp import NO_REPACK, LlamaCppAdapter
 from desktop.core.engines.vllm import VllmAdapter
@@ -31,6 +32,7 @@ from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.planning.planner import ask as ask_plan
 from desktop.core.runtime import enginefix
 from desktop.core.runtime.ports import find_free_port
+from desktop.core.runtime.supervisor import EngineProcess
 from desktop.core.serving.endpoint import EndpointEvent, EndpointManager, LoadCrashed
 from desktop.core.serving.proxy import ProxyServer
 from desktop.core.storage.history import Store
@@ -188,13 +190,44 @@ def test_a_sigill_with_no_repack_too_is_reported_after_exactly_one_retry(proxy: 
                               launcher=standin_launcher(binary, model, f"stand-in {uuid.uuid4().hex[:8]}"))
     manager.subscribe(events.append)
     try:
-        with pytest.raises(LoadCrashed) as caught:
+        with pytest.raises(EngineFailed) as caught:
             manager.start(ask_plan("llama.cpp", "demo", {"ctx_per_request": 512}))
-        assert "illegal instruction (SIGILL)" in caught.value.message
+        assert "illegal instruction (SIGILL)" in caught.value.message and not isinstance(caught.value, LoadCrashed)
+        assert caught.value.hint and "reinstall it" in caught.value.hint
         assert sigill_starts(count) == 2 and [e.state for e in events].count("retrying") == 1
         assert manager.active is None
     finally:
         manager.close()
+
+
+def test_a_plain_start_says_why_and_the_next_start_of_that_model_begins_with_no_repack(tmp_path: Path) -> None:
+    """The paths that start one engine process without the endpoint (plain serve, bench, A/B, prepare): the first
+    start fails with the cause and that the next start adds --no-repack; the next one does and serves."""
+    binary, count = sigill_binary(tmp_path, RUN_STANDIN.format(standin=str(STANDIN)))
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"stand-in weights")
+    install = EngineInstall("llama.cpp", f"stand-in {uuid.uuid4().hex[:8]}", "cache", binary)
+    plan = LaunchPlan(engine="llama.cpp", model_path=model, ctx_per_request=512)
+    with EngineProcess(LlamaCppAdapter(), plan, install) as first:
+        first.start()
+        with pytest.raises(EngineFailed) as caught:
+            first.wait_ready(timeout=60)
+        assert "illegal instruction (SIGILL)" in caught.value.message
+        assert caught.value.hint and f"the next start of this model adds {NO_REPACK}" in caught.value.hint
+        assert first.crash_fix is not None and NO_REPACK not in first.plan.extra_args
+    with EngineProcess(LlamaCppAdapter(), plan, install) as second:
+        second.start()
+        second.wait_ready(timeout=60)
+        assert NO_REPACK in second.plan.extra_args and second.learned_fix is not None
+        assert sigill_starts(count) == 1
+    # another model on the same build learns for itself
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"stand-in weights")
+    with EngineProcess(LlamaCppAdapter(), replace(plan, model_path=other), install) as third:
+        third.start()
+        with pytest.raises(EngineFailed):
+            third.wait_ready(timeout=60)
+    assert sigill_starts(count) == 2
 
 
 # --- the real llama-server behind the stand-in binary, through the CLI ---------------------------------------

@@ -50,6 +50,9 @@ NO_REPACK = "--no-repack"
 _SIGILL_EXITS = frozenset({-int(signal.SIGILL), 0xC000001D})
 _SIGILL_LINE = re.compile(r"illegal instruction|\bSIGILL\b", re.I)
 _REPACK_LINE = re.compile(r"repack|CPU_REPACK|\bAMX\b", re.I)
+# Signals a fault in the engine's own code ends it with (not a person's or the OOM killer's SIGKILL/SIGTERM).
+_CRASH_SIGNALS = frozenset(-int(s) for s in (signal.SIGSEGV, signal.SIGABRT, signal.SIGFPE, signal.SIGILL,
+                                             getattr(signal, "SIGBUS", signal.SIGSEGV)))
 
 
 def create_symlinks(bin_dir: Path) -> None:
@@ -119,14 +122,15 @@ class LlamaCppAdapter(EngineAdapter):
             return FailureReason(
                 "llama-server died with an illegal instruction (SIGILL) while loading the model: its CPU weight "
                 "repacking (AVX-512/AMX kernels) uses an instruction this CPU does not run",
-                f"start it with {NO_REPACK} (Switchyard retries once with it by itself); if it dies with it too, "
-                "the build does not suit this CPU: switchyard engines install llama.cpp --force",
+                f"Switchyard adds {NO_REPACK} after such a crash; if it dies with {NO_REPACK} too, this build does "
+                "not suit this CPU: reinstall it (switchyard engines install llama.cpp --force)",
                 "SIGILL")
-        if exit_code is not None and exit_code < 0 and crashed_in_repack(log_tail):
+        if exit_code in _CRASH_SIGNALS and crashed_in_repack(log_tail):
+            assert exit_code is not None
             return FailureReason(
                 f"llama-server was killed by signal {-exit_code} while repacking the model's weights for its CPU "
                 "kernels",
-                f"start it with {NO_REPACK} (Switchyard retries once with it by itself)", "repack")
+                f"Switchyard adds {NO_REPACK} after such a crash", "repack")
         return super().explain_failure(exit_code, log_tail)
 
     def crash_retry(self, exit_code: int | None, log_tail: Sequence[str], plan: LaunchPlan) -> CrashRetry | None:
@@ -137,7 +141,8 @@ class LlamaCppAdapter(EngineAdapter):
         if died_of_illegal_instruction(exit_code, log_tail):
             return CrashRetry((NO_REPACK,), f"llama-server died with SIGILL in its CPU weight repack: started with "
                                             f"{NO_REPACK}")
-        if exit_code is not None and exit_code < 0 and crashed_in_repack(log_tail):
+        if exit_code in _CRASH_SIGNALS and crashed_in_repack(log_tail):
+            assert exit_code is not None
             return CrashRetry((NO_REPACK,), f"llama-server was killed by signal {-exit_code} in its CPU weight "
                                             f"repack: started with {NO_REPACK}")
         return None

@@ -1,9 +1,10 @@
-"""Launch arguments this machine has taught an engine build: a start that crashed in a way the adapter knows
-an argument avoids (`EngineAdapter.crash_retry`: llama-server's SIGILL in its CPU weight repack -> --no-repack)
-is retried once with it, and when that start serves, the fix is stored in history (a run of kind "engine-fix",
-so the History page shows it) for this engine build, model file and machine. Every later start of the same
-model on the same build begins with it (`EngineProcess.start`), whichever path launches it, so it crashes once,
-not on every launch. A new engine build (another version or binary) starts without it and learns again.
+"""Launch arguments this machine has taught an engine build. When a start crashes while loading in a way the
+adapter knows arguments avoid (`EngineAdapter.crash_retry`: llama-server's SIGILL in its CPU weight repack ->
+--no-repack), the supervisor stores the fix in history (a run of kind "engine-fix", so the History page shows it)
+for this engine build, model file and machine; the endpoint (and a memory probe) retries at once with it. Every
+later start of the same model on the same build begins with it (`EngineProcess.start`), whichever path launches
+it (serve, bench, A/B, calibrate), so it crashes once, not on every launch. Another build (version or binary)
+starts without it and learns again.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _matches(run: RunRecord, engine: str, install: EngineInstall, model_path: Pa
 
 
 def learned(engine: str, install: EngineInstall, model_path: Path, store: Store | None = None) -> LearnedFix | None:
-    """The newest fix stored for `engine` at `install`'s version and binary on `model_path` here, or None.
+    """The arguments stored for `engine` at `install`'s version and binary on `model_path` here, or None.
     History trouble is no reason not to start: it is logged and the start goes on without a fix."""
     try:
         if store is not None:
@@ -49,16 +50,19 @@ def learned(engine: str, install: EngineInstall, model_path: Path, store: Store 
     except (SwitchyardError, OSError, sqlite3.Error) as exc:
         log.warning("could not read the launch fixes learned here: %s", exc)
         return None
-    for run in runs:
-        if _matches(run, engine, install, model_path):
-            args = tuple(str(a) for a in run.settings.get("args") or ())
-            return LearnedFix(args, str(run.summary.get("why") or ""), run.id) if args else None
-    return None
+    found = [run for run in runs if _matches(run, engine, install, model_path)]
+    args: list[str] = []
+    for run in reversed(found):  # oldest first: the arguments in the order they were learned
+        args += [str(a) for a in run.settings.get("args") or () if str(a) not in args]
+    if not args:
+        return None
+    return LearnedFix(tuple(args), "; ".join(dict.fromkeys(str(r.summary.get("why") or "") for r in found)),
+                      found[0].id)
 
 
 def remember(engine: str, install: EngineInstall, model_path: Path, retry: CrashRetry, exit_code: int | None,
              store: Store | None = None) -> int | None:
-    """Store that `retry`'s arguments made this model start on this build here (call once the retry serves)."""
+    """Store that this model on this build needs `retry`'s arguments here (its start crashed without them)."""
     record = RunRecord(kind=KIND, engine=engine, engine_version=install.version, model=str(model_path),
                        settings={"executable": str(install.executable), "args": list(retry.args)},
                        summary={"why": retry.why, "exit_code": exit_code},

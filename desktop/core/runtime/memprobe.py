@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
+from desktop.core.engines.base import CrashRetry, EngineAdapter, EngineInstall, LaunchPlan
 from desktop.core.engines.memory_report import MemoryReport, memory_lines_done, parse
-from desktop.core.runtime import enginefix
 from desktop.core.runtime.supervisor import EngineEvent, EngineProcess, EngineState
 
 PROBE_ARGS = {"llama.cpp": ("-v", "--no-warmup")}  # the launch as the app makes it, plus its memory lines
@@ -63,22 +62,19 @@ def probe(adapter: EngineAdapter, install: EngineInstall, plan: LaunchPlan, *, t
     A plan the engine refuses (not enough memory, a KV cache too small for one request) is a result too:
     `started` is False and `error` says why, which is what a verdict check needs. A crash the adapter knows
     arguments avoid (llama-server's SIGILL in its weight repack) is retried once with them, as the endpoint
-    does, and remembered for later starts (runtime.enginefix); `retried` says so."""
-    result, crash = _probe_once(adapter, install, plan, timeout, log_dir)
-    told = adapter.crash_retry(result.exit_code, crash, plan) if crash is not None else None
-    if told is None:
+    does (the supervisor remembers them for later starts: runtime.enginefix); `retried` says so."""
+    result, fix = _probe_once(adapter, install, plan, timeout, log_dir)
+    if fix is None or all(arg in plan.extra_args for arg in fix.args):
         return result
-    again, _ = _probe_once(adapter, install, replace(plan, extra_args=(*plan.extra_args, *told.args)), timeout,
+    again, _ = _probe_once(adapter, install, replace(plan, extra_args=(*plan.extra_args, *fix.args)), timeout,
                            log_dir)
-    again.retried = f"{result.error}; retried once: {told.why}"
-    if again.started:
-        enginefix.remember(adapter.name, install, plan.model_path, told, result.exit_code)
+    again.retried = f"{result.error}; retried once: {fix.why}"
     return again
 
 
 def _probe_once(adapter: EngineAdapter, install: EngineInstall, plan: LaunchPlan, timeout: float,
-                log_dir: Path | None) -> tuple[ProbeResult, list[str] | None]:
-    """One probe launch, and the end of its log when the engine crashed while loading (else None)."""
+                log_dir: Path | None) -> tuple[ProbeResult, CrashRetry | None]:
+    """One probe launch, and the arguments that avoid its crash when it crashed in a way the adapter knows."""
     plan = probe_plan(adapter, plan)
     lines: list[str] = []
     lock = threading.Lock()
@@ -118,4 +114,4 @@ def _probe_once(adapter: EngineAdapter, install: EngineInstall, plan: LaunchPlan
     result = ProbeResult(adapter.name, install.version, command.argv, env, process.plan, report, started, error,
                          time.monotonic() - started_at, str(process.log_path), captured[-40:],
                          exit_code=outcome.exit_code if crashed and outcome is not None else None)
-    return result, process.log_tail(400) if crashed else None
+    return result, process.crash_fix if not started else None

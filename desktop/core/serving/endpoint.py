@@ -25,7 +25,6 @@ from desktop.core.engines.vllm import sleep_mode_supported
 from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.planning.planner import plan_launch, replan
 from desktop.core.planning.swap import SmallerPlan, plan_facts, smaller_plan
-from desktop.core.runtime import enginefix
 from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState, reap_orphans
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
@@ -223,16 +222,12 @@ class EndpointManager:
 
     def _after_crash(self, plan: LaunchPlan, exc: LoadCrashed) -> ManagedEngine:
         """A load that crashed in a way the adapter knows arguments avoid (llama-server's SIGILL in its weight
-        repack): retry once with them, and once that serves, remember them so later starts begin with them."""
-        told = get_adapter(plan.engine).crash_retry(exc.exit_code, exc.log_tail, plan)
-        if told is None:
+        repack; the supervisor remembered them for later starts): retry once with them, and say why."""
+        if exc.fix is None or all(arg in plan.extra_args for arg in exc.fix.args):
             raise exc
-        retry = self.check(plan, changes={"extra_args": (*plan.extra_args, *told.args)})
-        self.emit("retrying", f"{exc.message}; retrying once with {' '.join(told.args)}")
-        managed = self._launch_once(retry)
-        process = managed.process
-        enginefix.remember(process.adapter.name, process.install, process.plan.model_path, told, exc.exit_code)
-        return managed
+        retry = self.check(plan, changes={"extra_args": (*plan.extra_args, *exc.fix.args)})
+        self.emit("retrying", f"{exc.message}; retrying once with {' '.join(exc.fix.args)}")
+        return self._launch_once(retry)
 
     def _smaller(self, plan: LaunchPlan) -> SmallerPlan | None:
         try:
@@ -270,9 +265,9 @@ class EndpointManager:
                 oom = LoadOutOfMemory(exc.message, exc.hint)
                 oom.log_text = "\n".join(process.log_tail(400))
                 raise oom from exc
-            if process.outcome is not None and process.outcome.state == EngineState.CRASHED:
+            if process.crash_fix is not None:  # a crash the adapter knows arguments avoid
                 crashed = LoadCrashed(exc.message, exc.hint)
-                crashed.exit_code, crashed.log_tail = process.outcome.exit_code, tuple(process.log_tail(400))
+                crashed.fix = process.crash_fix
                 raise crashed from exc
             raise
         except BaseException:

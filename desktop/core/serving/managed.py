@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from desktop.core.common.errors import EngineFailed
-from desktop.core.engines.base import LaunchPlan
+from desktop.core.engines.base import CrashRetry, LaunchPlan
 from desktop.core.runtime.supervisor import ColdStart, EngineProcess
 from desktop.core.serving.router import Upstream
 
@@ -93,11 +93,10 @@ class LoadOutOfMemory(EngineFailed):
 
 
 class LoadCrashed(EngineFailed):
-    """An engine died while loading, not for lack of memory: its exit and the end of its log, from which the
-    adapter may know an argument that avoids the crash (`EngineAdapter.crash_retry`)."""
+    """An engine crashed while loading in a way its adapter knows arguments avoid (`EngineAdapter.crash_retry`:
+    llama-server's SIGILL in its weight repack -> --no-repack): the endpoint retries once with `fix`."""
 
-    exit_code: int | None = None
-    log_tail: tuple[str, ...] = ()
+    fix: CrashRetry | None = None
 
 
 class EngineSlots:
