@@ -66,14 +66,14 @@ def calibrate(engine: str, model: str = "demo", ctx: int = CALIBRATE_CTX, timeou
     from desktop.core.storage.history import Store
 
     adapter = get_adapter(engine)
+    path = model_for(adapter.name, model)  # a bad model is the user's error, named before anything else
+    facts = facts_from_path(path) if path is not None else None  # a corrupt file is refused before a launch
     install = adapter.find_install()
     if install is None:
         return {"engine": adapter.name, "skipped": f"{adapter.name} is not installed"}
-    path = model_for(adapter.name, model)
-    if path is None:
+    if path is None or facts is None:
         return {"engine": adapter.name, "skipped": f"{model} is not in a format {adapter.name} loads"}
     hardware = detect()
-    facts = facts_from_path(path)
     vllm = adapter.name == "vllm"
     plan = LaunchPlan(engine=adapter.name, model_path=path, ctx_per_request=ctx, slots=1, eager=vllm,
                       kv_cache_gib=1.0 if vllm and not hardware.cuda_gpus else None,
