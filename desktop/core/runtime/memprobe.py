@@ -42,9 +42,10 @@ class ProbeResult:
     retried: str | None = None  # the first launch crashed and this one ran with the arguments that avoid it: why
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"engine": self.engine, "version": self.version, "argv": self.argv, "env": self.env,
-                "plan": self.plan.to_json(), "report": self.report.to_json(), "started": self.started,
-                "error": self.error, "seconds": round(self.seconds, 2), "log_path": self.log_path}
+        data: dict[str, Any] = {
+            "engine": self.engine, "version": self.version, "argv": self.argv, "env": self.env,
+            "plan": self.plan.to_json(), "report": self.report.to_json(), "started": self.started,
+            "error": self.error, "seconds": round(self.seconds, 2), "log_path": self.log_path}
         if self.retried:
             data["retried"] = self.retried
         return data
@@ -68,7 +69,7 @@ def probe(adapter: EngineAdapter, install: EngineInstall, plan: LaunchPlan, *, t
         return result
     again, _ = _probe_once(adapter, install, replace(plan, extra_args=(*plan.extra_args, *fix.args)), timeout,
                            log_dir)
-    again.retried = f"{result.error}; retried once: {fix.why}"
+    again.retried = f"the first start crashed; retried once: {fix.why}"
     return again
 
 
