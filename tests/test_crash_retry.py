@@ -269,6 +269,7 @@ def test_cli_serve_says_why_in_one_line_retries_with_no_repack_and_starts_with_i
         said = [line for line in lines if line.startswith("[retrying]")]
         assert len(said) == 1 and "illegal instruction (SIGILL)" in said[0] and NO_REPACK in said[0], lines
         assert "Traceback" not in "".join(lines) and sigill_starts(count) == 1
+        assert not [line for line in lines if "ERROR" in line], lines  # the one line is the [retrying] one
         answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi", "max_tokens": 2},
                             timeout=60, trust_env=False)
         assert answer.status_code == 200, answer.text

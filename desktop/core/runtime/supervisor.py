@@ -637,7 +637,9 @@ class EngineProcess:
             if self.state in (EngineState.STARTING, EngineState.LOADING):
                 reason = self._learn_from_crash(code, reason)
             self.outcome = EngineOutcome(EngineState.CRASHED, code, reason, str(self.log_path))
-            log.error("%s exited (code %s): %s", self.adapter.name, code, reason.reason)
+            # a crash with a known fix is the caller's one line to tell (the endpoint retries with it)
+            log.log(logging.INFO if self.crash_fix else logging.ERROR, "%s exited (code %s): %s", self.adapter.name,
+                    code, reason.reason)
             self._set_state(EngineState.CRASHED)
 
     def _line(self, raw: bytes) -> None:
