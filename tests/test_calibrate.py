@@ -189,8 +189,10 @@ def test_a_launch_that_prints_memory_lines_records_calibration_points(tmp_path: 
 def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    return lines[0]
+    # one error line (and the CLI's hint line under it, saying what to do)
+    assert lines[0].startswith("switchyard: error: ") and len(lines) <= 2, done.stderr
+    assert len(lines) == 1 or lines[1].startswith("switchyard: hint: "), done.stderr
+    return " ".join(lines)
 
 
 def test_calibrate_bad_input_is_one_clear_line_and_starts_nothing(tmp_path: Path) -> None:
