@@ -153,6 +153,9 @@ def test_a_sigill_while_loading_is_retried_once_with_no_repack_and_the_next_star
         fixes = [r for r in store.runs(kind=enginefix.KIND, engine="llama.cpp") if r.engine_version == version]
     assert len(fixes) == 1 and fixes[0].settings["args"] == [NO_REPACK] and fixes[0].model == str(model)
     assert "SIGILL" in fixes[0].summary["why"] and fixes[0].summary["exit_code"] == -signal.SIGILL
+    from desktop.ui.pages.history import describe, summarize
+
+    assert NO_REPACK in describe(fixes[0]) and "SIGILL" in summarize(fixes[0])  # what the History page shows
 
     # the next start of the same plan begins with it: no crash, no retry
     again: list[EndpointEvent] = []
