@@ -63,6 +63,12 @@ def test_calibrate_stores_measured_components_and_the_next_fit_uses_them(tmp_pat
     assert after["breakdown"]["predicted.weights"] == pytest.approx(parts["weights"]["predicted_bytes"])
     text = _cli("calibrate", "--engine", "llama.cpp", "--model", str(model), home=home)
     assert "predicted MiB" in text.stdout and "measured MiB" in text.stdout and "weights" in text.stdout
+    # what a GPU-less probe cannot measure is said, and only where there is no GPU
+    from desktop.core.machine.hardware import detect
+
+    gpu_less = not detect().gpus
+    assert ("measured only on a GPU" in found.get("gpu_only", "")) == gpu_less
+    assert ("measured only on a GPU (none here)" in text.stdout) == gpu_less
 
 
 @pytest.mark.engine
@@ -81,6 +87,9 @@ def test_fit_engine_check_shows_llama_servers_own_fit(tmp_path: Path, llama_inst
     text = _cli("fit", str(model), "--ctx", "2048", "--parallel", "2", "--engine-check", "--no-history",
                 home=tmp_path / "home")
     assert "llama-server's own --fit projects" in text.stdout
+    from desktop.core.machine.hardware import detect
+
+    assert ("engine check: measured only on a GPU (none here)" in text.stdout) == (not detect().gpus)
 
 
 def _result(total_bytes: float, available_gib: float) -> Any:
@@ -175,3 +184,30 @@ def test_a_launch_that_prints_memory_lines_records_calibration_points(tmp_path: 
     assert all(p.source == "launch" and p.run_id == run for p in points)
     weights = next(p for p in points if p.component == "weights")
     assert weights.measured_bytes == pytest.approx(weights.predicted_bytes, rel=0.01)  # --no-repack: the file
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    # one error line (and the CLI's hint line under it, saying what to do)
+    assert lines[0].startswith("switchyard: error: ") and len(lines) <= 2, done.stderr
+    assert len(lines) == 1 or lines[1].startswith("switchyard: hint: "), done.stderr
+    return " ".join(lines)
+
+
+def test_calibrate_bad_input_is_one_clear_line_and_starts_nothing(tmp_path: Path) -> None:
+    """A missing file, a file that is no GGUF and a corrupt GGUF header are refused before any engine starts."""
+    home = tmp_path / "home"
+    missing = _one_error_line(_cli("calibrate", "--model", str(tmp_path / "nope.gguf"), home=home, timeout=120))
+    assert "nope.gguf does not exist" in missing and "pass a .gguf file" in missing
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model\n")
+    assert "not a GGUF file" in _one_error_line(_cli("calibrate", "--engine", "llama.cpp", "--model", str(text),
+                                                     home=home, timeout=120))
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + os.urandom(256))
+    assert "GGUF" in _one_error_line(_cli("calibrate", "--engine", "llama.cpp", "--model", str(corrupt), home=home,
+                                          timeout=120))
+    assert "unknown engine" in _one_error_line(_cli("calibrate", "--engine", "tgi", home=home, timeout=120)).lower()
+    logs = home / "logs"
+    assert not logs.exists() or not any(logs.iterdir())  # no engine was started: it would have left its log

@@ -150,10 +150,11 @@ def test_a_real_launch_is_recorded_and_corrects_the_next_fit(tmp_path: Path, lla
         evidence = gather(demo, store)
     llama_fit = estimate(demo, CPU, sizing_plan("llama.cpp", ctx_per_request=2048, slots=8))
     rss = record.summary["load_memory"]["rss_gib"]
-    # The process holds what the fit counts (mapped weights, the KV cache, compute and logits buffers) plus its
-    # own code, libraries and HTTP server: at least the prediction minus the KV pages no request touched yet,
-    # at most 0.25 GiB above it.
-    assert llama_fit.total_gib - llama_fit.kv_cache_gib <= rss <= llama_fit.total_gib + 0.25, (rss, llama_fit)
+    # The process holds what the fit counts plus its own code, libraries and HTTP server: the weights are mapped
+    # and read at warm-up, and llama.cpp clears its KV buffer when it makes it, so every counted page is resident
+    # (measured here: 8 MiB above the fit at 512x1, 2048x8 and 4096x8). A measurement (or a fit) off by a tenth
+    # of a GiB fails, on a 0.24 GiB prediction.
+    assert llama_fit.total_gib - 0.05 <= rss <= llama_fit.total_gib + 0.1, (rss, llama_fit)
     found = evidence.get("llama.cpp")
     assert found is not None and found.cold_start is not None and found.cold_start.run_id == run
     assert found.load_memory is not None
@@ -171,6 +172,8 @@ def test_a_real_launch_is_recorded_and_corrects_the_next_fit(tmp_path: Path, lla
         uncorrected = estimate(demo, CPU, rec.fit.plan)
         assert rec.fit.total_gib == pytest.approx(uncorrected.total_gib + error, abs=2e-3)
         assert any(f"launch #{run}" in note for note in rec.fit.notes)
+    else:  # rounding: the fit is left as it is, and says nothing of a correction
+        assert rec.fit is not None and "measured_correction" not in rec.fit.breakdown
 
 
 def test_from_runs_on_empty_history() -> None:

@@ -191,6 +191,7 @@ def _engine_check(facts: Any, hardware: HardwareSnapshot, result: FitResult) -> 
     """The engine's own answer for the checked plan on this machine: a probe launch and its memory report."""
     from desktop.core.engines import get_adapter
     from desktop.core.planning import calibration
+    from desktop.core.runtime.calibrate import gpu_only_note
     from desktop.core.runtime.memprobe import probe
 
     local = facts.hf_dir if result.engine == "vllm" and facts.hf_dir else facts.path
@@ -206,6 +207,11 @@ def _engine_check(facts: Any, hardware: HardwareSnapshot, result: FitResult) -> 
     probed = probe(adapter, install, replace(result.plan, model_path=Path(local)))
     out: dict[str, Any] = {"started": probed.started, "error": probed.error, "argv": probed.argv,
                            "lines": probed.report.lines}
+    if probed.retried:
+        out["retried"] = probed.retried
+    note = gpu_only_note(result.engine, hardware)
+    if note:
+        out["gpu_only"] = note
     if probed.started:
         out["components"] = {k: {"predicted_bytes": p, "measured_bytes": m}
                              for k, (p, m) in calibration.components(result.engine, probed.report, result).items()}
@@ -216,6 +222,8 @@ def _engine_check(facts: Any, hardware: HardwareSnapshot, result: FitResult) -> 
 
 
 def _print_engine_check(check: dict[str, Any]) -> None:
+    if check.get("retried"):
+        print(f"  engine check: {check['retried']}")
     if not check["started"]:
         print(f"  engine check: the engine did not start: {check['error']}")
     for name, row in (check.get("components") or {}).items():
@@ -229,6 +237,8 @@ def _print_engine_check(check: dict[str, Any]) -> None:
         print(f"  llama-server's own --fit projects {opinion['engine_mib']:.1f} MiB for this plan; the estimate "
               f"{opinion['ours_mib']:.1f} MiB ({opinion['relative'] * 100:+.1f}%)"
               + (f": {opinion['explanation']}" if opinion.get("explanation") else ""))
+    if check.get("gpu_only"):
+        print(f"  engine check: {check['gpu_only']}")
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:

@@ -173,6 +173,16 @@ class FailureReason:
 
 
 @dataclass(frozen=True)
+class CrashRetry:
+    """Launch arguments that avoid a crash the adapter recognises in a failed start, and why in words: the start
+    is retried once with them, and later starts of the same model on the same build begin with them
+    (runtime.enginefix). E.g. llama-server's SIGILL in its CPU weight repack: `--no-repack`."""
+
+    args: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
 class FailureRule:
     pattern: re.Pattern[str]
     reason: str
@@ -310,6 +320,12 @@ class EngineAdapter(ABC):
         """After an out-of-memory start: the plan fields to change (and why, in words) when the engine's own log
         says what would start, e.g. vLLM's "estimated maximum model length is M"; None: the fit's next smaller
         plan decides (the default)."""
+        return None
+
+    def crash_retry(self, exit_code: int | None, log_tail: Sequence[str], plan: LaunchPlan) -> CrashRetry | None:
+        """After a start that crashed while loading (not for lack of memory): the arguments that avoid this crash
+        when the adapter knows them, else None (the failure is reported as it is: the default). Never the same
+        arguments twice: a plan that already has them gets None."""
         return None
 
     def is_polling_line(self, line: str) -> bool:

@@ -9,6 +9,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import tarfile
 import time
@@ -23,9 +24,11 @@ from desktop.core.common.unixhttp import is_socket_host
 from desktop.core.engines import provision, release_assets, runtimes
 from desktop.core.engines.base import (
     CommandLine,
+    CrashRetry,
     DoctorFinding,
     EngineAdapter,
     EngineInstall,
+    FailureReason,
     LaunchPlan,
     failure_rule,
     log_marker,
@@ -37,6 +40,19 @@ log = logging.getLogger("switchyard.engines.llamacpp")
 
 CONFIG_ENV = "SWITCHYARD_LLAMA_SERVER"
 VARIANT_ENV = "SWITCHYARD_LLAMACPP_VARIANT"  # prefer this cached variant (cuda, vulkan, cpu ...) when several exist
+
+# llama-server's CPU backend repacks quantized weights at load into interleaved layouts for its AVX-512/AMX
+# kernels. On a CPU (or VM) that advertises instructions it cannot run, b11434 dies with SIGILL while loading
+# Q8_0/Q4_K_M files; `--no-repack` keeps the file's own layout and every type loads.
+NO_REPACK = "--no-repack"
+# How an illegal instruction ends a process: killed by SIGILL (POSIX; Popen says -4), STATUS_ILLEGAL_INSTRUCTION
+# (Windows), or a shell wrapper's 128 + 4 with the shell's "Illegal instruction" line.
+_SIGILL_EXITS = frozenset({-int(signal.SIGILL), 0xC000001D})
+_SIGILL_LINE = re.compile(r"illegal instruction|\bSIGILL\b", re.I)
+_REPACK_LINE = re.compile(r"repack|CPU_REPACK|\bAMX\b", re.I)
+# Signals a fault in the engine's own code ends it with (not a person's or the OOM killer's SIGKILL/SIGTERM).
+_CRASH_SIGNALS = frozenset(-int(s) for s in (signal.SIGSEGV, signal.SIGABRT, signal.SIGFPE, signal.SIGILL,
+                                             getattr(signal, "SIGBUS", signal.SIGSEGV)))
 
 
 def create_symlinks(bin_dir: Path) -> None:
@@ -98,6 +114,38 @@ class LlamaCppAdapter(EngineAdapter):
                      "llama-server could not bind its port: another process is using it",
                      "pick another port or stop the process holding it"),
     )
+
+    def explain_failure(self, exit_code: int | None, log_tail: Sequence[str]) -> FailureReason:
+        """An illegal instruction (SIGILL) is named as such, with the repack as its known cause here; the rest as
+        the rules say."""
+        if died_of_illegal_instruction(exit_code, log_tail):
+            return FailureReason(
+                "llama-server died with an illegal instruction (SIGILL) while loading the model: its CPU weight "
+                "repacking (AVX-512/AMX kernels) uses an instruction this CPU does not run",
+                f"Switchyard adds {NO_REPACK} after such a crash; if it dies with {NO_REPACK} too, this build does "
+                "not suit this CPU: reinstall it (switchyard engines install llama.cpp --force)",
+                "SIGILL")
+        if exit_code in _CRASH_SIGNALS and crashed_in_repack(log_tail):
+            assert exit_code is not None
+            return FailureReason(
+                f"llama-server was killed by signal {-exit_code} while repacking the model's weights for its CPU "
+                "kernels",
+                f"Switchyard adds {NO_REPACK} after such a crash", "repack")
+        return super().explain_failure(exit_code, log_tail)
+
+    def crash_retry(self, exit_code: int | None, log_tail: Sequence[str], plan: LaunchPlan) -> CrashRetry | None:
+        """A load that died of SIGILL, or of a signal in the weight repack, is retried with --no-repack (once: a
+        plan that has it already gets None). Slower matmuls on some quantized types, and a start that works."""
+        if NO_REPACK in plan.extra_args:
+            return None
+        if died_of_illegal_instruction(exit_code, log_tail):
+            return CrashRetry((NO_REPACK,), f"llama-server died with SIGILL in its CPU weight repack: started with "
+                                            f"{NO_REPACK}")
+        if exit_code in _CRASH_SIGNALS and crashed_in_repack(log_tail):
+            assert exit_code is not None
+            return CrashRetry((NO_REPACK,), f"llama-server was killed by signal {-exit_code} in its CPU weight "
+                                            f"repack: started with {NO_REPACK}")
+        return None
 
     def error_line(self, log_tail: Sequence[str]) -> str | None:
         """llama-server names the cause first and then prints usage text: the first error line is the one."""
@@ -341,6 +389,21 @@ class LlamaCppAdapter(EngineAdapter):
             if value is not None:
                 out[common] = value
         return out
+
+
+def died_of_illegal_instruction(exit_code: int | None, log_tail: Sequence[str]) -> bool:
+    """Whether the process ended on an illegal instruction: its exit says so, or (behind a shell wrapper) the
+    shell's "Illegal instruction" line does."""
+    if exit_code in _SIGILL_EXITS:
+        return True
+    return exit_code is not None and exit_code != 0 and any(_SIGILL_LINE.search(line) for line in log_tail[-5:])
+
+
+def crashed_in_repack(log_tail: Sequence[str]) -> bool:
+    """Whether the last lines before a crash are the CPU backend's weight repacking (at -v it logs each tensor it
+    repacks; its buffer is named CPU_REPACK or AMX in the load lines)."""
+    last = [line for line in log_tail if line.strip()][-3:]
+    return any(_REPACK_LINE.search(line) for line in last)
 
 
 def listen_args(plan: LaunchPlan) -> list[str]:

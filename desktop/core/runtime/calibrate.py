@@ -14,6 +14,25 @@ from typing import Any
 from desktop.core.common.errors import SwitchyardError
 
 CALIBRATE_CTX = 1024
+# What a probe on a machine without the engine's GPU cannot measure: those parts of the fit stay the formula's.
+GPU_ONLY = {
+    "llama.cpp": "the GPU's buffers (weights, KV cache and compute of the layers -ngl offloads) and the "
+                 "CUDA/Vulkan context",
+    "vllm": "the activation peak, CUDA graphs and the CUDA context (vLLM's CPU build reports its weights and KV "
+            "space only)",
+}
+
+
+def gpu_only_note(engine: str, hardware: Any) -> str | None:
+    """The line that says what only a GPU measures, on a machine whose `engine` runs without one; None on a GPU
+    (there the probe measures those parts too)."""
+    from desktop.core.planning.fit import normalise_engine
+
+    name = normalise_engine(engine)
+    gpus = hardware.cuda_gpus if name == "vllm" else hardware.gpus
+    if gpus or name not in GPU_ONLY:
+        return None
+    return f"measured only on a GPU (none here): {GPU_ONLY[name]}; the fit keeps its formula for them"
 
 
 def model_for(engine: str, model: str) -> Path | None:
@@ -47,14 +66,14 @@ def calibrate(engine: str, model: str = "demo", ctx: int = CALIBRATE_CTX, timeou
     from desktop.core.storage.history import Store
 
     adapter = get_adapter(engine)
+    path = model_for(adapter.name, model)  # a bad model is the user's error, named before anything else
+    facts = facts_from_path(path) if path is not None else None  # a corrupt file is refused before a launch
     install = adapter.find_install()
     if install is None:
         return {"engine": adapter.name, "skipped": f"{adapter.name} is not installed"}
-    path = model_for(adapter.name, model)
-    if path is None:
+    if path is None or facts is None:
         return {"engine": adapter.name, "skipped": f"{model} is not in a format {adapter.name} loads"}
     hardware = detect()
-    facts = facts_from_path(path)
     vllm = adapter.name == "vllm"
     plan = LaunchPlan(engine=adapter.name, model_path=path, ctx_per_request=ctx, slots=1, eager=vllm,
                       kv_cache_gib=1.0 if vllm and not hardware.cuda_gpus else None,
@@ -65,6 +84,11 @@ def calibrate(engine: str, model: str = "demo", ctx: int = CALIBRATE_CTX, timeou
                            "accelerators": calibration.accelerator_set(hardware, adapter.name),
                            "started": result.started, "error": result.error, "argv": result.argv,
                            "lines": result.report.lines}
+    if result.retried:
+        out["retried"] = result.retried
+    note = gpu_only_note(adapter.name, hardware)
+    if note:
+        out["gpu_only"] = note
     if not result.started:
         return out
     pairs = calibration.components(adapter.name, result.report, fit)
@@ -102,6 +126,8 @@ def describe(found: dict[str, Any]) -> list[str]:
     if "skipped" in found:
         return [f"{found['engine']}: skipped ({found['skipped']})"]
     lines.append(f"{found['engine']} {found['version']} on {found['accelerators']}: {found['model']}")
+    if found.get("retried"):
+        lines.append(f"  {found['retried']}")
     if not found["started"]:
         lines.append(f"  did not start: {found['error']}")
         return lines
@@ -118,4 +144,6 @@ def describe(found: dict[str, Any]) -> list[str]:
               + (f" ({opinion['explanation']})" if opinion.get("explanation") else ""))
     for note in found["corrected"]["notes"]:
         lines.append(f"  next fit: {note}")
+    if found.get("gpu_only"):
+        lines.append(f"  {found['gpu_only']}")
     return lines

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
+from desktop.core.engines.base import CrashRetry, EngineAdapter, EngineInstall, LaunchPlan
 from desktop.core.engines.memory_report import MemoryReport, memory_lines_done, parse
-from desktop.core.runtime.supervisor import EngineEvent, EngineProcess
+from desktop.core.runtime.supervisor import EngineEvent, EngineProcess, EngineState
 
 PROBE_ARGS = {"llama.cpp": ("-v", "--no-warmup")}  # the launch as the app makes it, plus its memory lines
 
@@ -38,11 +38,17 @@ class ProbeResult:
     seconds: float = 0.0
     log_path: str | None = None
     tail: list[str] = field(default_factory=list)
+    exit_code: int | None = None  # how the engine ended when it crashed while loading
+    retried: str | None = None  # the first launch crashed and this one ran with the arguments that avoid it: why
 
     def to_json(self) -> dict[str, Any]:
-        return {"engine": self.engine, "version": self.version, "argv": self.argv, "env": self.env,
-                "plan": self.plan.to_json(), "report": self.report.to_json(), "started": self.started,
-                "error": self.error, "seconds": round(self.seconds, 2), "log_path": self.log_path}
+        data: dict[str, Any] = {
+            "engine": self.engine, "version": self.version, "argv": self.argv, "env": self.env,
+            "plan": self.plan.to_json(), "report": self.report.to_json(), "started": self.started,
+            "error": self.error, "seconds": round(self.seconds, 2), "log_path": self.log_path}
+        if self.retried:
+            data["retried"] = self.retried
+        return data
 
 
 def probe_plan(adapter: EngineAdapter, plan: LaunchPlan) -> LaunchPlan:
@@ -55,7 +61,21 @@ def probe(adapter: EngineAdapter, install: EngineInstall, plan: LaunchPlan, *, t
     """Launch `plan` briefly with the engine's memory lines on, read them, stop the engine.
 
     A plan the engine refuses (not enough memory, a KV cache too small for one request) is a result too:
-    `started` is False and `error` says why, which is what a verdict check needs."""
+    `started` is False and `error` says why, which is what a verdict check needs. A crash the adapter knows
+    arguments avoid (llama-server's SIGILL in its weight repack) is retried once with them, as the endpoint
+    does (the supervisor remembers them for later starts: runtime.enginefix); `retried` says so."""
+    result, fix = _probe_once(adapter, install, plan, timeout, log_dir)
+    if fix is None or all(arg in plan.extra_args for arg in fix.args):
+        return result
+    again, _ = _probe_once(adapter, install, replace(plan, extra_args=(*plan.extra_args, *fix.args)), timeout,
+                           log_dir)
+    again.retried = f"the first start crashed; retried once: {fix.why}"
+    return again
+
+
+def _probe_once(adapter: EngineAdapter, install: EngineInstall, plan: LaunchPlan, timeout: float,
+                log_dir: Path | None) -> tuple[ProbeResult, CrashRetry | None]:
+    """One probe launch, and the arguments that avoid its crash when it crashed in a way the adapter knows."""
     plan = probe_plan(adapter, plan)
     lines: list[str] = []
     lock = threading.Lock()
@@ -90,5 +110,9 @@ def probe(adapter: EngineAdapter, install: EngineInstall, plan: LaunchPlan, *, t
         captured = list(lines)
     report = parse(adapter.name, captured)
     env = {k: v for k, v in command.env.items() if k.startswith(("VLLM_CPU", "OMP_", "CUDA_VISIBLE"))}
-    return ProbeResult(adapter.name, install.version, command.argv, env, process.plan, report, started, error,
-                       time.monotonic() - started_at, str(process.log_path), captured[-40:])
+    outcome = process.outcome
+    crashed = not started and outcome is not None and outcome.state == EngineState.CRASHED
+    result = ProbeResult(adapter.name, install.version, command.argv, env, process.plan, report, started, error,
+                         time.monotonic() - started_at, str(process.log_path), captured[-40:],
+                         exit_code=outcome.exit_code if crashed and outcome is not None else None)
+    return result, process.crash_fix if not started else None

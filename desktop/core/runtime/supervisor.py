@@ -37,8 +37,8 @@ import psutil
 from desktop.core.common import paths, private, unixhttp
 from desktop.core.common.errors import EngineFailed, SwitchyardError
 from desktop.core.common.sse import iter_deltas
-from desktop.core.engines.base import EngineAdapter, EngineInstall, FailureReason, LaunchPlan
-from desktop.core.runtime import pagecache, proctree, watchdog, winjob
+from desktop.core.engines.base import CrashRetry, EngineAdapter, EngineInstall, FailureReason, LaunchPlan
+from desktop.core.runtime import enginefix, pagecache, proctree, watchdog, winjob
 from desktop.core.runtime.ports import ensure_port_free, find_free_port
 
 log = logging.getLogger("switchyard.supervisor")
@@ -414,6 +414,8 @@ class EngineProcess:
         self.install = install
         self.plan = plan
         self.cold_start = ColdStart()
+        self.learned_fix: enginefix.LearnedFix | None = None  # arguments added at start that an earlier crash taught
+        self.crash_fix: CrashRetry | None = None  # it crashed while loading, and these arguments avoid that crash
         self.state = EngineState.STOPPED
         self.outcome: EngineOutcome | None = None
         self._log_dir = log_dir or paths.logs_dir()
@@ -491,6 +493,7 @@ class EngineProcess:
         if self._proc is not None:
             raise SwitchyardError("this engine process was already started")
         self._choose_address()
+        self._apply_learned_fix()
         command = self.adapter.build_command(self.plan, self.install)
         self._program = command.argv[0] if command.argv and os.path.isabs(command.argv[0]) else None
         env = {**os.environ, **command.env}
@@ -533,6 +536,28 @@ class EngineProcess:
             self.plan = replace(self.plan, port=find_free_port(host))
         else:
             ensure_port_free(self.plan.port, host)
+
+    def _apply_learned_fix(self) -> None:
+        """Start with the arguments an earlier crash of this build on this model taught (runtime.enginefix): a
+        llama-server that died of SIGILL in its weight repack here starts with --no-repack from then on."""
+        fix = enginefix.learned(self.adapter.name, self.install, self.plan.model_path)
+        missing = tuple(a for a in fix.args if a not in self.plan.extra_args) if fix else ()
+        if fix is None or not missing:
+            return
+        self.plan = replace(self.plan, extra_args=(*self.plan.extra_args, *missing))
+        self.learned_fix = fix
+        log.info("%s starts with %s (learned here: %s)", self.adapter.name, " ".join(missing), fix.why)
+
+    def _learn_from_crash(self, code: int | None, reason: FailureReason) -> FailureReason:
+        """A crash while loading that the adapter knows arguments avoid (`crash_retry`): remember them for this
+        build and model (the next start here begins with them; the endpoint retries at once) and say so."""
+        fix = self.adapter.crash_retry(code, self.log_tail(400), self.plan)
+        if fix is None:
+            return reason
+        self.crash_fix = fix
+        enginefix.remember(self.adapter.name, self.install, self.plan.model_path, fix, code)
+        return replace(reason, suggestion=f"the next start of this model adds {' '.join(fix.args)} (remembered "
+                                          "for this engine build here): start it again")
 
     def _listener_is_ours(self) -> bool:
         """Whether what listens at the engine's address belongs to the engine's process tree, checked before
@@ -609,8 +634,12 @@ class EngineProcess:
             self._set_state(EngineState.STOPPED)
         else:
             reason = self.adapter.explain_failure(code, self.log_tail(self.adapter.failure_tail_lines))
+            if self.state in (EngineState.STARTING, EngineState.LOADING):
+                reason = self._learn_from_crash(code, reason)
             self.outcome = EngineOutcome(EngineState.CRASHED, code, reason, str(self.log_path))
-            log.error("%s exited (code %s): %s", self.adapter.name, code, reason.reason)
+            # a crash with a known fix is the caller's one line to tell (the endpoint retries with it)
+            log.log(logging.INFO if self.crash_fix else logging.ERROR, "%s exited (code %s): %s", self.adapter.name,
+                    code, reason.reason)
             self._set_state(EngineState.CRASHED)
 
     def _line(self, raw: bytes) -> None:

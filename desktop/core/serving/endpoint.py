@@ -35,6 +35,7 @@ from desktop.core.serving.managed import (
     EndpointEvent,
     EndpointListener,
     EngineSlots,
+    LoadCrashed,
     LoadOutOfMemory,
     ManagedEngine,
     SlotView,
@@ -218,6 +219,8 @@ class EndpointManager:
         plan = self.check(plan)
         try:
             return self._launch_once(plan)
+        except LoadCrashed as exc:
+            return self._after_crash(plan, exc)
         except LoadOutOfMemory as exc:
             told = get_adapter(plan.engine).memory_retry(exc.log_text, plan)
             if told is not None:  # the engine said what would start: retry with exactly that
@@ -246,6 +249,15 @@ class EndpointManager:
             managed = self._launch_once(retry)
             managed.retried = smaller.describe()
             return managed
+
+    def _after_crash(self, plan: LaunchPlan, exc: LoadCrashed) -> ManagedEngine:
+        """A load that crashed in a way the adapter knows arguments avoid (llama-server's SIGILL in its weight
+        repack; the supervisor remembered them for later starts): retry once with them, and say why."""
+        if exc.fix is None or all(arg in plan.extra_args for arg in exc.fix.args):
+            raise exc
+        retry = self.check(plan, changes={"extra_args": (*plan.extra_args, *exc.fix.args)})
+        self.emit("retrying", f"{exc.message}; retrying once with {' '.join(exc.fix.args)}")
+        return self._launch_once(retry)
 
     def _smaller(self, plan: LaunchPlan) -> SmallerPlan | None:
         try:
@@ -283,6 +295,10 @@ class EndpointManager:
                 oom = LoadOutOfMemory(exc.message, exc.hint)
                 oom.log_text = "\n".join(process.log_tail(400))
                 raise oom from exc
+            if process.crash_fix is not None:  # a crash the adapter knows arguments avoid
+                crashed = LoadCrashed(exc.message, exc.hint)
+                crashed.fix = process.crash_fix
+                raise crashed from exc
             raise
         except BaseException:
             process.stop()
@@ -452,6 +468,6 @@ class EndpointManager:
         self.emit("stopped", "all engines stopped")
 
 
-__all__ = ["EndpointEvent", "EndpointListener", "EndpointManager", "Launcher", "LoadOutOfMemory", "ManagedEngine",
-           "MemoryBudget", "SwitchResult", "default_launcher", "machine_budget", "make_launcher",
+__all__ = ["EndpointEvent", "EndpointListener", "EndpointManager", "Launcher", "LoadCrashed", "LoadOutOfMemory",
+           "ManagedEngine", "MemoryBudget", "SwitchResult", "default_launcher", "machine_budget", "make_launcher",
            "memory_allows_standby"]

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from desktop.core.common.errors import EngineFailed
-from desktop.core.engines.base import LaunchPlan
+from desktop.core.engines.base import CrashRetry, LaunchPlan
 from desktop.core.runtime.supervisor import ColdStart, EngineProcess
 from desktop.core.serving.router import Upstream
 
@@ -92,6 +92,13 @@ class LoadOutOfMemory(EngineFailed):
     its log, where an engine may say what would start (vLLM V1's estimated maximum model length)."""
 
     log_text: str = ""
+
+
+class LoadCrashed(EngineFailed):
+    """An engine crashed while loading in a way its adapter knows arguments avoid (`EngineAdapter.crash_retry`:
+    llama-server's SIGILL in its weight repack -> --no-repack): the endpoint retries once with `fix`."""
+
+    fix: CrashRetry | None = None
 
 
 class EngineSlots:

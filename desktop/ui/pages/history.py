@@ -54,6 +54,8 @@ def summarize(run: Any) -> str:
         if isinstance(memory.get("rss_gib"), (int, float)):
             parts.append(f"{memory['rss_gib']:.2f} GiB resident after load")
         return "; ".join(parts)
+    if run.kind == "engine-fix":  # runtime.enginefix: arguments a crash taught this engine build here
+        return str(summary.get("why") or "")
     levels = summary.get("levels") or []
     if not levels:
         return "no results"
