@@ -207,6 +207,37 @@ def test_phases_in_order_and_stop_leaves_nothing(llama_install: EngineInstall, d
 
 @pytest.mark.engine
 @pytest.mark.llamacpp
+def test_a_log_reader_behind_the_health_poll_still_puts_load_markers_before_t1(
+        llama_install: EngineInstall, demo_model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader thread can fall behind the health poll (a loaded CI box): the load markers it reads after T1 were
+    printed before it, so they are stamped no later than T1 and their phase events come before T1's."""
+    from desktop.core.runtime import supervisor as sup
+
+    original = sup.EngineProcess._line
+    behind = {"model_loaded": False}
+
+    def lagging(self: Any, raw: bytes) -> None:
+        if b"model loaded" in raw and not behind["model_loaded"]:
+            behind["model_loaded"] = True
+            time.sleep(0.3)  # simulates the lag itself (not a wait for anything): the poll answers meanwhile
+        original(self, raw)
+
+    monkeypatch.setattr(sup.EngineProcess, "_line", lagging)
+    events: list[EngineEvent] = []
+    with EngineProcess(llama, LaunchPlan("llama.cpp", demo_model.gguf_path, slots=1), llama_install,
+                       log_dir=tmp_path) as engine:
+        engine.subscribe(events.append)
+        engine.start()
+        cold = engine.wait_ready(timeout=300)
+    assert behind["model_loaded"]
+    assert cold.t1_health_s is not None and cold.markers["model_loaded"] <= cold.t1_health_s
+    assert all(end <= cold.t1_health_s for end in cold.phase_ends.values()), cold.phase_ends
+    phases = [e.phase for e in events if e.kind == "phase"]
+    assert phases.index("model_loaded") < phases.index("T1_health"), phases
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
 def test_corrupt_gguf_crashes_at_load_with_an_explanation(llama_install: EngineInstall, tmp_path: Path) -> None:
     model = tmp_path / "corrupt.gguf"
     model.write_bytes(b"GGUF" + os.urandom(4096))

@@ -80,6 +80,7 @@ COLD_START_PHASES: tuple[Phase, ...] = (
     Phase("first_request", "first request done (T3)", "T3", "#74c476"),
 )
 PHASE_BY_KEY = {phase.key: phase for phase in COLD_START_PHASES}
+MARKER_CATCH_UP_S = 0.5  # how long wait_ready lets the log reader catch up on pre-serving markers
 SERVING_PHASES = ("api", "first_token", "first_request")  # every engine has these: T1, T2, T3
 # The serving phases' event names (EngineEvent("phase") and the GUI's timeline carry them; one spelling: here).
 PHASE_NAMES = {"t1_health_s": "T1_health", "t2_first_token_s": "T2_first_token", "t3_first_request_s": "T3_first_request"}
@@ -435,6 +436,7 @@ class EngineProcess:
         self._final = False  # CRASHED or STOPPED was reached: no later state (a late READY) overwrites it
         self._listener_checked = False
         self._marker_lines_left = 2000
+        self._marker_seen = threading.Condition()  # the reader matched a marker: wait_ready's catch-up waits on it
         self.cold_start.expected = tuple(adapter.cold_start_phases(plan))
         cache_dir = adapter.compile_cache_dir(plan)
         self.cold_start.compile_cache_dir = str(cache_dir) if cache_dir is not None else None
@@ -656,12 +658,26 @@ class EngineProcess:
             self._match_markers(line)
         self._emit(EngineEvent("log", line=line))
 
+    def _catch_up_markers(self, deadline: float) -> None:
+        """Health answered; the reader thread may still hold the log lines printed before it (their markers
+        stamped late, their phase events after T1). Wait, briefly and on the reader's own signal, until every
+        phase this plan expects before serving has ended; a marker that never comes costs MARKER_CATCH_UP_S."""
+        before_serving = [key for key in self.cold_start.expected if key not in SERVING_PHASES]
+        with self._marker_seen:
+            while any(key not in self.cold_start.phase_ends for key in before_serving):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._exited.is_set():
+                    return
+                self._marker_seen.wait(left)
+
     def _match_markers(self, line: str) -> None:
         for marker in self.adapter.log_markers:
             match = marker.match(line)
             if not match:
                 continue
             seconds = round(self.elapsed(), 3)
+            if self.cold_start.t1_health_s is not None:  # printed before health answered, read after it
+                seconds = min(seconds, self.cold_start.t1_health_s)
             first = marker.name not in self.cold_start.markers
             self.cold_start.markers.setdefault(marker.name, seconds)
             if marker.ends and first:
@@ -670,6 +686,8 @@ class EngineProcess:
                 if value is not None:
                     self.cold_start.facts[f"{marker.name}.{key}"] = value
             self._emit(EngineEvent("phase", phase=marker.name, seconds=seconds))
+            with self._marker_seen:
+                self._marker_seen.notify_all()
 
     def _stop_tree(self, grace: float) -> None:
         """Stop the engine, its descendants and its process group (desktop.core.runtime.proctree)."""
@@ -722,6 +740,7 @@ class EngineProcess:
                     break
                 self._exited.wait(0.1)  # wakes at once if the engine dies
         self.cold_start.t1_health_s = round(self.elapsed(), 3)
+        self._catch_up_markers(time.monotonic() + MARKER_CATCH_UP_S)
         self._emit(EngineEvent("phase", phase=PHASE_NAMES["t1_health_s"], seconds=self.cold_start.t1_health_s))
         if first_request:
             self._first_request(deadline)
