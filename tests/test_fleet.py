@@ -185,6 +185,29 @@ def test_requests_are_routed_by_model_and_unknown_names_get_a_404(proxy: ProxySe
         fleet.close()
 
 
+def test_every_lane_reads_the_machine_again_after_a_sleep_the_way_it_was_told(proxy: ProxyServer,
+                                                                             tmp_path: Path) -> None:
+    """A fleet lane that puts a vLLM to sleep plans the next model against memory read again (NVML through
+    `redetect`), like the single-model endpoint: `serve --config` passes the app's detection unless --hardware."""
+    reads: list[str] = []
+
+    def redetect() -> HardwareSnapshot:
+        reads.append("read")
+        return CPU
+
+    fleet = Fleet(proxy, two_models(), hardware=CPU, launcher=standin_launcher(tmp_path), ready_timeout=60,
+                  redetect=redetect)
+    try:
+        assert all(lane.redetect is redetect for lane in fleet.lanes.values())
+        fleet.lanes["alpha"].redetect()  # type: ignore[misc]
+        assert reads == ["read"]
+        recorded = Fleet(proxy, two_models(), hardware=CPU, launcher=standin_launcher(tmp_path), ready_timeout=60)
+        assert all(lane.redetect is None for lane in recorded.lanes.values())  # a snapshot: the fit's model
+        recorded.close()
+    finally:
+        fleet.close()
+
+
 def test_idle_ttl_stops_the_engine_and_the_next_request_loads_it(proxy: ProxyServer, tmp_path: Path) -> None:
     fleet = Fleet(proxy, two_models(alpha={"ttl": 0.5}), hardware=CPU, launcher=standin_launcher(tmp_path), ready_timeout=60)
     events = Events()

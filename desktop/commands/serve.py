@@ -599,6 +599,7 @@ def _serve_fleet(args: argparse.Namespace) -> int:
     """`serve --config models.yaml`: every model of the list behind one endpoint, routed by `model`; each entry
     planned and checked before anything starts (`--dry-run` prints those plans)."""
     from desktop.core.engines import get_adapter
+    from desktop.core.machine.hardware import detect
     from desktop.core.runtime.supervisor import reap_orphans
     from desktop.core.serving.control import EndpointControl
     from desktop.core.serving.endpoint import machine_budget
@@ -621,7 +622,7 @@ def _serve_fleet(args: argparse.Namespace) -> int:
     proxy = endpoint.open(config.names()[0])
     fleet = Fleet(proxy, config, telemetry=endpoint.telemetry, ready_timeout=args.ready_timeout,
                   drain_timeout=args.drain_timeout, budget=machine_budget(hardware), auto_fit=args.auto_fit,
-                  hardware=hardware, plans=plans)
+                  hardware=hardware, plans=plans, redetect=None if args.hardware else detect)
     fleet.subscribe(lambda event: _print_event(event, args.json))
 
     def preload() -> None:

@@ -13,6 +13,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,7 @@ class Fleet:
         hardware: HardwareSnapshot | None = None,
         plans: dict[str, Checked] | None = None,
         engine_overrides: dict[str, dict[str, Any]] | None = None,
+        redetect: Callable[[], HardwareSnapshot] | None = None,
     ) -> None:
         self.proxy = proxy
         self.config = config
@@ -205,7 +207,7 @@ class Fleet:
             lane = EndpointManager(proxy, telemetry=telemetry, launcher=launcher, ready_timeout=ready_timeout,
                                    drain_timeout=drain_timeout, budget=budget, auto_fit=auto_fit,
                                    hardware=hardware, route=entry.name, meter=False,
-                                   engine_overrides=engine_overrides)
+                                   engine_overrides=engine_overrides, redetect=redetect)
             lane.plan = plans[entry.name].plan
             lane.state = "unloaded"
             self.lanes[entry.name] = lane
