@@ -82,3 +82,94 @@ def test_traffic_panel_without_traffic_keeps_typed_numbers_and_default_curves(  
     assert "No traffic through the endpoint yet" in page.traffic.summary.text()
     assert page.concurrency.value() == before and not page.traffic.use_button.isEnabled()
     assert "default" in page.traffic.legend.text() and "operating" not in page.traffic.marks
+
+
+def _drawn(plot) -> dict[str, tuple[list[float], list[float]]]:  # type: ignore[no-untyped-def]
+    """What a pyqtgraph plot really draws: each named data item's x and y."""
+    return {item.name(): (list(item.getData()[0]), list(item.getData()[1]))
+            for item in plot.getPlotItem().listDataItems()}
+
+
+def _vertical_lines(plot) -> list[float]:  # type: ignore[no-untyped-def]
+    import pyqtgraph as pg
+
+    return sorted(item.value() for item in plot.getPlotItem().items
+                  if isinstance(item, pg.InfiniteLine) and item.angle == 90)
+
+
+def test_profile_panel_shows_what_switchyard_profile_reports(qtbot, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The panel's facts and its requests-per-minute chart are the figures `switchyard profile --json` prints for
+    the same history (the CLI in its own process)."""
+    import json
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("SWITCHYARD_HOME", str(tmp_path / "home"))
+    with Store() as store:
+        _traffic(store, time.time())
+    out = subprocess.run([sys.executable, "-m", "desktop", "profile", "--json"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ}, check=False)
+    assert out.returncode == 0, out.stderr
+    cli = json.loads(out.stdout)
+    from desktop.ui.pages.recommend import RecommendPage
+
+    page = RecommendPage()
+    qtbot.addWidget(page)
+    panel = page.traffic
+    qtbot.waitUntil(lambda: panel.picture is not None, timeout=30_000)
+    assert panel.summary.text() == f"From your traffic: {cli['summary']}."
+    facts = panel.facts.text().splitlines()
+    c, p, o = cli["concurrency"], cli["prompt_tokens"], cli["output_tokens"]
+    assert f"in flight: p50 {c['p50']:g}, p95 {c['p95']:g}, max {c['max']} (busy {c['busy_share']:.0%} of the time)" \
+        in facts
+    assert (f"prompt tokens: p50 {p['p50']:g}, p95 {p['p95']:g}, max {p['max']} (log-normal \u03bc "
+            f"{p['lognormal_mu']:.2f}, \u03c3 {p['lognormal_sigma']:.2f})") in facts
+    assert f"output tokens: p50 {o['p50']:g}, p95 {o['p95']:g}, max {o['max']}" in facts[3]
+    assert facts[0] == (f"requests/min: mean {cli['mean_rpm']:.2f}, peak {cli['peak_rpm']:.2f} (burstiness "
+                        f"{cli['burstiness']:g} peak/mean); 0 failed")
+    assert facts[4].startswith(f"launches: {len(cli['lifetimes'])}, restarts {cli['restarts']}")
+    assert "no captured bodies" in facts[5] and cli["shared_prefix_share"] is None
+    # the rate chart: one step per bucket at the CLI's requests per minute
+    (xs, ys), = _drawn(panel.rate_plot).values()
+    assert [round(y, 6) for y in ys] == [round(rpm, 6) for _, rpm in cli["requests_per_minute"]]
+    assert xs[:-1] == [t for t, _ in cli["requests_per_minute"]] and xs[-1] == xs[-2] + cli["bucket_s"]
+
+
+def test_crossover_chart_draws_the_crossover_modules_curves(qtbot, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both charts draw the curves planning.crossover computes from the same history (throughput and TTFT p95 on
+    log2 concurrency), with the crossover and the operating point as vertical lines, and its verdict."""
+    import math
+
+    from desktop.core.measure.profile import load_profile
+    from desktop.core.planning.crossover import crossover, curves_from_history
+
+    monkeypatch.setenv("SWITCHYARD_HOME", str(tmp_path / "home"))
+    now = time.time()
+    with Store() as store:
+        _traffic(store, now)
+        profile = load_profile(store, since=now - 7 * 86400)
+        expected = crossover(curves_from_history(store.runs(limit=500), "demo", cpu=True),
+                             operating_concurrency=profile.concurrency.p95)
+    from desktop.ui.traffic_panel import TrafficPanel
+
+    panel = TrafficPanel()
+    qtbot.addWidget(panel)
+    panel.refresh("demo")
+    qtbot.waitUntil(lambda: panel.picture is not None, timeout=30_000)
+    throughput, ttft = _drawn(panel.plot), _drawn(panel.ttft_plot)
+    assert set(throughput) == set(ttft) == {"llama.cpp", "vllm"}
+    for curve in expected.curves:
+        assert throughput[curve.engine] == ([math.log2(p.concurrency) for p in curve.points],
+                                            [p.output_tok_s for p in curve.points])
+        assert ttft[curve.engine] == ([math.log2(p.concurrency) for p in curve.points],
+                                      [p.ttft_p95_ms for p in curve.points])
+    assert throughput["vllm"][1] == [30.0, 160.0] and ttft["vllm"][1] == [20.0, 20.0]  # the seeded A/B's numbers
+    lines = sorted([math.log2(expected.crossover_concurrency), math.log2(4.0)])
+    assert _vertical_lines(panel.plot) == pytest.approx(lines) and _vertical_lines(panel.ttft_plot) == pytest.approx(lines)
+    assert panel.verdict.text() == expected.verdict and "pays back after" in panel.verdict.text()
+    assert expected.break_even_s is not None and expected.break_even_s > 0
+    ticks = panel.plot.getPlotItem().getAxis("bottom")._tickLevels[0]  # labelled in concurrency, not log2
+    assert [label for _, label in ticks] == ["1", "8"]
+    assert "not measured" not in panel.ttft_plot.getPlotItem().titleLabel.text
