@@ -138,29 +138,21 @@ def _switch(window: Any, serve: Any, out: Path) -> list[Path]:
 
 def save_traffic(window: Any, out: Path, name: str, *, panel_only: bool = False) -> Path | None:
     """The Recommend page's traffic panel, read again from history: the profile of what went through the
-    endpoint (the whole page) or, once an A/B has measured both engines, the crossover charts (the panel alone,
-    given the window's width)."""
+    endpoint (the whole page, the panel given most of its height) or, once an A/B has measured both engines, the
+    crossover charts (the panel alone)."""
     recommend = window.show_page("Recommend")
     panel = recommend.traffic
     panel.refresh(recommend.model_edit.text().strip())
     if not wait_until(lambda: not panel.loading, 60) or panel.picture is None:
         print("the traffic profile did not arrive in time", file=sys.stderr)
         return None
-    wait_until(lambda: False, 0.6)
-    if not panel_only:
-        return _grab(window, out / name)
-    size = panel.size()
-    panel.setParent(None)  # on its own for a moment, so the charts get the room of a whole window
-    panel.resize(window.width(), 640)
-    panel.show()
+    sizes = recommend.split.sizes()
+    recommend.split.setSizes([1, sum(sizes)])  # the answer above shrinks to its smallest
     wait_until(lambda: False, 0.6)
     try:
-        return _grab(panel, out / name)
+        return _grab(panel if panel_only else window, out / name)
     finally:
-        panel.hide()
-        recommend.layout().addWidget(panel, 1)
-        panel.resize(size)
-        panel.show()
+        recommend.split.setSizes(sizes)
 
 
 def _anthropic_request(url: str) -> None:

@@ -72,7 +72,7 @@ def profile_facts(profile: Any) -> list[str]:
 def _plot(title: str, bottom: str, left: str, axis: dict[str, Any] | None = None) -> pg.PlotWidget:
     palette = QApplication.palette()
     plot = pg.PlotWidget(background=palette.color(QPalette.ColorRole.Base), axisItems=axis)
-    plot.setMinimumHeight(200)
+    plot.setMinimumHeight(180)
     plot.setAccessibleName(title)
     item = plot.getPlotItem()
     item.setTitle(title, color=palette.color(QPalette.ColorRole.Text))
@@ -156,7 +156,8 @@ class TrafficPanel(QGroupBox):
                                  f"(at least 50 answered requests).")
         else:
             self.summary.setText("No traffic through the endpoint yet: the answer uses the numbers you type.")
-        self.facts.setText("\n".join(profile_facts(profile)))
+        lines = profile_facts(profile)  # two facts a line: the charts keep the height
+        self.facts.setText("\n".join("   ·   ".join(lines[i:i + 2]) for i in range(0, len(lines), 2)))
         self.facts.setVisible(bool(profile.requests))
         self.use_button.setEnabled(profile.enough)
         self.draw_rate(profile)

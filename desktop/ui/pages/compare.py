@@ -145,10 +145,16 @@ REPLAY_METRICS = (("completed", "completed", 0), ("failed", "failed", 0), ("outp
 
 
 def replay_preview(since: str, max_requests: int | None) -> dict[str, Any]:
-    """What a replay of the request log since `since` would send (worker thread): the schedule's summary."""
+    """What a replay of the request log since `since` would send (worker thread): the schedule's summary, or why
+    there is nothing to send, with the span and limit it answers (a later question may be pending)."""
+    from desktop.core.common.errors import SwitchyardError
     from desktop.core.measure.loadgen.replay import schedule_from_log
 
-    return schedule_from_log(since, max_requests=max_requests).to_json()
+    key = (since, max_requests or 0)
+    try:
+        return {"key": key, "schedule": schedule_from_log(since, max_requests=max_requests).to_json(), "error": ""}
+    except SwitchyardError as exc:
+        return {"key": key, "schedule": None, "error": exc.message + (f"\nHint: {exc.hint}" if exc.hint else "")}
 
 
 def replay_summary(schedule: dict[str, Any], speed: float) -> str:
@@ -397,14 +403,15 @@ class ComparePage(QWidget):
         self._preview_key = key
         self.replay_schedule, self.replay_error = None, ""
         self.replay_info.setText("Reading the endpoint's request log…")
-        submit(replay_preview, key[0], key[1] or None,
-               on_finished=lambda schedule: self._replay_read(key, schedule),
-               on_error=lambda message: self._replay_read(key, None, message))
+        submit(replay_preview, key[0], key[1] or None, on_finished=self._replay_read, on_error=self._replay_failed)
 
-    def _replay_read(self, key: tuple[str, int], schedule: dict[str, Any] | None, message: str = "") -> None:
-        if key != self._preview_key:  # a later span or limit was asked for meanwhile
+    def _replay_read(self, answer: dict[str, Any]) -> None:
+        if tuple(answer["key"]) != self._preview_key:  # a later span or limit was asked for meanwhile
             return
-        self.replay_schedule = schedule
+        self.replay_schedule, self.replay_error = answer["schedule"], answer["error"]
+        self._show_replay_schedule()
+
+    def _replay_failed(self, message: str) -> None:  # an unreadable history file, say
         self.replay_error = message
         self._show_replay_schedule()
 
