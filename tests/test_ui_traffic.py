@@ -173,3 +173,49 @@ def test_crossover_chart_draws_the_crossover_modules_curves(qtbot, tmp_path: Pat
     ticks = panel.plot.getPlotItem().getAxis("bottom")._tickLevels[0]  # labelled in concurrency, not log2
     assert [label for _, label in ticks] == ["1", "8"]
     assert "not measured" not in panel.ttft_plot.getPlotItem().titleLabel.text
+
+
+def _has_colour(image, colour: str, tolerance: int = 12) -> int:  # type: ignore[no-untyped-def]
+    """How many pixels of `image` are within `tolerance` of `colour` (#rrggbb) in every channel."""
+    from PySide6.QtGui import QColor
+
+    want = QColor(colour)
+    count = 0
+    for y in range(0, image.height(), 2):
+        for x in range(0, image.width(), 2):
+            got = image.pixelColor(x, y)
+            if (abs(got.red() - want.red()) <= tolerance and abs(got.green() - want.green()) <= tolerance
+                    and abs(got.blue() - want.blue()) <= tolerance):
+                count += 1
+    return count
+
+
+def test_screenshot_of_the_crossover_shows_both_curves(qtbot, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gui --screenshots`' traffic shots: the PNG is the panel, with both engines' curve colours drawn (not an
+    empty chart), and the page's splitter is put back afterwards."""
+    from PySide6.QtGui import QImage
+
+    from desktop.ui.charts import PALETTE
+    from desktop.ui.main_window import MainWindow
+    from desktop.ui.screenshots import save_traffic
+    from desktop.ui.traffic_panel import RATE_COLOUR
+
+    monkeypatch.setenv("SWITCHYARD_HOME", str(tmp_path / "home"))
+    with Store() as store:
+        _traffic(store, time.time())
+    window = MainWindow()
+    window.confirm_quit = lambda: True
+    qtbot.addWidget(window)
+    window.show()
+    recommend = window.show_page("Recommend")
+    qtbot.waitUntil(lambda: recommend.traffic.picture is not None, timeout=30_000)
+    sizes = recommend.split.sizes()
+    path = save_traffic(window, tmp_path, "crossover.png", panel_only=True)
+    assert path is not None and recommend.split.sizes() == sizes
+    image = QImage(str(path))
+    assert image.width() >= recommend.traffic.width() and image.height() >= recommend.traffic.height()
+    # both engines' curves are drawn in their colours (the rate chart has a colour of its own)
+    assert _has_colour(image, PALETTE[0]) > 50 and _has_colour(image, PALETTE[1]) > 50
+    assert _has_colour(image, RATE_COLOUR) > 50
+    window.close()

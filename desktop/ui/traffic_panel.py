@@ -19,6 +19,8 @@ from PySide6.QtWidgets import QApplication, QGroupBox, QHBoxLayout, QLabel, QPus
 from desktop.ui.charts import PALETTE
 from desktop.ui.workers import submit
 
+RATE_COLOUR = PALETTE[2]  # not an engine's colour: the rate is the traffic's, whichever engine served it
+
 
 def traffic_picture(model: str, since_s: float = 7 * 86400.0) -> dict[str, Any]:
     """Profile of the last `since_s` seconds and the crossover for `model` at its p95 concurrency (worker thread)."""
@@ -178,8 +180,8 @@ class TrafficPanel(QGroupBox):
                       color=QApplication.palette().color(QPalette.ColorRole.Text))
         xs = [t for t, _ in self.rate] + [self.rate[-1][0] + profile.bucket_s]
         ys = [rpm for _, rpm in self.rate]
-        item.plot(xs, ys, stepMode="center", fillLevel=0, brush=pg.mkBrush(PALETTE[0] + "60"),
-                  pen=pg.mkPen(PALETTE[0], width=2))
+        item.plot(xs, ys, stepMode="center", fillLevel=0, brush=pg.mkBrush(RATE_COLOUR + "60"),
+                  pen=pg.mkPen(RATE_COLOUR, width=2))
         mean = pg.InfiniteLine(profile.mean_rpm, angle=0, pen=pg.mkPen("#888888", width=1,
                                                                         style=Qt.PenStyle.DashLine),
                                label=f"mean {profile.mean_rpm:.1f}/min", labelOpts={"position": 0.1})
