@@ -154,8 +154,10 @@ class TrafficPanel(QGroupBox):
         if profile.enough:
             self.summary.setText(f"From your traffic: {profile.summary_line()}.")
         elif profile.requests:
+            from desktop.core.measure.profile import MIN_REQUESTS
+
             self.summary.setText(f"{profile.summary_line()} — too little traffic to replace your numbers yet "
-                                 f"(at least 50 answered requests).")
+                                 f"(it takes {MIN_REQUESTS} answered requests).")
         else:
             self.summary.setText("No traffic through the endpoint yet: the answer uses the numbers you type.")
         lines = profile_facts(profile)  # two facts a line: the charts keep the height
