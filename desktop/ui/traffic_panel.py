@@ -211,7 +211,8 @@ class TrafficPanel(QGroupBox):
                 plots[1].plot([math.log2(c) for c, _ in ttft], [v for _, v in ttft], pen=pen, symbol="o",
                               symbolSize=6, symbolBrush=color, name=curve.engine)
             unit = " (relative to llama.cpp = 1)" if curve.relative else ""
-            cold = (f"; cold start {curve.cold_start_s:.1f} s ({curve.cold_start_tag})"
+            cold = (f"; cold start {curve.cold_start_s:.1f} s "
+                    f"({'default' if curve.cold_start_tag == 'default' else 'measured here'})"
                     if curve.cold_start_s is not None else "")
             legend.append(f'<span style="color:{color}">■</span> {curve.engine}: {curve.tag}{unit}{cold}')
         text = QApplication.palette().color(QPalette.ColorRole.Text)
