@@ -86,7 +86,7 @@ def _report_dir(job: dict[str, Any], kind: str) -> Path:
 
 def run_ab_job(job: dict[str, Any], emit: Emitter) -> None:
     from desktop.core.engines import get_adapter
-    from desktop.core.measure.ab import ABConfig, run_ab
+    from desktop.core.measure.ab import ABConfig, is_attached, run_ab
     from desktop.core.measure.reports import record_ab, write_ab_report
 
     raw = dict(job["config"])
@@ -98,7 +98,7 @@ def run_ab_job(job: dict[str, Any], emit: Emitter) -> None:
         span = raw["replay"]
         raw["replay"] = schedule_from_log(str(span.get("since") or "1d"), max_requests=span.get("max_requests"))
     config = ABConfig(**raw)
-    names = [get_adapter(name).name for name in config.engines]
+    names = [name if is_attached(name) else get_adapter(name).name for name in config.engines]  # endpoint:NAME
     total = max(1, len(names) * config.repetitions * len(config.concurrency) * config.requests_per_level)
     state: dict[str, Any] = {"engine": names[0], "done": 0}
     throttle = ProgressThrottle(emit)
