@@ -131,7 +131,7 @@ def _switch(window: Any, serve: Any, out: Path) -> list[Path]:
         saved.append(_grab(window, out / "4d-serve-switching.png"))
     if not wait_until(lambda: not window.session.switching, 1200):
         print("the switch did not finish in time", file=sys.stderr)
-    wait_until(lambda: False, 4.0)  # the new engine's first points after the hand-over mark
+    wait_until(lambda: False, 20.0)  # the new engine's points after the hand-over mark
     saved.append(_grab(window, out / "4e-serve-switched.png"))
     return saved
 
@@ -235,12 +235,12 @@ def _drive(window: Any, out: Path) -> None:
     compare = window.show_page("Compare")
     compare.ab_radio.setChecked(True)
     compare.levels_edit.setText("1, 4")
-    compare.requests_spin.setValue(24)  # a few seconds per level on llama.cpp, so its curves have points
+    compare.requests_spin.setValue(16)  # a few seconds per level on llama.cpp, so its curves have points
     compare.output_spin.setValue(32)
     compare.replay_check.setChecked(True)  # and the recorded traffic, open loop, on both engines
     compare.replay_since.setCurrentIndex(0)  # the last hour: this run's own traffic
     compare.replay_speed.setValue(2.0)
-    compare.replay_max.setValue(48)
+    compare.replay_max.setValue(32)
     wait_until(lambda: compare.replay_schedule is not None or bool(compare.replay_error), 30)
     if compare.start():
         if not wait_until(lambda: not compare.running, 1800):
