@@ -82,6 +82,9 @@ def test_traffic_panel_without_traffic_keeps_typed_numbers_and_default_curves(  
     assert "No traffic through the endpoint yet" in page.traffic.summary.text()
     assert page.concurrency.value() == before and not page.traffic.use_button.isEnabled()
     assert "default" in page.traffic.legend.text() and "operating" not in page.traffic.marks
+    # no traffic and default curves: no empty rate or TTFT chart, the throughput chart says it is relative
+    assert page.traffic.rate_plot.isHidden() and page.traffic.ttft_plot.isHidden()
+    assert "relative" in page.traffic.plot.getPlotItem().getAxis("left").labelText
 
 
 def _drawn(plot) -> dict[str, tuple[list[float], list[float]]]:  # type: ignore[no-untyped-def]
@@ -172,7 +175,7 @@ def test_crossover_chart_draws_the_crossover_modules_curves(qtbot, tmp_path: Pat
     assert expected.break_even_s is not None and expected.break_even_s > 0
     ticks = panel.plot.getPlotItem().getAxis("bottom")._tickLevels[0]  # labelled in concurrency, not log2
     assert [label for _, label in ticks] == ["1", "8"]
-    assert "not measured" not in panel.ttft_plot.getPlotItem().titleLabel.text
+    assert not panel.ttft_plot.isHidden() and not panel.rate_plot.isHidden()
 
 
 def _has_colour(image, colour: str, tolerance: int = 12) -> int:  # type: ignore[no-untyped-def]

@@ -147,7 +147,8 @@ def save_traffic(window: Any, out: Path, name: str, *, panel_only: bool = False)
         print("the traffic profile did not arrive in time", file=sys.stderr)
         return None
     sizes = recommend.split.sizes()
-    recommend.split.setSizes([1, sum(sizes)])  # the answer above shrinks to its smallest
+    answer = 1 if panel_only else 150  # the answer above keeps its headline in the page's shot
+    recommend.split.setSizes([answer, sum(sizes) - answer])
     wait_until(lambda: False, 0.6)
     try:
         return _grab(panel if panel_only else window, out / name)

@@ -90,8 +90,8 @@ class TrafficPanel(QGroupBox):
 
     use_requested = Signal(object)  # a planning.recommend.Workload from the profile
 
-    RATE_TITLE = "Requests per minute (your traffic)"
-    THROUGHPUT_TITLE = "Output throughput vs concurrency"
+    RATE_TITLE = "Your requests per minute"
+    THROUGHPUT_TITLE = "Throughput vs concurrency"
     TTFT_TITLE = "TTFT p95 vs concurrency"
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -175,11 +175,10 @@ class TrafficPanel(QGroupBox):
         item = self.rate_plot.getPlotItem()
         item.clear()
         self.rate = [(float(t), float(rpm)) for t, rpm in profile.rate]
+        self.rate_plot.setVisible(bool(self.rate))  # no traffic: no empty chart, the summary says so
         if not self.rate:
-            item.setTitle(f"{self.RATE_TITLE}: none yet", color=QApplication.palette().color(QPalette.ColorRole.Text))
             return
-        item.setTitle(f"{self.RATE_TITLE}, {profile.bucket_s:g} s buckets",
-                      color=QApplication.palette().color(QPalette.ColorRole.Text))
+        item.setLabel("bottom", f"time ({profile.bucket_s:g} s buckets)")
         xs = [t for t, _ in self.rate] + [self.rate[-1][0] + profile.bucket_s]
         ys = [rpm for _, rpm in self.rate]
         item.plot(xs, ys, stepMode="center", fillLevel=0, brush=pg.mkBrush(RATE_COLOUR + "60"),
@@ -216,9 +215,11 @@ class TrafficPanel(QGroupBox):
                     if curve.cold_start_s is not None else "")
             legend.append(f'<span style="color:{color}">■</span> {curve.engine}: {curve.tag}{unit}{cold}')
         text = QApplication.palette().color(QPalette.ColorRole.Text)
-        plots[0].setTitle(self.THROUGHPUT_TITLE + (" (relative)" if any(c.relative for c in x.curves) else ""),
-                          color=text)
-        plots[1].setTitle(self.TTFT_TITLE + ("" if self.ttft_series else ": not measured yet"), color=text)
+        relative = any(c.relative for c in x.curves)
+        plots[0].setTitle(self.THROUGHPUT_TITLE, color=text)
+        plots[0].setLabel("left", "relative to llama.cpp" if relative else "tokens/s")
+        plots[1].setTitle(self.TTFT_TITLE, color=text)
+        self.ttft_plot.setVisible(bool(self.ttft_series))  # defaults have no TTFT: no empty chart
         for name, value, color in (("crossover", x.crossover_concurrency, "#888888"),
                                    ("operating", x.operating_concurrency, "#d62728")):
             if value is not None and value > 0:
