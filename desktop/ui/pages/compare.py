@@ -292,10 +292,10 @@ class ComparePage(QWidget):
         replay_row = QHBoxLayout()
         replay_row.setContentsMargins(0, 0, 0, 0)
         replay_row.addWidget(self.replay_check)
-        for label, widget in (("from the", self.replay_since), ("speed", self.replay_speed),
-                              ("at most", self.replay_max)):
-            replay_row.addWidget(QLabel(label))
-            replay_row.addWidget(widget)
+        for caption, option in (("from the", self.replay_since), ("speed", self.replay_speed),
+                                ("at most", self.replay_max)):
+            replay_row.addWidget(QLabel(caption))
+            replay_row.addWidget(option)
         replay_row.addStretch(1)
         self.replay_options = QWidget()
         self.replay_options.setLayout(replay_row)
