@@ -126,3 +126,26 @@ def test_a_version_2_history_gains_the_request_log(tmp_path: Path) -> None:
         assert [r["seq"] for r in store.requests(limit=1)] == [2]
         assert store.prune_requests(keep=1) == 1
         assert [r["seq"] for r in store.requests()] == [2]
+
+
+def test_openers_of_a_fresh_file_at_once_all_get_the_schema(tmp_path: Path) -> None:
+    """The GUI's pages open the history on their worker threads at first start; each must find one schema, not
+    race to create it ("table runs already exists")."""
+    path = tmp_path / "fresh.sqlite3"
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            with Store(path) as store:
+                assert store.schema_version == SCHEMA_VERSION
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []

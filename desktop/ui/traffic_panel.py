@@ -146,6 +146,11 @@ class TrafficPanel(QGroupBox):
     def _failed(self, message: str) -> None:
         self.loading = False
         self.summary.setText(f"Traffic unavailable: {message}")
+        for plot in (self.rate_plot, self.plot, self.ttft_plot):  # nothing to draw: no empty charts
+            plot.setVisible(False)
+
+    def _charts_shown(self) -> None:
+        self.plot.setVisible(True)
 
     def show_picture(self, picture: dict[str, Any]) -> None:
         self.picture = picture
@@ -164,6 +169,7 @@ class TrafficPanel(QGroupBox):
         self.facts.setText("\n".join("   ·   ".join(lines[i:i + 2]) for i in range(0, len(lines), 2)))
         self.facts.setVisible(bool(profile.requests))
         self.use_button.setEnabled(profile.enough)
+        self._charts_shown()
         self.draw_rate(profile)
         self.draw(x)
         if profile.enough and self._auto:
