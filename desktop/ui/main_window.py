@@ -105,7 +105,7 @@ class MainWindow(QMainWindow):
         """The status bar's engine word; during a switch the incoming engine's "loading" is not the endpoint's
         state: the current engine keeps serving (issue 24)."""
         if self.session.switching:
-            self.statusBar().showMessage("Engine: switching (the current engine serves until the new one is ready)")
+            self.statusBar().showMessage("Engine: switching; the current one serves")  # short: it sizes the bar
         else:
             self.statusBar().showMessage(f"Engine: {state}")
 
