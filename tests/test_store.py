@@ -149,3 +149,34 @@ def test_openers_of_a_fresh_file_at_once_all_get_the_schema(tmp_path: Path) -> N
     for thread in threads:
         thread.join(60)
     assert errors == []
+
+
+def test_opening_another_store_keeps_the_locks_of_the_open_ones(tmp_path: Path) -> None:
+    """A second Store in the same process must not drop the POSIX locks of the first one's connection (closing any
+    descriptor of the file does): while this process holds the write lock, another process cannot take it."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "locked.sqlite3"
+    first = Store(path)
+    first._db.execute("BEGIN IMMEDIATE")  # this process holds the write lock now
+    try:
+        with Store(path):  # another opener here (the GUI opens one per worker)
+            pass
+        probe = ("import sqlite3, sys\n"
+                 "db = sqlite3.connect(sys.argv[1], timeout=0)\n"
+                 "try:\n    db.execute('BEGIN IMMEDIATE')\nexcept sqlite3.OperationalError as e:\n"
+                 "    print('locked' if 'locked' in str(e) else e)\nelse:\n    print('got the lock')\n")
+        out = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=60,
+                             check=True)
+        assert out.stdout.strip() == "locked"
+    finally:
+        first._db.rollback()
+        first.close()
+
+
+def test_a_history_file_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere.sqlite3").touch()
+    (tmp_path / "history.sqlite3").symlink_to(tmp_path / "elsewhere.sqlite3")
+    with pytest.raises(SwitchyardError, match="cannot open the history database"):
+        Store(tmp_path / "history.sqlite3")

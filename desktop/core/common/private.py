@@ -13,6 +13,7 @@ anything but a small regular file owned by the expected user, and survives hosti
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -92,6 +93,8 @@ def private_database(path: Path) -> Path:
     try:
         os.close(open_private(path, os.O_RDWR | os.O_CREAT | os.O_EXCL))
     except FileExistsError:
+        if path.is_symlink():  # as before: never through a link someone planted
+            raise OSError(errno.ELOOP, "the database file is a symbolic link", str(path)) from None
         tighten(path)
     for suffix in ("-wal", "-shm", "-journal"):
         tighten(path.with_name(path.name + suffix))
