@@ -270,7 +270,7 @@ class ComparePage(QWidget):
         self.output_spin = QSpinBox()
         self.output_spin.setRange(1, 32_768)
         self.output_spin.setValue(32)
-        self.replay_check = QCheckBox("&Replay the recorded traffic too (open loop, after each sweep)")
+        self.replay_check = QCheckBox("&Replay it open loop after each sweep")
         self.replay_check.setToolTip("Send the endpoint's logged requests again - their arrival times and token "
                                      "lengths, bodies where captured - to both engines (`switchyard ab --replay`)")
         self.replay_since = QComboBox()
@@ -316,7 +316,7 @@ class ComparePage(QWidget):
         form.addRow("&Concurrency sweep:", self.levels_edit)
         form.addRow("&Requests per level:", self.requests_spin)
         form.addRow("&Output tokens per request:", self.output_spin)
-        form.addRow("Your traffic:", self.replay_options)
+        form.addRow("Recorded traffic:", self.replay_options)
         form.addRow("", self.replay_info)
 
         # --- actions ---
