@@ -553,6 +553,7 @@ class ComparePage(QWidget):
             self.replay_table.setHorizontalHeaderLabels(headers)
             _fill(self.replay_table, rows)
             self.replay_table.resizeColumnsToContents()
+            self.replay_table.resizeRowsToContents()
             self.replay_table.setToolTip(replay_summary(result["replay"]["schedule"], float(result["replay"]["speed"])))
         self.replay_table.setVisible(replayed)
         self.verdict_label.show_message(verdict_text(result) if result.get("kind") == "ab" else "")
