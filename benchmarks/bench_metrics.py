@@ -1,17 +1,21 @@
-"""What `/metrics` costs the endpoint, as ratios against the endpoint without it.
+"""What `/metrics` costs the endpoint, as ratios against the endpoint without it, measured in one run.
 
 1. Per request: the listener that feeds the Prometheus counters runs on the endpoint's loop for every finished
    request. Times `RequestLog.finished` with and without `EndpointMetrics` subscribed (microseconds per request).
 2. Per scrape: `render()` after N requests over a few label sets (milliseconds per scrape).
-3. End to end: streaming load at concurrency C through a real in-process endpoint (ProxyServer + RequestLog)
-   against a fake engine that streams T chunks at once, interleaved rounds without metrics and with metrics plus a
-   scraper hitting /metrics every `--scrape-interval` s: throughput with / without (goal >= 0.99) and the TTFT p50
-   difference.
+3. End to end: streaming load at concurrency C through two real endpoints (ProxyServer + RequestLog, each in its
+   own process as in real use), one without `/metrics` and one with it (`metrics_routes`: the counters fed from
+   the request log) and a scraper hitting it every `--scrape-interval` s, both in front of one fake engine (its own
+   process) that streams T chunks at once, so the endpoint's own cost is not hidden behind an engine's. Rounds
+   alternate ABBA (without, with, with, without, ...) so a drift in the machine's load hits both alike; prints
+   throughput with / without (goal >= 0.99), per pair, the TTFT p50 difference, each endpoint's CPU per request
+   and the load average around the run. `--upstream URL` puts a real engine (e.g. a llama-server) behind both
+   endpoints instead.
 
 Numbers come from a quiet machine (the lead measures); `--smoke` runs everything tiny to prove the script works.
 
     .venv/bin/python benchmarks/bench_metrics.py [--requests 20000] [--concurrency 32] [--rounds 6]
-        [--load-requests 512] [--scrape-interval 1.0] [--smoke] [--json]
+        [--load-requests 512] [--scrape-interval 1.0] [--upstream URL] [--smoke] [--json] [--output FILE]
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -27,15 +33,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from desktop.core.runtime.ports import find_free_port  # noqa: E402
-from desktop.core.serving import control  # noqa: E402
 from desktop.core.serving.metering import RequestRecord  # noqa: E402
-from desktop.core.serving.metrics import EndpointMetrics  # noqa: E402
+from desktop.core.serving.metrics import EndpointMetrics, metrics_routes  # noqa: E402
 from desktop.core.serving.proxy import ProxyServer, Upstream  # noqa: E402
 from desktop.core.serving.requestlog import RequestLog  # noqa: E402
 
@@ -69,9 +75,9 @@ def per_request(count: int) -> dict[str, float]:
 class FakeEngine:
     """Streams `tokens` OpenAI chunks at once for any /v1/completions."""
 
-    def __init__(self, tokens: int) -> None:
+    def __init__(self, tokens: int, port: int | None = None) -> None:
         self.tokens = tokens
-        self.port = find_free_port()
+        self.port = port or find_free_port()
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
         threading.Thread(target=self._run, args=(ready,), daemon=True).start()
@@ -140,34 +146,95 @@ async def _load(url: str, concurrency: int, requests: int, scrape: str | None, i
     return requests / seconds, statistics.median(ttfts) * 1000, scrapes
 
 
-def end_to_end(concurrency: int, requests: int, rounds: int, interval: float, tokens: int) -> dict[str, Any]:
-    engine = FakeEngine(tokens)
-    results: dict[str, list[tuple[float, float, int]]] = {"without": [], "with": []}
-    for round_index in range(rounds):
-        for mode in (("without", "with") if round_index % 2 == 0 else ("with", "without")):
-            proxy = ProxyServer(port=find_free_port(), model_name="bench")
-            log = RequestLog(capacity=1000)
-            log.attach(proxy)
-            if mode == "with":
-                proxy.add_routes(control.request_routes(log, control.new_token()))
-            proxy.start()
-            try:
-                proxy.set_upstream(Upstream(name="fake", engine="fake", base_url=f"http://127.0.0.1:{engine.port}",
-                                            served_model_name="fake"))
-                scrape = proxy.url + "/metrics" if mode == "with" else None
-                results[mode].append(asyncio.run(_load(proxy.url + "/v1/completions", concurrency, requests,
-                                                       scrape, interval)))
-            finally:
-                proxy.stop()
-                log.stop()
+def _child_engine(tokens: int, port: int) -> None:
+    """Child mode: the fake engine until stdin closes."""
+    FakeEngine(tokens, port)
+    print("ready", flush=True)
+    sys.stdin.read()
+
+
+def _child_endpoint(upstream: str, port: int, with_metrics: bool) -> None:
+    """Child mode: one endpoint (proxy + request log, with or without /metrics) until stdin closes."""
+    proxy = ProxyServer(port=port, model_name="bench")
+    log = RequestLog(capacity=1000)
+    log.attach(proxy)
+    if with_metrics:
+        proxy.add_routes(metrics_routes(log))
+    proxy.start()
+    proxy.set_upstream(Upstream(name="bench", engine="llama.cpp", base_url=upstream, served_model_name="bench"))
+    print("ready", flush=True)
+    sys.stdin.read()
+    proxy.stop()
+    log.stop()
+
+
+def _spawn(*args: str) -> subprocess.Popen[str]:
+    child = subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.PIPE,  # noqa: S603 - this script
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    if child.stdout.readline().strip() != "ready":
+        raise SystemExit(f"the child {args[0]} did not start")
+    return child
+
+
+def _cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def end_to_end(concurrency: int, requests: int, rounds: int, interval: float, tokens: int,
+               upstream: str | None = None) -> dict[str, Any]:
+    children = []
+    fake = upstream is None
+    try:
+        if upstream is None:
+            engine_port = find_free_port()
+            children.append(_spawn("--child-engine", str(tokens), str(engine_port)))
+            upstream = f"http://127.0.0.1:{engine_port}"
+        ports = {"without": find_free_port(), "with": find_free_port()}
+        endpoints = {}
+        for mode, port in ports.items():
+            child = _spawn("--child-endpoint", upstream, str(port), "1" if mode == "with" else "0")
+            children.append(child)
+            endpoints[mode] = (child.pid, f"http://127.0.0.1:{port}")
+        for _pid, url in endpoints.values():  # warm-up, not measured
+            asyncio.run(_load(url + "/v1/completions", concurrency, concurrency, None, interval))
+        results: dict[str, list[tuple[float, float, int]]] = {"without": [], "with": []}
+        cpu = {"without": 0.0, "with": 0.0}
+        load_before = os.getloadavg()[0]
+        for round_index in range(rounds):
+            for mode in (("without", "with") if round_index % 2 == 0 else ("with", "without")):
+                pid, url = endpoints[mode]
+                scrape = url + "/metrics" if mode == "with" else None
+                before = _cpu_s(pid)
+                results[mode].append(asyncio.run(_load(url + "/v1/completions", concurrency, requests, scrape,
+                                                       interval)))
+                cpu[mode] += _cpu_s(pid) - before
+        load_after = os.getloadavg()[0]
+    finally:
+        for child in children:
+            if child.stdin:
+                child.stdin.close()
+        for child in children:
+            child.wait(30)
+    total = sum(r[0] for r in results["without"]), sum(r[0] for r in results["with"])
     without = statistics.median(r[0] for r in results["without"])
     with_ = statistics.median(r[0] for r in results["with"])
+    served = rounds * requests
     return {"concurrency": concurrency, "requests_per_round": requests, "rounds": rounds,
+            "upstream": "fake engine (streams at once)" if fake else upstream,
             "scrape_interval_s": interval, "req_per_s_without": round(without, 2), "req_per_s_with": round(with_, 2),
             "throughput_ratio_with_over_without": round(with_ / without, 4),
+            "throughput_ratio_per_pair": [round(w[0] / o[0], 4) for o, w in zip(results["without"],
+                                                                                 results["with"], strict=True)],
+            "mean_ratio_all_rounds": round(total[1] / total[0], 4),
             "ttft_p50_ms_without": round(statistics.median(r[1] for r in results["without"]), 3),
             "ttft_p50_ms_with": round(statistics.median(r[1] for r in results["with"]), 3),
-            "scrapes": sum(r[2] for r in results["with"])}
+            "endpoint_cpu_ms_per_request_without": round(cpu["without"] * 1000 / served, 4),
+            "endpoint_cpu_ms_per_request_with": round(cpu["with"] * 1000 / served, 4),
+            "scrapes": sum(r[2] for r in results["with"]),
+            "load_average_1min": {"before": round(load_before, 2), "after": round(load_after, 2),
+                                  "cpus": os.cpu_count()}}
 
 
 def main() -> int:
@@ -179,24 +246,41 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32, help="chunks the fake engine streams per answer")
     parser.add_argument("--scrape-interval", type=float, default=1.0)
     parser.add_argument("--smoke", action="store_true", help="tiny settings: proves the script runs")
+    parser.add_argument("--upstream", help="a real engine's URL behind both endpoints instead of the fake engine")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--output", type=Path, help="also write the results as JSON to this file")
+    parser.add_argument("--child-engine", nargs=2, metavar=("TOKENS", "PORT"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-endpoint", nargs=3, metavar=("UPSTREAM", "PORT", "METRICS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child_engine:
+        _child_engine(int(args.child_engine[0]), int(args.child_engine[1]))
+        return 0
+    if args.child_endpoint:
+        _child_endpoint(args.child_endpoint[0], int(args.child_endpoint[1]), args.child_endpoint[2] == "1")
+        return 0
     if args.smoke:
         args.requests, args.rounds, args.load_requests, args.concurrency = 500, 2, 16, 4
         args.scrape_interval = 0.05
     out = {"per_request": per_request(args.requests),
            "end_to_end": end_to_end(args.concurrency, args.load_requests, args.rounds, args.scrape_interval,
-                                    args.tokens),
+                                    args.tokens, args.upstream),
            "smoke": args.smoke, "quiet_machine_needed": True}
+    if args.output:
+        args.output.write_text(json.dumps(out, indent=2) + "\n")
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         p, e = out["per_request"], out["end_to_end"]
         print(f"per request: {p['us_per_request_without']:.2f} us without, {p['us_per_request_with']:.2f} us with "
               f"(+{p['added_us_per_request']:.2f} us); a scrape renders in {p['render_ms_per_scrape']:.2f} ms")
+        pairs = e["throughput_ratio_per_pair"]
+        load = e["load_average_1min"]
         print(f"end to end at c={e['concurrency']}: {e['req_per_s_with']:.1f} / {e['req_per_s_without']:.1f} req/s "
-              f"= {e['throughput_ratio_with_over_without']:.3f}x with metrics ({e['scrapes']} scrapes); TTFT p50 "
-              f"{e['ttft_p50_ms_with']:.2f} vs {e['ttft_p50_ms_without']:.2f} ms")
+              f"= {e['throughput_ratio_with_over_without']:.3f}x with metrics (per pair {min(pairs):.3f}-"
+              f"{max(pairs):.3f}; {e['scrapes']} scrapes); TTFT p50 {e['ttft_p50_ms_with']:.2f} vs "
+              f"{e['ttft_p50_ms_without']:.2f} ms; endpoint CPU {e['endpoint_cpu_ms_per_request_with']:.3f} vs "
+              f"{e['endpoint_cpu_ms_per_request_without']:.3f} ms per request; load {load['before']}-{load['after']} "
+              f"on {load['cpus']} CPUs")
         if args.smoke:
             print("(smoke settings: not a measurement)")
     return 0

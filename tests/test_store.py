@@ -126,3 +126,60 @@ def test_a_version_2_history_gains_the_request_log(tmp_path: Path) -> None:
         assert [r["seq"] for r in store.requests(limit=1)] == [2]
         assert store.prune_requests(keep=1) == 1
         assert [r["seq"] for r in store.requests()] == [2]
+
+
+def test_openers_of_a_fresh_file_at_once_all_get_the_schema(tmp_path: Path) -> None:
+    """The GUI's pages open the history on their worker threads at first start; each must find one schema, not
+    race to create it ("table runs already exists")."""
+    path = tmp_path / "fresh.sqlite3"
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            with Store(path) as store:
+                assert store.schema_version == SCHEMA_VERSION
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+
+
+def test_opening_another_store_keeps_the_locks_of_the_open_ones(tmp_path: Path) -> None:
+    """A second Store in the same process must not drop the POSIX locks of the first one's connection (closing any
+    descriptor of the file does). Without its shared lock, another process closing its own connection thinks it
+    is the last one, checkpoints and deletes the -wal and -shm files under the open connection: "disk I/O error"."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "shared.sqlite3"
+    first = Store(path)
+    try:
+        first.add_run(RunRecord(kind="bench", engine="llama.cpp", model="m"))
+        with Store(path):  # another opener here (the GUI opens one per worker)
+            pass
+        probe = ("import sqlite3, sys\n"
+                 "db = sqlite3.connect(sys.argv[1])\n"
+                 "print(db.execute('SELECT count(*) FROM runs').fetchone()[0])\n"
+                 "db.close()\n")
+        out = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=60,
+                             check=True)
+        assert out.stdout.strip() == "1"
+        assert path.with_name(path.name + "-shm").exists()  # not deleted under the open connection
+        first.add_run(RunRecord(kind="bench", engine="vllm", model="m"))
+        assert len(first.runs()) == 2
+    finally:
+        first.close()
+
+
+def test_a_history_file_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere.sqlite3").touch()
+    (tmp_path / "history.sqlite3").symlink_to(tmp_path / "elsewhere.sqlite3")
+    with pytest.raises(SwitchyardError, match="cannot open the history database"):
+        Store(tmp_path / "history.sqlite3")

@@ -364,16 +364,10 @@ def _price_per_kwh(args: argparse.Namespace) -> float | None:
 def _replay_options(args: argparse.Namespace) -> dict[str, Any]:
     """The recorded schedule and speed for `ab --replay`; a bad span or speed, or an empty log, fails here,
     before any engine starts."""
-    from desktop.core.measure.loadgen.replay import ReplaySchedule, parse_speed
-    from desktop.core.measure.profile import parse_since
-    from desktop.core.storage.history import Store
+    from desktop.core.measure.loadgen.replay import parse_speed, schedule_from_log
 
     speed = parse_speed(args.speed)
-    since = parse_since(args.since)
-    with Store() as store:
-        rows = store.requests_between(since)
-    schedule = ReplaySchedule.from_rows(rows, max_requests=args.replay_max,
-                                        source=f"request log since {args.since}")
+    schedule = schedule_from_log(args.since, max_requests=args.replay_max)
     print(f"replay: {len(schedule.items)} recorded requests over {schedule.span_s:.1f} s at {speed:g}x",
           file=sys.stderr)
     return {"replay": schedule, "replay_speed": speed}

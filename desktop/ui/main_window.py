@@ -66,7 +66,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self._build_menu()
         self.statusBar().showMessage("Ready")
-        self.session.state_changed.connect(lambda state: self.statusBar().showMessage(f"Engine: {state}"))
+        self.session.state_changed.connect(self._engine_status)
         self.nav.setCurrentRow(0)
 
     # --- pages ---
@@ -100,6 +100,14 @@ class MainWindow(QMainWindow):
 
         return {"Machine": machine, "Models": models, "Recommend": recommend, "Serve": serve,
                 "Compare": compare, "History": history}
+
+    def _engine_status(self, state: str) -> None:
+        """The status bar's engine word; during a switch the incoming engine's "loading" is not the endpoint's
+        state: the current engine keeps serving (issue 24)."""
+        if self.session.switching:
+            self.statusBar().showMessage("Engine: switching; the current one serves")  # short: it sizes the bar
+        else:
+            self.statusBar().showMessage(f"Engine: {state}")
 
     def page(self, name: str) -> QWidget:
         """The page widget, built on first use."""

@@ -1,6 +1,7 @@
 """`switchyard gui --screenshots DIR`: drive the real window through every page with real data (hardware, the
-demo model, a recommendation, llama.cpp serving, a short benchmark sweep, a chat answer) and save one PNG per
-page."""
+demo model, a recommendation, llama.cpp serving, a short benchmark sweep, a chat answer, a switch to vLLM under
+load, the profile of that traffic, an A/B that replays it, the crossover from that A/B) and save one PNG per
+page or panel."""
 
 from __future__ import annotations
 
@@ -57,6 +58,52 @@ def save_requests_panel(window: Any, out: Path, index: str = "4b") -> Path:
     return path
 
 
+def _grab(widget: Any, path: Path) -> Path:
+    widget.grab().save(str(path))
+    print(f"saved {path}", file=sys.stderr, flush=True)
+    return path
+
+
+class BackgroundLoad:
+    """A few streamed requests at a time through the endpoint until stopped (a thread): the serving engine's
+    charts have something to draw while a switch runs, and the request log has traffic to profile and replay."""
+
+    def __init__(self, url: str, concurrency: int = 2, max_tokens: int = 24) -> None:
+        import threading
+
+        self.url, self.max_tokens = url, max_tokens
+        self.sent = self.failed = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(lane,), daemon=True, name=f"shot-load-{lane}")
+                         for lane in range(concurrency)]
+
+    def __enter__(self) -> BackgroundLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(120)
+
+    def _run(self, lane: int) -> None:
+        import httpx
+
+        body = {"model": "switchyard", "prompt": f"Tell me about railway yards, part {lane}.", "stream": True,
+                "max_tokens": self.max_tokens, "temperature": 0}
+        with httpx.Client(trust_env=False, timeout=120) as client:
+            while not self._stop.is_set():
+                try:
+                    with client.stream("POST", self.url + "/v1/completions", json=body) as response:
+                        response.read()
+                        self.failed += response.status_code != 200
+                except httpx.HTTPError:
+                    self.failed += 1
+                self.sent += 1
+                self._stop.wait(0.3)  # a chat-like pace: gaps between a lane's requests
+
+
 def save_switch_in_progress(window: Any, out: Path) -> list[Path]:
     """The Serve page during a switch to vLLM (llama.cpp still serving, vLLM's row growing on the cold-start
     bar, both engines' states on one line) and once it is done (the hand-over marked on the charts)."""
@@ -66,6 +113,11 @@ def save_switch_in_progress(window: Any, out: Path) -> list[Path]:
         print("vLLM is not installed: no switch screenshots", file=sys.stderr)
         return []
     serve = window.show_page("Serve")
+    with BackgroundLoad(window.session.proxy.url):
+        return _switch(window, serve, out)
+
+
+def _switch(window: Any, serve: Any, out: Path) -> list[Path]:
     serve.switch_clicked()
     saved = []
 
@@ -74,20 +126,34 @@ def save_switch_in_progress(window: Any, out: Path) -> list[Path]:
         return starting is not None and starting.cold_start.current_phase() not in (None, "process", "weights")
 
     wait_until(lambda: past_weights() or not window.session.switching, 600)
-    wait_until(lambda: False, 1.5)  # a few live points of the serving engine, the bar grown a little
+    wait_until(lambda: False, 3.0)  # a few live points of the serving engine, the bar grown a little
     if window.session.switching:
-        path = out / "4d-serve-switching.png"
-        window.grab().save(str(path))
-        print(f"saved {path}", file=sys.stderr, flush=True)
-        saved.append(path)
+        saved.append(_grab(window, out / "4d-serve-switching.png"))
     if not wait_until(lambda: not window.session.switching, 1200):
         print("the switch did not finish in time", file=sys.stderr)
-    wait_until(lambda: False, 2.0)
-    path = out / "4e-serve-switched.png"
-    window.grab().save(str(path))
-    print(f"saved {path}", file=sys.stderr, flush=True)
-    saved.append(path)
+    wait_until(lambda: False, 20.0)  # the new engine's points after the hand-over mark
+    saved.append(_grab(window, out / "4e-serve-switched.png"))
     return saved
+
+
+def save_traffic(window: Any, out: Path, name: str, *, panel_only: bool = False) -> Path | None:
+    """The Recommend page's traffic panel, read again from history: the profile of what went through the
+    endpoint (the whole page, the panel given most of its height) or, once an A/B has measured both engines, the
+    crossover charts (the panel alone)."""
+    recommend = window.show_page("Recommend")
+    panel = recommend.traffic
+    panel.refresh(recommend.model_edit.text().strip())
+    if not wait_until(lambda: not panel.loading, 60) or panel.picture is None:
+        print("the traffic profile did not arrive in time", file=sys.stderr)
+        return None
+    sizes = recommend.split.sizes()
+    answer = 1 if panel_only else 150  # the answer above keeps its headline in the page's shot
+    recommend.split.setSizes([answer, sum(sizes) - answer])
+    wait_until(lambda: False, 0.6)
+    try:
+        return _grab(panel if panel_only else window, out / name)
+    finally:
+        recommend.split.setSizes(sizes)
 
 
 def _anthropic_request(url: str) -> None:
@@ -165,19 +231,46 @@ def _drive(window: Any, out: Path) -> None:
         save_switch_in_progress(window, out)
     window.session.stop()  # the A/B starts its own engines: nothing else should share the cores
     wait_until(lambda: not window.session.is_running() and not window.session.busy, 120)
+    save_traffic(window, out, "3c-recommend-traffic.png")  # the profile of everything sent so far
 
     compare = window.show_page("Compare")
     compare.ab_radio.setChecked(True)
     compare.levels_edit.setText("1, 4")
-    compare.requests_spin.setValue(24)  # a few seconds per level on llama.cpp, so its curves have points
+    compare.requests_spin.setValue(16)  # a few seconds per level on llama.cpp, so its curves have points
     compare.output_spin.setValue(32)
+    compare.replay_check.setChecked(True)  # and the recorded traffic, open loop, on both engines
+    compare.replay_since.setCurrentIndex(0)  # the last hour: this run's own traffic
+    compare.replay_speed.setValue(2.0)
+    compare.replay_max.setValue(32)
+    wait_until(lambda: compare.replay_schedule is not None or bool(compare.replay_error), 30)
     if compare.start():
         if not wait_until(lambda: not compare.running, 1800):
             print("the A/B did not finish in time", file=sys.stderr)
     _save(window, out, 5, "Compare")
+    save_compare_replay(window, out)
+    save_traffic(window, out, "3d-recommend-crossover.png", panel_only=True)  # both engines measured now
     history = window.show_page("History")
     wait_until(lambda: not history.loading, 10)
     _save(window, out, 6, "History")
+
+
+def save_compare_replay(window: Any, out: Path) -> Path | None:
+    """The Compare page's results with the replay table in view: the sweep table is scrolled to its end and the
+    live charts give up their room for a moment."""
+    compare = window.show_page("Compare")
+    if not compare.replay_table.isVisible():
+        print("the A/B has no replay results: no replay screenshot", file=sys.stderr)
+        return None
+    charts = [compare.live_charts[key] for key in compare.live_charts]
+    for chart in charts:
+        chart.hide()
+    compare.results_table.scrollToBottom()
+    wait_until(lambda: False, 0.6)
+    try:
+        return _grab(window, out / "5b-compare-replay.png")
+    finally:
+        for chart in charts:
+            chart.show()
 
 
 def _default_request() -> Any:

@@ -13,6 +13,7 @@ anything but a small regular file owned by the expected user, and survives hosti
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -86,7 +87,15 @@ def private_database(path: Path) -> Path:
     """Make sure the SQLite file `path` exists as 0600 before SQLite opens it (SQLite gives its -wal and -shm
     files the database file's mode), and tighten an older one and its -wal/-shm."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # the app's own folders are private_dir'ed
-    os.close(open_private(path, os.O_RDWR | os.O_CREAT))
+    # An existing file is tightened by path, never opened: closing any descriptor of it would drop every POSIX
+    # lock this process holds on it, the locks of SQLite connections already open here included (the classic
+    # way to corrupt SQLite; seen as "disk I/O error" once a second process used the history).
+    try:
+        os.close(open_private(path, os.O_RDWR | os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        if path.is_symlink():  # as before: never through a link someone planted
+            raise OSError(errno.ELOOP, "the database file is a symbolic link", str(path)) from None
+        tighten(path)
     for suffix in ("-wal", "-shm", "-journal"):
         tighten(path.with_name(path.name + suffix))
     return path

@@ -7,7 +7,9 @@ inside the GUI process it competed with the event loop for the GIL (p99 paint de
 its own interpreter, and the GUI only parses about one line a second. Qt-free on purpose (it must start fast).
 
 Protocol. JOB is a JSON object: {"kind": "ab", "config": {ABConfig fields}, ...} or {"kind": "sweep",
-"base_url": str, "levels": [int], "requests": int, "input_len": int, "output_len": int, ...}, both with optional
+"base_url": str, "levels": [int], "requests": int, "input_len": int, "output_len": int, ...}; an A/B's config may
+hold "replay": {"since": "1d", "max_requests": int | null} with "replay_speed" (the recorded traffic, read from
+the request log here, sent open loop after each sweep: `ab --replay`). Both take optional
 "report_dir" (default: a new folder under the data dir) and "record" (default true). Each stdout line is one
 JSON object with an "event": "progress" {message, fraction}, "bucket" {engine, overall, ...LiveBucket},
 "result" {result, report, run_id}, "error" {message, hint} or "cancelled" {message}.
@@ -84,14 +86,19 @@ def _report_dir(job: dict[str, Any], kind: str) -> Path:
 
 def run_ab_job(job: dict[str, Any], emit: Emitter) -> None:
     from desktop.core.engines import get_adapter
-    from desktop.core.measure.ab import ABConfig, run_ab
+    from desktop.core.measure.ab import ABConfig, is_attached, run_ab
     from desktop.core.measure.reports import record_ab, write_ab_report
 
     raw = dict(job["config"])
     raw["engines"] = tuple(raw.get("engines", ("llama.cpp", "vllm")))
     raw["concurrency"] = tuple(raw.get("concurrency", (1, 8, 32)))
+    if isinstance(raw.get("replay"), dict):  # the Compare page names the span; the child reads the request log
+        from desktop.core.measure.loadgen.replay import schedule_from_log
+
+        span = raw["replay"]
+        raw["replay"] = schedule_from_log(str(span.get("since") or "1d"), max_requests=span.get("max_requests"))
     config = ABConfig(**raw)
-    names = [get_adapter(name).name for name in config.engines]
+    names = [name if is_attached(name) else get_adapter(name).name for name in config.engines]  # endpoint:NAME
     total = max(1, len(names) * config.repetitions * len(config.concurrency) * config.requests_per_level)
     state: dict[str, Any] = {"engine": names[0], "done": 0}
     throttle = ProgressThrottle(emit)

@@ -182,15 +182,25 @@ class Store:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
     def _migrate(self) -> None:
-        version = self.schema_version
-        if version > SCHEMA_VERSION:
-            raise SwitchyardError(f"the history database {self.path} is from a newer Switchyard "
-                                  f"(schema {version} > {SCHEMA_VERSION})", "update Switchyard")
-        for target in range(version, SCHEMA_VERSION):
-            with self._db:  # one transaction per step: a failed step leaves the previous version intact
+        if self.schema_version == SCHEMA_VERSION:
+            return
+        # The version is read again and the schema written under the write lock (BEGIN IMMEDIATE): two openers of
+        # a fresh file at once (the GUI's pages on first start) otherwise both create it ("table runs already
+        # exists"). One transaction: a failed step leaves the version it started from intact.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            version = self.schema_version
+            if version > SCHEMA_VERSION:
+                raise SwitchyardError(f"the history database {self.path} is from a newer Switchyard "
+                                      f"(schema {version} > {SCHEMA_VERSION})", "update Switchyard")
+            for target in range(version, SCHEMA_VERSION):
                 for statement in MIGRATIONS[target]:
                     self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {target + 1}")
+            self._db.commit()
+        except BaseException:
+            self._db.rollback()
+            raise
 
     # --- runs -------------------------------------------------------------------------------------------
     def add_run(self, run: RunRecord) -> int:

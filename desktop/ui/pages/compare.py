@@ -1,7 +1,9 @@
 """Compare: an engine-vs-engine A/B on one model (desktop.core.measure.ab: cold start in phases, a concurrency sweep on
 each engine in turn, ratios and the amortization verdict), or a sweep against whatever the stable endpoint
 serves now. Live buckets feed the charts; results appear side by side; the report (JSON, CSV, HTML from
-desktop.core.measure.reports) can be exported and opened.
+desktop.core.measure.reports) can be exported and opened. An A/B can also replay the endpoint's recorded traffic
+(issue 25, `ab --replay`): after each engine's closed-loop sweep the request log's arrivals and token lengths are
+sent open loop (desktop.core.measure.loadgen.replay), and a second table shows both engines on it.
 
 The benchmark runs in a child process (workers.BenchJob) so the load generator never competes with painting.
 """
@@ -16,7 +18,9 @@ from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QButtonGroup,
+    QCheckBox,
     QComboBox,
+    QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
     QGroupBox,
@@ -35,7 +39,7 @@ from desktop.ui.charts import ChartBoard, LiveChart
 from desktop.ui.engine_session import engine_choices
 from desktop.ui.pages.models import _fill, _table
 from desktop.ui.widgets import Notice
-from desktop.ui.workers import BenchJob
+from desktop.ui.workers import BenchJob, submit
 
 
 def engine_label(name: str) -> str:
@@ -133,6 +137,50 @@ def sweep_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+REPLAY_SPANS = (("last hour", "1h"), ("last day", "1d"), ("last 7 days", "7d"))
+REPLAY_METRICS = (("completed", "completed", 0), ("failed", "failed", 0), ("output_throughput", "output tok/s", 1),
+                  ("request_throughput", "requests/s", 2), ("median_ttft_ms", "TTFT p50 (ms)", 0),
+                  ("p95_ttft_ms", "TTFT p95 (ms)", 0), ("p95_e2el_ms", "E2E p95 (ms)", 0),
+                  ("send_lag_p95_ms", "send lag p95 (ms, late vs the schedule)", 1))
+
+
+def replay_preview(since: str, max_requests: int | None) -> dict[str, Any]:
+    """What a replay of the request log since `since` would send (worker thread): the schedule's summary, or why
+    there is nothing to send, with the span and limit it answers (a later question may be pending)."""
+    from desktop.core.common.errors import SwitchyardError
+    from desktop.core.measure.loadgen.replay import schedule_from_log
+
+    key = (since, max_requests or 0)
+    try:
+        return {"key": key, "schedule": schedule_from_log(since, max_requests=max_requests).to_json(), "error": ""}
+    except SwitchyardError as exc:
+        return {"key": key, "schedule": None, "error": exc.message + (f"\nHint: {exc.hint}" if exc.hint else "")}
+
+
+def replay_summary(schedule: dict[str, Any], speed: float) -> str:
+    """'12 recorded requests over 5.5 s (none with a captured body): 1.4 s per engine at 4x'."""
+    bodies = schedule.get("captured_bodies") or 0
+    span = float(schedule.get("span_s") or 0.0)
+    return (f"{schedule['requests']} recorded requests over {span:.1f} s "
+            f"({bodies if bodies else 'none'} with a captured body; prompts "
+            f"{_number(schedule.get('prompt_tokens_mean'), 0)} / outputs {_number(schedule.get('output_tokens_mean'), 0)}"
+            f" tokens on average): sent in {span / speed:.1f} s per engine at {speed:g}x")
+
+
+def replay_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Both engines on the replayed traffic (the A/B result's `replay`), B/A as the last column."""
+    replay = result.get("replay") or {}
+    a, b = (engine["engine"] for engine in result["engines"])
+    headers = ["Replayed traffic", engine_label(a), engine_label(b), f"{engine_label(b)} / {engine_label(a)}"]
+    cells = replay.get("engines") or {}
+    rows = []
+    for key, label, digits in REPLAY_METRICS:
+        va, vb = ((cells.get(e) or {}).get(key) for e in (a, b))
+        ratio = vb / va if key not in ("completed", "failed") and va and vb is not None else None
+        rows.append([label, _number(va, digits), _number(vb, digits), _number(ratio, 2)])
+    return headers, rows
+
+
 def verdict_text(result: dict[str, Any]) -> str:
     lines = []
     verdict = result.get("amortization", {}).get("verdict")
@@ -143,7 +191,23 @@ def verdict_text(result: dict[str, Any]) -> str:
         if winner:
             lines.append(f"• {scenario['scenario']} (concurrency {scenario['concurrency']}): "
                          f"{engine_label(winner)}")
+    lines += replay_verdict(result)
     return "\n".join(lines)
+
+
+def replay_verdict(result: dict[str, Any]) -> list[str]:
+    """Open loop, both engines get the same arrivals: the one that keeps TTFT p95 lower serves the traffic better."""
+    replay = result.get("replay") or {}
+    cells = {e: c for e, c in (replay.get("engines") or {}).items() if c and c.get("p95_ttft_ms") is not None}
+    if len(cells) != 2:
+        return []
+    (a, ca), (b, cb) = cells.items()
+    best, other = (a, b) if ca["p95_ttft_ms"] <= cb["p95_ttft_ms"] else (b, a)
+    lines = [f"• your replayed traffic ({replay['schedule']['requests']} requests at {float(replay['speed']):g}x): "
+             f"{engine_label(best)}, TTFT p95 {cells[best]['p95_ttft_ms']:.0f} ms vs "
+             f"{cells[other]['p95_ttft_ms']:.0f} ms"]
+    lines += [f"  {engine_label(e)}: {w}" for e, c in cells.items() for w in c.get("warnings") or []]
+    return lines
 
 
 class ComparePage(QWidget):
@@ -206,12 +270,54 @@ class ComparePage(QWidget):
         self.output_spin = QSpinBox()
         self.output_spin.setRange(1, 32_768)
         self.output_spin.setValue(32)
+        self.replay_check = QCheckBox("&Replay it open loop after each sweep")
+        self.replay_check.setToolTip("Send the endpoint's logged requests again - their arrival times and token "
+                                     "lengths, bodies where captured - to both engines (`switchyard ab --replay`)")
+        self.replay_since = QComboBox()
+        for label, span in REPLAY_SPANS:
+            self.replay_since.addItem(label, span)
+        self.replay_since.setCurrentIndex(1)
+        self.replay_since.setAccessibleName("Replay span")
+        self.replay_speed = QDoubleSpinBox()
+        self.replay_speed.setRange(0.1, 100.0)
+        self.replay_speed.setValue(1.0)
+        self.replay_speed.setSuffix("x")
+        self.replay_speed.setAccessibleName("Replay speed")
+        self.replay_speed.setToolTip("2x sends twice as fast as recorded")
+        self.replay_max = QSpinBox()
+        self.replay_max.setRange(0, 1_000_000)
+        self.replay_max.setSpecialValueText("all")
+        self.replay_max.setAccessibleName("Replay at most")
+        self.replay_max.setToolTip("At most this many requests, oldest first (all: the whole span)")
+        replay_row = QHBoxLayout()
+        replay_row.setContentsMargins(0, 0, 0, 0)
+        replay_row.addWidget(self.replay_check)
+        for caption, option in (("from the", self.replay_since), ("speed", self.replay_speed),
+                                ("at most", self.replay_max)):
+            replay_row.addWidget(QLabel(caption))
+            replay_row.addWidget(option)
+        replay_row.addStretch(1)
+        self.replay_options = QWidget()
+        self.replay_options.setLayout(replay_row)
+        self.replay_info = QLabel("")
+        self.replay_info.setWordWrap(True)
+        self.replay_info.setAccessibleName("Replay schedule")
+        self.replay_schedule: dict[str, Any] | None = None  # the preview of what the replay sends
+        self.replay_error = ""  # why there is nothing to replay (an empty log in that span)
+        self._preview_key: tuple[str, int] | None = None
+        self.replay_check.toggled.connect(self.refresh_replay)
+        self.replay_since.currentIndexChanged.connect(self.refresh_replay)
+        self.replay_max.valueChanged.connect(self.refresh_replay)
+        self.replay_speed.valueChanged.connect(self._show_replay_schedule)
+        self._replay_widgets(False)
         form = QFormLayout()
         form.addRow("Compare:", mode_row)
         form.addRow("Engines:", self.ab_options)
         form.addRow("&Concurrency sweep:", self.levels_edit)
         form.addRow("&Requests per level:", self.requests_spin)
         form.addRow("&Output tokens per request:", self.output_spin)
+        form.addRow("Recorded traffic:", self.replay_options)
+        form.addRow("", self.replay_info)
 
         # --- actions ---
         self.run_button = QPushButton("&Run")
@@ -256,6 +362,9 @@ class ComparePage(QWidget):
         results_box = QGroupBox("Results")
         results_layout = QVBoxLayout(results_box)
         results_layout.addWidget(self.results_table, 1)
+        self.replay_table = _table(["Replayed traffic", "A", "B", "B / A"], "Replay results")
+        self.replay_table.setVisible(False)
+        results_layout.addWidget(self.replay_table, 1)
         results_layout.addWidget(self.verdict_label)
 
         layout = QVBoxLayout(self)
@@ -270,6 +379,47 @@ class ComparePage(QWidget):
     # --- setup ---
     def _mode_changed(self) -> None:
         self.ab_options.setEnabled(self.ab_radio.isChecked())
+        self.replay_options.setEnabled(self.ab_radio.isChecked())  # a replay needs engines the A/B starts
+        self.refresh_replay()
+
+    def _replay_widgets(self, on: bool) -> None:
+        for widget in (self.replay_since, self.replay_speed, self.replay_max):
+            widget.setEnabled(on)
+        self.replay_info.setVisible(on)
+
+    def replaying(self) -> bool:
+        return self.replay_check.isChecked() and self.ab_radio.isChecked()
+
+    def _replay_key(self) -> tuple[str, int]:
+        return str(self.replay_since.currentData()), self.replay_max.value()
+
+    def refresh_replay(self) -> None:
+        """Read what the replay would send from the request log (worker thread) and say it under the form."""
+        on = self.replaying()
+        self._replay_widgets(on)
+        if not on:
+            return
+        key = self._replay_key()
+        self._preview_key = key
+        self.replay_schedule, self.replay_error = None, ""
+        self.replay_info.setText("Reading the endpoint's request log…")
+        submit(replay_preview, key[0], key[1] or None, on_finished=self._replay_read, on_error=self._replay_failed)
+
+    def _replay_read(self, answer: dict[str, Any]) -> None:
+        if tuple(answer["key"]) != self._preview_key:  # a later span or limit was asked for meanwhile
+            return
+        self.replay_schedule, self.replay_error = answer["schedule"], answer["error"]
+        self._show_replay_schedule()
+
+    def _replay_failed(self, message: str) -> None:  # an unreadable history file, say
+        self.replay_error = message
+        self._show_replay_schedule()
+
+    def _show_replay_schedule(self) -> None:
+        if self.replay_schedule is not None:
+            self.replay_info.setText("Replays " + replay_summary(self.replay_schedule, self.replay_speed.value()))
+        elif self.replay_error:
+            self.replay_info.setText(self.replay_error)
 
     def job_for_inputs(self) -> dict[str, Any]:
         """The child-process job for what the form says (raises SwitchyardError on bad input)."""
@@ -286,10 +436,17 @@ class ComparePage(QWidget):
         engines = (self.engine_a.currentData(), self.engine_b.currentData())
         if engines[0] == engines[1]:
             raise SwitchyardError("an A/B needs two different engines", "pick llama.cpp and vLLM")
-        return {"kind": "ab", "config": {
+        config: dict[str, Any] = {
             "model": self.model_edit.text().strip() or "demo", "engines": list(engines), "concurrency": levels,
             "repetitions": self.repetitions_spin.value(), "requests_per_level": self.requests_spin.value(),
-            "output_len": self.output_spin.value()}}
+            "output_len": self.output_spin.value()}
+        if self.replaying():
+            if self.replay_schedule is None and self.replay_error:
+                first, _, hint = self.replay_error.partition("\nHint: ")
+                raise SwitchyardError(first, hint or None)
+            config["replay"] = {"since": self._replay_key()[0], "max_requests": self._replay_key()[1] or None}
+            config["replay_speed"] = self.replay_speed.value()
+        return {"kind": "ab", "config": config}
 
     # --- running ---
     def start(self, job: dict[str, Any] | None = None) -> bool:
@@ -309,6 +466,8 @@ class ComparePage(QWidget):
         for chart in self.live_charts.values():
             self.board.remove_all_series(chart)
         _fill(self.results_table, [])
+        _fill(self.replay_table, [])
+        self.replay_table.setVisible(False)
         self.verdict_label.show_message("")
         for button, enabled in ((self.run_button, False), (self.stop_button, True), (self.export_button, False),
                                 (self.open_button, False)):
@@ -316,6 +475,8 @@ class ComparePage(QWidget):
         self.progress.setRange(0, 0)  # busy until the first bucket says how far along it is
         what = (f"A/B {job['config']['engines'][0]} vs {job['config']['engines'][1]} on {job['config']['model']}"
                 if job["kind"] == "ab" else f"a sweep against {job['base_url']}/v1")
+        if job["kind"] == "ab" and job["config"].get("replay"):
+            what += f", then a replay of the recorded traffic at {float(job['config'].get('replay_speed', 1)):g}x"
         self.notice.show_message(f"Running {what}…" + (
             "\nAn engine is serving on the Serve page: it shares the CPU and memory with the A/B and skews it."
             if job["kind"] == "ab" and self.endpoint_url() else ""), "warning" if job["kind"] == "ab" and
@@ -385,6 +546,16 @@ class ComparePage(QWidget):
         self.results_table.resizeColumnsToContents()
         self.results_table.resizeRowsToContents()
         self.board.tick()  # the last buckets, drawn now rather than on their chart's next turn
+        replayed = result.get("kind") == "ab" and bool(result.get("replay"))
+        if replayed:
+            headers, rows = replay_rows(result)
+            self.replay_table.setColumnCount(len(headers))
+            self.replay_table.setHorizontalHeaderLabels(headers)
+            _fill(self.replay_table, rows)
+            self.replay_table.resizeColumnsToContents()
+            self.replay_table.resizeRowsToContents()
+            self.replay_table.setToolTip(replay_summary(result["replay"]["schedule"], float(result["replay"]["speed"])))
+        self.replay_table.setVisible(replayed)
         self.verdict_label.show_message(verdict_text(result) if result.get("kind") == "ab" else "")
         problems = result.get("errors") or ([result["aborted"]] if result.get("aborted") else [])
         where = f"Report: {report['html']}" if report else ""

@@ -13,12 +13,15 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFormLayout,
+    QFrame,
     QGroupBox,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QPushButton,
+    QScrollArea,
     QSpinBox,
+    QSplitter,
     QVBoxLayout,
     QWidget,
 )
@@ -134,17 +137,26 @@ class RecommendPage(QWidget):
         self.result_label = QLabel("Answer the questions and press Recommend.")
         self.result_label.setWordWrap(True)
         self.result_label.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
-        QVBoxLayout(self.result_box).addWidget(self.result_label)
+        scroll = QScrollArea()  # a long answer scrolls instead of squeezing the traffic panel below it
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(self.result_label)
+        QVBoxLayout(self.result_box).addWidget(scroll)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addLayout(buttons)
         layout.addWidget(self.notice)
-        layout.addWidget(self.result_box, 1)
         from desktop.ui.traffic_panel import TrafficPanel  # issue 25: the profiled traffic and the crossover
 
         self.traffic = TrafficPanel(self)
         self.traffic.use_requested.connect(self.use_traffic)
-        layout.addWidget(self.traffic, 1)
+        self.split = QSplitter(Qt.Orientation.Vertical)  # the answer above, the traffic and crossover below
+        self.split.setChildrenCollapsible(False)
+        self.split.addWidget(self.result_box)
+        self.split.addWidget(self.traffic)
+        self.split.setStretchFactor(0, 2)
+        self.split.setStretchFactor(1, 3)
+        layout.addWidget(self.split, 1)
         self.traffic.refresh(self.model_edit.text().strip())
         self.traffic_workload: Any = None  # the profile's workload while the questions still hold its numbers
 

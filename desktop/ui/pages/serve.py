@@ -114,6 +114,7 @@ class ServePage(QWidget):
         self.engine_box.setAccessibleName("Engine")
         self.model_edit = QLineEdit("demo")
         self.model_edit.setAccessibleName("Model")
+        self.model_edit.setMinimumWidth(64)  # "demo" stays readable when the row is crowded (it was cut to "emo")
         self.model_edit.setToolTip("`demo`, a GGUF file (llama.cpp) or a Hugging Face folder (vLLM)")
         self.ctx_spin = QSpinBox()
         self.ctx_spin.setRange(256, 1_048_576)

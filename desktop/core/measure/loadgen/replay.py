@@ -101,6 +101,18 @@ class ReplaySchedule:
         return data
 
 
+def schedule_from_log(since: str, *, max_requests: int | None = None) -> ReplaySchedule:
+    """The endpoint's request log since `since` (`1d`, `12h`, `30m`) as a schedule: one reader for `ab --replay`
+    and the Compare page's benchmark child (which gets the span, not thousands of items, in its job)."""
+    from desktop.core.measure.profile import parse_since
+    from desktop.core.storage.history import Store
+
+    start = parse_since(since)
+    with Store() as store:
+        rows = store.requests_between(start)
+    return ReplaySchedule.from_rows(rows, max_requests=max_requests, source=f"request log since {since}")
+
+
 def _body(raw: Any) -> dict[str, Any] | None:
     if not isinstance(raw, str) or not raw:
         return None
@@ -253,4 +265,5 @@ def run_replay_sync(target: Target, schedule: ReplaySchedule, **kwargs: Any) -> 
     return asyncio.run(run_replay(target, schedule, **kwargs))
 
 
-__all__ = ["ReplayItem", "ReplayResult", "ReplaySchedule", "parse_speed", "run_replay", "run_replay_sync"]
+__all__ = ["ReplayItem", "ReplayResult", "ReplaySchedule", "parse_speed", "run_replay", "run_replay_sync",
+           "schedule_from_log"]
