@@ -8,8 +8,9 @@ last minutes, the expected remaining service time, and whether both engines fit 
 The arithmetic, at the sustained load c (in-flight p95 over the window) where vLLM serves tb tokens/s and
 llama.cpp ta < tb, with vLLM's cold start C:
 - both fit: vLLM loads in the background while llama.cpp serves; the price is what the loading engine takes
-  from the serving one (`co_resident_cost`, a fraction of ta: an idle second llama-server cost 13-23% of a c=32
-  run on this project's 2-core machine). Paid back after C + ta*C*cost / (tb - ta).
+  from the serving one (`co_resident_cost`, a fraction of ta; default 0.2, not measured: a vLLM compiling on a
+  2-core box takes both cores; an *idle* second llama-server measured 0.98-1.07x of a c=32 run alone on this
+  project's 2-core machine, benchmarks/results/autopilot/). Paid back after C + ta*C*cost / (tb - ta).
 - only one fits: stop-first, nothing serves for about C seconds (the expected gap, shown before it happens):
   paid back after C + ta*C / (tb - ta).
 vLLM is brought in only when the expected remaining service time exceeds that payback. Where llama.cpp measures
