@@ -111,9 +111,8 @@ def test_hybrid_mode_starts_llamacpp_shows_the_decisions_and_reports_the_hand_ov
     assert switch["kind"] == "standby" and switch["cut_requests"] == 0
     assert (f"Last move: hand_over llama.cpp → vLLM at {time.strftime('%H:%M:%S', time.localtime(hand_over['t']))}"
             f" — standby switch in {switch['seconds']:.1f} s") in shown and "0 requests cut" in shown, shown
-    assert [d["action"] for d in status["decisions"]][:3] == ["watch", "start_standby", "hand_over"] or \
-        ["start_standby", "hand_over"] == [a for a in (d["action"] for d in status["decisions"])
-                                           if a in ("start_standby", "hand_over")], status["decisions"]
+    moves = [d["action"] for d in status["decisions"] if d["action"] in ("start_standby", "hand_over", "retire")]
+    assert moves == ["start_standby", "hand_over"], status["decisions"]  # vLLM beside llama.cpp, then in front
     # the decisions went to the request log too, as the CLI's do
     assert [e["action"] for e in session.request_log.events()] == [d["action"] for d in status["decisions"]]
 
@@ -136,8 +135,7 @@ def test_a_plain_start_after_hybrid_mode_shows_no_hybrid_label(window, qtbot, tm
     serve.stop_clicked()
     qtbot.waitUntil(lambda: session.manager.active is None and not session.busy, timeout=60_000)
     serve.launch(ask("llama.cpp", "demo", {"ctx_per_request": 512}))
-    qtbot.waitUntil(lambda: bool(serve.endpoint_edit.text()) and session.manager.active is not None
-                    or serve.notice.level == "error", timeout=120_000)
+    qtbot.waitUntil(lambda: not session.busy, timeout=120_000)
     assert session.manager.active is not None, serve.notice.text()
     serve.refresh_live()
     assert session.manager.status()["autopilot"] is None and not serve.autopilot_label.isVisible()

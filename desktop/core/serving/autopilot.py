@@ -345,7 +345,8 @@ def plan_hybrid(model: str, hardware: HardwareSnapshot, wanted: Mapping[str, Any
     """Both engines' checked plans up front. vLLM is planned like a switch to it from llama.cpp's plan (only the
     asks every engine shares carry over). Neither fits: one clear SwitchyardError naming both refusals."""
     refused: dict[str, str] = {}
-    llama = vllm = None
+    llama: Checked | None = None
+    vllm: Checked | None = None
     try:
         llama = plan_launch(BASE, model, hardware, wanted, progress=progress)
     except SwitchyardError as exc:
