@@ -85,6 +85,7 @@ def test_hybrid_mode_starts_llamacpp_shows_the_decisions_and_reports_the_hand_ov
     assert auto is not None and auto["mode"] == "auto" and auto["vllm_refused"] is None
     assert manager.autopilot.other_plan is not None and manager.autopilot.other_plan.engine == "vllm"
     assert serve.autopilot_label.isVisible()
+    assert not serve.switch_button.isEnabled()  # the loop switches; a manual switch would fight it
     assert _until(lambda: manager.autopilot.steps >= 3)
     shown = _shown_matches_status(serve, qtbot)
     assert shown.startswith("Hybrid (watching): ") and "Last move" not in shown, shown

@@ -548,8 +548,13 @@ class ServePage(QWidget):
         busy = self.session.busy
         self.start_button.setEnabled(not running and not busy)
         self.stop_button.setEnabled(running or busy)
-        self.switch_button.setEnabled(running and not busy)
+        autopilot = getattr(self.session.manager, "autopilot", None)
+        hybrid = autopilot is not None and autopilot.state != "off"  # the loop switches: a manual one would fight it
+        self.switch_button.setEnabled(running and not busy and not hybrid)
         self.switch_button.setText(f"S&witch to {self.other_engine()}")
+        if hybrid:
+            self.switch_button.setToolTip("Hybrid mode switches by itself (see its decision above); stop it and "
+                                          "start one engine to switch by hand")
 
     def shutdown(self) -> None:
         self.live_timer.stop()
