@@ -424,6 +424,8 @@ class ServePage(QWidget):
 
     def _preview_switch(self) -> None:
         """Say on the switch button which kind of switch it will be and how long it should take."""
+        if self._hybrid_running():
+            return  # _update_buttons says why there is no manual switch
         preview = self.session.switch_preview(self.other_engine())
         self.switch_button.setToolTip(f"Switch to {self.other_engine()}: {preview}" if preview else "")
 
@@ -543,13 +545,16 @@ class ServePage(QWidget):
                 "off": "no compile (eager)"}.get(cache or "", "")
         self.timeline.show_start(id(process), engine_short(process), phases, running, note)
 
+    def _hybrid_running(self) -> bool:
+        autopilot = getattr(self.session.manager, "autopilot", None)
+        return autopilot is not None and autopilot.state != "off"
+
     def _update_buttons(self) -> None:
         running = self.session.is_running()
         busy = self.session.busy
         self.start_button.setEnabled(not running and not busy)
         self.stop_button.setEnabled(running or busy)
-        autopilot = getattr(self.session.manager, "autopilot", None)
-        hybrid = autopilot is not None and autopilot.state != "off"  # the loop switches: a manual one would fight it
+        hybrid = self._hybrid_running()  # the loop switches: a manual switch would fight it
         self.switch_button.setEnabled(running and not busy and not hybrid)
         self.switch_button.setText(f"S&witch to {self.other_engine()}")
         if hybrid:
