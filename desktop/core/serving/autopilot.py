@@ -124,6 +124,7 @@ class Autopilot:
         self.decisions: deque[Decision] = deque(maxlen=KEEP_DECISIONS)
         self.state = "off"
         self._lock = threading.Lock()
+        self._life = threading.Lock()  # start() and stop() one at a time (a Stop may come while it starts)
         self._inflight: set[int] = set()
         self._samples: deque[tuple[float, float]] = deque()
         self._stop = threading.Event()
@@ -157,20 +158,26 @@ class Autopilot:
 
     # --- the loop ---
     def start(self) -> None:
-        with self._lock:
-            self._samples.append((self.clock(), float(len(self._inflight))))  # the window starts now
-        self.state = "watching"
-        if self.other_plan is None:
-            other = OTHER if self.only == BASE else BASE
-            self._record(Decision("stay", f"only {self.only} can serve this model here ({other}: {self.refused}): "
-                                          f"the hybrid mode stays on {self.only}", self.clock()))
-        self._thread = threading.Thread(target=self._run, name="switchyard-autopilot", daemon=True)
-        self._thread.start()
+        """Watch and decide from now on; nothing once stop() ran (the endpoint stopped while it was starting)."""
+        with self._life:
+            if self._stop.is_set():
+                return
+            with self._lock:
+                self._samples.append((self.clock(), float(len(self._inflight))))  # the window starts now
+            self.state = "watching"
+            if self.other_plan is None:
+                other = OTHER if self.only == BASE else BASE
+                self._record(Decision("stay", f"only {self.only} can serve this model here ({other}: "
+                                              f"{self.refused}): the hybrid mode stays on {self.only}", self.clock()))
+            self._thread = threading.Thread(target=self._run, name="switchyard-autopilot", daemon=True)
+            self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        with self._life:  # never between start()'s making its thread and starting it
+            self._stop.set()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
         self.state = "off"
 
     def _run(self) -> None:
