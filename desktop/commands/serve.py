@@ -481,30 +481,6 @@ def _no_auto_flags(args: argparse.Namespace) -> None:
         raise SwitchyardError(f"{flag} is a setting of the hybrid endpoint", "add --engine auto, or drop it")
 
 
-def _plan_auto(args: argparse.Namespace, hardware: HardwareSnapshot) -> tuple[Any, Any, dict[str, str]]:
-    """Both engines' checked plans, up front: (llama.cpp's, vLLM's, why each refused one was refused). vLLM is
-    planned like a switch to it (only the asks every engine shares carry over). Neither: one clear error."""
-    from desktop.core.engines.base import COMMON_PLAN_FIELDS
-    from desktop.core.planning.planner import plan_launch, replan
-
-    refused: dict[str, str] = {}
-    llama = vllm = None
-    wanted = plan_asks(args)
-    try:
-        llama = plan_launch("llama.cpp", args.model, hardware, wanted, progress=stderr_progress)
-    except SwitchyardError as exc:
-        refused["llama.cpp"] = str(exc)
-    try:
-        vllm = replan(llama.plan, hardware, engine="vllm", progress=stderr_progress) if llama is not None else             plan_launch("vllm", args.model, hardware, {k: v for k, v in wanted.items() if k in COMMON_PLAN_FIELDS},
-                        progress=stderr_progress)
-    except SwitchyardError as exc:
-        refused["vllm"] = str(exc)
-    if llama is None and vllm is None:
-        raise SwitchyardError(f"neither engine can serve {args.model} here: llama.cpp: {refused['llama.cpp']}; "
-                              f"vLLM: {refused['vllm']}", "serve a smaller model or context (--ctx, --parallel)")
-    return llama, vllm, refused
-
-
 def _serve_auto(args: argparse.Namespace) -> int:
     """`serve --engine auto`: the hybrid endpoint. llama.cpp starts at once (its fast cold start serves the first
     requests); the autopilot loop (serving.autopilot) brings vLLM in when the policy says the load makes it pay,
@@ -512,13 +488,7 @@ def _serve_auto(args: argparse.Namespace) -> int:
     from desktop.core.engines import get_adapter
     from desktop.core.runtime.ports import ensure_port_free
     from desktop.core.runtime.supervisor import reap_orphans
-    from desktop.core.serving.autopilot import (
-        Autopilot,
-        AutopilotSettings,
-        both_fit,
-        machine_crossover,
-        ram_budget,
-    )
+    from desktop.core.serving.autopilot import AutopilotSettings, build_autopilot, plan_hybrid, ram_budget
     from desktop.core.serving.control import EndpointControl
     from desktop.core.serving.endpoint import EndpointManager, machine_budget
 
@@ -527,7 +497,9 @@ def _serve_auto(args: argparse.Namespace) -> int:
                               "drop --prompt/--standby")
     plan_asks(args)  # an unknown setting fails before the model resolves
     hardware = _hardware(args)
-    llama, vllm, refused = _plan_auto(args, hardware)
+    plans = plan_hybrid(args.model, hardware, plan_asks(args), progress=stderr_progress,
+                        hint="serve a smaller model or context (--ctx, --parallel)")
+    llama, vllm, refused = plans.llama, plans.vllm, plans.refused
     if args.dry_run:
         described = {name: checked.describe() for name, checked in (("llama.cpp", llama), ("vllm", vllm))
                      if checked is not None}
@@ -542,14 +514,13 @@ def _serve_auto(args: argparse.Namespace) -> int:
     endpoint = _Endpoint(args)
     if args.port:
         ensure_port_free(args.port)
-    first = llama if llama is not None else vllm
-    assert first is not None
+    first = plans.first
     _ensure_engine(get_adapter(first.plan.engine), args)
-    if llama is not None and vllm is not None:
+    if plans.other is not None:
         try:
             _ensure_engine(get_adapter("vllm"), args, " (the hybrid's second engine)")
         except SwitchyardError as exc:
-            refused["vllm"], vllm = str(exc), None
+            plans = plans.without_vllm(str(exc))
     reap_orphans()
     proxy = endpoint.open(args.model_name)
     budget = machine_budget(hardware) or ram_budget(hardware)
@@ -561,15 +532,9 @@ def _serve_auto(args: argparse.Namespace) -> int:
     settings = AutopilotSettings(**{name: value for name, value in (
         ("window_s", args.auto_window), ("idle_s", args.auto_idle), ("crossover", args.auto_crossover),
         ("lifetime_s", args.auto_lifetime), ("tick_s", args.auto_tick)) if value is not None})
-    other = vllm if llama is not None else None
-    only = None if other is not None else first.plan.engine
-    autopilot = Autopilot(manager, machine_crossover(store.runs(limit=500) if store else [], args.model, hardware,
-                                                     settings.crossover),
-                          other.plan if other is not None else None,
-                          both_fit=other is not None and both_fit([first.plan, other.plan], budget, hardware),
-                          settings=settings, journal=endpoint.host.request_log.note,
-                          refused=refused.get("vllm" if only == "llama.cpp" else "llama.cpp"), only=only)
-    manager.autopilot = autopilot
+    autopilot = build_autopilot(manager, plans, hardware=hardware, budget=budget,
+                                runs=store.runs(limit=500) if store else [], model=args.model, settings=settings,
+                                journal=endpoint.host.request_log.note)
     target = EndpointControl(manager)
     failures: list[BaseException] = []
 

@@ -62,6 +62,8 @@ class EngineSession(QObject):
         self.switching = False
         self.vllm_eager = False  # vLLM without torch.compile: starts much sooner on CPU (tests, quick tries)
         self.telemetry_interval = 1.0  # seconds between scrapes of each engine (tests shorten it)
+        self.launcher: Any = None  # how engines are launched (None: make_launcher, installing what is missing)
+        self.autopilot_settings: Any = None  # hybrid mode's thresholds (None: the policy's defaults)
         self._stop_requested = False
         self._watched: Any = None  # the EngineProcess whose log we show
         self._pending_lines: deque[str] = deque(maxlen=5000)
@@ -117,7 +119,7 @@ class EngineSession(QObject):
             budget = machine_budget()
             manager = EndpointManager(host.proxy, telemetry=host.telemetry, budget=budget,
                                       hardware=budget.hardware if budget else None, redetect=detect,
-                                      launcher=make_launcher(self._progress, install_missing=True))
+                                      launcher=self.launcher or make_launcher(self._progress, install_missing=True))
             manager.subscribe(self._on_endpoint_event)
             host.serve(manager)
             self.host = host
@@ -170,7 +172,42 @@ class EngineSession(QObject):
     def _start(self, plan: LaunchPlan) -> Any:
         self._ensure_endpoint()
         self._apply_options()
+        self.manager.autopilot = None  # one engine: a hybrid run before this one (stopped by close) is over
         return self.manager.start(plan)
+
+    def start_hybrid(self, model: str, asks: dict[str, Any]) -> None:
+        """Hybrid mode (`serve --engine auto`): both engines planned and fit-checked up front, llama.cpp serves at
+        once, the autopilot brings vLLM in when the load makes it pay (serving.autopilot builds it for both)."""
+        if self.busy or self.is_running():
+            self.failed.emit("Switchyard is already serving or starting an engine: stop it first.")
+            return
+        self.busy = True
+        self._stop_requested = False
+        self.log_timer.start()
+        submit(self._start_hybrid, model, asks, on_finished=self._on_ready, on_error=self._on_error)
+
+    def _start_hybrid(self, model: str, asks: dict[str, Any]) -> Any:
+        from desktop.core.serving.autopilot import build_autopilot, plan_hybrid
+
+        self._ensure_endpoint()
+        self._apply_options()
+        manager = self.manager
+        manager.autopilot = None
+        hardware = manager.machine()
+        plans = plan_hybrid(model, hardware, asks, progress=self._progress,
+                            hint="pick a smaller model, context or parallel count")
+        store = self.host.store if self.host is not None else None
+        autopilot = build_autopilot(manager, plans, hardware=hardware, budget=manager.budget,
+                                    runs=store.runs(limit=500) if store is not None else [], model=model,
+                                    settings=self.autopilot_settings, journal=self.request_log.note)
+        self.plan = plans.first.plan
+        try:
+            cold = manager.start(plans.first.plan)
+        except BaseException:
+            manager.autopilot = None  # nothing serves: no loop to show
+            raise
+        autopilot.start()
+        return cold
 
     def _apply_options(self) -> None:
         """vLLM without torch.compile when asked: an ask the planner checks like any other (start and switch)."""

@@ -166,9 +166,50 @@ def _anthropic_request(url: str) -> None:
         response.read()
 
 
-def take_screenshots(window: Any, out: Path) -> None:
+def save_hybrid(window: Any, out: Path, timeout: float = 900.0) -> Path | None:
+    """The Serve page in hybrid mode ("Hybrid (auto)", as `serve --engine auto`) with the autopilot's decision
+    shown: the crossover forced low (2) so a small streaming load brings vLLM in (eager, the quick CPU start), the
+    shot taken once the label reports the hand-over (or, past `timeout`, whatever it decided by then)."""
+    from desktop.core.engines import get_adapter
+    from desktop.core.serving.autopilot import AutopilotSettings
+
+    if get_adapter("vllm").find_install() is None:
+        print("vLLM is not installed: no hybrid screenshot", file=sys.stderr)
+        return None
+    session = window.session
+    serve = window.show_page("Serve")
+    serve.model_edit.setText("demo")
+    serve.engine_box.setCurrentIndex(serve.engine_box.findData("auto"))
+    session.autopilot_settings = AutopilotSettings(window_s=5.0, idle_s=900.0, tick_s=0.5, crossover=2.0)
+    eager, session.vllm_eager = session.vllm_eager, True
     try:
-        _drive(window, out)
+        serve.start_clicked()
+        if not wait_until(lambda: not session.busy, 900) or session.manager is None or \
+                session.manager.active is None:
+            print(f"hybrid mode did not start: {serve.notice.text()}", file=sys.stderr)
+            return None
+        with BackgroundLoad(session.proxy.url, concurrency=4):
+            if not wait_until(lambda: "Last move" in serve.autopilot_label.text(), timeout):
+                print("the hybrid hand-over did not happen in time", file=sys.stderr)
+            wait_until(lambda: False, 5.0)  # vLLM's first points on the charts after the hand-over mark
+            serve.refresh_live()
+            return _grab(window, out / "4f-serve-hybrid.png")
+    finally:
+        session.autopilot_settings = None
+        session.vllm_eager = eager
+        session.stop()
+        wait_until(lambda: not session.is_running() and not session.busy, 120)
+
+
+SHOTS: dict[str, Callable[[Any, Path], Any]] = {"hybrid": save_hybrid}  # one shot again without the whole run
+
+
+def take_screenshots(window: Any, out: Path, only: str | None = None) -> None:
+    try:
+        if only is not None:
+            SHOTS[only](window, out)
+        else:
+            _drive(window, out)
     finally:
         window.close()
 
@@ -232,6 +273,7 @@ def _drive(window: Any, out: Path) -> None:
     window.session.stop()  # the A/B starts its own engines: nothing else should share the cores
     wait_until(lambda: not window.session.is_running() and not window.session.busy, 120)
     save_traffic(window, out, "3c-recommend-traffic.png")  # the profile of everything sent so far
+    save_hybrid(window, out)  # hybrid mode: llama.cpp first, vLLM brought in under load (stopped after the shot)
 
     compare = window.show_page("Compare")
     compare.ab_radio.setChecked(True)
@@ -277,3 +319,29 @@ def _default_request() -> Any:
     from desktop.core.planning.planner import ask
 
     return ask("llama.cpp", "demo")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m desktop.ui.screenshots DIR --only hybrid`: one shot again, offscreen, without the full run that
+    `switchyard gui --screenshots DIR` makes (every page, minutes with real engines)."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(prog="python -m desktop.ui.screenshots")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--only", choices=sorted(SHOTS), required=True)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    args.out.mkdir(parents=True, exist_ok=True)
+    from desktop.ui.app import create_app
+    from desktop.ui.main_window import MainWindow
+
+    app = create_app()
+    window = MainWindow()
+    window.show()
+    QTimer.singleShot(0, lambda: take_screenshots(window, args.out, args.only))
+    return app.exec()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,12 +16,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.engines.base import LaunchPlan
+from desktop.core.common.progress import ProgressCallback, no_progress
+from desktop.core.engines.base import COMMON_PLAN_FIELDS, LaunchPlan
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.planning.autopilot import (
     DEFAULT_CO_RESIDENT_COST,
@@ -32,6 +33,7 @@ from desktop.core.planning.autopilot import (
     decide,
 )
 from desktop.core.planning.crossover import Crossover, CurvePoint, EngineCurve, crossover, curves_from_history
+from desktop.core.planning.planner import Checked, plan_launch, replan
 from desktop.core.runtime.supervisor import EngineState
 from desktop.core.serving.budget import MemoryBudget
 from desktop.core.serving.metering import RequestRecord
@@ -122,6 +124,7 @@ class Autopilot:
         self.decisions: deque[Decision] = deque(maxlen=KEEP_DECISIONS)
         self.state = "off"
         self._lock = threading.Lock()
+        self._life = threading.Lock()  # start() and stop() one at a time (a Stop may come while it starts)
         self._inflight: set[int] = set()
         self._samples: deque[tuple[float, float]] = deque()
         self._stop = threading.Event()
@@ -155,20 +158,26 @@ class Autopilot:
 
     # --- the loop ---
     def start(self) -> None:
-        with self._lock:
-            self._samples.append((self.clock(), float(len(self._inflight))))  # the window starts now
-        self.state = "watching"
-        if self.other_plan is None:
-            other = OTHER if self.only == BASE else BASE
-            self._record(Decision("stay", f"only {self.only} can serve this model here ({other}: {self.refused}): "
-                                          f"the hybrid mode stays on {self.only}", self.clock()))
-        self._thread = threading.Thread(target=self._run, name="switchyard-autopilot", daemon=True)
-        self._thread.start()
+        """Watch and decide from now on; nothing once stop() ran (the endpoint stopped while it was starting)."""
+        with self._life:
+            if self._stop.is_set():
+                return
+            with self._lock:
+                self._samples.append((self.clock(), float(len(self._inflight))))  # the window starts now
+            self.state = "watching"
+            if self.other_plan is None:
+                other = OTHER if self.only == BASE else BASE
+                self._record(Decision("stay", f"only {self.only} can serve this model here ({other}: "
+                                              f"{self.refused}): the hybrid mode stays on {self.only}", self.clock()))
+            self._thread = threading.Thread(target=self._run, name="switchyard-autopilot", daemon=True)
+            self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        with self._life:  # never between start()'s making its thread and starting it
+            self._stop.set()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
         self.state = "off"
 
     def _run(self) -> None:
@@ -312,4 +321,72 @@ class Autopilot:
                                                         None)}}
 
 
-__all__ = ["Autopilot", "AutopilotSettings", "both_fit", "forced_crossover", "machine_crossover", "ram_budget"]
+# --- building the hybrid endpoint (one place for `serve --engine auto` and the GUI's "Hybrid (auto)") ---
+@dataclass(frozen=True)
+class HybridPlans:
+    """Both engines' checked plans for one model, made before anything starts, and why a refused one was refused.
+    `first` serves at once (llama.cpp where it fits); `other` is the engine the autopilot may bring in."""
+
+    llama: Checked | None
+    vllm: Checked | None
+    refused: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def first(self) -> Checked:
+        first = self.llama if self.llama is not None else self.vllm
+        assert first is not None  # plan_hybrid refuses when neither engine can serve
+        return first
+
+    @property
+    def other(self) -> Checked | None:
+        return self.vllm if self.llama is not None else None
+
+    def without_vllm(self, why: str) -> HybridPlans:
+        """vLLM cannot be brought in after all (e.g. it is not installed): llama.cpp alone, and why."""
+        return replace(self, vllm=None, refused={**self.refused, OTHER: why})
+
+
+def plan_hybrid(model: str, hardware: HardwareSnapshot, wanted: Mapping[str, Any], *,
+                progress: ProgressCallback = no_progress, hint: str = "serve a smaller model or context"
+                ) -> HybridPlans:
+    """Both engines' checked plans up front. vLLM is planned like a switch to it from llama.cpp's plan (only the
+    asks every engine shares carry over). Neither fits: one clear SwitchyardError naming both refusals."""
+    refused: dict[str, str] = {}
+    llama: Checked | None = None
+    vllm: Checked | None = None
+    try:
+        llama = plan_launch(BASE, model, hardware, wanted, progress=progress)
+    except SwitchyardError as exc:
+        refused[BASE] = str(exc)
+    try:
+        vllm = replan(llama.plan, hardware, engine=OTHER, progress=progress) if llama is not None else \
+            plan_launch(OTHER, model, hardware, {k: v for k, v in wanted.items() if k in COMMON_PLAN_FIELDS},
+                        progress=progress)
+    except SwitchyardError as exc:
+        refused[OTHER] = str(exc)
+    if llama is None and vllm is None:
+        raise SwitchyardError(f"neither engine can serve {model} here: llama.cpp: {refused[BASE]}; "
+                              f"vLLM: {refused[OTHER]}", hint)
+    return HybridPlans(llama, vllm, refused)
+
+
+def build_autopilot(manager: EndpointManager, plans: HybridPlans, *, hardware: HardwareSnapshot,
+                    budget: MemoryBudget | None, runs: Iterable[Any], model: str,
+                    settings: AutopilotSettings | None = None, journal: Journal | None = None) -> Autopilot:
+    """The hybrid loop over `manager` for `plans`: this machine's crossover for `model` from the history `runs`
+    (or the settings' forced one), whether both plans fit at once in `budget` (the machine's RAM where None), and
+    the refusal to say when only one engine can serve. Attached as `manager.autopilot` (status, close); the caller
+    starts it once the first engine serves."""
+    settings = settings or AutopilotSettings()
+    first, other = plans.first.plan, plans.other.plan if plans.other is not None else None
+    only = None if other is not None else first.engine
+    autopilot = Autopilot(manager, machine_crossover(runs, model, hardware, settings.crossover), other,
+                          both_fit=other is not None and both_fit([first, other], budget, hardware),
+                          settings=settings, journal=journal,
+                          refused=plans.refused.get(OTHER if only == BASE else BASE), only=only)
+    manager.autopilot = autopilot
+    return autopilot
+
+
+__all__ = ["Autopilot", "AutopilotSettings", "HybridPlans", "both_fit", "build_autopilot", "forced_crossover",
+           "machine_crossover", "plan_hybrid", "ram_budget"]

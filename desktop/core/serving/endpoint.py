@@ -329,6 +329,8 @@ class EndpointManager:
         """Start the first engine and make it active (the plan checked again by the planner). Requests that arrive
         meanwhile wait in the proxy."""
         with self._switch_lock:
+            with self.lock:
+                self._closed = False  # a start after close() (the GUI's Stop, then Start) serves again
             self.plan = plan
             self.emit("starting", f"starting {plan.engine} on {switching.shown(plan)}")
             self.proxy.mark_loading(self.route)

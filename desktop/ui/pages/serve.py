@@ -3,6 +3,7 @@ the one-click switch to the other engine."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -57,6 +58,25 @@ SERIES_MAP: dict[str, tuple[str, float]] = {
 
 
 LIVE_MS = 500
+HYBRID = "auto"  # the engine list's hybrid entry (`serve --engine auto`)
+MOVES = {"hand_over": "llama.cpp → vLLM", "switch_stop_first": "llama.cpp → vLLM (stop-first)",
+         "retire": "vLLM → llama.cpp"}
+
+
+def autopilot_text(status: dict[str, Any]) -> str:
+    """The hybrid endpoint in words, from its status (`status --json`'s "autopilot"): its state and last decision,
+    then the last engine move it made and how it went (kept while later ticks decide "stay")."""
+    last = status.get("last") or {}
+    text = f"Hybrid ({status['state']}): {last.get('action', 'watching')} — {last.get('reason', 'no decision yet')}"
+    done = next((d for d in reversed(status.get("decisions") or []) if "switch" in d.get("numbers", {})), None)
+    if done is not None:
+        switch = done["numbers"]["switch"]
+        cut = switch.get("cut_requests") or 0
+        text += (f"\nLast move: {done['action']} {MOVES.get(done['action'], '')} at "
+                 f"{time.strftime('%H:%M:%S', time.localtime(done['t']))} — {switch['kind']} switch in "
+                 f"{switch['seconds']:.1f} s, no engine served for {switch.get('gap_s') or 0.0:.1f} s, "
+                 f"{cut} request{'s' if cut != 1 else ''} cut")
+    return text
 
 
 def engine_short(process: Any) -> str:
@@ -111,6 +131,10 @@ class ServePage(QWidget):
         self.engine_box = QComboBox()
         for key, label in engine_choices():  # the adapter registry: a new engine shows up here by itself
             self.engine_box.addItem(label, key)
+        self.engine_box.addItem("Hybrid (auto)", HYBRID)
+        self.engine_box.setItemData(self.engine_box.count() - 1, "llama.cpp serves at once; vLLM is brought in "
+                                    "when sustained load passes this machine's crossover, and retired when idle",
+                                    Qt.ItemDataRole.ToolTipRole)
         self.engine_box.setAccessibleName("Engine")
         self.model_edit = QLineEdit("demo")
         self.model_edit.setAccessibleName("Model")
@@ -265,15 +289,32 @@ class ServePage(QWidget):
         self._update_buttons()
 
     def start_clicked(self) -> None:
+        if self.engine_box.currentData() == HYBRID:
+            self.launch_hybrid()
+            return
         self.launch(form_plan(self.engine_box.currentData(), self.model_edit.text().strip() or "demo",
                               self.ctx_spin.value(), self.parallel_spin.value()))
+
+    def launch_hybrid(self) -> None:
+        """Hybrid mode, as `serve --engine auto`: the session plans both engines, starts llama.cpp and the loop."""
+        model = self.model_edit.text().strip() or "demo"
+        self.timeline.clear()
+        self.notice.show_message(f"Starting hybrid mode on {model}: llama.cpp first, vLLM when the load pays…")
+        self.session.start_hybrid(model, {"ctx_per_request": self.ctx_spin.value(),
+                                          "slots": self.parallel_spin.value()})
+        self._update_buttons()
+
+    def form_engine(self) -> str:
+        """The engine the form names (hybrid mode starts on llama.cpp: its plan is the one to export)."""
+        engine = str(self.engine_box.currentData())
+        return "llama.cpp" if engine == HYBRID else engine
 
     def stop_clicked(self) -> None:
         self.notice.show_message("Stopping…")
         self.session.stop()
 
     def other_engine(self) -> str:
-        current = self.session.process.adapter.name if self.session.process is not None else self.engine_box.currentData()
+        current = self.session.process.adapter.name if self.session.process is not None else self.form_engine()
         names = [name for name, _label in engine_choices()]
         return names[(names.index(current) + 1) % len(names)] if current in names else names[0]
 
@@ -324,7 +365,7 @@ class ServePage(QWidget):
             return
         self.export_button.setEnabled(False)
         self.notice.show_message("Preparing the launch plan…")
-        submit(plan_for_form, self.engine_box.currentData(), self.model_edit.text().strip() or "demo",
+        submit(plan_for_form, self.form_engine(), self.model_edit.text().strip() or "demo",
                self.ctx_spin.value(), self.parallel_spin.value(),
                on_finished=lambda plan: self._show_export(plan, modal), on_error=self._export_failed)
 
@@ -383,6 +424,8 @@ class ServePage(QWidget):
 
     def _preview_switch(self) -> None:
         """Say on the switch button which kind of switch it will be and how long it should take."""
+        if self._hybrid_running():
+            return  # _update_buttons says why there is no manual switch
         preview = self.session.switch_preview(self.other_engine())
         self.switch_button.setToolTip(f"Switch to {self.other_engine()}: {preview}" if preview else "")
 
@@ -488,10 +531,7 @@ class ServePage(QWidget):
         if autopilot is None:
             self.autopilot_label.hide()
             return
-        data = autopilot.status()
-        last = data.get("last") or {}
-        self.autopilot_label.setText(f"Hybrid ({data['state']}): {last.get('action', 'watching')} — "
-                                     f"{last.get('reason', 'no decision yet')}")
+        self.autopilot_label.setText(autopilot_text(autopilot.status()))
         self.autopilot_label.show()
 
     def _show_row(self, process: Any) -> None:
@@ -505,13 +545,21 @@ class ServePage(QWidget):
                 "off": "no compile (eager)"}.get(cache or "", "")
         self.timeline.show_start(id(process), engine_short(process), phases, running, note)
 
+    def _hybrid_running(self) -> bool:
+        autopilot = getattr(self.session.manager, "autopilot", None)
+        return autopilot is not None and autopilot.state != "off"
+
     def _update_buttons(self) -> None:
         running = self.session.is_running()
         busy = self.session.busy
         self.start_button.setEnabled(not running and not busy)
         self.stop_button.setEnabled(running or busy)
-        self.switch_button.setEnabled(running and not busy)
+        hybrid = self._hybrid_running()  # the loop switches: a manual switch would fight it
+        self.switch_button.setEnabled(running and not busy and not hybrid)
         self.switch_button.setText(f"S&witch to {self.other_engine()}")
+        if hybrid:
+            self.switch_button.setToolTip("Hybrid mode switches by itself (see its decision above); stop it and "
+                                          "start one engine to switch by hand")
 
     def shutdown(self) -> None:
         self.live_timer.stop()
