@@ -72,6 +72,10 @@ def test_the_serve_page_lists_it_by_its_display_name(fake: FakeEngine, qtbot) ->
     page = ServePage(session)
     qtbot.addWidget(page)
     listed = {page.engine_box.itemData(i): page.engine_box.itemText(i) for i in range(page.engine_box.count())}
-    assert listed == {a.name: a.display_name for a in ADAPTERS.values()}
+    from desktop.ui.pages.serve import HYBRID
+
+    # every registered engine by its display name, then the hybrid entry (both of the two engines it switches)
+    assert {k: v for k, v in listed.items() if k != HYBRID} == {a.name: a.display_name for a in ADAPTERS.values()}
+    assert listed[HYBRID] == "Hybrid (auto)"
     assert listed["fake-engine"] == "Fake Engine (test)"
     page.board.stop()
