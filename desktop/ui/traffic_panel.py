@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication, QGroupBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from desktop.ui.charts import PALETTE
+from desktop.ui.charts import PALETTE, plot_widget
 from desktop.ui.workers import submit
 
 RATE_COLOUR = PALETTE[2]  # not an engine's colour: the rate is the traffic's, whichever engine served it
@@ -73,7 +73,7 @@ def profile_facts(profile: Any) -> list[str]:
 
 def _plot(title: str, bottom: str, left: str, axis: dict[str, Any] | None = None) -> pg.PlotWidget:
     palette = QApplication.palette()
-    plot = pg.PlotWidget(background=palette.color(QPalette.ColorRole.Base), axisItems=axis)
+    plot = plot_widget(axisItems=axis)
     plot.setMinimumHeight(180)
     plot.setAccessibleName(title)
     item = plot.getPlotItem()
@@ -81,7 +81,6 @@ def _plot(title: str, bottom: str, left: str, axis: dict[str, Any] | None = None
     item.setLabel("bottom", bottom)
     item.setLabel("left", left)
     item.showGrid(x=True, y=True, alpha=0.25)
-    item.setMenuEnabled(False)
     return plot
 
 

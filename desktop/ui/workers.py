@@ -8,9 +8,11 @@ delivers to the receiver's (GUI) thread.
 
 from __future__ import annotations
 
+import functools
 import logging
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
@@ -19,6 +21,8 @@ log = logging.getLogger("switchyard.ui.workers")
 
 
 class WorkerSignals(QObject):
+    """One job's signals, created and dropped on the GUI thread; the pool thread never touches them."""
+
     started = Signal()
     progress = Signal(object)  # whatever core passed to its progress callback (ProgressEvent, Sample, ...)
     finished = Signal(object)  # the return value
@@ -37,43 +41,100 @@ def readable_error(exc: BaseException) -> str:
     return f"Unexpected error: {text} ({type(exc).__name__}; details in the log)"
 
 
-class Worker(QRunnable):
-    """Runs `fn(*args, progress=<callback>, **kwargs)` if `with_progress`, else `fn(*args, **kwargs)`."""
+@dataclass
+class _Job:
+    """What the GUI keeps of a job until its end is delivered: its signals and the callable with its arguments,
+    so their last references are dropped here on the GUI thread, never on the pool thread (qt-threads.md, 2-3)."""
 
-    def __init__(self, fn: Callable[..., Any], *args: Any, with_progress: bool = False, **kwargs: Any) -> None:
+    signals: WorkerSignals
+    call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+
+class _Dispatcher(QObject):
+    """The one long-lived GUI-thread object workers report to: a (job id, kind, payload) posted from a pool
+    thread is queued to the GUI thread, re-emitted there on that job's own signals, and the job is forgotten
+    after its last report. Per-job signals keep Qt's rule that a destroyed receiver gets no late callback."""
+
+    posted = Signal(int, str, object)
+
+    def __init__(self) -> None:
         super().__init__()
-        self.fn = fn
-        self.args = args
-        self.kwargs = kwargs
+        self.jobs: dict[int, _Job] = {}
+        self._next_id = 0
+        self.posted.connect(self._deliver)
+
+    def add(self, job: _Job) -> int:
+        self._next_id += 1
+        self.jobs[self._next_id] = job
+        return self._next_id
+
+    def _deliver(self, job_id: int, kind: str, payload: Any) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        if kind == "started":
+            job.signals.started.emit()
+        else:
+            getattr(job.signals, kind).emit(payload)
+        if kind in ("finished", "errored"):
+            del self.jobs[job_id]  # the job's callables and signals die here, on the GUI thread
+
+
+_dispatcher: _Dispatcher | None = None
+
+
+def _gui_dispatcher() -> _Dispatcher:
+    """Created by the first `submit`, which runs on the GUI thread, and kept for the process's life."""
+    global _dispatcher
+    if _dispatcher is None:
+        _dispatcher = _Dispatcher()
+    return _dispatcher
+
+
+def _post(dispatcher: _Dispatcher, job_id: int, kind: str, payload: Any = None) -> None:
+    dispatcher.posted.emit(job_id, kind, payload)
+
+
+class Worker(QRunnable):
+    """Runs `fn(*args, progress=<callback>, **kwargs)` if `with_progress`, else `fn(*args, **kwargs)`, and posts
+    started / progress / finished or errored to the dispatcher. Qt deletes the runnable on the pool thread, so it
+    lets go of the callable and its arguments before it reports the end (the GUI's copy is then the last)."""
+
+    def __init__(self, dispatcher: _Dispatcher, job_id: int, call: tuple[Callable[..., Any], tuple[Any, ...],
+                 dict[str, Any]], *, with_progress: bool) -> None:
+        super().__init__()
+        self.dispatcher = dispatcher
+        self.job_id = job_id
+        self.call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None = call
         self.with_progress = with_progress
-        self.signals = WorkerSignals()
         self.setAutoDelete(True)
 
     def run(self) -> None:
-        signals = self.signals
-        signals.started.emit()
+        dispatcher, job_id = self.dispatcher, self.job_id
+        assert self.call is not None, "a worker runs once"
+        fn, args, kwargs = self.call
+        self.call = None
+        name = getattr(fn, "__name__", repr(fn))
+        _post(dispatcher, job_id, "started")
+        kind, payload = "finished", None
         try:
             if self.with_progress:
-                result = self.fn(*self.args, progress=signals.progress.emit, **self.kwargs)
+                payload = fn(*args, progress=functools.partial(_post, dispatcher, job_id, "progress"), **kwargs)
             else:
-                result = self.fn(*self.args, **self.kwargs)
+                payload = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a readable message
-            log.debug("worker %s failed:\n%s", getattr(self.fn, "__name__", self.fn), traceback.format_exc())
+            log.debug("worker %s failed:\n%s", name, traceback.format_exc())
             if not _is_expected(exc):
-                log.warning("worker %s failed: %r", getattr(self.fn, "__name__", self.fn), exc)
-            signals.errored.emit(readable_error(exc))
-        else:
-            signals.finished.emit(result)
+                log.warning("worker %s failed: %r", name, exc)
+            kind, payload = "errored", readable_error(exc)
+        fn = args = kwargs = None  # type: ignore[assignment]  # before the end is reported (see the class)
+        _post(dispatcher, job_id, kind, payload)
 
 
 def _is_expected(exc: BaseException) -> bool:
     from desktop.core.common.errors import SwitchyardError
 
     return isinstance(exc, SwitchyardError | ModuleNotFoundError)
-
-
-# Workers whose signals objects must outlive the runnable until delivered (Qt deletes the runnable itself).
-_live: set[WorkerSignals] = set()
 
 
 def submit(
@@ -84,19 +145,12 @@ def submit(
     on_progress: Callable[[Any], None] | None = None,
     on_started: Callable[[], None] | None = None,
     **kwargs: Any,
-) -> Worker:
-    """Start `fn` on the global thread pool and wire its signals (delivered on the GUI thread, where the
-    signals object lives). `fn` gets a `progress` callback only when `on_progress` is given. Bound methods of
-    widgets are disconnected by Qt when the widget is destroyed, so a closed page never gets a late callback."""
-    worker = Worker(fn, *args, with_progress=on_progress is not None, **kwargs)
-    signals = worker.signals
-    _live.add(signals)
-
-    def release(*_: Any) -> None:
-        # No deleteLater: the worker thread may still be inside emit(); its own reference keeps the object
-        # alive until run() returns, and Python frees it after the last reference goes.
-        _live.discard(signals)
-
+) -> WorkerSignals:
+    """Start `fn` on the global thread pool and wire its signals (delivered on the GUI thread). Call on the GUI
+    thread. `fn` gets a `progress` callback only when `on_progress` is given. Bound methods of widgets are
+    disconnected by Qt when the widget is destroyed, so a closed page never gets a late callback."""
+    dispatcher = _gui_dispatcher()
+    signals = WorkerSignals()
     if on_started:
         signals.started.connect(on_started)
     if on_progress:
@@ -105,10 +159,10 @@ def submit(
         signals.finished.connect(on_finished)
     if on_error:
         signals.errored.connect(on_error)
-    signals.finished.connect(release)
-    signals.errored.connect(release)
-    QThreadPool.globalInstance().start(worker)
-    return worker
+    call = (fn, args, kwargs)
+    job_id = dispatcher.add(_Job(signals, call))
+    QThreadPool.globalInstance().start(Worker(dispatcher, job_id, call, with_progress=on_progress is not None))
+    return signals
 
 
 def wait_idle(timeout_ms: int = 30_000) -> bool:

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -66,6 +67,26 @@ def install_lock(engine: str) -> Iterator[None]:
         yield
 
 
+_BUILD_PERCENT = re.compile(r"^\[\s*(\d+)%\]")
+_PIP_PHASES = (("Collecting ", "resolving packages"), ("Downloading ", "downloading packages"),
+               ("Building wheel", "building wheels"), ("Installing collected packages", "installing packages"),
+               ("Successfully installed", "installed"))
+
+
+def phase_of(line: str) -> str | None:
+    """The phase a build or pip output line belongs to ("compile 40%", "link llama-server", "downloading
+    packages"), or None for a line that starts none. A build prints tens of thousands of lines; the user (and a
+    CI log) needs one line per phase, and the full output stays in the install log."""
+    match = _BUILD_PERCENT.match(line)
+    if match:
+        if "Linking" in line and "executable" in line:
+            return f"link {line.rsplit('/', 1)[-1].strip()}"
+        if "Built target" in line:
+            return None
+        return f"compile {int(match.group(1)) // 10 * 10}%"
+    return next((phase for prefix, phase in _PIP_PHASES if line.startswith(prefix)), None)
+
+
 def run_streamed(
     argv: Sequence[str],
     progress: ProgressCallback,
@@ -75,8 +96,10 @@ def run_streamed(
     env: Mapping[str, str] | None = None,
     log_file: Path | None = None,
 ) -> list[str]:
-    """Run a provisioning step, streaming its output as progress; raise a SwitchyardError with the tail on failure."""
+    """Run a provisioning step: every output line goes to `log_file`, and progress hears one line per phase
+    (`phase_of`); on failure, a SwitchyardError carries the output's tail and the log's path."""
     progress(ProgressEvent(f"{step}: {' '.join(argv[:4])}{' …' if len(argv) > 4 else ''}"))
+    reported: set[str] = set()  # each phase once: parallel builds and pip interleave their lines
     tail: deque[str] = deque(maxlen=40)
     full_env = dict(os.environ)
     if env:
@@ -99,8 +122,10 @@ def run_streamed(
             tail.append(line)
             if sink:
                 sink.write(line + "\n")
-            if line:
-                progress(ProgressEvent(f"{step}: {line[:200]}"))
+            phase = phase_of(line) if line else None
+            if phase is not None and phase not in reported:
+                reported.add(phase)
+                progress(ProgressEvent(f"{step}: {phase}"))
         code = proc.wait()
     except FileNotFoundError as exc:
         raise SwitchyardError(f"{step} failed: {argv[0]} not found", "install it and try again") from exc
