@@ -69,3 +69,27 @@ def test_a_native_deadlock_fails_within_the_limit_with_every_threads_stack(tmp_p
     assert "in _bystander" in output
     assert not _running(int(pidfile.read_text())), "contain.sh left the hung run's child process running"
     assert "contain: stopping" in output
+
+
+COLLECT_ON_PURPOSE = "SWITCHYARD_COLLECT_OFF_MAIN_ON_PURPOSE"
+
+
+@pytest.mark.skipif(not os.environ.get(COLLECT_ON_PURPOSE), reason=f"trips the guard on purpose: {COLLECT_ON_PURPOSE}=1")
+def test_collects_on_a_worker_thread_on_purpose() -> None:
+    import gc
+
+    worker = threading.Thread(target=gc.collect, name="collects-on-purpose")
+    worker.start()
+    worker.join()
+
+
+def test_the_guard_fails_a_test_during_which_a_collection_starts_off_the_main_thread() -> None:
+    run = subprocess.run(  # noqa: S603 - our own interpreter
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+         f"{__file__}::test_collects_on_a_worker_thread_on_purpose"],
+        cwd=ROOT, env={**os.environ, COLLECT_ON_PURPOSE: "1"}, capture_output=True, text=True, timeout=120)
+    output = run.stdout + run.stderr
+    assert run.returncode == 1, output
+    assert "1 garbage collection(s) started off the main thread" in output
+    assert "collection on thread 'collects-on-purpose'" in output
+    assert "1 passed, 1 error" in output  # the test itself ran; its teardown failed it

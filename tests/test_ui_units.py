@@ -342,3 +342,36 @@ def test_app_control_runs_session_work_on_the_gui_thread_and_hands_back_errors(q
     thread.start()
     qtbot.waitUntil(lambda: not thread.is_alive(), timeout=10_000)
     assert results == [threading.get_ident(), "start one"]
+
+
+# --- garbage collection on the GUI thread only (desktop/ui/gc_policy.py) -------------------------------------
+def test_cycles_dropped_on_a_worker_thread_are_collected_on_the_gui_thread(qtbot) -> None:
+    """A worker that leaves cyclic garbage behind (a generation's worth, enough for CPython to collect right there)
+    does not collect it; the GUI timer does, on the GUI thread."""
+    import gc
+
+    from desktop.ui import gc_policy
+
+    died_on_main: list[bool] = []
+
+    class Node:
+        def __del__(self) -> None:
+            died_on_main.append(threading.current_thread() is threading.main_thread())
+
+    def leave_cycles() -> None:
+        node = Node()
+        node.me = node  # type: ignore[attr-defined]
+        del node  # garbage now, while it is young: the next collection of generation 0 frees it
+        for _ in range(2 * gc.get_threshold()[0]):
+            cycle: list[object] = []
+            cycle.append(cycle)
+
+    gc.enable()  # as a plain interpreter starts
+    gc_policy.collect_on_gui_thread()
+    assert not gc.isenabled()
+    worker = threading.Thread(target=leave_cycles, name="leaves-cycles")
+    worker.start()
+    worker.join()
+    assert died_on_main == []  # nothing collected on the worker
+    qtbot.waitUntil(lambda: bool(died_on_main), timeout=10_000)  # the GUI timer's next check
+    assert died_on_main == [True]

@@ -25,6 +25,7 @@ def collect_on_gui_thread(interval_s: float = 1.0) -> GarbageCollector:
     global _collector
     if _collector is None:
         _collector = GarbageCollector(interval=interval_s)  # gc.disable(), then a QTimer on this thread
+    gc.disable()  # again: whatever turned it back on meanwhile
     return _collector
 
 
