@@ -10,10 +10,13 @@ set -uo pipefail
 
 marker="run-$$-$(date +%s%N)"
 export SWITCHYARD_CONTAINED="$marker"
-setsid "$@" &  # not a group leader (no job control here), so setsid runs the command itself: pid = pgid
+# Not a group leader (no job control here), so setsid runs the command itself: pid = pgid. A background command
+# of a shell without job control starts with SIGINT and SIGQUIT ignored, which every Python below it would
+# inherit (a test's SIGINT to `switchyard serve` would do nothing): env puts them back to their defaults.
+setsid env --default-signal=INT,QUIT "$@" &
 leader=$!
 
-marked_pids() {  # every process whose environment carries this run's marker (read from /proc, no forks)
+marked_pids() {  # every process whose environment carries this run's marker (read from /proc)
   local file pid
   for file in /proc/[0-9]*/environ; do
     pid=${file#/proc/}; pid=${pid%/environ}
@@ -25,12 +28,13 @@ marked_pids() {  # every process whose environment carries this run's marker (re
 reap() {
   unset SWITCHYARD_CONTAINED  # the commands below must not carry the marker themselves
   kill -TERM -- "-$leader" 2>/dev/null
-  local left
+  local left pid
   left=$(marked_pids)
   [ -z "$left" ] && return 0
-  echo "contain: stopping $(echo "$left" | wc -w) process(es) the command left behind:" \
-       "$(for p in $left; do tr '\0' ' ' </proc/"$p"/cmdline 2>/dev/null | cut -c1-80; echo; done | sort | uniq -c |
-          tr -s ' \n' ' ')" >&2
+  echo "contain: stopping $(echo "$left" | wc -w) process(es) the command left behind:" >&2
+  for pid in $left; do
+    echo "  $pid $(tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null | cut -c1-120)" >&2
+  done
   # shellcheck disable=SC2086
   kill -TERM $left 2>/dev/null
   for _ in $(seq 50); do  # up to 5 s for a graceful exit, then SIGKILL

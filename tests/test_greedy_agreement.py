@@ -67,7 +67,6 @@ def _agreeing_prefix(first: list[int], second: list[int]) -> int:
     return min(len(first), len(second))
 
 
-@pytest.mark.timeout(900)
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_tokens_agree(servers: tuple[Server, Server], prompt: str) -> None:
     llama, vllm = servers

@@ -93,3 +93,14 @@ def test_the_guard_fails_a_test_during_which_a_collection_starts_off_the_main_th
     assert "1 garbage collection(s) started off the main thread" in output
     assert "collection on thread 'collects-on-purpose'" in output
     assert "1 passed, 1 error" in output  # the test itself ran; its teardown failed it
+
+
+def test_a_contained_command_hears_sigint() -> None:
+    """contain.sh starts the command in the background of a shell without job control, where SIGINT starts
+    ignored; the tests send SIGINT to `switchyard serve` and expect it to stop."""
+    run = subprocess.run(  # noqa: S603 - our own script and interpreter
+        [str(ROOT / "scripts" / "contain.sh"), sys.executable, "-c",
+         "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"],
+        capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "True"
