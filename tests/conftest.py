@@ -58,6 +58,7 @@ def _collect_when_due() -> None:
         gc.collect(generation)
 
 
+@pytest.hookimpl(trylast=True)  # after the runner's own, which tears the session fixtures down
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Collections after the last test (a session fixture's teardown) fail the run too."""
     if _off_main_collections:
