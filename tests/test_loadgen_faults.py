@@ -377,3 +377,54 @@ def test_cli_bench_dead_endpoint_is_one_clear_error(tmp_path: Path, monkeypatch:
     # checked before the load starts: one line naming the address, not five failed requests
     assert f"cannot reach http://127.0.0.1:{port}: connection refused" in err and "Traceback" not in err
     assert not (tmp_path / "r.json").exists()
+
+
+# --- TTFT at the first generated token: reasoning (both names) and tool calls count (issue 34) ----------------
+def _reasoning_chunk(name: str) -> dict[str, Any]:
+    if name == "tool_calls":
+        return {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]},
+            "finish_reason": None}]}
+    return {"choices": [{"index": 0, "delta": {name: "Let me think."}, "finish_reason": None}]}
+
+
+@pytest.mark.parametrize("first", ["reasoning", "reasoning_content", "tool_calls"])
+def test_parse_chunk_counts_reasoning_and_tool_call_deltas_as_tokens(first: str) -> None:
+    from desktop.core.common.sse import parse_chunk
+
+    delta = parse_chunk(json.dumps(_reasoning_chunk(first)))
+    assert delta is not None and delta.has_token
+    assert delta.text == ("" if first == "tool_calls" else "Let me think.")
+    both = parse_chunk(json.dumps({"choices": [{"delta": {"reasoning": "x", "reasoning_content": "x"}}]}))
+    assert both is not None and both.text == "x"  # one text under two names, counted once
+    empty = parse_chunk(json.dumps({"choices": [{"delta": {"role": "assistant", "content": ""}}]}))
+    assert empty is not None and not empty.has_token
+
+
+CONTENT_AFTER_S = 1.5  # how long the stand-in thinks before the first answer token
+
+
+@pytest.mark.parametrize("first", ["reasoning", "reasoning_content", "tool_calls"])
+def test_cli_bench_endpoint_reads_ttft_at_the_first_reasoning_or_tool_call_token(
+        first: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that streams reasoning (vLLM's and llama.cpp's names) or a tool call at once and its answer 1.5 s
+    later: TTFT is the first of those, as the user sees tokens arrive, not the first answer token."""
+    monkeypatch.setenv("SWITCHYARD_HOME", str(tmp_path / "home"))
+
+    async def handler(server: FakeServer, body: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        writer.write(STREAM_HEADERS + sse(_reasoning_chunk(first)))
+        await writer.drain()
+        await asyncio.sleep(CONTENT_AFTER_S)  # the server's behaviour under test, not a wait for the client
+        data = b"".join(sse({"choices": [{"index": 0, "delta": {"content": f" tok{i}"},
+                                          "finish_reason": "length" if i == 2 else None}]}) for i in range(3))
+        writer.write(data + sse(usage_chunk(5, 4)) + sse("[DONE]"))
+        await writer.drain()
+
+    with ThreadedServer(handler) as server:
+        code = main(["bench", "--endpoint", server.url, "--concurrency", "1", "--requests", "2",
+                     "--output-len", "4", "--json", str(tmp_path / "r.json")])
+    assert code == 0
+    (level,) = json.loads((tmp_path / "r.json").read_text())["levels"]
+    assert level["completed"] == 2
+    assert level["median_ttft_ms"] < CONTENT_AFTER_S * 1000 / 2, level["median_ttft_ms"]
+    assert level["median_e2el_ms"] >= CONTENT_AFTER_S * 1000

@@ -87,15 +87,23 @@ def parse_chunk(payload: str) -> StreamDelta | None:
     delta = StreamDelta(raw=data, usage=data.get("usage") or None)
     for choice in data.get("choices") or []:
         text = choice.get("text")
+        calls = None
         if text is None:
             message = choice.get("delta") or {}
-            text = (message.get("content") or "") + (message.get("reasoning_content") or "")
-        if text:
-            delta.text += text
+            text = (message.get("content") or "") + _reasoning(message)
+            calls = message.get("tool_calls")
+        if text or calls:  # reasoning and tool-call deltas are generated tokens: TTFT is at the first of them
+            delta.text += text or ""
             delta.has_token = True
         if choice.get("finish_reason"):
             delta.finish_reason = choice["finish_reason"]
     return delta
+
+
+def _reasoning(message: dict[str, Any]) -> str:
+    """A chat delta's reasoning text: llama.cpp calls it `reasoning_content`, vLLM `reasoning` (it renamed
+    `reasoning_content`); a chunk that carries both names carries the same text, counted once."""
+    return str(message.get("reasoning_content") or message.get("reasoning") or "")
 
 
 def _anthropic(kind: str, data: dict[str, Any]) -> StreamDelta:
