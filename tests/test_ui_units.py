@@ -262,6 +262,28 @@ def test_worker_delivers_progress_and_result_on_the_gui_thread(qtbot) -> None:
     assert wait_idle(5000)
 
 
+def test_a_workers_callable_is_dropped_on_the_gui_thread(qtbot) -> None:
+    """The pool thread lets go of what it ran before it reports, so the callable's owner (a page, a session: Qt
+    objects in the app) loses its last reference on the GUI thread, not on the pool thread."""
+    from desktop.ui.workers import submit, wait_idle
+
+    died_on_main: list[bool] = []
+    results: list[int] = []
+
+    class Owner:
+        def work(self) -> int:
+            return 7
+
+        def __del__(self) -> None:
+            died_on_main.append(threading.current_thread() is threading.main_thread())
+
+    submit(Owner().work, on_finished=results.append)  # the job holds the only references
+    qtbot.waitUntil(lambda: results == [7], timeout=5000)
+    assert wait_idle(5000)
+    qtbot.waitUntil(lambda: bool(died_on_main), timeout=5000)
+    assert died_on_main == [True]
+
+
 @pytest.mark.parametrize(("error", "expected"), [
     (SwitchyardError("the port is taken", "pick another"), "the port is taken\nHint: pick another"),
     (ModuleNotFoundError("x", name="desktop.core.measure.ab"), "not available yet"),
