@@ -67,6 +67,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                                        "or less when other processes hold GPU memory)")
     plan.add_argument("--tp", type=N.count, help="vLLM tensor-parallel size (default 1)")
     plan.add_argument("--dtype", help="vLLM --dtype (default auto: the checkpoint's)")
+    plan.add_argument("--tool-parser", metavar="NAME",
+                      help="vLLM tool-call parser, or none (default: the model's own, from its chat template)")
+    plan.add_argument("--reasoning-parser", metavar="NAME",
+                      help="vLLM reasoning parser, or none; llama.cpp then splits reasoning out (default: the model's own)")
     plan.add_argument("--hardware", help="plan for a snapshot from `switchyard detect --json` instead of this machine")
     plan.add_argument("--dry-run", action="store_true",
                       help="print the checked plan, the exact argv and env, and the memory breakdown; start nothing")
@@ -156,7 +160,8 @@ def plan_asks(args: argparse.Namespace) -> dict[str, Any]:
 
     return asks(ctx_per_request=args.ctx, slots=args.parallel, gpu_layers=args.gpu_layers,
                 kv_cache_type=args.kv_type, gpu_memory_utilization=args.util, tensor_parallel=args.tp,
-                dtype=args.dtype, port=args.port or None)
+                dtype=args.dtype, port=args.port or None, tool_parser=args.tool_parser,
+                reasoning_parser=args.reasoning_parser)
 
 
 def checked_plan(args: argparse.Namespace, hardware: HardwareSnapshot) -> Checked:

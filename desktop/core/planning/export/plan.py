@@ -160,6 +160,7 @@ class ExportPlan:
             extra += ["--flash-attn", "on" if plan.flash_attn else "off"]
         if vllm and plan.max_num_batched_tokens is not None:
             extra += ["--max-num-batched-tokens", str(plan.max_num_batched_tokens)]
+        extra += get_adapter(plan.engine).chat_args(plan)  # tools and reasoning work there as they do here
         fields: dict[str, Any] = {"tensor_parallel_size": plan.tensor_parallel} if vllm else {}
         fields.update(target)
         return cls(
