@@ -188,6 +188,12 @@ def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
     return context
 
 
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`switchyard ARGS` as its own process, to its end (stdout and stderr captured)."""
+    return subprocess.run([sys.executable, "-m", "desktop", *args], capture_output=True, text=True,  # noqa: S603
+                          timeout=timeout, env={**os.environ})
+
+
 def serve_until_ready(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
     """Start `switchyard serve ARGS` as its own process and read its stderr up to the "ready:" line (returned; the
     caller asserts on it and stops the process). Ends at the process's exit when it never gets ready."""

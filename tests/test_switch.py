@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from conftest import serve_until_ready
+from conftest import run_cli, serve_until_ready
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.planning.planner import ask
@@ -386,9 +386,7 @@ def test_single_gpu_switch_is_stop_first_under_load_with_zero_failures(llama_ins
 
 
 # --- CLI ------------------------------------------------------------------------------------------------------
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "desktop", *args], capture_output=True, text=True,  # noqa: S603
-                          timeout=timeout, env={**os.environ})
+_cli = run_cli
 
 
 def test_cli_status_without_an_endpoint_is_one_clear_line() -> None:
