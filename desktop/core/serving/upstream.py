@@ -20,6 +20,7 @@ from desktop.core.common.sse import LAST_CHUNK, chunk, error_event
 from desktop.core.serving.defaults import DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_IDLE_TIMEOUT
 from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error
 from desktop.core.serving.metering import RequestListener, RequestRecord, StreamMeter, count_json_tokens
+from desktop.core.serving.reasoning import StreamMirror, WholeMirror, mirror_for
 from desktop.core.serving.requestinfo import rewrite_model
 from desktop.core.serving.router import Lease, Upstream
 
@@ -320,6 +321,7 @@ class Exchange:
         # head is not passed on, its body is chunked, and an engine error becomes an SSE error event.
         self.head_sent = head_sent
         self.engine_error = False
+        self.mirror: StreamMirror | WholeMirror | None = None  # one reasoning schema (serving.reasoning)
         self.paused_at = 0.0
         self.upstreams = upstreams
         self.timeouts = upstreams.timeouts
@@ -361,8 +363,7 @@ class Exchange:
                              "not retried, since it may have started on the request")
         elif not self.upstream_framed and not self.complete:
             self.complete = True  # a body delimited by the connection's end
-            if self.framing == "chunked":
-                self.out.append(LAST_CHUNK)
+            self._end_body()
             self._finish(None)
         else:
             detail = f"{type(exc).__name__}: {exc}" if exc else "connection closed"
@@ -384,6 +385,7 @@ class Exchange:
             self.framing = "chunked"
             self.upstream_framed = any(n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers)
             self.answered = True
+            self.mirror = mirror_for(request.path, self.status, self.streamed)
             return
         lines = [b"HTTP/1.1 %d %s" % (self.status, self.reason or b"Status")]
         length: bytes | None = None
@@ -402,20 +404,21 @@ class Exchange:
                 lines.append(name + b": " + value)
         no_body = request.method == "HEAD" or self.status < 200 or self.status in (204, 304)
         close = not request.keep_alive
+        self.mirror = None if no_body else mirror_for(request.path, self.status, self.streamed)
         if no_body:
             self.framing = "none"
             if length is not None:
                 lines.append(b"Content-Length: " + length)
-        elif length is not None and not chunked:
+        elif length is not None and not chunked and self.mirror is None:
             self.framing = "length"
             lines.append(b"Content-Length: " + length)
-        elif not request.http10:
+        elif not request.http10:  # (a rewritten answer's length is known only at its end: chunked)
             self.framing = "chunked"
-            self.upstream_framed = chunked
+            self.upstream_framed = chunked or length is not None
             lines.append(b"Transfer-Encoding: chunked")
         else:
             self.framing = "close"
-            self.upstream_framed = chunked
+            self.upstream_framed = chunked or length is not None
             close = True
         if close:
             lines.append(b"Connection: close")
@@ -436,6 +439,10 @@ class Exchange:
         elif self.kept_size < KEPT_BODY_BYTES:
             self.kept.append(body)
             self.kept_size += len(body)
+        if self.mirror is not None:
+            body = self.mirror.feed(body)
+            if not body:
+                return
         if self.framing == "chunked":
             self.out.append(chunk(body))
         else:
@@ -450,6 +457,12 @@ class Exchange:
             text = b"".join(self.kept).decode("utf-8", "replace")[:2000]
             self.out.append(chunk(error_event(f"the engine answered HTTP {self.status}: {text}", "upstream_error",
                                               self.status)))
+        self._end_body()
+
+    def _end_body(self) -> None:
+        rest = self.mirror.end() if self.mirror is not None else b""
+        if rest:
+            self.out.append(chunk(rest) if self.framing == "chunked" else rest)
         if self.framing == "chunked":
             self.out.append(LAST_CHUNK)
 
@@ -533,20 +546,13 @@ class Exchange:
         request_body, response_body = self.meter.bodies(self.kept)
         status, error = outcome(self.status, error, answered=self.answered, cut=self.cut_reason is not None,
                                 client_gone=client_gone, timed_out=timed_out, stream_error=self.meter.error)
-        record = RequestRecord(
-            t=self.wall, method=self.request.method, path=self.request.path, upstream=self.upstream.name,
-            status=status, streamed=self.streamed,
-            ttft_s=(self.meter.first_token_at - self.arrived) if self.meter.first_token_at else None,
-            e2e_s=done - self.arrived, output_tokens=self.meter.output_tokens if status < 400 else None,
-            error=error, prompt_tokens=self.meter.prompt_tokens, model=self.request.info.model,
-            engine=self.upstream.engine, client=self.client.peer, seq=self.request.seq,
-            request_body=request_body, response_body=response_body)
+        record = exchange_record(self, status, error, done, request_body, response_body)
         self.lease.release()  # counted off and published before the client sees the end of its answer
         self.record(record)
         self._flush()
         if told is not None and not self.answered and self.head_sent:
             self.framing, self.streamed = "chunked", True  # the client has the endpoint's event-stream head
-            self._tell_client(told)
+            tell_client(self, told)
         elif told is not None and not self.answered and self.cut_reason:
             response = json_error(503, told, "engine_switch")
             response.headers = (("Retry-After", str(self.retry_after_s)),)
@@ -556,17 +562,32 @@ class Exchange:
             self.client.write_response(json_error(status, told, "upstream_timeout" if timed_out else "upstream_error"),
                                        close=True, request=self.request)
         elif told is not None:
-            self._tell_client(told)
+            tell_client(self, told)
         self.done.set_result(record)
 
-    def _tell_client(self, error: str) -> None:
-        """An answer cut short: end a chunked event stream with an error event; otherwise close the connection,
-        which is how HTTP says "truncated"."""
-        self.request.keep_alive = False
-        if self.framing == "chunked" and self.streamed and not self.client.closed and self.client.transport:
-            kind, code = ("engine_switch", 503) if self.cut_reason else ("upstream_disconnected", 502)
-            self.client.transport.write(chunk(error_event(error, kind, code, retryable=bool(self.cut_reason)))
-                                        + LAST_CHUNK)
+
+
+def tell_client(exchange: Exchange, error: str) -> None:
+    """An answer cut short: end a chunked event stream with an error event; otherwise close the connection,
+    which is how HTTP says "truncated"."""
+    exchange.request.keep_alive = False
+    client = exchange.client
+    if exchange.framing == "chunked" and exchange.streamed and not client.closed and client.transport:
+        kind, code = ("engine_switch", 503) if exchange.cut_reason else ("upstream_disconnected", 502)
+        client.transport.write(chunk(error_event(error, kind, code, retryable=bool(exchange.cut_reason)))
+                               + LAST_CHUNK)
+
+
+def exchange_record(exchange: Exchange, status: int, error: str | None, done: float, request_body: str | None,
+                    response_body: str | None) -> RequestRecord:
+    """What the request log, metering and the GUI learn of one finished exchange."""
+    meter, request, upstream = exchange.meter, exchange.request, exchange.upstream
+    return RequestRecord(
+        t=exchange.wall, method=request.method, path=request.path, upstream=upstream.name, status=status,
+        streamed=exchange.streamed, ttft_s=(meter.first_token_at - exchange.arrived) if meter.first_token_at else None,
+        e2e_s=done - exchange.arrived, output_tokens=meter.output_tokens if status < 400 else None, error=error,
+        prompt_tokens=meter.prompt_tokens, model=request.info.model, engine=upstream.engine, client=exchange.client.peer,
+        seq=request.seq, request_body=request_body, response_body=response_body)
 
 
 def outcome(status: int, error: str | None, *, answered: bool, cut: bool, client_gone: bool, timed_out: bool,
