@@ -9,7 +9,10 @@ proxy or the client spends stalls the engine's spinning worker threads, so the r
 The proxy runs in its own process (as in real use), so it does not share this load generator's interpreter.
 
     .venv/bin/python benchmarks/bench_proxy.py [--concurrency 32] [--requests 128] [--rounds 6]
-        [--engine-threads spare,all] [--json] [--output FILE]
+        [--engine-threads spare,all] [--api completions|chat] [--json] [--output FILE]
+
+`--api chat` streams /v1/chat/completions instead: the answers the endpoint watches for reasoning to mirror
+(serving/reasoning.py), so that run prices that check on every chunk.
 """
 
 from __future__ import annotations
@@ -48,13 +51,21 @@ class Round:
         return self.output_tokens / self.seconds
 
 
+API = {"chat": False}  # --api chat: /v1/chat/completions
+
+
 async def _one(session: aiohttp.ClientSession, url: str, max_tokens: int) -> tuple[float | None, int]:
-    body = {"model": "switchyard", "prompt": "Benchmark the endpoint", "max_tokens": max_tokens, "stream": True,
-            "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {"model": "switchyard", "max_tokens": max_tokens, "stream": True, "temperature": 0,
+                            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    if API["chat"]:
+        body["messages"] = [{"role": "user", "content": "Benchmark the endpoint"}]
+    else:
+        body["prompt"] = "Benchmark the endpoint"
+    path = "/v1/chat/completions" if API["chat"] else "/v1/completions"
     sent = time.perf_counter()
     first: float | None = None
     tokens = 0
-    async with session.post(url + "/v1/completions", json=body) as response:
+    async with session.post(url + path, json=body) as response:
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}")
         buffer = b""
@@ -66,7 +77,8 @@ async def _one(session: aiohttp.ClientSession, url: str, max_tokens: int) -> tup
                 if payload == b"[DONE]":
                     continue
                 data = json.loads(payload)
-                if first is None and any(c.get("text") for c in data.get("choices") or []):
+                if first is None and any(c.get("text") or (c.get("delta") or {}).get("content")
+                                         for c in data.get("choices") or []):
                     first = time.perf_counter() - sent
                 if data.get("usage"):
                     tokens = int(data["usage"]["completion_tokens"])
@@ -273,6 +285,8 @@ def main() -> int:
                         help="llama-server --threads settings to measure, comma-separated: 'spare' (all cores but "
                              "one, left to the client and the endpoint, as when a GPU does the engine's work), "
                              "'all' (llama.cpp's default: every core busy with the engine), or a number")
+    parser.add_argument("--api", choices=("completions", "chat"), default="completions",
+                        help="which streaming API the load uses (default completions)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--output", type=Path, help="also write the results as JSON to this file")
     parser.add_argument("--proxy-only", nargs=2, metavar=("UPSTREAM", "PORT"), help=argparse.SUPPRESS)
@@ -280,6 +294,7 @@ def main() -> int:
     if args.proxy_only:
         _proxy_only(args.proxy_only[0], int(args.proxy_only[1]))
         return 0
+    API["chat"] = args.api == "chat"
 
     cores = os.cpu_count() or 1
     settings: list[tuple[str, int | None]] = []
@@ -294,7 +309,7 @@ def main() -> int:
     results = []
     for label, threads in settings:
         load_before = os.getloadavg()[0]  # a busy machine changes the numbers more than the endpoint does
-        result = {"setting": label, "concurrency": args.concurrency, "requests_per_round": args.requests,
+        result = {"setting": label, "api": args.api, "concurrency": args.concurrency, "requests_per_round": args.requests,
                   "max_tokens": args.max_tokens, "rounds": args.rounds, **_measure(args, threads)}
         result["load_average_1min"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2),
                                        "cpus": os.cpu_count()}
