@@ -566,7 +566,6 @@ class Exchange:
         self.done.set_result(record)
 
 
-
 def tell_client(exchange: Exchange, error: str) -> None:
     """An answer cut short: end a chunked event stream with an error event; otherwise close the connection,
     which is how HTTP says "truncated"."""
