@@ -79,3 +79,17 @@ def test_tools_through_the_endpoint_on_llamacpp_and_after_a_switch_to_vllm(llama
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_the_real_llama_server_takes_the_reasoning_format_a_reasoning_plan_gives_it(llama_install: Any,
+                                                                                     demo_model: Any) -> None:
+    asked = ("serve", "--engine", "llama.cpp", "--model", "demo", "--reasoning-parser", "deepseek_r1")
+    planned = run_cli(*asked, "--dry-run", "--json")
+    assert planned.returncode == 0, planned.stderr
+    argv = json.loads(planned.stdout)["argv"]
+    assert argv[argv.index("--reasoning-format") + 1] == "deepseek"
+    served = run_cli(*asked, "--prompt", "Hi", "--max-tokens", "4", "--json")
+    assert served.returncode == 0, served.stderr  # llama-server refuses a --reasoning-format it does not know
+    assert json.loads(served.stdout)["usage"]["completion_tokens"] == 4
