@@ -155,3 +155,68 @@ def test_plain_serve_gets_a_per_launch_key_printed_once_and_kept_in_the_discover
         proc.terminate()
         _out, err = proc.communicate(timeout=60)
     assert sum(line.count(key) for line in before) == 1 and key not in err, "the key is printed exactly once"
+
+
+@pytest.mark.engine
+@pytest.mark.vllm
+def test_plain_serve_of_vllm_puts_the_keyed_endpoint_on_the_port_and_vllm_on_its_socket(vllm_install: Any,
+                                                                                        demo_model: Any) -> None:
+    """vLLM's own key guards /v1, /v2, /inference and /cohere only (its /invocations answered anyone who found a
+    plain serve's port): a plain `serve --engine vllm` now gives the port to the endpoint, with a per-launch key,
+    and vLLM listens on its private socket only."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import run_cli
+
+    from desktop.core.common import paths
+
+    port = find_free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "desktop", "serve", "--engine", "vllm",  # noqa: S603
+                             "--model", "demo", "--parallel", "1", "--ctx", "2048", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    before: list[str] = []
+    for line in proc.stderr:
+        before.append(line)
+        if line.startswith("ready:"):
+            break
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        assert before and before[-1].startswith(f"ready: {base_url}/v1"), "".join(before[-5:])
+        discovery = paths.run_dir() / f"endpoint-{port}.json"
+        assert stat.S_IMODE(os.stat(discovery).st_mode) == 0o600
+        key = json.loads(discovery.read_text())["api_key"]
+        status = json.loads(run_cli("status", "--json", "--port", str(port)).stdout)
+        engine_pid = status["active"]["pid"]
+        assert status["active"]["engine"] == "vllm" and unixhttp.socket_of(status["active"]["base_url"])
+        for listener in _tcp_listeners(engine_pid):  # torch.distributed's CPU rendezvous only: never HTTP
+            answer = _http_answer(listener.laddr.ip, listener.laddr.port, "/invocations")
+            assert not answer.startswith((b"HTTP/1.1 2", b"HTTP/1.0 2")), f"{listener.laddr}: {answer[:80]!r}"
+        for route in ("/invocations", "/v1/completions", "/tokenize", "/metrics"):
+            assert _http_answer("127.0.0.1", port, route).startswith(b"HTTP/1.1 403")  # a web page's origin
+            bare = httpx.post(base_url + route, json={"prompt": "Hi"}, trust_env=False, timeout=60)
+            assert bare.status_code == 401, (route, bare.text[:200])  # a local process without the key
+        keyed = {"Authorization": f"Bearer {key}"}
+        assert httpx.post(base_url + "/invocations", json={"prompt": "Hi"}, headers=keyed, trust_env=False,
+                          timeout=60).status_code == 404  # not an inference route of the endpoint
+        served = httpx.post(base_url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, headers=keyed,
+                            trust_env=False, timeout=300)
+        assert served.status_code == 200 and served.json()["choices"]
+        assert run_cli("stop", "--port", str(port)).returncode == 0
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _out, err = proc.communicate(timeout=60)
+    assert sum(line.count(key) for line in before) == 1 and key not in err, "the key is printed exactly once"
+
+
+def test_plain_serve_of_vllm_with_no_key_warns_which_routes_stay_open() -> None:
+    from conftest import run_cli
+
+    refused = run_cli("serve", "--engine", "vllm", "--model", "/nonexistent/model", "--no-key")
+    assert refused.returncode != 0
+    assert "warning: --no-key puts vLLM itself on TCP with no key" in refused.stderr
+    assert "/invocations" in refused.stderr and "/tokenize" in refused.stderr

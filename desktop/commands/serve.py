@@ -204,6 +204,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     if (args.endpoint or args.proxy_port is not None) and args.prompt is None:
         return _serve_endpoint(args, adapter)
+    if adapter.unguarded_routes and args.prompt is None:
+        if not args.no_key:  # the engine's key would leave routes open on TCP: the keyed endpoint takes the port
+            return _serve_endpoint(args, adapter, keyed_port=True)
+        print(f"warning: --no-key puts {adapter.display_name} itself on TCP with no key: "
+              f"{', '.join(adapter.unguarded_routes)} and /v1 answer any local process, and web pages by DNS "
+              "rebinding", file=sys.stderr)
     if args.port:
         ensure_port_free(args.port)
     plan = checked_plan(args, _hardware(args)).plan  # refuse before installing anything
@@ -372,13 +378,20 @@ class _Endpoint:
 
     Made in two steps: the cheap checks (port, API key, origins) before anything slow starts, `open()` after."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        from desktop.core.runtime.ports import ensure_port_free
+    def __init__(self, args: argparse.Namespace, keyed_port: bool = False) -> None:
+        from desktop.core.runtime.ports import ensure_port_free, find_free_port
 
         self.args = args
-        self.port = args.proxy_port if args.proxy_port is not None else DEFAULT_PROXY_PORT
+        self.keyed_port = keyed_port
+        if keyed_port:  # a plain serve's port (--port, default a free one) and a per-launch key
+            import secrets
+
+            self.port = args.port or find_free_port()
+            self.api_key: str | None = _endpoint_api_key(args) or secrets.token_urlsafe(32)
+        else:
+            self.port = args.proxy_port if args.proxy_port is not None else DEFAULT_PROXY_PORT
+            self.api_key = _endpoint_api_key(args)
         ensure_port_free(self.port)
-        self.api_key = _endpoint_api_key(args)
         self.guard = _guard_options(args)
 
     def open(self, model_name: str) -> ProxyServer:
@@ -404,8 +417,11 @@ class _Endpoint:
 
         previous = signal.signal(signal.SIGTERM, on_signal)
         try:
-            host.start()
+            host.start(api_key=self.api_key if self.keyed_port else None)
             print(f"endpoint listening on {host.proxy.url}/v1 {announce}", file=sys.stderr, flush=True)
+            if self.keyed_port and not self.args.api_key_env:
+                print(f"API key of this launch (clients send `Authorization: Bearer <key>`; also in "
+                      f"{host.discovery}): {self.api_key}", file=sys.stderr, flush=True)
             threading.Thread(target=start, name="switchyard-start", daemon=True).start()
             while not target.stop_requested.wait(0.5):
                 check()
@@ -419,7 +435,10 @@ class _Endpoint:
             host.close()
 
 
-def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
+def _serve_endpoint(args: argparse.Namespace, adapter: Any, keyed_port: bool = False) -> int:
+    """The endpoint in front of the engine. `keyed_port`: a plain `serve` of an engine whose own key leaves routes
+    open (vLLM): the engine stays on its private socket, and the endpoint takes the plain serve's port with a
+    per-launch key, printed once and kept in the 0600 discovery file, as a plain serve's engine key is."""
     from desktop.core.machine.hardware import detect
     from desktop.core.planning.planner import replan
     from desktop.core.runtime.ports import ensure_port_free
@@ -427,7 +446,9 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any) -> int:
     from desktop.core.serving.control import EndpointControl
     from desktop.core.serving.endpoint import EndpointManager, machine_budget
 
-    endpoint = _Endpoint(args)
+    endpoint = _Endpoint(args, keyed_port=keyed_port)
+    if keyed_port:  # --port is the endpoint's: the engine gets its socket
+        args = argparse.Namespace(**{**vars(args), "port": 0})
     if args.port:
         ensure_port_free(args.port)
     hardware = _hardware(args)

@@ -249,6 +249,9 @@ class EngineAdapter(ABC):
     # The server answers the Anthropic Messages API (`/v1/messages`, streaming and not): the endpoint forwards
     # such requests to it, and answers 501 for engines without it.
     anthropic_messages: bool = False
+    # Routes the engine's own API key does not guard on TCP. An engine with any is never put on TCP by a plain
+    # `serve`: it listens on its private socket and the keyed endpoint takes the port (only --no-key changes that).
+    unguarded_routes: tuple[str, ...] = ()
     # The server closes a kept-alive connection right after a streamed (chunked) answer although it says
     # Keep-Alive: the endpoint then never pools such connections for it (one reused before its FIN arrives would
     # carry a request that cannot safely be retried).

@@ -125,6 +125,10 @@ class VllmAdapter(EngineAdapter):
                              "extra_args"})
     sleep_mode_flag = SLEEP_MODE_FLAG
     anthropic_messages = True  # vLLM's /v1/messages (vllm/entrypoints/anthropic, 0.32)
+    # VLLM_API_KEY guards /v1, /v2, /inference and /cohere only (0.32); these answer anyone who reaches the port,
+    # and vLLM checks no Host and sends CORS * (so web pages can, by DNS rebinding).
+    unguarded_routes = ("/invocations", "/tokenize", "/detokenize", "/pause", "/resume", "/metrics", "/score",
+                        "/rerank", "/classify", "/pooling")
     log_markers = (
         # Phases, from vLLM's own lines (0.32, CPU and CUDA): the model runner starts loading, weights are in,
         # torch.compile is done (loaded from its cache or compiled and saved), the memory profile sized the KV

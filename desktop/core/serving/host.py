@@ -52,15 +52,17 @@ class EndpointHost:
         proxy.add_routes(control.control_routes(target, self.token))
         proxy.add_routes(control.request_routes(self.request_log, self.token, lambda: proxy.capture_bodies))
 
-    def start(self) -> None:
+    def start(self, api_key: str | None = None) -> None:
         """Listen (PortBusy, a readable error, when the port is taken: then nothing is left open), let other shells
-        find this endpoint, start telemetry."""
+        find this endpoint (with `api_key`, the endpoint's per-launch key, for the user's own clients), start
+        telemetry."""
         try:
             self.proxy.start()
         except BaseException:
             self._close_log()
             raise
-        self.discovery = control.write_discovery(self.proxy.port, self.proxy.url, self.token, kind=self.kind)
+        self.discovery = control.write_discovery(self.proxy.port, self.proxy.url, self.token, kind=self.kind,
+                                                 api_key=api_key)
         self.telemetry.start()
         self._telemetry_started = True
 
