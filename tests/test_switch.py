@@ -81,6 +81,19 @@ def test_discovery_file_is_private_and_found(controlled: tuple[ProxyServer, Fake
     assert "token" not in discovery.to_json()
 
 
+def test_status_prints_what_an_engine_or_a_client_wrote_with_its_control_characters_escaped(
+        controlled: tuple[ProxyServer, FakeTarget, control.Discovery]) -> None:
+    """`last_error` can quote an engine's log line and `model_name` is the user's: neither may drive the
+    operator's terminal (clear the screen, retitle it, hide lines)."""
+    proxy, target, _discovery = controlled
+    target.status = lambda: {"state": "down\x1b[2J", "openai_base_url": "http://127.0.0.1:1/v1\x07",
+                             "model_name": "m\x1b]0;owned\x07", "last_error": "boom\x1b[2J\r\x1b[1A"}  # type: ignore[method-assign]
+    shown = run_cli("status", "--port", str(proxy.port))
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout and "\r" not in shown.stdout
+    assert "boom\\x1b[2J\\r\\x1b[1A" in shown.stdout and "m\\x1b]0;owned\\x07" in shown.stdout
+
+
 def test_stale_discovery_is_ignored_and_removed(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])  # noqa: S603
     dead.wait()

@@ -643,8 +643,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         emit_json(data)
         return 0
     what = {"app": "app endpoint", "engine": "engine (no stable endpoint)"}.get(data.get("kind", ""), "endpoint")
-    print(f"{what} {data['openai_base_url']}  model '{data['model_name']}'  state {data['state']}  "
-          f"(pid {data.get('pid')})")
+    print(f"{what} {cell(data['openai_base_url'])}  model '{cell(data['model_name'])}'  state {cell(data['state'])}  "
+          f"(pid {cell(data.get('pid'))})")
     for role in ("active", "standby", "starting", "sleeping"):
         engine = data.get(role)
         if engine:
@@ -665,7 +665,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if requests:
         print(f"  requests {requests['requests']} total, {requests['failed']} failed, {requests['inflight']} in flight")
     if data.get("last_error"):
-        print(f"  last error: {data['last_error']}")
+        print(f"  last error: {cell(data['last_error'])}")  # it can quote an engine's log line
     return 0
 
 

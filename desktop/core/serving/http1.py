@@ -41,7 +41,7 @@ class Limits:
     """How much one client, and all of them together, may make the endpoint hold (the README's security paragraph
     states these numbers).
 
-    While a connection's request is being answered it may read ahead `pipelined` more requests and
+    A connection may have `pipelined` requests in hand, the one being answered included, and read ahead
     `readahead_bytes` of their bodies; past either, the endpoint stops reading that connection (TCP pushes back
     on the client) until the answer is done. A request past `pipelined` that was already read (one read can hold
     many small ones) is answered 429 and the connection closed after it; past `queued` requests across all
@@ -392,7 +392,7 @@ class RequestReader(asyncio.Protocol):
     def _maybe_resume_reading(self) -> None:
         if not self.reading_paused or self.closed or self.transport is None or self.ended:
             return
-        if (not self.busy and not self.pending) or (len(self.pending) < self.limits.pipelined and
+        if (not self.busy and not self.pending) or (len(self.pending) + self.busy < self.limits.pipelined and
                                                     self.pending_bytes + self._body_size <= self.limits.readahead_bytes):
             self.reading_paused = False
             self.transport.resume_reading()
@@ -514,7 +514,7 @@ class ClientConnection(RequestReader):
         answer, self._cors = self.handler.screen(method, self._url.decode("latin-1").partition("?")[0], head)
         if length > MAX_BODY_BYTES:  # refused, and never drained: the connection ends with the answer
             self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB", answer)
-        if len(self.pending) >= self.limits.pipelined:
+        if len(self.pending) + self.busy >= self.limits.pipelined:
             self._last(overloaded(self.limits, f"more than {self.limits.pipelined} pipelined requests on one "
                                                "connection", 429))
         if answer is None and (self.busy or self.pending) and self.handler.queued >= self.limits.queued:
@@ -557,7 +557,7 @@ class ClientConnection(RequestReader):
             self.handler.queued += 1
         if not self.busy:
             self._next()
-        elif not self.reading_paused and (len(self.pending) >= self.limits.pipelined
+        elif not self.reading_paused and (len(self.pending) + 1 >= self.limits.pipelined
                                           or self.pending_bytes > self.limits.readahead_bytes):
             self._pause_reading()
 
