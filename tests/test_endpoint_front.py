@@ -525,6 +525,34 @@ def test_model_and_stream_are_read_from_the_top_level_object_once() -> None:
     assert requestinfo.scan(b'{"model": "x", "a": [' + b'"s\\n",' * 30000 + b'""]}', 20000) is None  # thread
 
 
+def test_every_body_is_read_as_the_engines_read_it() -> None:
+    """Review L1 (issue 35): the scan used to skip bodies without a literal "model"/"stream", bodies that did not
+    begin with `{` (a BOM, an array) and escaped keys, so the nesting limit did not reach the engines and the
+    endpoint and the engine could read different `model`/`stream` values."""
+    deep = b"[" * 200 + b"]" * 200
+    for body in (b'{"messages":' + deep + b"}", b"[" + deep + b"]", b'  [{"model": "x", "a": ' + deep + b"}]"):
+        with pytest.raises(requestinfo.BadBody, match="nested deeper"):
+            requestinfo.scan(body)
+    with pytest.raises(requestinfo.BadBody, match="byte-order mark"):
+        requestinfo.scan(b'\xef\xbb\xbf{"model": "x"}')
+    escaped = b'{"model": "a", "mod\\u0065l": "b", "stream": false, "str\\u0065am": true}'
+    info = requestinfo.scan(escaped)
+    assert info is not None and (info.model, info.stream) == (json.loads(escaped)["model"], True) == ("b", True)
+    assert json.loads(requestinfo.rewrite_model(escaped, info, "served"))["model"] == "served"
+    last = requestinfo.scan(b'{"model": "a", "model": {"x": 1}}')
+    assert last is not None and last.model is None  # the engine reads the object: no name to route by
+
+
+def test_a_bom_or_a_deep_array_is_refused_before_the_engine(make_proxy: Callable[..., ProxyServer],
+                                                           engine: RecordingEngine) -> None:
+    proxy = make_proxy()
+    proxy.set_upstream(engine.upstream)
+    for body in (b'\xef\xbb\xbf{"model":"x","messages":' + b"[" * 1000 + b"]" * 1000 + b"}",
+                 b"[" * 100000 + b"]" * 100000):
+        assert status_of(exchange(proxy.port, post("/v1/chat/completions", body))) == 400
+    assert engine.seen == []
+
+
 def test_the_log_names_the_model_that_was_routed_to(engine: RecordingEngine) -> None:
     """The old log took the first "model" anywhere in the body (a regex); routing took the top-level one."""
     proxy = ProxyServer(port=0, model_name="stable")

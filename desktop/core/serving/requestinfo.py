@@ -44,13 +44,17 @@ NO_INFO = RequestInfo()
 def scan(body: bytes, max_tokens: int | None = MAX_TOKENS) -> RequestInfo | None:
     """RequestInfo of a JSON object body (NO_INFO for anything else: the engine judges it). None when more than
     `max_tokens` tokens would have to be scanned (the caller then scans again in a worker thread); BadBody past
-    MAX_DEPTH or MAX_TOKENS. Malformed JSON is not an error here: what was found so far is returned, and the
-    engine answers the malformed body."""
-    if not body or b'"model"' not in body and b'"stream"' not in body:
-        return NO_INFO
+    MAX_DEPTH or MAX_TOKENS, or for a byte-order mark. Every body is scanned (an array's nesting too), and keys
+    are compared as JSON reads them (`"mod\u0065l"` is `model`; the last of duplicates wins, as in the engines'
+    parsers), so the endpoint and the engine never read different values. Malformed JSON is not an error here:
+    what was found so far is returned, and the engine answers the malformed body."""
     start = _space_end(body, 0)
-    if body[start:start + 1] != b"{":
-        return NO_INFO
+    top = body[start:start + 1]
+    if top == b"\xef" and body.startswith(b"\xef\xbb\xbf", start):
+        raise BadBody("the request body starts with a UTF-8 byte-order mark: send JSON without one")
+    if top not in (b"{", b"["):
+        return NO_INFO  # empty, a scalar or not JSON: nothing nests, the engine judges it
+    keyed = top == b"{"  # a top-level array has no keys, but its nesting counts
     limit = MAX_TOKENS if max_tokens is None else min(max_tokens, MAX_TOKENS)
     model: str | None = None
     span: tuple[int, int] | None = None
@@ -86,7 +90,7 @@ def scan(body: bytes, max_tokens: int | None = MAX_TOKENS) -> RequestInfo | None
             return None
         if pos < 0:
             break
-        if depth != 1:
+        if depth != 1 or not keyed:
             continue
         # A key of the top-level object (values are stepped over below, so every string seen here is a key).
         colon = space(body, pos)
@@ -94,6 +98,9 @@ def scan(body: bytes, max_tokens: int | None = MAX_TOKENS) -> RequestInfo | None
             break
         value = space(body, colon + 1)
         key = body[at + 1:pos - 1]
+        if b"\\" in key:  # compared as JSON reads it
+            decoded = _decode(body[at:pos])
+            key = decoded.encode("utf-8", "surrogatepass") if decoded is not None else key
         if body[value:value + 1] == b'"':
             end, steps = _string_end(body, value, limit - tokens)
             tokens += steps
