@@ -220,3 +220,67 @@ def test_plain_serve_of_vllm_with_no_key_warns_which_routes_stay_open() -> None:
     assert refused.returncode != 0
     assert "warning: --no-key puts vLLM itself on TCP with no key" in refused.stderr
     assert "/invocations" in refused.stderr and "/tokenize" in refused.stderr
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_a_tcp_engines_port_bound_by_another_after_it_stopped_is_sent_nothing(llama_install: Any,
+                                                                               demo_model: Any) -> None:
+    """Review L2 (issue 35): the listener was proven the engine's once, at start; the endpoint's later
+    connections were not checked, so a process that bound the freed port of a dead engine got the engine's key
+    and the prompts. Now every new connection to an engine on TCP is checked first."""
+    import threading
+
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.base import LaunchPlan
+    from desktop.core.runtime.supervisor import EngineProcess
+    from desktop.core.serving.router import Upstream
+
+    port = find_free_port()
+    plan = LaunchPlan(engine="llama.cpp", model_path=demo_model.gguf_path, port=port, slots=1, ctx_per_request=512,
+                      api_key="engine-key-" + "k" * 32)
+    process = EngineProcess(get_adapter("llama.cpp"), plan, llama_install, tcp=True)
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=3)
+    proxy.start()
+    received: list[bytes] = []
+    impostor = socket.socket()
+    try:
+        process.start()
+        process.wait_ready(timeout=120)
+        assert process.listener_holds()
+        proxy.set_upstream(Upstream("llama.cpp@tcp", "llama.cpp", process.base_url, "switchyard",
+                                    api_key=plan.api_key, listener_check=process.listener_holds))
+        body = {"prompt": "a secret prompt", "max_tokens": 2}
+        assert httpx.post(proxy.url + "/v1/completions", json=body, trust_env=False, timeout=60).status_code == 200
+        process.stop()
+        assert not process.listener_holds()
+        impostor.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        impostor.bind(("127.0.0.1", port))
+        impostor.listen()
+        impostor.settimeout(0.5)
+
+        def listen() -> None:
+            while True:
+                try:
+                    conn, _ = impostor.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                with conn:
+                    conn.settimeout(2)
+                    try:
+                        received.append(conn.recv(65536))
+                    except OSError:
+                        received.append(b"")
+
+        thread = threading.Thread(target=listen, daemon=True)
+        thread.start()
+        refused = httpx.post(proxy.url + "/v1/completions", json=body, trust_env=False, timeout=60)
+        assert refused.status_code >= 500
+    finally:
+        impostor.close()
+        proxy.stop()
+        process.stop()
+    assert received, "the endpoint never connected to the port (the check was not exercised)"
+    assert all(b"engine-key" not in data and b"secret prompt" not in data for data in received), received

@@ -569,17 +569,23 @@ class EngineProcess:
         user; where the system tells the listening pid (Linux, macOS) it is checked too."""
         if self._listener_checked:
             return True
-        assert self._proc is not None
-        tree = {p.pid for p in proctree.members_of(proctree.Recorded(self._proc.pid, self._created, self._pgid))}
+        self._listener_checked = self.listener_holds()
+        return self._listener_checked
+
+    def listener_holds(self) -> bool:
+        """Whether the engine's address is held by its own process tree now (not cached: the endpoint asks it
+        for every new connection to an engine on TCP; the engine's own process first, where the listener is)."""
+        if self._proc is None or self._proc.poll() is not None:  # exited: its port is anybody's
+            return False
         path = self.socket_path
+        if path is None and _listens_on({self._proc.pid}, self.plan.port):
+            return True
+        tree = {p.pid for p in proctree.members_of(proctree.Recorded(self._proc.pid, self._created, self._pgid))}
         if path is not None:
             pid = unixhttp.peer_pid(path)
-            ours = pid in tree if pid is not None else (
+            return pid in tree if pid is not None else (
                 sys.platform not in ("linux", "darwin") and os.path.exists(path))
-        else:
-            ours = _listens_on(tree, self.plan.port)
-        self._listener_checked = ours
-        return ours
+        return _listens_on(tree, self.plan.port)
 
     def _remove_socket(self) -> None:
         path = self.socket_path

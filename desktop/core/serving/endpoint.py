@@ -282,7 +282,8 @@ class EndpointManager:
                             base_url=process.base_url, served_model_name=process.plan.served_model_name,
                             api_key=process.plan.api_key, model=str(process.plan.model_path),
                             messages_api=adapter.anthropic_messages,
-                            closes_after_stream=adapter.closes_after_stream)
+                            closes_after_stream=adapter.closes_after_stream,
+                            listener_check=None if process.socket_path else process.listener_holds)
         managed = ManagedEngine(checked, process, upstream, "starting")
         with self.lock:
             self.starting = managed

@@ -198,6 +198,10 @@ class Forwarder:
             except (OSError, TimeoutError) as exc:
                 log.info("%s refused a request (%s): retrying", upstream.name, exc or type(exc).__name__)
                 return None, False
+            if upstream.listener_check is not None and not await asyncio.to_thread(upstream.listener_check):
+                connection.abort()  # nothing was written: not the key, not the prompt
+                log.warning("%s: its port is no longer held by the engine; nothing was sent there", upstream.name)
+                return None, False
         return await self._begin(job, lease, connection).done, reused
 
     def _begin(self, job: Job, lease: Lease, connection: UpstreamConnection) -> Exchange:

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 log = logging.getLogger("switchyard.proxy")
@@ -29,10 +29,14 @@ class Upstream:
     model: str = ""  # what it serves, for /v1/models
     messages_api: bool = False  # answers Anthropic Messages (/v1/messages): EngineAdapter.anthropic_messages
     closes_after_stream: bool = False  # EngineAdapter.closes_after_stream: don't pool after a streamed answer
+    # For an engine on TCP: whether its listener still belongs to the engine's process tree, asked on every new
+    # connection before the key or a prompt is written (a port freed by a dead engine can be bound by anyone).
+    listener_check: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(replace(self, listener_check=None))
         data.pop("api_key")
+        data.pop("listener_check")
         return data
 
 
