@@ -69,6 +69,11 @@ class Recorded:
     def address_tag(self) -> str:
         return str(self.plan.port)
 
+    socket_path: str | None = None  # a TCP "engine": the endpoint asks listener_holds() per connection
+
+    def listener_holds(self) -> bool:
+        return True
+
     def start(self) -> None:
         if Recorded.refuse_start:
             raise SwitchyardError("recorded, not started")
