@@ -284,3 +284,11 @@ def test_a_tcp_engines_port_bound_by_another_after_it_stopped_is_sent_nothing(ll
         process.stop()
     assert received, "the endpoint never connected to the port (the check was not exercised)"
     assert all(b"engine-key" not in data and b"secret prompt" not in data for data in received), received
+
+
+def test_plain_serve_of_vllm_refuses_capture_bodies_with_its_key() -> None:
+    from conftest import run_cli
+
+    refused = run_cli("serve", "--engine", "vllm", "--model", "demo", "--capture-bodies")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "--capture-bodies is not available on an endpoint with an API key" in refused.stderr

@@ -386,6 +386,9 @@ class _Endpoint:
         if keyed_port:  # a plain serve's port (--port, default a free one) and a per-launch key
             import secrets
 
+            if args.capture_bodies:
+                raise SwitchyardError("--capture-bodies is not available on an endpoint with an API key (a plain "
+                                      "serve of this engine has one)", "use `serve --endpoint --capture-bodies`")
             self.port = args.port or find_free_port()
             self.api_key: str | None = _endpoint_api_key(args) or secrets.token_urlsafe(32)
         else:
