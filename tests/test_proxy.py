@@ -10,6 +10,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -598,3 +599,91 @@ def test_a_malformed_engine_answer_becomes_a_502(proxy: ProxyServer) -> None:
     assert response.status_code == 502
     assert "malformed response" in response.json()["error"]["message"]
     assert records[-1].status == 502 and proxy.counters["failed"] == 1
+
+
+class _LogCount(logging.Handler):
+    """Sets `reached` once lines with one of `needles` have been logged `times` times."""
+
+    def __init__(self, needles: tuple[str, ...], times: int) -> None:
+        super().__init__(logging.DEBUG)
+        self.needles, self.times, self.count = needles, times, 0
+        self.reached = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if any(needle in record.getMessage() for needle in self.needles):
+            self.count += 1
+            if self.count >= self.times:
+                self.reached.set()
+
+
+def test_a_burst_that_fills_an_engines_unix_listen_queue_waits_for_room_and_no_request_fails(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Linux answers a connect to a Unix socket whose listen queue is full with EAGAIN at once, and the engines'
+    queues are short (cpp-httplib: 4 per core; Python's socketserver: 5). A burst of new requests while the engine
+    is slow to accept is back-pressure: each waits for room, none is refused, none waits for another engine."""
+    folder = tmp_path_factory.mktemp("q")
+    path = str(folder / "e.sock")
+    if len(path) > 100:
+        path = f"/tmp/switchyard-q-{find_free_port()}.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    fillers: list[socket.socket] = []
+    while True:  # fill the queue with connections nobody accepts yet
+        filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        filler.setblocking(False)
+        try:
+            filler.connect(path)
+        except BlockingIOError:
+            filler.close()
+            break
+        fillers.append(filler)
+    burst = 6
+    # a connect that met the full queue: waiting for room (or, were EAGAIN taken for a refusal, "refused")
+    watcher = _LogCount(("listen queue", "Resource temporarily unavailable"), burst)
+    logger = logging.getLogger("switchyard.proxy")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(watcher)
+    server = ProxyServer(port=find_free_port(), model_name="stable", wait_timeout=30, retry_window=1)
+    server.start()
+    answers: list[int] = []
+
+    def ask() -> None:
+        response = httpx.post(server.url + "/v1/completions", json=completion_body(False), trust_env=False,
+                              timeout=30)
+        answers.append(response.status_code)
+
+    def serve(count: int) -> None:
+        for filler in fillers:
+            listener.accept()[0].close()
+            filler.close()
+        for _ in range(count):
+            connection, _ = listener.accept()
+            with connection:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += connection.recv(65536)
+                body = json.dumps({"id": "x", "object": "text_completion", "model": "m",
+                                   "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}).encode()
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    try:
+        server.set_upstream(Upstream("queue@1", "queue", "http+unix://" + quote(path, safe=""), "m"))
+        clients = [threading.Thread(target=ask) for _ in range(burst)]
+        for client in clients:
+            client.start()
+        assert watcher.reached.wait(20), f"{watcher.count} connects met a full queue"  # each of the burst
+        engine = threading.Thread(target=serve, args=(burst,), daemon=True)
+        engine.start()  # now the engine accepts: room frees up
+        for client in clients:
+            client.join(30)
+        engine.join(10)
+    finally:
+        logger.removeHandler(watcher)
+        logger.setLevel(level)
+        server.stop()
+        listener.close()
+    assert answers == [200] * burst
+    assert server.counters["failed"] == 0

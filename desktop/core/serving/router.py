@@ -54,6 +54,8 @@ class Route:
     idle: bool = False  # unloaded (idle TTL, or swapped out): the next request asks for a load
     loading_since: float | None = None  # time.monotonic() when a load began, while it runs
     waiting: int = 0  # requests waiting here for an engine
+    # of those, how many wait for an engine other than the named one (it failed them twice): they cannot be let in
+    avoiding: dict[str, int] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)  # for /v1/models: engine, model, ttl, ...
     loading_status: bool = False  # streaming clients that wait hear ": loading model X (12 s)" comments
     extra_routes: frozenset[str] = frozenset()  # paths forwarded besides the inference routes (opted in)
@@ -119,6 +121,8 @@ class Router:
             route.down_reason = None if upstream else down_reason
             route.idle = upstream is None and idle
             route.loading_since = None if upstream is not None or idle or down_reason else route.loading_since
+            if route.idle and route.waiting and model is not None and self.on_demand is not None:
+                self._ask_load(route, model)  # requests wait here already: they would otherwise wait in vain
             self._changed.notify_all()
         where = f" for {model}" if model is not None else ""
         log.info("endpoint now forwards%s to %s", where,
@@ -141,7 +145,12 @@ class Router:
         """Wait until no request waits on route `model` while it has an engine (they have all been let in), so
         taking the engine away next does not starve requests that arrived during its load."""
         route = self.routes[model]
-        return await self._wait_until(lambda: route.waiting == 0 or route.active is None, timeout)
+
+        def settled() -> bool:
+            active = route.active
+            return active is None or route.waiting - route.avoiding.get(active.name, 0) == 0
+
+        return await self._wait_until(settled, timeout)
 
     async def _wait_until(self, condition: Callable[[], bool], timeout: float) -> bool:
         assert self._changed is not None
@@ -175,24 +184,36 @@ class Router:
                 return (chosen.active is not None and chosen.active is not avoid) or chosen.down_reason is not None
 
             if chosen.idle and chosen.active is None and model is not None and self.on_demand is not None:
-                chosen.idle = False
-                chosen.down_reason = None
-                chosen.loading_since = time.monotonic()
-                self.on_demand(model)
+                self._ask_load(chosen, model)
             if not usable():
                 self.counters["waited"] += 1
                 chosen.waiting += 1
+                if avoid is not None:
+                    chosen.avoiding[avoid.name] = chosen.avoiding.get(avoid.name, 0) + 1
                 try:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._changed.wait_for(usable), max(0.0, deadline - loop.time()))
                 finally:
                     chosen.waiting -= 1
-                    if chosen.waiting == 0 and self._draining:
+                    if avoid is not None:
+                        left = chosen.avoiding.pop(avoid.name) - 1
+                        if left:
+                            chosen.avoiding[avoid.name] = left
+                    if self._draining:
                         self._changed.notify_all()
             upstream = self.try_acquire(avoid, chosen)
             if upstream is None:
                 raise Unavailable(chosen.down_reason or "no engine became ready in time")
             return upstream
+
+    def _ask_load(self, route: Route, model: str) -> None:
+        """Ask (once, until the route is idle again) for `model`'s engine to be loaded; on the loop, under the
+        condition."""
+        assert self.on_demand is not None
+        route.idle = False
+        route.down_reason = None
+        route.loading_since = time.monotonic()
+        self.on_demand(model)
 
     def release(self, upstream: Upstream) -> None:
         """Count one request off `upstream`; when it was the last, wake any drain() waiting for that."""

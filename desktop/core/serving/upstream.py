@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import select
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -192,13 +193,49 @@ def readiness(fileno: int) -> Callable[[], bool]:
     return lambda: bool(select.select([fileno], [], [], 0)[0])
 
 
+# A full listen queue on a Unix socket is back-pressure, not a refusal: retry the connect after this long, doubling
+# up to the cap, until the caller's connect timeout.
+UNIX_BUSY_FIRST_WAIT = 0.001
+UNIX_BUSY_MAX_WAIT = 0.05
+
+
 async def open_connection(target: Target, connection: UpstreamConnection) -> None:
     """Connect `connection` to the engine at `target`: the one place the endpoint opens a connection to one."""
     loop = asyncio.get_running_loop()
     if target.port == 0:  # the engine's private Unix socket: only this user can connect or listen there
-        await loop.create_unix_connection(lambda: connection, target.host)
+        sock = await connect_unix(target.host)
+        try:
+            await loop.create_unix_connection(lambda: connection, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
     else:
         await loop.create_connection(lambda: connection, target.host, target.port)
+
+
+async def connect_unix(path: str) -> socket.socket:
+    """A connected non-blocking socket to `path`. Linux answers a connect to a Unix socket whose listen queue is
+    full with EAGAIN at once (TCP would queue the SYN and retry by itself); the engines' queues are short
+    (cpp-httplib's is 4 per core, Python's socketserver's 5), so a burst of new requests meets it whenever the
+    engine is slow to accept. The kernel tells no one when room frees up, hence the short doubling retry here,
+    bounded by the caller's connect timeout. (uvloop raises the EAGAIN; asyncio's own loop would wrongly take the
+    socket for connected, another reason to connect here.)"""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    wait = UNIX_BUSY_FIRST_WAIT
+    try:
+        while True:
+            try:
+                sock.connect(path)
+                return sock
+            except BlockingIOError:
+                if wait == UNIX_BUSY_FIRST_WAIT:  # once per connection: a burst is logged, not each retry
+                    log.debug("the listen queue of %s is full: waiting for room", path)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, UNIX_BUSY_MAX_WAIT)
+    except BaseException:
+        sock.close()
+        raise
 
 
 class UpstreamPool:
