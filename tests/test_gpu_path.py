@@ -30,7 +30,7 @@ from desktop.core.engines.vllm import gpu_proof, memory_retry, sleep_mode_suppor
 from desktop.core.machine import hardware as hw_module
 from desktop.core.machine.hardware import GIB, HardwareSnapshot
 from desktop.core.models.facts import facts_for
-from desktop.core.planning import fit
+from desktop.core.planning import fit, sleep
 
 HERE = Path(__file__).parent
 SNAPSHOTS = HERE / "snapshots"
@@ -413,28 +413,28 @@ def vllm_fit_on_4090() -> fit.FitResult:
 
 def test_a_sleeping_vllm_still_holds_context_and_graph_pool_and_level1_pins_its_weights() -> None:
     result = vllm_fit_on_4090()
-    one = fit.sleeping_vllm_footprint(result, 1)
-    two = fit.sleeping_vllm_footprint(result, 2)
+    one = sleep.sleeping_vllm_footprint(result, 1)
+    two = sleep.sleeping_vllm_footprint(result, 2)
     held = result.breakdown["non_torch"] + result.breakdown["cuda_graphs"]
     assert one.gpu_bytes_per_gpu == two.gpu_bytes_per_gpu and one.gpu_bytes_per_gpu / GIB == pytest.approx(
         held + fit.VLLM_DRIVER_RESERVED_BYTES / 2 / GIB, abs=0.01)
     assert one.host_bytes / GIB == pytest.approx(result.weights_gib, abs=0.01) and two.host_bytes == 0
     hardware = snapshot("rtx4090")
-    level, after = fit.plan_after_sleep(result, hardware)
+    level, after = sleep.plan_after_sleep(result, hardware)
     assert level == 1
     assert after.gpus[0].memory_free_bytes == hardware.gpus[0].memory_free_bytes - one.gpu_bytes_per_gpu
     assert after.ram_available_bytes == hardware.ram_available_bytes - one.host_bytes
     small_ram = replace(hardware, ram_available_bytes=int(result.weights_gib * GIB))  # no room for the weights
-    assert fit.plan_after_sleep(result, small_ram)[0] == 2
-    assert fit.plan_after_sleep(result, hardware, next_gpu_bytes=hardware.gpus[0].memory_free_bytes)[0] is None
-    assert not fit.level1_sleep_allowed(int(15 * GIB), int(16 * GIB))
-    assert fit.level1_sleep_allowed(int(15 * GIB), int(64 * GIB))
+    assert sleep.plan_after_sleep(result, small_ram)[0] == 2
+    assert sleep.plan_after_sleep(result, hardware, next_gpu_bytes=hardware.gpus[0].memory_free_bytes)[0] is None
+    assert not sleep.level1_sleep_allowed(int(15 * GIB), int(16 * GIB))
+    assert sleep.level1_sleep_allowed(int(15 * GIB), int(64 * GIB))
 
 
 def test_the_next_engine_is_planned_against_what_the_sleeper_leaves() -> None:
     result = vllm_fit_on_4090()
     hardware = snapshot("rtx4090")
-    _, after = fit.plan_after_sleep(result, hardware)
+    _, after = sleep.plan_after_sleep(result, hardware)
     gguf = facts_for(str(FIXTURES / "llama8b-q4_k_m.gguf"))
     plan = LaunchPlan(engine="llama.cpp", model_path=Path("m.gguf"), ctx_per_request=8192, slots=4)
     empty, beside = fit.estimate(gguf, hardware, plan), fit.estimate(gguf, after, plan)

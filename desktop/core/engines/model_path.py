@@ -8,6 +8,7 @@ from pathlib import Path
 from desktop.core.common.errors import ModelError
 from desktop.core.common.progress import ProgressCallback, no_progress
 from desktop.core.engines.base import EngineAdapter
+from desktop.core.models.gguf_file import SHARD_NAME, shard_name
 
 GGUF_MAGIC = b"GGUF"
 DEMO = "demo"
@@ -44,7 +45,16 @@ def resolve_model(spec: str, adapter: EngineAdapter, progress: ProgressCallback 
         other = "vllm" if fmt == "hf" else "llama.cpp"
         raise ModelError(f"{adapter.display_name} needs {wanted}, but {path.name} is {'GGUF' if fmt == 'gguf' else 'a Hugging Face folder'}",
                          f"use --engine {other} for this model, or `--model demo`")
-    return path.resolve()
+    return first_shard(path).resolve() if fmt == "gguf" else path.resolve()
+
+
+def first_shard(path: Path) -> Path:
+    """The file llama-server must be given for a GGUF shard: the first of its set (it opens the others by name).
+    Whether the set is whole is the facts' check (`models.gguf_file.read_gguf_model`)."""
+    name = SHARD_NAME.match(path.name)
+    if name is None or int(name["index"]) == 1:
+        return path
+    return path.with_name(shard_name(name["stem"], 1, int(name["count"])))
 
 
 def model_label(model: str) -> str:

@@ -12,12 +12,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from desktop.core.models.gguf_file import SHARD_NAME
+
 log = logging.getLogger(__name__)
 
 #: (engine, weights_bytes, config) -> "yes" | "partial" | "no"
 FitTagger = Callable[[str, int, "dict[str, Any] | None"], str]
 
-SHARD_RE = re.compile(r"^(?P<stem>.*?)-(?P<index>\d{5})-of-(?P<count>\d{5})\.(?P<ext>gguf|safetensors)$", re.I)
+SHARD_RE = SHARD_NAME  # one naming of shards: the one llama-server opens (models.gguf_file)
 # Longest alternatives first so Q4_K_M wins over Q4_K and IQ2_XXS over IQ2_XS.
 QUANT_RE = re.compile(
     r"(?<![A-Za-z0-9])("

@@ -4,13 +4,14 @@ The demo model (desktop.core.models.demo) is one Llama. Memory accounting differ
 (grouped-query attention, q/k norms, sliding-window layers, a 262k vocabulary, fused QKV, experts, tied
 embeddings), so `benchmarks/fit_vs_engine.py` and the real-engine fit tests need one small checkpoint of each,
 with the real model's *shape ratios and features* but a few layers and a small hidden size. Each is written as
-a Hugging Face folder (config.json + float16 safetensors, for vLLM) and as GGUF files at F16, Q8_0 and a Q4_K_M
-mix (for llama-server), with the tensor names and metadata keys llama.cpp's converter writes for that
+a Hugging Face folder (config.json + float16 safetensors, for vLLM) and as GGUF files at F16, Q8_0, a Q4_K_M
+mix and, on request, MXFP4 (for llama-server), with the tensor names and metadata keys llama.cpp's converter writes for that
 architecture (gguf's TensorNameMap does the naming).
 
 The weights are random and meaningless: only shapes and types matter here. Q8_0 is quantized by the gguf
 package; Q4_K/Q5_K/Q6_K (which gguf cannot quantize) are written as valid blocks of random quants with small
 finite scales, in llama-quantize's Q4_K_M mix (Q6_K output and every third attn_v/ffn_down, Q5_K fused QKV).
+MXFP4 is llama-quantize's MXFP4_MOE: expert tensors in MXFP4 (quantized by the gguf package), the rest at Q8_0.
 """
 
 from __future__ import annotations
@@ -311,7 +312,7 @@ def write_gguf(spec: ArchSpec, path: Path, tensors: dict[str, Array], vocab: lis
     writer = gguf.GGUFWriter(str(path), arch=spec.gguf_arch_name)
     a = spec.gguf_arch_name
     ftypes = {"F16": gguf.LlamaFileType.MOSTLY_F16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-              "Q4_K_M": gguf.LlamaFileType.MOSTLY_Q4_K_M}
+              "Q4_K_M": gguf.LlamaFileType.MOSTLY_Q4_K_M, "MXFP4": gguf.LlamaFileType.MOSTLY_MXFP4_MOE}
     writer.add_name(f"switchyard-{spec.key}")
     writer.add_file_type(ftypes[file_type])
     writer.add_context_length(spec.context)
@@ -349,7 +350,10 @@ def write_gguf(spec: ArchSpec, path: Path, tensors: dict[str, Array], vocab: lis
         if array.ndim == 1 or file_type == "F16" or name == "blk.0.ffn_gate_inp.weight" \
                 or name.endswith("ffn_gate_inp.weight"):
             writer.add_tensor(name, array.astype(np.float32) if array.ndim == 1 else array)
-        elif file_type == "Q8_0":
+        elif file_type == "MXFP4" and "_exps." in name:  # llama-quantize's MXFP4_MOE: experts in MXFP4 ...
+            mx = gguf.quants.quantize(array.astype(np.float32), gguf.GGMLQuantizationType.MXFP4)
+            writer.add_tensor(name, mx, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+        elif file_type in ("Q8_0", "MXFP4"):  # ... and everything else at Q8_0
             q8 = gguf.quants.quantize(array.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
             writer.add_tensor(name, q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:

@@ -1,35 +1,24 @@
-"""Model facts the memory estimator needs, from a GGUF header, a Hugging Face config.json (file, folder or Hub
-repo id) or the embedded demo model.
-
-The GGUF reader is deliberately small and bounded: it reads the header and tensor table only (never tensor data),
-caps every count, string and total header size, and turns any inconsistency into a ModelError. `gguf`'s own
-GGUFReader memory-maps the whole file and trusts the counts it finds, which is wrong for a fit check that must
-survive truncated downloads and arbitrary files; its constants (value and tensor types, block sizes) are reused.
+"""Model facts the memory estimator needs, from a GGUF file or split set (read by `gguf_file`'s bounded reader), a
+Hugging Face config.json (file, folder or Hub repo id) or the embedded demo model.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
 import re
-import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
+from gguf.constants import GGMLQuantizationType, LlamaFileType
 
 from desktop.core.common.errors import ModelError, SwitchyardError
-
-GGUF_MAGIC = b"GGUF"
-MAX_HEADER_BYTES = 512 * 1024 * 1024  # tokenizer arrays of 250k tokens take ~10 MiB; anything near this is garbage
-MAX_KV_COUNT = 100_000
-MAX_TENSOR_COUNT = 1_000_000
-MAX_ARRAY_LEN = 50_000_000
-MAX_STRING_BYTES = 64 * 1024 * 1024
-MAX_DIMS = 8
+from desktop.core.models.gguf_file import GGUF_MAGIC, read_gguf_model, set_stem, tensor_bytes
+from desktop.core.models.gguf_file import _BoundedReader as _BoundedReader  # the reader's API, here too
+from desktop.core.models.gguf_file import read_gguf_header as read_gguf_header
+from desktop.core.models.quants import FORMATS, weight_format
 
 # Models that are not causal LMs served by llama-server or vLLM's generate API.
 UNSUPPORTED_MODEL_TYPES = frozenset({
@@ -65,13 +54,15 @@ class ModelFacts:
     dtype: str | None = None  # bfloat16 | float16 | float32 (HF); the file type label for GGUF
     quantization: str | None = None  # awq | gptq | fp8 | bitsandbytes | gguf:<file type> | None
     quant_bits: float | None = None  # weight bits of the quantized layers
+    quant_kept: tuple[str, ...] = ()  # parts the quantization config keeps at 16 bits (attention, router, ...)
     weights_bytes: int | None = None  # exact (GGUF tensors, safetensors) when known
     nonrepeating_bytes: int | None = None  # token embedding + output head (stay whole on one device)
     embedding_bytes: int | None = None  # GGUF token_embd: llama.cpp keeps it in host memory
     has_output_tensor: bool = True  # False when the head is tied to the embedding (llama.cpp then copies it)
     tensor_types: dict[str, int] = field(default_factory=dict)  # GGUF: type -> tensor count
     tensor_type_bytes: dict[str, int] = field(default_factory=dict)  # GGUF: type -> bytes
-    path: str | None = None  # GGUF file or HF folder on disk
+    path: str | None = None  # GGUF file (a split set's first shard) or HF folder on disk
+    shards: int = 1  # files of a split GGUF set
     hf_dir: str | None = None  # a local HF folder vLLM can load, when there is one
     repo_id: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -95,132 +86,6 @@ class ModelFacts:
 
 # --- GGUF ---------------------------------------------------------------------------------------------
 
-class _BoundedReader:
-    """Sequential little-endian reads that fail cleanly past the file's end or the header budget."""
-
-    def __init__(self, handle: BinaryIO, size: int) -> None:
-        self.handle = handle
-        self.size = size
-        self.pos = 0
-
-    def read(self, n: int) -> bytes:
-        if n < 0 or self.pos + n > self.size:
-            raise ModelError("GGUF header is truncated or corrupt", "re-download the file")
-        if self.pos + n > MAX_HEADER_BYTES:
-            raise ModelError("GGUF header is implausibly large (corrupt file?)", "re-download the file")
-        data = self.handle.read(n)
-        if len(data) != n:
-            raise ModelError("GGUF header is truncated", "the download may be incomplete; re-download the file")
-        self.pos += n
-        return data
-
-    def skip(self, n: int) -> None:
-        if n < 0 or self.pos + n > self.size or self.pos + n > MAX_HEADER_BYTES:
-            raise ModelError("GGUF header is truncated or corrupt", "re-download the file")
-        self.handle.seek(n, io.SEEK_CUR)
-        self.pos += n
-
-    def unpack(self, fmt: str) -> Any:
-        return struct.unpack("<" + fmt, self.read(struct.calcsize("<" + fmt)))[0]
-
-
-_SCALAR_FORMATS: dict[int, str] = {
-    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
-    GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i", GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?",
-    GGUFValueType.UINT64: "Q", GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
-}
-
-
-def _read_string(reader: _BoundedReader) -> str:
-    length = reader.unpack("Q")
-    if length > MAX_STRING_BYTES:
-        raise ModelError("GGUF header has an implausible string length (corrupt file?)", "re-download the file")
-    return reader.read(length).decode("utf-8", errors="replace")
-
-
-def _read_value(reader: _BoundedReader, value_type: int, keep_arrays: bool) -> Any:
-    if value_type in _SCALAR_FORMATS:
-        return reader.unpack(_SCALAR_FORMATS[value_type])
-    if value_type == GGUFValueType.STRING:
-        return _read_string(reader)
-    if value_type == GGUFValueType.ARRAY:
-        item_type = reader.unpack("I")
-        count = reader.unpack("Q")
-        if count > MAX_ARRAY_LEN:
-            raise ModelError("GGUF header has an implausible array length (corrupt file?)", "re-download the file")
-        if item_type in _SCALAR_FORMATS:
-            width = struct.calcsize("<" + _SCALAR_FORMATS[item_type])
-            if keep_arrays and count <= 4096:
-                return list(struct.unpack(f"<{count}{_SCALAR_FORMATS[item_type]}", reader.read(width * count)))
-            reader.skip(width * count)
-            return count
-        if item_type == GGUFValueType.STRING:
-            for _ in range(count):  # strings must be walked; each read is bounded
-                reader.skip(reader.unpack("Q"))
-            return count
-        raise ModelError("GGUF header has nested or unknown array types (corrupt file?)", "re-download the file")
-    raise ModelError(f"GGUF header has an unknown value type {value_type} (corrupt or newer file)",
-                     "re-download the file or update Switchyard")
-
-
-@dataclass(frozen=True)
-class GgufHeader:
-    version: int
-    metadata: dict[str, Any]
-    tensors: list[tuple[str, tuple[int, ...], int]]  # name, shape, ggml type
-
-
-def read_gguf_header(path: str | Path) -> GgufHeader:
-    """Parse a GGUF file's metadata and tensor table (not its data). Raises ModelError on anything malformed."""
-    file = Path(path)
-    try:
-        size = file.stat().st_size
-        handle = file.open("rb")
-    except OSError as exc:
-        raise ModelError(f"cannot open {file}: {exc.strerror}", "check the path and permissions") from exc
-    with handle:
-        reader = _BoundedReader(handle, size)
-        if size < 4 or reader.read(4) != GGUF_MAGIC:
-            raise ModelError(f"{file.name} is not a GGUF file (no GGUF magic)",
-                             "pass a .gguf file, a config.json, a Hugging Face folder or a repo id")
-        version = reader.unpack("I")
-        if version not in (2, 3):
-            raise ModelError(f"{file.name}: unsupported GGUF version {version}", "re-download or convert the model")
-        n_tensors = reader.unpack("Q")
-        n_kv = reader.unpack("Q")
-        if n_tensors > MAX_TENSOR_COUNT or n_kv > MAX_KV_COUNT:
-            raise ModelError(f"{file.name}: GGUF header claims {n_tensors} tensors and {n_kv} keys (corrupt file?)",
-                             "re-download the file")
-        metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = _read_string(reader)
-            metadata[key] = _read_value(reader, reader.unpack("I"), keep_arrays=not key.startswith("tokenizer."))
-        tensors: list[tuple[str, tuple[int, ...], int]] = []
-        for _ in range(n_tensors):
-            name = _read_string(reader)
-            n_dims = reader.unpack("I")
-            if n_dims > MAX_DIMS:
-                raise ModelError(f"{file.name}: tensor {name!r} has {n_dims} dimensions (corrupt file?)",
-                                 "re-download the file")
-            shape = tuple(int(reader.unpack("Q")) for _ in range(n_dims))
-            ggml_type = reader.unpack("I")
-            reader.unpack("Q")  # data offset: not needed
-            tensors.append((name, shape, ggml_type))
-    return GgufHeader(version=version, metadata=metadata, tensors=tensors)
-
-
-def _tensor_bytes(shape: tuple[int, ...], ggml_type: int) -> int:
-    try:
-        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-    except (ValueError, KeyError):
-        raise ModelError(f"GGUF tensor has an unknown type {ggml_type} (newer llama.cpp format?)",
-                         "update Switchyard or re-convert the model") from None
-    elements = math.prod(shape) if shape else 1
-    if elements < 0 or elements > 2**50:
-        raise ModelError("GGUF tensor has an implausible shape (corrupt file?)", "re-download the file")
-    return (elements // block) * type_size
-
-
 def _file_type_label(value: Any) -> str | None:
     try:
         name = LlamaFileType(int(value)).name
@@ -230,8 +95,9 @@ def _file_type_label(value: Any) -> str | None:
 
 
 def facts_from_gguf(path: str | Path) -> ModelFacts:
-    header = read_gguf_header(path)
-    meta = header.metadata
+    """Facts of a GGUF file, or of the whole split set `path` is a shard of (sized over every shard)."""
+    model = read_gguf_model(path)
+    meta = model.metadata
     arch = str(meta.get("general.architecture", ""))
     if not arch:
         raise ModelError(f"{Path(path).name}: GGUF has no general.architecture", "re-convert the model")
@@ -260,8 +126,8 @@ def facts_from_gguf(path: str | Path) -> ModelFacts:
     has_output = False
     params = 0
     vocab = as_int(get("vocab_size"))
-    for name, shape, ggml_type in header.tensors:
-        nbytes = _tensor_bytes(shape, ggml_type)
+    for name, shape, ggml_type in model.tensors:
+        nbytes = tensor_bytes(shape, ggml_type)
         label = GGMLQuantizationType(ggml_type).name
         type_counts[label] = type_counts.get(label, 0) + 1
         type_bytes[label] = type_bytes.get(label, 0) + nbytes
@@ -292,7 +158,7 @@ def facts_from_gguf(path: str | Path) -> ModelFacts:
         elif arch.startswith("gemma2"):
             swa_layers = n_layers // 2
     return ModelFacts(
-        name=str(meta.get("general.name") or Path(path).stem), source="gguf", architecture=arch,
+        name=str(meta.get("general.name") or set_stem(model.path)), source="gguf", architecture=arch,
         n_layers=n_layers, hidden_size=hidden, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
         vocab_size=vocab or 32000, context_length=as_int(get("context_length")) or 4096,
         intermediate_size=as_int(get("feed_forward_length")), params=params or None,
@@ -302,8 +168,10 @@ def facts_from_gguf(path: str | Path) -> ModelFacts:
         kv_lora_rank=as_int(get("attention.kv_lora_rank")), qk_rope_head_dim=as_int(get("rope.dimension_count")),
         dtype=file_type, quantization=f"gguf:{file_type}" if file_type else "gguf",
         weights_bytes=total, nonrepeating_bytes=nonrepeating, embedding_bytes=embedding or None,
-        has_output_tensor=has_output or not header.tensors, tie_word_embeddings=not has_output, tensor_types=type_counts, tensor_type_bytes=type_bytes,
-        path=str(Path(path).resolve()),
+        has_output_tensor=has_output or not model.tensors, tie_word_embeddings=not has_output,
+        tensor_types=type_counts, tensor_type_bytes=type_bytes, path=str(model.path.resolve()),
+        shards=len(model.shards), notes=[f"a split GGUF: {len(model.shards)} shards, sized together; llama-server "
+                                         f"is given the first, {model.path.name}"] if len(model.shards) > 1 else [],
     )
 
 
@@ -320,6 +188,11 @@ def _first(cfg: dict[str, Any], *keys: str) -> Any:
 def _bits_for(quant: dict[str, Any]) -> tuple[str, float | None]:
     method = str(quant.get("quant_method") or quant.get("quantization") or "unknown").lower()
     bits = quant.get("bits") or quant.get("w_bit") or quant.get("weight_bits")
+    algo = str(quant.get("quant_algo") or "").lower()
+    if method in ("mxfp4", "gpt_oss_mxfp4"):
+        return "mxfp4", FORMATS["mxfp4"].bits
+    if method == "modelopt_fp4" or (method == "modelopt" and "nvfp4" in algo) or method == "nvfp4":
+        return "nvfp4", FORMATS["nvfp4"].bits
     if method in ("fp8", "fbgemm_fp8", "modelopt") or "fp8" in method:
         return "fp8", 8.0
     if method == "bitsandbytes":
@@ -328,14 +201,27 @@ def _bits_for(quant: dict[str, Any]) -> tuple[str, float | None]:
         groups = quant.get("config_groups") or {}
         for group in groups.values() if isinstance(groups, dict) else []:
             weights = (group or {}).get("weights") or {}
+            if weights.get("num_bits") == 4 and weights.get("type") == "float":  # nvfp4-pack-quantized
+                return "nvfp4", FORMATS["nvfp4"].bits
             if weights.get("num_bits"):
                 kind = "fp8" if weights.get("type") == "float" and weights.get("num_bits") == 8 else "int"
                 return ("fp8" if kind == "fp8" else f"int{weights['num_bits']}"), float(weights["num_bits"])
     return method, float(bits) if isinstance(bits, (int, float)) else (4.0 if method in ("awq", "gptq") else None)
 
 
-def estimate_params(facts: ModelFacts) -> int:
-    """Parameter count from the architecture (embeddings, attention, MLP or experts, norms)."""
+# The parts of a decoder a quantization config can keep at 16 bits (`modules_to_not_convert`, `ignore`,
+# `exclude_modules`), and the module-name fragments that say so.
+KEPT_PARTS: dict[str, tuple[str, ...]] = {
+    "attention": ("self_attn", "attn", "attention", "q_proj", "k_proj", "v_proj", "o_proj"),
+    "router": ("router", "mlp.gate", "block_sparse_moe.gate", "gate.weight"),
+    "embedding": ("embed_tokens", "wte", "tok_embeddings", "embedding"),
+    "head": ("lm_head", "output"),
+}
+
+
+def param_parts(facts: ModelFacts) -> dict[str, int]:
+    """Parameter counts by part (embedding, head, attention, mlp or experts + router, norms), from the
+    architecture: what a format that quantizes only some parts (MXFP4: the experts) needs to size a checkpoint."""
     h, layers = facts.hidden_size, facts.n_layers
     q = facts.n_heads * facts.head_dim
     kv = facts.n_kv_heads * facts.head_dim
@@ -343,13 +229,31 @@ def estimate_params(facts: ModelFacts) -> int:
     if facts.kv_lora_rank:
         attn = h * q + h * (facts.kv_lora_rank + (facts.qk_rope_head_dim or 64)) + facts.kv_lora_rank * 2 * q + q * h
     inter = facts.intermediate_size or 4 * h
+    parts = {"embedding": facts.vocab_size * h, "head": 0 if facts.tie_word_embeddings else facts.vocab_size * h,
+             "attention": layers * attn, "mlp": 0, "experts": 0, "router": 0, "norms": layers * 2 * h + h}
     if facts.is_moe:
-        expert_inter = facts.moe_intermediate_size or inter
-        mlp = (facts.n_experts or 1) * 3 * h * expert_inter + h * (facts.n_experts or 1)
+        experts = facts.n_experts or 1
+        parts["experts"] = layers * experts * 3 * h * (facts.moe_intermediate_size or inter)
+        parts["router"] = layers * h * experts
     else:
-        mlp = 3 * h * inter
-    embeddings = facts.vocab_size * h * (1 if facts.tie_word_embeddings else 2)
-    return int(embeddings + layers * (attn + mlp + 2 * h) + h)
+        parts["mlp"] = layers * 3 * h * inter
+    return parts
+
+
+def estimate_params(facts: ModelFacts) -> int:
+    """Parameter count from the architecture (embeddings, attention, MLP or experts, norms)."""
+    return int(sum(param_parts(facts).values()))
+
+
+def kept_parts(quant: dict[str, Any]) -> tuple[str, ...]:
+    """The parts a quantization config names as not converted (they stay at the checkpoint's 16 bits)."""
+    names: list[str] = []
+    for key in ("modules_to_not_convert", "ignore", "exclude_modules", "ignored_layers"):
+        value = quant.get(key)
+        if isinstance(value, list):
+            names.extend(str(v) for v in value)
+    return tuple(part for part, fragments in KEPT_PARTS.items()
+                 if any(fragment in name for name in names for fragment in fragments))
 
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "fp8": 1}
@@ -400,6 +304,7 @@ def facts_from_config(cfg: dict[str, Any], name: str | None = None, source: str 
             swa_layers = max(0, n_layers - max_window_layers)
     quant_cfg = cfg.get("quantization_config") or merged.get("quantization_config")
     quantization, bits = _bits_for(quant_cfg) if isinstance(quant_cfg, dict) else (None, None)
+    kept = kept_parts(quant_cfg) if isinstance(quant_cfg, dict) else ()
     dtype = str(_first(merged, "torch_dtype", "dtype") or cfg.get("torch_dtype") or "bfloat16")
     n_experts = _first(merged, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
     context = _first(merged, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length") or 4096
@@ -411,25 +316,32 @@ def facts_from_config(cfg: dict[str, Any], name: str | None = None, source: str 
         intermediate_size=_first(merged, "intermediate_size", "n_inner", "ffn_hidden_size"),
         sliding_window=window, swa_layers=swa_layers,
         n_experts=int(n_experts) if isinstance(n_experts, int) else None,
-        n_experts_active=_first(merged, "num_experts_per_tok", "moe_topk", "num_experts_per_token"),
+        n_experts_active=_first(merged, "num_experts_per_tok", "moe_topk", "num_experts_per_token", "experts_per_token"),
         moe_intermediate_size=_first(merged, "moe_intermediate_size", "expert_intermediate_size"),
         kv_lora_rank=merged.get("kv_lora_rank") if isinstance(merged.get("kv_lora_rank"), int) else None,
         qk_rope_head_dim=merged.get("qk_rope_head_dim") if isinstance(merged.get("qk_rope_head_dim"), int) else None,
         tie_word_embeddings=bool(merged.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
-        dtype=dtype, quantization=quantization, quant_bits=bits,
+        dtype=dtype, quantization=quantization, quant_bits=bits, quant_kept=kept,
     )
     params = estimate_params(facts)
     return _with(facts, params=params, weights_bytes=hf_weight_bytes(facts, params))
 
 
 def hf_weight_bytes(facts: ModelFacts, params: int | None = None) -> int:
-    """Bytes of the checkpoint as vLLM loads it: quantized layers at their bits, embeddings/head at 16 bits."""
+    """Bytes of the checkpoint as vLLM loads it: quantized layers at their bits, the rest at 16 bits: embeddings
+    and head always, the parts the config keeps (`quant_kept`), and all but the experts for an experts-only format
+    (MXFP4)."""
     params = params or facts.params or estimate_params(facts)
     if facts.quant_bits:
-        embed = facts.vocab_size * facts.hidden_size * (1 if facts.tie_word_embeddings else 2)
-        body = max(0, params - embed)
-        overhead = 1.0 if facts.quantization == "fp8" else 1.03  # group scales and zeros
-        return int(body * facts.quant_bits / 8 * overhead + embed * 2)
+        parts = param_parts(facts)
+        fmt = weight_format(facts.quantization)
+        if fmt is not None and fmt.experts_only:
+            quantized = parts["experts"]
+        else:
+            kept = {"embedding", "head", *facts.quant_kept}
+            quantized = max(0, params - sum(count for part, count in parts.items() if part in kept))
+        overhead = 1.0 if facts.quantization == "fp8" or fmt is not None else 1.03  # AWQ/GPTQ scales and zeros
+        return int(quantized * facts.quant_bits / 8 * overhead + (params - quantized) * 2)
     return int(params * _DTYPE_BYTES.get(str(facts.dtype).replace("torch.", ""), 2))
 
 

@@ -149,7 +149,7 @@ def parsers_for(model_path: Path) -> ChatParsers:
 def _identity(path: Path) -> tuple[str, str]:
     """(architecture, chat template) of a GGUF file or a Hugging Face folder."""
     if path.is_file():
-        from desktop.core.models.facts import read_gguf_header
+        from desktop.core.models.gguf_file import read_gguf_header
 
         meta = read_gguf_header(path).metadata
         return str(meta.get("general.architecture", "")), str(meta.get("tokenizer.chat_template") or "")

@@ -27,19 +27,22 @@ from desktop.core.common.defaults import DEFAULT_VLLM_CPU_KV_GIB, DEFAULT_VLLM_U
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import GIB, MIB, GpuInfo, HardwareSnapshot
-from desktop.core.models.facts import ModelFacts, estimate_params, facts_from_config, hf_weight_bytes
+from desktop.core.models.facts import (
+    ModelFacts,
+    facts_from_config,
+)
+from desktop.core.models.quants import vllm_capability_note, vllm_capability_refusal
+from desktop.core.planning.weights import (
+    CHECKPOINT_QUANTS,
+    DTYPE_BYTES,
+    VLLM_QUANTS,
+    llama_weight_bytes,
+    vllm_weight_bytes,
+)
 
 Verdict = Literal["yes", "partial", "no"]
 
 MAX_CTX = 16 * 1024 * 1024
-
-# Bits per weight over the whole file (embeddings included) for llama.cpp quantizations of Llama-like models.
-GGUF_BPW: dict[str, float] = {
-    "F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q6_K": 6.56, "Q5_K_M": 5.69, "Q5_K_S": 5.54,
-    "Q5_0": 5.5, "Q4_K_M": 4.89, "Q4_K_S": 4.58, "Q4_0": 4.55, "IQ4_NL": 4.5, "IQ4_XS": 4.25, "Q3_K_L": 4.27,
-    "Q3_K_M": 3.91, "Q3_K_S": 3.5, "IQ3_M": 3.66, "IQ3_XS": 3.3, "Q2_K": 3.35, "IQ2_M": 2.7, "IQ2_XS": 2.31,
-}
-GGUF_LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M")
 
 # llama.cpp KV cache element sizes (bytes per element; quantized types include their block scales).
 KV_TYPE_BYTES: dict[str, float] = {
@@ -47,13 +50,6 @@ KV_TYPE_BYTES: dict[str, float] = {
     "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32,
 }
 
-# vLLM quantization choices for config-only models: name -> (weight bits, vLLM --quantization value or None).
-VLLM_QUANTS: dict[str, tuple[float | None, str | None]] = {
-    "bf16": (None, None), "fp16": (None, None), "auto": (None, None), "fp8": (8.0, "fp8"),
-    "int8": (8.0, None), "awq": (4.0, "awq"), "gptq": (4.0, "gptq"), "int4": (4.0, None), "w4a16": (4.0, None),
-}
-
-CHECKPOINT_QUANTS = frozenset({"awq", "gptq"})  # only a checkpoint quantized that way can be served that way
 LLAMA_CUDA_CONTEXT_BYTES = 350 * MIB  # CUDA context + cuBLAS handles per GPU; not in llama.cpp's logs
 LLAMA_ROCM_CONTEXT_BYTES = 450 * MIB
 VLLM_DRIVER_RESERVED_BYTES = int(0.45 * GIB)  # NVML total minus what torch/cudaMemGetInfo reports as total
@@ -66,7 +62,6 @@ VLLM_BIG_GPU_BYTES = 70 * GIB  # from here vLLM's serve default max_num_batched_
 VLLM_DEFAULT_UTILIZATION = DEFAULT_VLLM_UTILIZATION
 VLLM_CPU_DEFAULT_KV_GIB = DEFAULT_VLLM_CPU_KV_GIB  # VLLM_CPU_KVCACHE_SPACE assumed (and then set) when none is given
 LLAMA_DEFAULT_UBATCH = 512  # llama-server's default --ubatch-size
-DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
 def backend_for(engine: str, hardware: HardwareSnapshot) -> str:
@@ -239,33 +234,6 @@ def _kv_width(facts: ModelFacts) -> int:
     return 2 * facts.n_kv_heads * facts.head_dim
 
 
-def _gguf_quant_label(label: str | None) -> str | None:
-    if not label:
-        return None
-    upper = label.upper()
-    return upper if upper in GGUF_BPW else None
-
-
-def llama_weight_bytes(facts: ModelFacts, quant: str | None) -> tuple[int, str]:
-    """Weights as llama.cpp will load them: the GGUF's real tensor bytes, or params x bits-per-weight."""
-    wanted = _gguf_quant_label(quant)
-    if quant and not wanted:
-        raise SwitchyardError(f"unknown GGUF quantization '{quant}'", f"use one of: {', '.join(GGUF_BPW)}")
-    current = _gguf_quant_label(facts.gguf_type)
-    if facts.is_gguf and facts.weights_bytes and (wanted is None or wanted == current):
-        return facts.weights_bytes, current or (facts.gguf_type or "gguf")
-    params = facts.params or 0
-    if not params:
-        raise SwitchyardError(f"cannot size {facts.name}: parameter count unknown")
-    if wanted:
-        label = wanted
-    elif facts.quant_bits:
-        label = "Q4_K_M" if facts.quant_bits <= 4.5 else "Q8_0"
-    else:
-        label = "BF16" if facts.dtype == "bfloat16" else "F16"
-    return int(params * GGUF_BPW[label] / 8), label
-
-
 # --- llama.cpp ------------------------------------------------------------------------------------------
 
 def _llama_cells(facts: ModelFacts, ctx: int, parallel: int, ubatch: int) -> tuple[int, int]:
@@ -352,6 +320,8 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
     if kv_type != "f16" and kv_type not in ("f32", "bf16") and not flash:
         notes.append("a quantized V cache needs flash attention (-fa on)")
     weights, quant = llama_weight_bytes(facts, s.quant)
+    if quant == "MXFP4" and not facts.is_moe and not facts.is_gguf:
+        notes.append("MXFP4 quantizes MoE experts only: llama-quantize's MXFP4_MOE leaves a dense model at Q8_0")
     kv = _llama_kv_bytes(facts, ctx, s.parallel, s.ubatch, kv_type)
     compute = _llama_compute_bytes(facts, ctx, s.ubatch, flash, s.parallel)
     n_layers = facts.n_layers
@@ -433,31 +403,6 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
 
 # --- vLLM -----------------------------------------------------------------------------------------------
 
-def vllm_weight_bytes(facts: ModelFacts, quant: str | None, dtype: str = "auto") -> tuple[int, str]:
-    """Bytes vLLM loads: the checkpoint's own size, or params at the requested quantization or --dtype."""
-    if quant is None and dtype in DTYPE_BYTES and not facts.quant_bits:
-        # an explicit --dtype casts an unquantized checkpoint: float32 is twice bf16
-        label = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16"}.get(dtype, "fp16")
-        return int((facts.params or estimate_params(facts)) * DTYPE_BYTES[dtype]), label
-    if quant is None:
-        if facts.is_gguf:
-            # vLLM would load the HF checkpoint of this architecture in BF16 (its GGUF path is experimental).
-            bf16 = replace(facts, quant_bits=None, quantization=None, dtype="bfloat16")
-            return hf_weight_bytes(bf16, facts.params), "bf16"
-        label = facts.quantization or (facts.dtype or "bf16").replace("bfloat16", "bf16").replace("float16", "fp16")
-        return facts.weights_bytes or hf_weight_bytes(facts), label
-    key = quant.lower()
-    if key not in VLLM_QUANTS:
-        raise SwitchyardError(f"unknown vLLM quantization '{quant}'", f"use one of: {', '.join(VLLM_QUANTS)}")
-    bits, _flag = VLLM_QUANTS[key]
-    if facts.quantization and not facts.is_gguf and facts.weights_bytes:
-        if bits == facts.quant_bits or (bits is None and facts.quant_bits is None):
-            return facts.weights_bytes, key
-    variant = replace(facts, quant_bits=bits, quantization=key if bits else None,
-                      dtype="bfloat16" if bits is None else facts.dtype)
-    return hf_weight_bytes(variant, facts.params), key
-
-
 def vllm_kv_bytes_per_token(facts: ModelFacts, tp: int, kv_cache_dtype: str, max_model_len: int,
                             dtype: str = "auto") -> float:
     """KV bytes per token per GPU as vLLM pages it (heads split across ranks, replicated below one head).
@@ -515,6 +460,13 @@ def _vllm_activation_bytes(facts: ModelFacts, batched: int, max_num_seqs: int, t
 
 def _vllm_cuda_graph_bytes(facts: ModelFacts) -> int:
     return int((0.3 + 0.006 * facts.n_layers) * GIB)
+
+
+def _capability(gpu: GpuInfo) -> float:
+    try:
+        return float(gpu.compute_capability or 0)
+    except ValueError:
+        return 0.0
 
 
 def vllm_group(hw: HardwareSnapshot, tp: int) -> list[GpuInfo]:
@@ -605,6 +557,13 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
                      f"{_gib(gpu.other_processes_bytes):.2f} GiB); vLLM refuses to start below its budget of "
                      f"{_gib(budget):.2f} GiB" + (f": lower gpu_memory_utilization to {fraction:.2f}"
                                                    if fraction > 0.05 else ""))
+    capability = min((_capability(g) for g in group if g.vendor == "nvidia"), default=0.0)
+    refusal = vllm_capability_refusal(quant, gpu.name, capability)
+    if refusal is not None:
+        verdict = "no"
+        notes.insert(0, refusal)
+    elif (how := vllm_capability_note(quant, capability)) is not None:
+        notes.append(how)
     if s.kv_cache_dtype.startswith("fp8"):
         notes.append("fp8 KV cache halves KV memory; accuracy loss is usually small")
     concurrency = round(tokens / max_len, 2) if max_len else None
@@ -647,10 +606,10 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
             # vLLM cannot quantize to AWQ/GPTQ while loading ("Cannot find the config file for awq"): a what-if
             # for a checkpoint of that kind, never a flag on these weights
             flag = None
+            why = f"vLLM cannot quantize to {vquant.upper()} while loading; " if vquant in ("awq", "gptq") else ""
             result = replace(result, settings={**result.settings, "needs_checkpoint": vquant},
-                             notes=[*result.notes, f"what if only: vLLM cannot quantize to {vquant.upper()} while "
-                                    f"loading; these numbers are for a {vquant.upper()} checkpoint of this model "
-                                    "(download one from the Hub), not for these weights"])
+                             notes=[*result.notes, f"what if only: {why}these numbers are for a {vquant.upper()} "
+                                    "checkpoint of this model (download one from the Hub), not for these weights"])
         if quant in ("bf16", "fp16") and plan.dtype == "auto":
             if vllm_weight_bytes(facts, None)[1] != vquant:  # a cast (bf16 checkpoint served as fp16): say so
                 plan = replace(plan, dtype="bfloat16" if vquant == "bf16" else "float16")
@@ -797,120 +756,3 @@ def size_vllm(facts: ModelFacts, hardware: HardwareSnapshot, base: LaunchPlan, *
                                     and (result.max_concurrency or 0) > (fallback.max_concurrency or 0)):
                 fallback = result
     return fallback
-
-
-@dataclass(frozen=True)
-class TensorParallelChoice:
-    tensor_parallel_size: int
-    reason: str
-    fit: FitResult | None
-
-
-def target_hardware(gpu_name: str, gpus: int) -> HardwareSnapshot:
-    """An idle target machine with `gpus` of the table's `gpu_name` (for export and `--gpu` answers)."""
-    from desktop.core.machine.hardware import CpuInfo, hypothetical
-
-    base = HardwareSnapshot(gpus=[], cpu=CpuInfo("target host", "x86_64", 64, 128), ram_total_bytes=1024 * GIB,
-                            ram_available_bytes=1024 * GIB, disk_free_bytes=None, os="Linux", label="target")
-    return hypothetical(base, gpu_name=gpu_name, gpu_count=gpus)
-
-
-def choose_tensor_parallel(model_config: dict[str, Any], gpu_spec: Any, gpus: int, *, max_model_len: int = 8192,
-                           min_concurrency: float = 8.0, max_num_seqs: int = 256) -> TensorParallelChoice:
-    """Export's tensor-parallel size: `size_vllm` (the rule recommend uses) at the checkpoint's own precision.
-
-    A server that merely starts, with room for two long requests, is no production launch plan: that is why the
-    concurrency floor decides, and the reason says which rule chose.
-    """
-    facts = facts_from_config(model_config)
-    target = target_hardware(gpu_spec.name, gpus)
-    base = sizing_plan("vllm", ctx_per_request=max_model_len, slots=max_num_seqs)
-    result = size_vllm(facts, target, base, concurrency=min_concurrency)
-    if result is None or result.plan is None:
-        raise SwitchyardError(f"the model does not fit on {gpus}x {gpu_spec.name} with vLLM at max_model_len "
-                              f"{max_model_len}", "use more or larger GPUs, a quantized variant, or a shorter max_model_len")
-    tp = result.plan.tensor_parallel
-    if (result.max_concurrency or 0) >= min_concurrency:
-        return TensorParallelChoice(tp, (
-            f"TP {tp} on {gpu_spec.name}: {result.weights_gib:.1f} GiB weights per GPU leave KV for "
-            f"{result.max_concurrency:.1f} concurrent {max_model_len}-token requests (≥ {min_concurrency:g})"), result)
-    return TensorParallelChoice(tp, (
-        f"TP {tp} on {gpu_spec.name}: the size that holds the most; only {result.max_concurrency or 0:.1f} "
-        f"concurrent {max_model_len}-token requests fit (no size up to {gpus} GPUs reaches {min_concurrency:g})"),
-        result)
-
-
-# --- a sleeping vLLM: what it still holds ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SleepFootprint:
-    """What a vLLM put to sleep still holds, per GPU of its group and in host RAM (bytes)."""
-
-    level: int
-    gpu_bytes_per_gpu: int  # CUDA context, cuBLAS/NCCL, the CUDA-graph pool: not in vLLM's CuMemAllocator pools
-    host_bytes: int  # level 1: the weights, offloaded to pinned host RAM; level 2: discarded
-
-
-def sleeping_vllm_footprint(result: FitResult, level: int = 1) -> SleepFootprint:
-    """vLLM's worker `sleep()` releases only its CuMemAllocator pools (weights, KV cache) and logs "Sleep mode
-    freed X GiB, Y GiB memory is still in use": the CUDA context, non-torch buffers and the CUDA-graph pool stay
-    on every GPU. Level 1 keeps the weights in pinned host RAM (all ranks together), level 2 drops them."""
-    if level not in (1, 2):
-        raise SwitchyardError(f"vLLM sleep level must be 1 or 2, not {level}")
-    if result.engine != "vllm" or result.device == "CPU":
-        raise SwitchyardError("only vLLM on a GPU has a sleep mode")
-    breakdown = result.breakdown
-    context = int(VLLM_DRIVER_RESERVED_BYTES // 2)  # the CUDA context itself (not part of non_torch's buffers)
-    leftover = int((breakdown.get("non_torch", 0.0) + breakdown.get("cuda_graphs", 0.0)) * GIB) + context
-    tp = result.plan.tensor_parallel if result.plan is not None else 1
-    host = int(result.weights_gib * GIB) * tp if level == 1 else 0
-    return SleepFootprint(level, leftover, host)
-
-
-SLEEP_HOST_MARGIN_BYTES = 2 * GIB  # what the rest of the machine keeps after the weights are pinned
-
-
-def level1_sleep_allowed(weights_bytes: int, ram_available_bytes: int, next_host_bytes: int = 0) -> bool:
-    """Whether host RAM can take the weights a level-1 sleep pins there, beside the next engine's RAM part and
-    a margin. When not, the manager stops the vLLM instead (a level-2 wake must reload the weights itself)."""
-    return weights_bytes + next_host_bytes + SLEEP_HOST_MARGIN_BYTES <= ram_available_bytes
-
-
-def sleep_level(result: FitResult, hardware: HardwareSnapshot, next_host_bytes: int = 0) -> int:
-    """1 when host RAM holds the weights a level-1 sleep pins (plus what the next engine needs in RAM and a
-    margin), else 2 (weights dropped: the wake reloads them from disk)."""
-    need = sleeping_vllm_footprint(result, 1).host_bytes + next_host_bytes + SLEEP_HOST_MARGIN_BYTES
-    return 1 if need <= hardware.ram_available_bytes else 2
-
-
-def hardware_with_sleeping(hardware: HardwareSnapshot, footprint: SleepFootprint,
-                           gpus: list[GpuInfo]) -> HardwareSnapshot:
-    """`hardware` as the next engine finds it while that vLLM sleeps on `gpus`: their free memory less what the
-    sleeper still holds, RAM available less the pinned weights. The next engine is sized against this."""
-    held = {id(g) for g in gpus}
-    keys = {(g.uuid, g.index) for g in gpus}
-    changed = []
-    for gpu in hardware.gpus:
-        if id(gpu) in held or (gpu.uuid, gpu.index) in keys:
-            free = max(0, gpu.memory_free_bytes - footprint.gpu_bytes_per_gpu)
-            gpu = replace(gpu, memory_free_bytes=free, memory_used_bytes=gpu.memory_total_bytes - free,
-                          other_processes_bytes=gpu.other_processes_bytes + footprint.gpu_bytes_per_gpu)
-        changed.append(gpu)
-    return replace(hardware, gpus=changed,
-                   ram_available_bytes=max(0, hardware.ram_available_bytes - footprint.host_bytes))
-
-
-def plan_after_sleep(result: FitResult, hardware: HardwareSnapshot, next_host_bytes: int = 0,
-                     next_gpu_bytes: int = 0) -> tuple[int | None, HardwareSnapshot]:
-    """How to put a vLLM away before the next engine starts: the sleep level (1, 2, or None = stop it), and the
-    hardware the next engine is planned against. Level 1 needs host RAM for the weights; any level needs the
-    next engine's GPU part (`next_gpu_bytes`, 0 = unknown) to fit beside the sleeper's leftovers."""
-    if result.plan is None:
-        return None, hardware
-    gpus = sized_gpus("vllm", hardware, result.plan)
-    level = sleep_level(result, hardware, next_host_bytes)
-    footprint = sleeping_vllm_footprint(result, level)
-    after = hardware_with_sleeping(hardware, footprint, gpus)
-    if next_gpu_bytes and gpus and sum(g.memory_free_bytes for g in after.gpus) < next_gpu_bytes:
-        return None, hardware  # the leftovers would not leave room: stop it instead
-    return level, after

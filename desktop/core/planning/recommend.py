@@ -12,7 +12,9 @@ Defaults, replaced by this machine's history when `evidence` (desktop.core.plann
   interpolated on log2(concurrency). Every figure is tagged measured (run id and date) or default.
 The 10% margin vLLM must win by covers the uncertainty of default figures; measured figures decide as measured.
 vLLM is a candidate for Hugging Face checkpoints on CUDA/ROCm GPUs and on CPUs (its CPU build); llama.cpp runs
-everywhere, from a GGUF ladder Q8_0 -> Q6_K -> Q5_K_M -> Q4_K_M -> IQ4_XS -> Q3_K_M (first that fits fully wins).
+everywhere, from a GGUF ladder Q8_0 -> Q6_K -> Q5_K_M -> Q4_K_M -> IQ4_XS -> Q3_K_M (first that fits fully wins;
+MoE models also try MXFP4 experts after Q4_K_M, and an MXFP4 checkpoint such as gpt-oss starts at its MXFP4 GGUF).
+vLLM is not a candidate for a checkpoint format the GPU's compute capability cannot run (MXFP4 below 8.0).
 vLLM is sized by `fit.size_vllm`, the rule export uses too: bf16 at the smallest tensor-parallel size whose KV
 cache holds the workload's concurrency, then fp8 (quantized while loading, so it runs on the checkpoint as is).
 A 4-bit rung is only ever offered (download an AWQ checkpoint), never launched on bf16 weights: vLLM cannot
@@ -32,8 +34,10 @@ from desktop.core.engines.base import LaunchPlan
 from desktop.core.engines.runtimes import engine_supported
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts
+from desktop.core.models.quants import vllm_capability_refusal
 from desktop.core.planning.evidence import Evidence, Figure, corrected_fit, default, memory_checks
-from desktop.core.planning.fit import GGUF_LADDER, FitResult, estimate, size_vllm, vllm_utilization
+from desktop.core.planning.fit import FitResult, estimate, size_vllm, vllm_utilization
+from desktop.core.planning.weights import gguf_ladder
 
 DEFAULT_COLD_START_S = {"llama.cpp": 20.0, "vllm": 120.0}
 DEFAULT_CPU_COLD_START_S = {"llama.cpp": 20.0, "vllm": 60.0}
@@ -153,6 +157,10 @@ def _vllm_blocker(facts: ModelFacts, hw: HardwareSnapshot) -> str | None:
         return None  # vLLM's CPU build: whether it wins here is for measurements (or the stated default) to say
     if facts.is_gguf and not facts.hf_dir and facts.source != "demo":
         return "the model is a GGUF file; vLLM serves Hugging Face safetensors checkpoints (its GGUF support is experimental)"
+    for gpu in hw.cuda_gpus:
+        refusal = vllm_capability_refusal(facts.quantization, gpu.name, _cc(gpu.compute_capability or "0"))
+        if refusal is not None:
+            return refusal
     return None
 
 
@@ -166,7 +174,7 @@ def _cc(text: str) -> float:
 def _llama_candidates(facts: ModelFacts) -> list[str | None]:
     if facts.is_gguf:
         return [None]  # the file's own quantization
-    return list(GGUF_LADDER)
+    return list(gguf_ladder(facts))
 
 
 def _best_llama(facts: ModelFacts, hw: HardwareSnapshot, base: LaunchPlan, notes: list[str]) -> FitResult | None:
@@ -175,7 +183,7 @@ def _best_llama(facts: ModelFacts, hw: HardwareSnapshot, base: LaunchPlan, notes
     candidates = _llama_candidates(facts)
     if cpu_only and len(candidates) > 1:
         # On a CPU, generation speed is memory bandwidth / model bytes: start at Q4_K_M, the usual sweet spot.
-        candidates = [q for q in candidates if q in ("Q4_K_M", "IQ4_XS", "Q3_K_M")]
+        candidates = [q for q in candidates if q in ("Q4_K_M", "MXFP4", "IQ4_XS", "Q3_K_M")]
         notes.append("CPU only: Q4_K_M is the usual balance of quality and speed (speed ~ bandwidth / model size)")
     tight: FitResult | None = None
     for kv_type in ("f16", "q8_0"):

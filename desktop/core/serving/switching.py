@@ -19,9 +19,10 @@ from desktop.core.common import unixhttp
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import HardwareSnapshot
-from desktop.core.planning.fit import estimate, plan_after_sleep
+from desktop.core.planning.fit import estimate
 from desktop.core.planning.launch import SECRET_ENV, PlanRefused, planned_command
 from desktop.core.planning.planner import ask_key
+from desktop.core.planning.sleep import plan_after_sleep
 from desktop.core.planning.swap import engine_need, plan_facts
 from desktop.core.runtime.proctree import tree_rss
 from desktop.core.runtime.supervisor import EngineState

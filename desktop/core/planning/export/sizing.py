@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from desktop.core.common.errors import SwitchyardError
+from desktop.core.models.quants import FORMATS
 
 GIB = 1024**3
 WEIGHT_OVERHEAD = 1.2
@@ -27,7 +28,8 @@ DTYPE_BYTES = {
 }
 # Bytes per weight for vLLM quantization methods (packed 4-bit formats carry scales: a little over 0.5).
 QUANT_BYTES = {"awq": 0.56, "gptq": 0.56, "awq_marlin": 0.56, "gptq_marlin": 0.56, "bitsandbytes": 0.56,
-               "fp8": 1.0, "compressed-tensors": 1.0, "mxfp4": 0.53, "nvfp4": 0.56}
+               "fp8": 1.0, "compressed-tensors": 1.0,
+               **{name: fmt.bits / 8 for name, fmt in FORMATS.items()}}  # mxfp4, nvfp4: the fit's table
 
 
 @dataclass(frozen=True)
@@ -216,10 +218,8 @@ def _from_fit_module(model_config: Mapping[str, Any], spec: Any, gpus: int,
                      max_model_len: int | None, concurrency: float) -> ParallelChoice | None:
     """vLLM's own accounting from `desktop.core.planning.fit` (weights, activation peak, KV for a concurrency
     floor): `fit.size_vllm`, the same rule `recommend` sizes with."""
-    from desktop.core.planning import fit
-
     try:
-        choice = fit.choose_tensor_parallel(dict(model_config), spec, gpus, max_model_len=max_model_len or 8192,
+        choice = choose_tensor_parallel(dict(model_config), spec, gpus, max_model_len=max_model_len or 8192,
                                             min_concurrency=concurrency)
     except SwitchyardError:
         return None  # the arithmetic below explains what does not fit
@@ -228,3 +228,50 @@ def _from_fit_module(model_config: Mapping[str, Any], spec: Any, gpus: int,
         return None
     return ParallelChoice(tp, 1, round(result.weights_gib * tp, 2), round(result.total_gib * tp, 2),
                           round(result.available_gib * tp, 2), f"tensor parallel {tp}: {choice.reason}")
+
+
+@dataclass(frozen=True)
+class TensorParallelChoice:
+    tensor_parallel_size: int
+    reason: str
+    fit: Any  # the FitResult that chose it
+
+
+def target_hardware(gpu_name: str, gpus: int) -> Any:
+    """An idle target machine with `gpus` of the table's `gpu_name` (for export and `--gpu` answers)."""
+    from desktop.core.machine.hardware import GIB as BYTES_PER_GIB
+    from desktop.core.machine.hardware import CpuInfo, HardwareSnapshot, hypothetical
+
+    base = HardwareSnapshot(gpus=[], cpu=CpuInfo("target host", "x86_64", 64, 128), ram_total_bytes=1024 * BYTES_PER_GIB,
+                            ram_available_bytes=1024 * BYTES_PER_GIB, disk_free_bytes=None, os="Linux", label="target")
+    return hypothetical(base, gpu_name=gpu_name, gpu_count=gpus)
+
+
+def choose_tensor_parallel(model_config: dict[str, Any], gpu_spec: Any, gpus: int, *, max_model_len: int = 8192,
+                           min_concurrency: float = 8.0, max_num_seqs: int = 256) -> TensorParallelChoice:
+    """Export's tensor-parallel size: `size_vllm` (the rule recommend uses) at the checkpoint's own precision.
+
+    A server that merely starts, with room for two long requests, is no production launch plan: that is why the
+    concurrency floor decides, and the reason says which rule chose.
+    """
+    from desktop.core.models.facts import facts_from_config
+    from desktop.core.planning.fit import size_vllm, sizing_plan
+
+    facts = facts_from_config(model_config)
+    target = target_hardware(gpu_spec.name, gpus)
+    base = sizing_plan("vllm", ctx_per_request=max_model_len, slots=max_num_seqs)
+    result = size_vllm(facts, target, base, concurrency=min_concurrency)
+    if result is None or result.plan is None:
+        raise SwitchyardError(f"the model does not fit on {gpus}x {gpu_spec.name} with vLLM at max_model_len "
+                              f"{max_model_len}", "use more or larger GPUs, a quantized variant, or a shorter max_model_len")
+    tp = result.plan.tensor_parallel
+    if (result.max_concurrency or 0) >= min_concurrency:
+        return TensorParallelChoice(tp, (
+            f"TP {tp} on {gpu_spec.name}: {result.weights_gib:.1f} GiB weights per GPU leave KV for "
+            f"{result.max_concurrency:.1f} concurrent {max_model_len}-token requests (≥ {min_concurrency:g})"), result)
+    return TensorParallelChoice(tp, (
+        f"TP {tp} on {gpu_spec.name}: the size that holds the most; only {result.max_concurrency or 0:.1f} "
+        f"concurrent {max_model_len}-token requests fit (no size up to {gpus} GPUs reaches {min_concurrency:g})"),
+        result)
+
+

@@ -1,0 +1,31 @@
+"""Write a GGUF file again as a split set with gguf-py's own split writer (what `convert_hf_to_gguf.py
+--split-max-tensors` uses; gguf-split writes the same keys and names), so split sets are tested without downloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+
+
+def split_gguf(source: Path, folder: Path, max_tensors: int, small_first_shard: bool = False) -> list[Path]:
+    """`source` rewritten into `folder` as NAME-0000K-of-0000N.gguf, at most `max_tensors` tensors per shard;
+    `small_first_shard`: the first shard holds the metadata only (gguf-split's --no-tensor-first-split)."""
+    reader = gguf.GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    folder.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(folder / source.name, arch=arch, split_max_tensors=max_tensors,
+                             small_first_shard=small_first_shard)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return sorted(folder.glob(f"{source.stem}-*-of-*.gguf"))
