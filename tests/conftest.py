@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import ssl
 import subprocess
 import sys
@@ -43,6 +44,11 @@ def _gc_guard(phase: str, info: dict[str, int]) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Tests stop their `switchyard serve` children with SIGINT, as Ctrl-C does. A suite started in the background
+    # of a non-interactive shell (`cmd &`) inherits SIGINT ignored, and an ignored signal stays ignored across
+    # exec: the children would never stop. A handled one is reset to the default in them.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     gc.callbacks.append(_gc_guard)
     # As in the app (desktop/ui/gc_policy.py): no automatic collection on any thread. The main thread collects
     # after each test (below) and, in GUI tests, from the app's GUI-thread timer while the event loop runs.
