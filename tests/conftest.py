@@ -194,6 +194,15 @@ def self_signed(tmp_path_factory: pytest.TempPathFactory) -> ssl.SSLContext:
     return context
 
 
+def installed_vllm_package() -> Path | None:
+    """The pinned vLLM's own source (its site-packages folder), to check tables against; None when not installed."""
+    install = get_adapter("vllm").find_install()
+    if install is None:
+        return None
+    found = sorted(Path(install.executable).parent.parent.glob("lib/python3*/site-packages/vllm"))
+    return found[0] if found else None
+
+
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`switchyard ARGS` as its own process, to its end (stdout and stderr captured)."""
     return subprocess.run([sys.executable, "-m", "desktop", *args], capture_output=True, text=True,  # noqa: S603

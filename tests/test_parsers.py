@@ -10,6 +10,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from conftest import installed_vllm_package
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines import get_adapter
@@ -78,18 +79,10 @@ def test_every_name_in_the_table_is_one_the_pinned_vllm_registers() -> None:
         assert family.source.startswith("https://"), family.name
 
 
-def _installed_vllm_package() -> Path | None:
-    install = get_adapter("vllm").find_install()
-    if install is None:
-        return None
-    found = sorted(Path(install.executable).parent.parent.glob("lib/python3*/site-packages/vllm"))
-    return found[0] if found else None
-
-
 def test_the_name_lists_are_the_installed_vllms_registries() -> None:
     """Read from the pinned vLLM's own registries (vllm/tool_parsers, vllm/reasoning), not from memory: a vLLM
     upgrade that renames a parser fails here."""
-    package = _installed_vllm_package()
+    package = installed_vllm_package()
     if package is None:
         pytest.skip("vLLM is not installed here (`switchyard engines install vllm`)")
     registered = re.compile(r'^\s+"([\w.\-]+)": \(', re.M)

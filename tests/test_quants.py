@@ -11,9 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import installed_vllm_package, run_cli
 
-from desktop.core.engines import get_adapter
 from desktop.core.machine.hardware import GIB, HardwareSnapshot
 from desktop.core.models.facts import facts_from_config, facts_from_path, hf_weight_bytes, param_parts
 from desktop.core.models.quants import FORMATS
@@ -156,17 +155,9 @@ def test_the_export_sizing_reads_the_same_table() -> None:
         assert QUANT_BYTES[name] == fmt.bits / 8
 
 
-def _installed_vllm_package() -> Path | None:
-    install = get_adapter("vllm").find_install()
-    if install is None:
-        return None
-    found = sorted(Path(install.executable).parent.parent.glob("lib/python3*/site-packages/vllm"))
-    return found[0] if found else None
-
-
 def test_the_capabilities_are_the_installed_vllms() -> None:
     """Read from the pinned vLLM's quantization configs, not from memory: an upgrade that moves a floor fails here."""
-    package = _installed_vllm_package()
+    package = installed_vllm_package()
     if package is None:
         pytest.skip("vLLM is not installed here (`switchyard engines install vllm`)")
     quantization = package / "model_executor" / "layers" / "quantization"
