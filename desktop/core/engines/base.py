@@ -81,6 +81,7 @@ class LaunchPlan:
     dtype: str = "auto"  # the checkpoint's own; "float32" only where needed (the demo on vLLM's CPU backend)
     quantization: str | None = None  # vLLM --quantization (fp8 on the fly); llama.cpp: the file's own
     gpu_layers: int | None = None  # llama.cpp --n-gpu-layers
+    n_cpu_moe: int | None = None  # llama.cpp --n-cpu-moe: the MoE experts of the first N layers stay in RAM
     kv_cache_type: str | None = None  # llama.cpp --cache-type-k/v (f16, q8_0 ...); vLLM --kv-cache-dtype (auto, fp8)
     flash_attn: bool | None = None  # llama.cpp -fa on/off
     ubatch: int | None = None  # llama.cpp --ubatch-size

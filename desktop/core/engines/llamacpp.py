@@ -75,7 +75,8 @@ class LlamaCppAdapter(EngineAdapter):
     model_format = "gguf"
     aliases = ("llamacpp", "llama-cpp", "llama", "llama-server")
     dry_run_executable = "llama-server"
-    plan_fields = frozenset({"gpu_layers", "kv_cache_type", "flash_attn", "ubatch", "env", "extra_args"})
+    plan_fields = frozenset({"gpu_layers", "n_cpu_moe", "kv_cache_type", "flash_attn", "ubatch", "env",
+                             "extra_args"})
     anthropic_messages = True  # llama-server's /v1/messages (this build)
     closes_after_stream = True  # seen with 11434: the connection is closed after every streamed answer
     log_markers = (
@@ -430,6 +431,8 @@ def plan_args(plan: LaunchPlan) -> list[str]:
     args = ["--ctx-size", str(plan.llama_ctx_size), "--parallel", str(plan.slots)]
     if plan.gpu_layers is not None:
         args += ["--n-gpu-layers", str(plan.gpu_layers)]
+    if plan.n_cpu_moe:
+        args += ["--n-cpu-moe", str(plan.n_cpu_moe)]
     if plan.kv_cache_type is not None and plan.kv_cache_type != "f16":
         args += ["--cache-type-k", plan.kv_cache_type, "--cache-type-v", plan.kv_cache_type]
     if plan.flash_attn is not None:

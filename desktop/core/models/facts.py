@@ -20,6 +20,10 @@ from desktop.core.models.gguf_file import _BoundedReader as _BoundedReader  # th
 from desktop.core.models.gguf_file import read_gguf_header as read_gguf_header
 from desktop.core.models.quants import FORMATS, weight_format
 
+# llama.cpp's LLM_FFN_EXPS_REGEX (common.h: `\.ffn_(up|down|gate|gate_up)_(ch|)exps`), the tensors --n-cpu-moe and
+# --cpu-moe keep in RAM, with the layer number in front.
+EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(?:up|down|gate|gate_up)_(?:ch|)exps")
+
 # Models that are not causal LMs served by llama-server or vLLM's generate API.
 UNSUPPORTED_MODEL_TYPES = frozenset({
     "bert", "roberta", "distilbert", "xlm-roberta", "electra", "deberta", "deberta-v2", "t5", "mt5", "bart",
@@ -58,6 +62,9 @@ class ModelFacts:
     weights_bytes: int | None = None  # exact (GGUF tensors, safetensors) when known
     nonrepeating_bytes: int | None = None  # token embedding + output head (stay whole on one device)
     embedding_bytes: int | None = None  # GGUF token_embd: llama.cpp keeps it in host memory
+    # GGUF: bytes of the MoE expert tensors of each layer (llama.cpp's LLM_FFN_EXPS_REGEX): what --n-cpu-moe K
+    # keeps in RAM for the first K layers. Empty for dense models and config-only facts.
+    expert_layer_bytes: tuple[int, ...] = ()
     has_output_tensor: bool = True  # False when the head is tied to the embedding (llama.cpp then copies it)
     tensor_types: dict[str, int] = field(default_factory=dict)  # GGUF: type -> tensor count
     tensor_type_bytes: dict[str, int] = field(default_factory=dict)  # GGUF: type -> bytes
@@ -126,8 +133,11 @@ def facts_from_gguf(path: str | Path) -> ModelFacts:
     has_output = False
     params = 0
     vocab = as_int(get("vocab_size"))
+    experts = [0] * n_layers
     for name, shape, ggml_type in model.tensors:
         nbytes = tensor_bytes(shape, ggml_type)
+        if (expert := EXPERT_TENSOR.search(name)) is not None and int(expert.group(1)) < n_layers:
+            experts[int(expert.group(1))] += nbytes
         label = GGMLQuantizationType(ggml_type).name
         type_counts[label] = type_counts.get(label, 0) + 1
         type_bytes[label] = type_bytes.get(label, 0) + nbytes
@@ -170,6 +180,7 @@ def facts_from_gguf(path: str | Path) -> ModelFacts:
         weights_bytes=total, nonrepeating_bytes=nonrepeating, embedding_bytes=embedding or None,
         has_output_tensor=has_output or not model.tensors, tie_word_embeddings=not has_output,
         tensor_types=type_counts, tensor_type_bytes=type_bytes, path=str(model.path.resolve()),
+        expert_layer_bytes=tuple(experts) if any(experts) else (),
         shards=len(model.shards), notes=[f"a split GGUF: {len(model.shards)} shards, sized together; llama-server "
                                          f"is given the first, {model.path.name}"] if len(model.shards) > 1 else [],
     )

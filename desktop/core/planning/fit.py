@@ -36,6 +36,7 @@ from desktop.core.planning.weights import (
     CHECKPOINT_QUANTS,
     DTYPE_BYTES,
     VLLM_QUANTS,
+    llama_expert_bytes,
     llama_weight_bytes,
     vllm_weight_bytes,
 )
@@ -85,6 +86,7 @@ class FitSettings:
     parallel: int = 1  # llama.cpp slots (-np); vLLM max_num_seqs
     kv_type: str = "f16"  # llama.cpp --cache-type-k/v
     gpu_layers: int | None = None  # llama.cpp -ngl; None = as many as fit
+    n_cpu_moe: int | None = None  # llama.cpp --n-cpu-moe; None = as few as fit (MoE models that do not fit whole)
     ubatch: int = LLAMA_DEFAULT_UBATCH
     flash_attn: bool | None = None  # None = llama-server's auto, which turns it on (CPU, CUDA, Metal, Vulkan)
     quant: str | None = None  # "what if" quantization: a GGUF type (Q4_K_M) or a vLLM one (fp8, awq)
@@ -105,6 +107,7 @@ class FitSettings:
         return cls(
             ctx=plan.llama_ctx_size if llama else plan.ctx_per_request, parallel=plan.slots,
             kv_type=(plan.kv_cache_type or "f16") if llama else "f16", gpu_layers=plan.gpu_layers,
+            n_cpu_moe=plan.n_cpu_moe if llama else None,
             ubatch=plan.ubatch or LLAMA_DEFAULT_UBATCH, flash_attn=plan.flash_attn, quant=quant, dtype=plan.dtype,
             gpu_memory_utilization=plan.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION,
             max_num_batched_tokens=plan.max_num_batched_tokens, tensor_parallel=plan.tensor_parallel,
@@ -365,15 +368,34 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         room = gpu_free - fixed
         return max(0, min(n_layers, math.floor(room / (per_layer_w + per_layer_kv)))) if room > 0 else 0
 
+    # A MoE that does not fit whole keeps every layer on the GPU and only the experts of the first K layers in RAM
+    # (--n-cpu-moe K): attention, KV and routing stay on the GPU, only those layers' sparse expert matmuls run on
+    # the CPU. Pointless on unified memory (one pool).
+    experts = [] if hw.has_unified_memory else llama_expert_bytes(facts, weights, quant)
+    if s.n_cpu_moe is not None and not experts:
+        notes.append("--n-cpu-moe has no effect here: the model has no MoE expert tensors")
+    n_cpu_moe = min(s.n_cpu_moe or 0, n_layers) if experts else 0
     if s.gpu_layers is not None:
         layers = min(s.gpu_layers, n_layers + 1)
+    elif s.n_cpu_moe is not None and experts:  # asked for (0 too): every layer on the GPU, those experts not
+        layers = n_layers + 1
+    elif full_gpu <= gpu_free:
+        layers = n_layers + 1
+    elif experts and full_gpu - sum(experts) <= gpu_free:
+        layers = n_layers + 1
+        n_cpu_moe = next(k for k in range(1, n_layers + 1) if full_gpu - sum(experts[:k]) <= gpu_free)
     else:
-        layers = n_layers + 1 if full_gpu <= gpu_free else layers_that_fit()
+        layers = layers_that_fit()
     on_gpu_layers = min(layers, n_layers)
-    gpu_used = int(on_gpu_layers * (per_layer_w + per_layer_kv) + fixed + (output if layers > n_layers else 0))
+    # -ngl N puts the last N layers on the GPU; --n-cpu-moe K moves the experts of the first K of all layers
+    moved = sum(experts[i] for i in range(n_cpu_moe) if i >= n_layers - on_gpu_layers)
+    gpu_used = int(on_gpu_layers * (per_layer_w + per_layer_kv) + fixed + (output if layers > n_layers else 0)) - moved
     cpu_part = int((n_layers - on_gpu_layers) * (per_layer_w + per_layer_kv) + embed
-                   + (output if layers <= n_layers else 0))
+                   + (output if layers <= n_layers else 0)) + moved
     breakdown.update({"gpu_used": _gib(gpu_used), "cpu_ram": _gib(cpu_part)})
+    if n_cpu_moe:
+        settings["n_cpu_moe"] = n_cpu_moe
+        breakdown["experts_in_ram"] = _gib(moved)
     if gpu_used > gpu_free:
         verdict = "no"
         notes.append(f"-ngl {layers} needs {_gib(gpu_used):.2f} GiB of GPU memory but {_gib(gpu_free):.2f} GiB is "
@@ -383,6 +405,14 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         verdict = "no"
         notes.append(f"unified memory: {_gib(gpu_used):.2f} GiB on the GPU + {_gib(cpu_part):.2f} GiB for the CPU "
                      f"part is more than the {_gib(hw.ram_available_bytes):.2f} GiB of RAM available (one pool)")
+    elif n_cpu_moe and cpu_part > hw.ram_available_bytes:
+        verdict = "no"
+        notes.append(f"the experts of {n_cpu_moe} layers ({_gib(moved):.2f} GiB) do not fit in free RAM either")
+    elif layers > n_layers and n_cpu_moe:
+        verdict = "partial"
+        notes.insert(0, f"partial: experts of {n_cpu_moe} layers in RAM (--n-cpu-moe {n_cpu_moe}, "
+                        f"{_gib(moved):.2f} GiB); every layer's attention, KV and routing on the GPU, only those "
+                        "layers' expert matmuls on the CPU")
     elif layers > n_layers:
         verdict = "yes"
     elif cpu_part > hw.ram_available_bytes:
@@ -545,6 +575,10 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
         verdict = "no"
         notes.append(f"the weights alone ({_gib(per_gpu_weights):.2f} GiB per GPU) leave no room in the "
                      f"{_gib(budget):.2f} GiB budget: use a smaller quantization (fp8, AWQ) or more GPUs (--tp)")
+        if facts.is_moe:
+            notes.append("vLLM computes no experts in RAM: its --cpu-offload-gb streams offloaded weights over PCIe "
+                         "at every step (many times slower); llama.cpp keeps experts in RAM and computes them there "
+                         "(--n-cpu-moe)")
     elif tokens < max_len:
         verdict = "no"
         notes.append(f"vLLM would refuse to start: the KV cache holds {tokens:,} tokens, less than one "
@@ -596,6 +630,7 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
         quantized_v = kv_type not in ("f16", "f32", "bf16")
         # -fa stays auto (on, as the fit assumes) unless set, or a quantized V cache needs it on for certain
         resolved = replace(plan, gpu_layers=result.gpu_layers, kv_cache_type=kv_type,
+                           n_cpu_moe=int(result.settings.get("n_cpu_moe", 0)) or None,
                            flash_attn=plan.flash_attn if plan.flash_attn is not None else (True if quantized_v else None),
                            backend="cpu" if result.device == "CPU" else backend_for(key, hardware))  # type: ignore[arg-type]
     else:

@@ -286,7 +286,9 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
     sources = {e: figures["cold_start_s"][e].source for e in cold}
     gain = figures["vllm_throughput_gain"].value
     gain_source = figures["vllm_throughput_gain"].source
-    if llama is not None and llama.fits == "partial" and vllm is not None and gain_source == "default":
+    experts_in_ram = llama is not None and bool(llama.settings.get("n_cpu_moe"))
+    if llama is not None and llama.fits == "partial" and not experts_in_ram and vllm is not None \
+            and gain_source == "default":
         gain *= 2.0  # llama.cpp with layers on the CPU is several times slower than fully on the GPU
         figures["vllm_throughput_gain"] = default(gain, "x2: llama.cpp with layers in RAM")
     run_s = work.run_seconds
@@ -358,6 +360,10 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
             reasons.append(f"runs on the CPU ({hardware.cpu.model}, {hardware.cpu.physical_cores} cores"
                            f"{', AVX-512' if hardware.cpu.avx512 else ', AVX2' if hardware.cpu.avx2 else ''}) "
                            f"in {llama.total_gib:.1f} GiB of RAM")
+        elif llama.fits == "partial" and experts_in_ram:
+            reasons.append(f"{llama.quant} does not fit whole: every layer on the GPU with the experts of "
+                           f"{llama.settings['n_cpu_moe']} layers in RAM ({llama.breakdown.get('experts_in_ram', 0):.1f}"
+                           " GiB, --n-cpu-moe); only their sparse expert matmuls run on the CPU")
         elif llama.fits == "partial":
             reasons.append(f"{llama.quant} does not fit fully: {llama.gpu_layers}/{(llama.total_layers or 1) - 1} "
                            f"layers on the GPU, the rest in RAM ({llama.cpu_ram_gib:.1f} GiB); expect slower generation")

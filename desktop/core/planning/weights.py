@@ -82,6 +82,19 @@ def llama_weight_bytes(facts: ModelFacts, quant: str | None) -> tuple[int, str]:
     return _gguf_bytes(facts, params, label), label
 
 
+def llama_expert_bytes(facts: ModelFacts, weights: int, label: str) -> list[int]:
+    """Per layer, the MoE expert bytes among `weights` (llama.cpp's load at `label`): the GGUF's own tensor bytes
+    when the file is what loads, else the experts' share of the parameters at the label's bits (MXFP4: 4.25).
+    Empty for a dense model. What `--n-cpu-moe K` keeps in RAM is the sum of the first K."""
+    if not facts.is_moe:
+        return []
+    if facts.is_gguf and facts.expert_layer_bytes and weights == facts.weights_bytes:
+        return list(facts.expert_layer_bytes)
+    experts = param_parts(facts)["experts"]
+    bits = GGUF_BPW.get(label, 16.0)
+    return [int(experts * bits / 8 / facts.n_layers)] * facts.n_layers
+
+
 def vllm_weight_bytes(facts: ModelFacts, quant: str | None, dtype: str = "auto") -> tuple[int, str]:
     """Bytes vLLM loads: the checkpoint's own size, or params at the requested quantization or --dtype."""
     if quant is None and dtype in DTYPE_BYTES and not facts.quant_bits:

@@ -158,6 +158,8 @@ class ExportPlan:
                       ["--cache-type-k", plan.kv_cache_type, "--cache-type-v", plan.kv_cache_type])
         if not vllm and plan.flash_attn is not None:
             extra += ["--flash-attn", "on" if plan.flash_attn else "off"]
+        if not vllm and plan.n_cpu_moe:
+            extra += ["--n-cpu-moe", str(plan.n_cpu_moe)]
         if vllm and plan.max_num_batched_tokens is not None:
             extra += ["--max-num-batched-tokens", str(plan.max_num_batched_tokens)]
         extra += get_adapter(plan.engine).chat_args(plan)  # tools and reasoning work there as they do here

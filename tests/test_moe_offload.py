@@ -1,0 +1,146 @@
+"""A MoE that does not fit the GPU whole keeps every layer there and only the experts of the fewest first layers in
+RAM (llama-server --n-cpu-moe K), instead of splitting whole layers (-ngl N of M)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from conftest import _running
+
+from desktop.core.machine.hardware import HardwareSnapshot
+from desktop.core.models.facts import facts_from_config, facts_from_gguf, read_gguf_header, tensor_bytes
+from desktop.core.planning.fit import estimate, sizing_plan
+from desktop.core.planning.recommend import Workload, recommend
+
+HERE = Path(__file__).parent
+SNAPDIR = HERE / "snapshots"
+GPT_OSS_20B = json.loads((HERE / "fixtures" / "models" / "gpt-oss-20b" / "config.json").read_text())
+# openai/gpt-oss-120b's config differs from 20b's in depth and experts only (36 layers, 128 experts)
+GPT_OSS_120B = {**GPT_OSS_20B, "num_hidden_layers": 36, "num_local_experts": 128,
+                "layer_types": ["sliding_attention", "full_attention"] * 18}
+
+
+@pytest.fixture(scope="module")
+def moe_gguf() -> Path:
+    from desktop.core.models.archs import ensure_arch
+
+    return ensure_arch("qwen3moe").gguf_paths["Q8_0"]
+
+
+def gpu_with_free(base: str, free: int) -> HardwareSnapshot:
+    hardware = HardwareSnapshot.load(SNAPDIR / f"{base}.json")
+    return replace(hardware, gpus=[replace(hardware.gpus[0], memory_free_bytes=free)])
+
+
+def test_expert_bytes_per_layer_are_the_exps_tensors_of_the_gguf(moe_gguf: Path) -> None:
+    facts = facts_from_gguf(moe_gguf)
+    per_layer = [0] * facts.n_layers
+    for name, shape, kind in read_gguf_header(moe_gguf).tensors:
+        if name.startswith("blk.") and name.split(".")[2] in ("ffn_up_exps", "ffn_down_exps", "ffn_gate_exps"):
+            per_layer[int(name.split(".")[1])] += tensor_bytes(shape, kind)
+    assert facts.expert_layer_bytes == tuple(per_layer) and all(per_layer)
+
+
+def test_a_gpu_that_holds_all_but_the_experts_gets_every_layer_and_the_fewest_expert_layers_in_ram(
+        moe_gguf: Path, tmp_path: Path) -> None:
+    facts = facts_from_gguf(moe_gguf)
+    plan = sizing_plan("llama.cpp", ctx_per_request=2048, slots=1)
+    whole = estimate(facts, HardwareSnapshot.load(SNAPDIR / "rtx3090.json"), plan)
+    need = int(whole.breakdown["gpu_used"] * 2**30)  # every layer with its experts (rounded to MiB/1000 by _gib)
+    expert = facts.expert_layer_bytes[0]
+    # free: all but 2.5 layers' experts -> by hand, K = 3 (2 layers' experts would leave half a layer's too many)
+    hardware = gpu_with_free("rtx3090", need - int(2.5 * expert))
+    result = estimate(facts, hardware, plan)
+    assert result.fits == "partial"
+    assert result.gpu_layers == facts.n_layers + 1  # every layer (and the output) on the GPU
+    assert result.plan is not None and result.plan.n_cpu_moe == 3
+    assert result.notes[0].startswith("partial: experts of 3 layers in RAM (--n-cpu-moe 3")
+    assert result.breakdown["experts_in_ram"] == pytest.approx(3 * expert / 2**30, abs=0.001)
+    before = estimate(facts, hardware, replace(plan, n_cpu_moe=None, gpu_layers=None))
+    assert before.plan is not None and before.plan.n_cpu_moe == 3  # the fit chooses it, unasked
+    two = estimate(facts, hardware, replace(plan, n_cpu_moe=2))  # asked for fewer: it does not fit
+    assert two.fits == "no"
+    snapshot = tmp_path / "gpu.json"
+    snapshot.write_text(hardware.dumps())
+    dry = subprocess.run([sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp", "--model",  # noqa: S603
+                          str(moe_gguf), "--ctx", "2048", "--parallel", "1", "--hardware", str(snapshot),
+                          "--dry-run", "--json"], capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    argv = json.loads(dry.stdout)["argv"]
+    assert argv[argv.index("--n-gpu-layers") + 1] == str(facts.n_layers + 1)
+    assert argv[argv.index("--n-cpu-moe") + 1] == "3"
+
+
+def test_a_dense_model_never_gets_expert_offload() -> None:
+    llama = json.loads((HERE / "fixtures" / "models" / "llama8b-bf16" / "config.json").read_text())
+    facts = facts_from_config(llama)
+    result = estimate(facts, gpu_with_free("rtx4060_8gb", 6 * 2**30), sizing_plan("llama.cpp", ctx_per_request=4096),
+                      quant="Q8_0")
+    assert result.fits == "partial" and result.plan is not None and result.plan.n_cpu_moe is None
+    assert (result.gpu_layers or 0) < facts.n_layers  # whole layers split, as before
+
+
+def test_gpt_oss_120b_shaped_moe_on_a_24_gb_gpu_golden_argv() -> None:
+    """K by hand. Each layer's experts: 128 x 3 x 2880 x 2880 MXFP4 weights at 17 bytes per 32 = E =
+    1,692,057,600 bytes. The GPU would need G = all weights (36 E of experts + 2,127,263,040 other parameters at
+    Q8_0's 8.5 bits) less the token embedding llama.cpp keeps in host memory, plus KV, compute and the CUDA
+    context; it has F free. K is the smallest whole number with G - K E <= F."""
+    facts = facts_from_config(GPT_OSS_120B)
+    hardware = HardwareSnapshot.load(SNAPDIR / "rtx4090.json")  # 24 GB, 51 GiB of RAM available
+    result = estimate(facts, hardware, sizing_plan("llama.cpp", ctx_per_request=8192, slots=1), quant="MXFP4")
+    expert = 128 * 3 * 2880 * 2880 * 17 // 32
+    assert expert == 1_692_057_600
+    others = 36 * (2880 * 4096 * 2 + 2 * 2880 * 512) + 36 * 2880 * 128 + 36 * 2 * 2880 + 2880 + 2 * 201088 * 2880
+    assert others == 2_127_263_040  # attention, router, norms, embedding and head
+    weights = 36 * expert + others * 8.5 / 8
+    assert result.breakdown["bytes.weights"] == pytest.approx(weights, abs=1)
+    host_embedding = 201088 * 2880 * weights / facts.params  # at the file's average bits (the fit's rule)
+    everything = (weights - host_embedding + result.breakdown["bytes.kv_cache"] + result.breakdown["bytes.compute"]
+                  + 350 * 2**20)  # G
+    free = hardware.gpus[0].memory_free_bytes  # F = 24,129,830,912
+    k = next(k for k in range(37) if everything - k * expert <= free)
+    assert k == 24  # (G - F) / E = 23.4
+    assert result.plan is not None and result.plan.n_cpu_moe == k
+    assert result.breakdown["experts_in_ram"] * 2**30 == pytest.approx(k * expert, rel=1e-3)
+    assert result.fits == "partial" and result.gpu_layers == 37
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.base import EngineInstall
+
+    argv = get_adapter("llama.cpp").build_command(result.plan, EngineInstall("llama.cpp", "x", "path",
+                                                                           Path("/x/llama-server"))).argv
+    start = argv.index("--ctx-size")
+    assert argv[start:start + 8] == ["--ctx-size", "8192", "--parallel", "1", "--n-gpu-layers", "37",
+                                     "--n-cpu-moe", "24"]
+    vllm = estimate(facts, hardware, sizing_plan("vllm", ctx_per_request=8192, slots=8))
+    assert vllm.fits == "no" and any("--cpu-offload-gb" in note for note in vllm.notes)  # stated beside it
+    answer = recommend(facts, hardware, Workload(concurrency=1))
+    assert answer.engine == "llama.cpp" and answer.plan.n_cpu_moe  # type: ignore[union-attr]
+    assert "x2" not in json.dumps(answer.numbers["figures"])  # expert offload is not a whole-layer split
+    assert any("experts of" in reason and "in RAM" in reason for reason in answer.reasons)
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_the_real_llama_server_serves_the_plan_with_experts_in_ram(moe_gguf: Path, llama_install: Any) -> None:
+    facts = facts_from_gguf(moe_gguf)
+    plan = sizing_plan("llama.cpp", ctx_per_request=2048, slots=1)
+    need = int(estimate(facts, HardwareSnapshot.load(SNAPDIR / "rtx3090.json"), plan).breakdown["gpu_used"] * 2**30)
+    result = estimate(facts, gpu_with_free("rtx3090", need - int(2.5 * facts.expert_layer_bytes[0])), plan)
+    assert result.plan is not None and result.plan.n_cpu_moe == 3
+    with contextlib.contextmanager(_running)("llama.cpp", moe_gguf, llama_install,
+                                             ctx_per_request=2048, slots=1, gpu_layers=result.plan.gpu_layers,
+                                             n_cpu_moe=result.plan.n_cpu_moe) as process:
+        running = psutil.Process(process.pid).cmdline()  # type: ignore[attr-defined]
+        assert running[running.index("--n-cpu-moe") + 1] == "3"  # the real process got the flag, and serves:
+        answer = httpx.post(process.base_url + "/v1/completions",  # type: ignore[attr-defined]
+                            json={"prompt": "Hello", "max_tokens": 4}, timeout=60, trust_env=False)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
