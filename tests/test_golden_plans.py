@@ -334,7 +334,7 @@ def test_no_cpu_only_vllm_variable_in_a_gpu_launch() -> None:
 
 def test_gpu_plans_pin_the_gpus_they_sized_by_uuid() -> None:
     """CUDA by UUID, ROCm by place among the AMD GPUs (HIP_VISIBLE_DEVICES); a Vulkan plan is never pinned by a
-    number (the loader's order is not detection's: see fit.pin_devices)."""
+    number (the loader's order is not detection's: see devices.pin_devices)."""
     kinds = set()
     for path in GOLDEN_FILES:
         data = json.loads(path.read_text())

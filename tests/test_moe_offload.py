@@ -144,3 +144,15 @@ def test_the_real_llama_server_serves_the_plan_with_experts_in_ram(moe_gguf: Pat
         answer = httpx.post(process.base_url + "/v1/completions",  # type: ignore[attr-defined]
                             json={"prompt": "Hello", "max_tokens": 4}, timeout=60, trust_env=False)
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_hub_listing_tags_a_moe_that_fits_with_experts_in_ram() -> None:
+    from desktop.core.planning.fit import quick_verdict
+
+    mxfp4_gguf_bytes = int(63.4e9)  # a gpt-oss-120b MXFP4 GGUF's size on the Hub (about 63 GB)
+    assert quick_verdict("llama.cpp", mxfp4_gguf_bytes, GPT_OSS_120B,
+                         HardwareSnapshot.load(SNAPDIR / "rtx4090.json")) == "experts-in-ram"
+    assert quick_verdict("llama.cpp", mxfp4_gguf_bytes, GPT_OSS_120B,
+                         HardwareSnapshot.load(SNAPDIR / "h100_80gb.json")) == "yes"
+    dense = json.loads((HERE / "fixtures" / "models" / "llama70b-bf16" / "config.json").read_text())
+    assert quick_verdict("llama.cpp", int(42e9), dense, HardwareSnapshot.load(SNAPDIR / "rtx4090.json")) == "partial"

@@ -53,6 +53,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="serve several models behind the endpoint: a YAML list of entries name, engine, "
                              "model, ctx, parallel, ttl (seconds idle before unloading), loading_status")
     parser.add_argument("--port", type=N.port_or_free, default=0, help="engine port (default: a free one)")
+    parser.add_argument("engine_args", nargs="*", metavar="-- ENGINE_ARGS",
+                        help="after `--`: the engine's own flags. The fit counts --n-cpu-moe/--cpu-moe/-ot "
+                             "exps=CPU/-ctk/-ctv (llama.cpp) and --cpu-offload-gb/--kv-cache-dtype (vLLM); flags "
+                             "the plan owns (-c, -ngl, --port, --max-model-len ...) are refused naming the option "
+                             "to use; the rest pass through, unaccounted")
     parser.add_argument("--no-key", action="store_true",
                         help="plain serve: start the engine without its per-launch API key (any local process and "
                              "web page that finds the port can then use it)")
@@ -158,10 +163,23 @@ def plan_asks(args: argparse.Namespace) -> dict[str, Any]:
     """The plan fields the flags set (unset flags leave the choice to the planner)."""
     from desktop.core.planning.planner import asks
 
-    return asks(ctx_per_request=args.ctx, slots=args.parallel, gpu_layers=args.gpu_layers,
-                kv_cache_type=args.kv_type, gpu_memory_utilization=args.util, tensor_parallel=args.tp,
-                dtype=args.dtype, port=args.port or None, tool_parser=args.tool_parser,
-                reasoning_parser=args.reasoning_parser)
+    wanted = asks(ctx_per_request=args.ctx, slots=args.parallel, gpu_layers=args.gpu_layers,
+                  kv_cache_type=args.kv_type, gpu_memory_utilization=args.util, tensor_parallel=args.tp,
+                  dtype=args.dtype, port=args.port or None, tool_parser=args.tool_parser,
+                  reasoning_parser=args.reasoning_parser)
+    engine_args = getattr(args, "engine_args", None) or []
+    if engine_args:
+        from desktop.core.engines import get_adapter
+        from desktop.core.engines.engine_args import plan_fields_from_args
+
+        if not args.engine or args.engine == "auto":
+            raise SwitchyardError("engine flags after `--` belong to one engine", "give --engine llama.cpp or vllm")
+        fields = plan_fields_from_args(get_adapter(args.engine).name, engine_args)
+        both = sorted(set(fields) & set(wanted))
+        if both:
+            raise SwitchyardError(f"{both[0]} is set twice: by an option and by an engine flag", "keep one")
+        wanted.update(fields)
+    return wanted
 
 
 def checked_plan(args: argparse.Namespace, hardware: HardwareSnapshot) -> Checked:
@@ -185,6 +203,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # Validate everything cheap before anything slow starts.
     if args.config is not None:
+        if args.engine_args:
+            raise SwitchyardError("engine flags after `--` go with one model", "put them in models.yaml as `args:`")
         if args.engine or args.model or args.prompt is not None or args.standby:
             raise SwitchyardError("--config takes the engines and models from the file",
                                   "drop --engine/--model/--prompt/--standby, or drop --config")

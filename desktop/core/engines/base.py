@@ -88,6 +88,7 @@ class LaunchPlan:
     gpu_memory_utilization: float | None = None  # vLLM
     tensor_parallel: int = 1  # vLLM --tensor-parallel-size
     max_num_batched_tokens: int | None = None  # vLLM
+    cpu_offload_gb: float | None = None  # vLLM --cpu-offload-gb: GiB of weights kept in RAM, streamed each step
     kv_cache_gib: float | None = None  # vLLM CPU KV space (VLLM_CPU_KVCACHE_SPACE); llama.cpp sizes KV from ctx
     prefix_cache: bool = False
     eager: bool = False  # vLLM: skip torch.compile/CUDA graphs (starts faster, may serve slower)

@@ -122,7 +122,7 @@ class VllmAdapter(EngineAdapter):
     dry_run_executable = "python"
     plan_fields = frozenset({"dtype", "quantization", "kv_cache_type", "gpu_memory_utilization", "tensor_parallel",
                              "max_num_batched_tokens", "kv_cache_gib", "eager", "tokenizer_path", "env",
-                             "extra_args"})
+                             "extra_args", "cpu_offload_gb"})
     sleep_mode_flag = SLEEP_MODE_FLAG
     anthropic_messages = True  # vLLM's /v1/messages (vllm/entrypoints/anthropic, 0.32)
     # VLLM_API_KEY guards /v1, /v2, /inference and /cohere only (0.32); these answer anyone who reaches the port,
@@ -598,6 +598,8 @@ def plan_args(plan: LaunchPlan) -> list[str]:
         args += ["--kv-cache-dtype", plan.kv_cache_type]
     if plan.max_num_batched_tokens is not None:
         args += ["--max-num-batched-tokens", str(plan.max_num_batched_tokens)]
+    if plan.cpu_offload_gb:
+        args += ["--cpu-offload-gb", f"{plan.cpu_offload_gb:g}"]
     return args
 
 

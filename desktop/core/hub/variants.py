@@ -66,7 +66,7 @@ class Variant:
     size_bytes: int
     files: list[RemoteFile] = field(default_factory=list)
     shards: int = 1
-    fit: str = "unknown"  # "yes" | "partial" | "no" | "unknown"
+    fit: str = "unknown"  # "yes" | "partial" | "experts-in-ram" (partial by --n-cpu-moe) | "no" | "unknown"
     recommended: bool = False
 
     @property
@@ -233,7 +233,8 @@ def tag_and_recommend(variants: list[Variant], tagger: FitTagger, config: dict[s
         quantized = [v for v in full if _quality(v) <= 8.5] or full
         pick = max(quantized, key=lambda v: (_quality(v), v.format == "gguf", -v.size_bytes))
     else:
-        partial = [v for v in variants if v.fit == "partial"]
+        # experts in RAM (every layer's attention on the GPU) before whole layers in RAM
+        partial = [v for v in variants if v.fit == "experts-in-ram"] or [v for v in variants if v.fit == "partial"]
         pick = min(partial, key=lambda v: v.size_bytes) if partial else None
     if pick is not None:
         pick.recommended = True

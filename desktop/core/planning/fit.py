@@ -32,6 +32,7 @@ from desktop.core.models.facts import (
     facts_from_config,
 )
 from desktop.core.models.quants import vllm_capability_note, vllm_capability_refusal
+from desktop.core.planning.devices import pin_devices
 from desktop.core.planning.weights import (
     CHECKPOINT_QUANTS,
     DTYPE_BYTES,
@@ -93,6 +94,7 @@ class FitSettings:
     dtype: str = "auto"
     gpu_memory_utilization: float = VLLM_DEFAULT_UTILIZATION
     max_num_batched_tokens: int | None = None
+    cpu_offload_gb: float = 0.0  # vLLM --cpu-offload-gb: per GPU, weights kept in RAM
     tensor_parallel: int = 1
     enforce_eager: bool = False
     kv_cache_dtype: str = "auto"  # vLLM: auto | fp8
@@ -111,6 +113,7 @@ class FitSettings:
             ubatch=plan.ubatch or LLAMA_DEFAULT_UBATCH, flash_attn=plan.flash_attn, quant=quant, dtype=plan.dtype,
             gpu_memory_utilization=plan.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION,
             max_num_batched_tokens=plan.max_num_batched_tokens, tensor_parallel=plan.tensor_parallel,
+            cpu_offload_gb=(plan.cpu_offload_gb or 0.0) if not llama else 0.0,
             enforce_eager=plan.eager, kv_cache_dtype="auto" if llama else (plan.kv_cache_type or "auto"),
             cuda_graphs_in_budget=cuda_graphs_in_budget,
             # whole GiB, as the engine's VLLM_CPU_KVCACHE_SPACE takes it
@@ -558,6 +561,12 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
     batched = max(batched, min(s.parallel, 8192))
     settings["max_num_batched_tokens"] = batched
     per_gpu_weights = weights // tp
+    offloaded = min(per_gpu_weights, int(s.cpu_offload_gb * GIB))
+    if offloaded:
+        per_gpu_weights -= offloaded
+        settings["cpu_offload_gb"] = s.cpu_offload_gb
+        notes.append(f"--cpu-offload-gb {s.cpu_offload_gb:g}: {_gib(offloaded):.2f} GiB of weights per GPU stay in "
+                     "RAM and cross PCIe at every step (throughput drops many times over)")
     activation = _vllm_activation_bytes(facts, batched, s.parallel, tp)
     non_torch = VLLM_NON_TORCH_BYTES + (VLLM_NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
     graphs = 0 if s.enforce_eager else _vllm_cuda_graph_bytes(facts)
@@ -604,9 +613,13 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
     if verdict == "yes" and concurrency is not None and concurrency < 2:
         notes.append(f"only {concurrency:.2f} full-length requests fit at once: lower max_model_len for more "
                      "concurrency")
+    if offloaded and offloaded * tp > hw.ram_available_bytes:
+        verdict = "no"
+        notes.append(f"the {_gib(offloaded * tp):.2f} GiB of offloaded weights do not fit in free RAM")
     return FitResult("vllm", verdict, _gib(per_gpu_weights), _gib(max(kv, 0)), _gib(overhead), _gib(used),
                      _gib(free), _gib(free - used), _device_label(group), max_len, kv_cache_tokens=tokens,
-                     max_concurrency=concurrency, quant=quant, breakdown=breakdown, settings=settings, notes=notes)
+                     max_concurrency=concurrency, cpu_ram_gib=_gib(offloaded * tp), quant=quant, breakdown=breakdown,
+                     settings=settings, notes=notes)
 
 
 def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *, quant: str | None = None,
@@ -672,52 +685,12 @@ def sized_gpus(engine: str, hardware: HardwareSnapshot, plan: LaunchPlan) -> lis
     return sorted(gpus, key=lambda g: g.memory_free_bytes)[:tp] if tp < len(gpus) else list(gpus)
 
 
-def pin_devices(plan: LaunchPlan, gpus: list[GpuInfo], hardware: HardwareSnapshot | None = None) -> LaunchPlan:
-    """Make the engine run on exactly the GPUs that were sized.
-
-    CUDA: CUDA_VISIBLE_DEVICES by UUID (NVML lists GPUs in PCI order, CUDA fastest first, so an index could name
-    another card), and for llama.cpp's CUDA build its own device selection (`--device CUDA0,...`, the pinned GPUs
-    in that order). Without UUIDs (a hypothetical GPU) nothing is pinned.
-
-    ROCm: HIP_VISIBLE_DEVICES (the variable llama.cpp's docs/build.md names for its HIP build; vLLM's ROCm build
-    reads it too) with each sized GPU's place among the machine's AMD GPUs, which HIP numbers in the KFD topology
-    order detection reads them in; llama.cpp then gets `--device ROCm0,...`.
-
-    Vulkan: not pinned by number. `--device VulkanN` and GGML_VK_VISIBLE_DEVICES index the Vulkan loader's own
-    order (Mesa's device-select layer puts the GPU driving the display first; Windows follows DXGI), which
-    detection cannot see: on a laptop whose Intel iGPU drives the display, "Vulkan0" is that iGPU. And with
-    GGML_VK_VISIBLE_DEVICES set, ggml-vulkan.cpp skips its merging of one GPU seen through two drivers (RADV and
-    AMDVLK). The planner asks the llama.cpp adapter instead (`select_devices`: the sized GPUs by name as the
-    installed Vulkan build listed them); without one, llama.cpp's default is every discrete GPU (an integrated
-    one only when there is none)."""
-    if plan.backend == "rocm":
-        return _pin_rocm(plan, gpus, hardware)
-    nvidia = [g for g in gpus if g.vendor == "nvidia"]
-    if plan.backend != "cuda" or not nvidia or any(not g.uuid for g in nvidia):
-        return plan
-    env = {**dict(plan.env), "CUDA_VISIBLE_DEVICES": ",".join(str(g.uuid) for g in nvidia)}
-    extra = plan.extra_args
-    if normalise_engine(plan.engine) == "llama.cpp" and "--device" not in extra and "-dev" not in extra:
-        extra = (*extra, "--device", ",".join(f"CUDA{i}" for i in range(len(nvidia))))
-    return replace(plan, env=env, extra_args=extra)
-
-
-def _pin_rocm(plan: LaunchPlan, gpus: list[GpuInfo], hardware: HardwareSnapshot | None) -> LaunchPlan:
-    """HIP_VISIBLE_DEVICES = the sized AMD GPUs' places among the machine's AMD GPUs (see `pin_devices`)."""
-    everyone = [g for g in (hardware.gpus if hardware is not None else gpus) if g.vendor == "amd"]
-    keys = [(g.index, g.name) for g in everyone]
-    places = [keys.index((g.index, g.name)) for g in gpus if g.vendor == "amd" and (g.index, g.name) in keys]
-    if not places:
-        return plan
-    env = {**dict(plan.env), "HIP_VISIBLE_DEVICES": ",".join(str(i) for i in places)}
-    extra = plan.extra_args
-    if normalise_engine(plan.engine) == "llama.cpp" and "--device" not in extra and "-dev" not in extra:
-        extra = (*extra, "--device", ",".join(f"ROCm{i}" for i in range(len(places))))
-    return replace(plan, env=env, extra_args=extra)
+EXPERTS_IN_RAM = "experts-in-ram"  # a listing's tag for "partial" by --n-cpu-moe rather than by whole layers
 
 
 def quick_verdict(engine: str, weights_bytes: int, config: dict[str, Any] | None, hardware: HardwareSnapshot) -> str:
-    """A fast fits/partial/no tag for a Hub listing: exact accounting when a config is known, else weights x 1.2."""
+    """A fast fits/partial/no tag for a Hub listing: exact accounting when a config is known, else weights x 1.2;
+    a MoE that fits with its experts in RAM is tagged `experts-in-ram`."""
     key = normalise_engine(engine)
     if weights_bytes <= 0:
         raise SwitchyardError("weights size must be positive")
@@ -727,10 +700,11 @@ def quick_verdict(engine: str, weights_bytes: int, config: dict[str, Any] | None
             facts = replace(facts, source="gguf", quantization="gguf:custom", embedding_bytes=None,
                             nonrepeating_bytes=None)
         try:
-            return estimate(facts, hardware, sizing_plan(key, ctx_per_request=min(facts.context_length, 4096),
-                                                         slots=1)).fits
+            result = estimate(facts, hardware, sizing_plan(key, ctx_per_request=min(facts.context_length, 4096),
+                                                           slots=1))
         except SwitchyardError:
             return "no"
+        return EXPERTS_IN_RAM if result.fits == "partial" and result.settings.get("n_cpu_moe") else result.fits
     need = weights_bytes * 1.2 + GIB // 2
     gpus = hardware.cuda_gpus if key == "vllm" else hardware.gpus
     gpu_free = sum(g.memory_free_bytes for g in gpus)

@@ -38,8 +38,8 @@ from desktop.core.planning.launch import PlanRefused, describe, require_fit
 _DEFAULTS = LaunchPlan(engine="", model_path=Path("model"))
 ASKABLE = frozenset(f.name for f in fields(LaunchPlan)) - PLANNER_FIELDS
 # Asks that belong to one model file: planning for another model drops them (its layers, its quantization).
-MODEL_FIELDS = frozenset({"gpu_layers", "n_cpu_moe", "quantization", "tokenizer_path", "tool_parser",
-                          "reasoning_parser"})
+MODEL_FIELDS = frozenset({"gpu_layers", "n_cpu_moe", "cpu_offload_gb", "extra_args", "quantization",
+                          "tokenizer_path", "tool_parser", "reasoning_parser"})
 PARSER_FIELDS = {"tool_parser": "tool", "reasoning_parser": "reasoning"}
 # Asks that name one process: another engine or model gets its own port and key.
 PROCESS_FIELDS = frozenset({"port", "api_key"})
@@ -129,6 +129,9 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
     result = estimate(facts, hardware, base)
     plan = require_fit(result, model)
     plan = _with_parsers(plan, result, wanted)
+    if wanted.get("extra_args"):  # what the person passed through: launched as given, not in the memory check
+        result = replace(result, notes=[*result.notes, "not accounted by the fit: "
+                                        + " ".join(map(str, wanted["extra_args"]))])
     # the engine's own device selection where the snapshot cannot pin the sized GPUs (llama.cpp's Vulkan build)
     plan = adapter.select_devices(plan, sized_gpus(adapter.name, hardware, plan))
     flag = adapter.sleep_mode_flag

@@ -91,8 +91,11 @@ def llama_expert_bytes(facts: ModelFacts, weights: int, label: str) -> list[int]
     if facts.is_gguf and facts.expert_layer_bytes and weights == facts.weights_bytes:
         return list(facts.expert_layer_bytes)
     experts = param_parts(facts)["experts"]
-    bits = GGUF_BPW.get(label, 16.0)
-    return [int(experts * bits / 8 / facts.n_layers)] * facts.n_layers
+    if label in GGUF_BPW:
+        total = experts * GGUF_BPW[label] / 8
+    else:  # a file of unknown type (a Hub listing's size): the experts' share of its bytes
+        total = weights * experts / max(facts.params or estimate_params(facts), 1)
+    return [int(total / facts.n_layers)] * facts.n_layers
 
 
 def vllm_weight_bytes(facts: ModelFacts, quant: str | None, dtype: str = "auto") -> tuple[int, str]:

@@ -25,6 +25,7 @@ from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, no_progress
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import LaunchPlan
+from desktop.core.engines.engine_args import plan_fields_from_args
 from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.models.parsers import check_parser
 from desktop.core.planning.fit import MAX_CTX
@@ -44,7 +45,7 @@ from desktop.core.serving.proxy import ProxyServer
 log = logging.getLogger("switchyard.endpoint")
 
 MODEL_KEYS = ("name", "engine", "model", "ctx", "parallel", "ttl", "loading_status", "extra_routes", "tool_parser",
-              "reasoning_parser")
+              "reasoning_parser", "args")
 TOP_KEYS = ("models", "loading_status")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 CONFIG_HINT = f"fix that entry of the config (keys: {', '.join(MODEL_KEYS)})"
@@ -65,12 +66,14 @@ class ModelEntry:
     # vLLM's tool-call / reasoning parser for this model, or "none"; None: the model's own (models.parsers)
     tool_parser: str | None = None
     reasoning_parser: str | None = None
+    args: tuple[str, ...] = ()  # the engine's own flags (engines.engine_args: counted, refused or passed through)
 
     def asks(self) -> dict[str, Any]:
         """The plan fields this entry sets (the planner chooses the rest)."""
         parsers = {"tool_parser": self.tool_parser, "reasoning_parser": self.reasoning_parser}
         return {"ctx_per_request": self.ctx, "slots": self.parallel,
-                **{k: v for k, v in parsers.items() if v is not None}}
+                **{k: v for k, v in parsers.items() if v is not None},
+                **(plan_fields_from_args(self.engine, self.args) if self.args else {})}
 
     def plan(self, hardware: HardwareSnapshot, progress: ProgressCallback = no_progress) -> Checked:
         """This entry's checked plan on `hardware`, or PlanRefused naming the entry and the fix."""
@@ -164,8 +167,20 @@ def parse_models_config(data: Any, source: str = "<config>") -> ModelsConfig:
                 parsers[key] = check_parser(kind, item[key] if isinstance(item[key], str) else repr(item[key]))
             except SwitchyardError as exc:
                 raise SwitchyardError(f"{where}: {key}: {exc.message}", exc.hint) from None
+        engine_args = item.get("args", [])
+        if isinstance(engine_args, str):
+            engine_args = engine_args.split()
+        if not isinstance(engine_args, list) or not all(isinstance(a, str | int | float) for a in engine_args):
+            raise SwitchyardError(f"{where}: args must be a list of the engine's flags, like [--n-cpu-moe, 4], "
+                                  f"not {engine_args!r}", CONFIG_HINT)
+        engine_args = [str(a) for a in engine_args]
+        try:
+            plan_fields_from_args(engine, engine_args)
+        except SwitchyardError as exc:
+            raise SwitchyardError(f"{where}: args: {exc.message}", exc.hint or CONFIG_HINT) from None
         entries.append(ModelEntry(name, engine, item["model"].strip(), ctx, parallel,
-                                  float(ttl) if ttl is not None else None, status, tuple(routes), **parsers))
+                                  float(ttl) if ttl is not None else None, status, tuple(routes), **parsers,
+                                  args=tuple(engine_args)))
     return ModelsConfig(tuple(entries), source)
 
 

@@ -27,7 +27,8 @@ from desktop.ui.widgets import Notice
 from desktop.ui.workers import submit
 
 GIB = 1024**3
-FIT_LABELS = {"yes": "fits", "partial": "partial (CPU offload)", "no": "won't fit", "unknown": "unknown"}
+FIT_LABELS = {"yes": "fits", "partial": "partial (CPU offload)", "experts-in-ram": "partial (experts in RAM)",
+              "no": "won't fit", "unknown": "unknown"}
 
 
 def _table(headers: list[str], name: str) -> QTableWidget:

@@ -1,0 +1,121 @@
+"""Engine flags passed through (`serve ... -- ARGS`, models.yaml `args:`): flags the fit counts become plan fields,
+flags the plan owns are refused naming what sets them, the rest reach the argv with a note that the fit did not
+count them; a switch never carries them to the other engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines.engine_args import ALL_LAYERS, plan_fields_from_args
+from desktop.core.machine.hardware import HardwareSnapshot
+from desktop.core.planning.planner import plan_launch, replan
+from desktop.core.serving.fleet import parse_models_config
+
+from conftest import run_cli
+
+SNAPDIR = Path(__file__).parent / "snapshots"
+
+
+def test_counted_flags_become_plan_fields_and_the_rest_pass_through() -> None:
+    assert plan_fields_from_args("llama.cpp", ["--n-cpu-moe", "4"]) == {"n_cpu_moe": 4}
+    assert plan_fields_from_args("llama.cpp", ["--cpu-moe"]) == {"n_cpu_moe": ALL_LAYERS}
+    assert plan_fields_from_args("llama.cpp", ["-ot", r"\.ffn_.*_exps\.=CPU"]) == {"n_cpu_moe": ALL_LAYERS}
+    assert plan_fields_from_args("llama.cpp", ["-ctk", "q8_0", "-ctv", "q8_0"]) == {"kv_cache_type": "q8_0"}
+    assert plan_fields_from_args("llama.cpp", ["--mmproj", "m.gguf", "--no-mmap", "-ot", "blk.1=CUDA0"]) == {
+        "extra_args": ("--mmproj", "m.gguf", "--no-mmap", "-ot", "blk.1=CUDA0")}
+    assert plan_fields_from_args("vllm", ["--cpu-offload-gb", "8", "--enforce-eager", "--seed=3"]) == {
+        "cpu_offload_gb": 8.0, "extra_args": ("--enforce-eager", "--seed=3")}
+    assert plan_fields_from_args("vllm", ["--speculative-config", '{"method": "ngram"}']) == {
+        "extra_args": ("--speculative-config", '{"method": "ngram"}')}
+
+
+@pytest.mark.parametrize(("engine", "args", "instead"), [
+    ("llama.cpp", ["--ctx-size", "9"], "--ctx"),
+    ("llama.cpp", ["-c", "9"], "--ctx"),
+    ("llama.cpp", ["-ngl", "99"], "--gpu-layers"),
+    ("llama.cpp", ["--port=8080"], "the endpoint"),
+    ("vllm", ["--max-model-len", "9"], "--ctx"),
+    ("vllm", ["--tool-call-parser", "hermes"], "--tool-parser"),
+])
+def test_flags_the_plan_owns_are_refused_naming_what_sets_them(engine: str, args: list[str], instead: str) -> None:
+    with pytest.raises(SwitchyardError) as refused:
+        plan_fields_from_args(engine, args)
+    assert "is set by the plan the fit checked" in refused.value.message
+    assert (refused.value.hint or "").startswith(f"use {instead}")
+
+
+def test_differing_k_and_v_types_and_bad_values_are_refused() -> None:
+    for args in (["-ctk", "q8_0", "-ctv", "q4_0"], ["--n-cpu-moe", "many"], ["--n-cpu-moe"], ["model.gguf"]):
+        with pytest.raises(SwitchyardError):
+            plan_fields_from_args("llama.cpp", args)
+    with pytest.raises(SwitchyardError, match="--cpu-offload-gb takes a number of GiB"):
+        plan_fields_from_args("vllm", ["--cpu-offload-gb", "lots"])
+
+
+def dry_run(*extra: str) -> dict[str, object]:
+    result = run_cli("serve", "--engine", "llama.cpp", "--model", "demo", "--hardware",
+                     str(SNAPDIR / "rtx4090.json"), "--dry-run", "--json", *extra)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_serve_passes_n_cpu_moe_to_the_argv_and_the_fit() -> None:
+    described = dry_run("--", "--n-cpu-moe", "4", "--no-mmap")
+    argv = described["argv"]
+    assert isinstance(argv, list)
+    assert "--no-mmap" in argv
+    # the demo is dense: the fit says the flag does nothing and the plan drops it; the pass-through is noted
+    fit = json.dumps(described)
+    assert "--n-cpu-moe has no effect here" in fit and "not accounted by the fit: --no-mmap" in fit
+    assert "--n-cpu-moe" not in argv
+
+
+def test_serve_refuses_an_owned_flag_naming_the_option() -> None:
+    result = run_cli("serve", "--engine", "llama.cpp", "--model", "demo", "--hardware", str(SNAPDIR / "rtx4090.json"),
+                     "--dry-run", "--", "--ctx-size", "9")
+    assert result.returncode != 0
+    assert "--ctx-size is set by the plan the fit checked" in result.stderr and "use --ctx" in result.stderr
+
+
+def test_a_moe_gets_the_asked_experts_in_ram(tmp_path: Path) -> None:
+    from desktop.core.models.archs import ensure_arch
+
+    model = ensure_arch("qwen3moe").gguf_paths["Q8_0"]
+    hardware = HardwareSnapshot.load(SNAPDIR / "rtx4090.json")
+    checked = plan_launch("llama.cpp", str(model), hardware,
+                          plan_fields_from_args("llama.cpp", ["--n-cpu-moe", "2", "--no-mmap"]))
+    assert checked.plan.n_cpu_moe == 2 and checked.fit.breakdown["experts_in_ram"] > 0
+    assert "--no-mmap" in checked.plan.extra_args
+    everything = plan_launch("llama.cpp", str(model), hardware, plan_fields_from_args("llama.cpp", ["--cpu-moe"]))
+    assert everything.plan.n_cpu_moe == 4  # --cpu-moe: every one of the model's 4 layers
+    other = replan(checked.plan, hardware, engine="vllm", model="demo")
+    assert other.plan.n_cpu_moe is None and "--no-mmap" not in other.plan.extra_args  # no flags carried over
+
+
+def test_models_yaml_args_are_read_and_owned_flags_refused() -> None:
+    config = parse_models_config({"models": [{"name": "a", "engine": "llama.cpp", "model": "demo",
+                                              "args": ["--n-cpu-moe", 3, "--no-mmap"]}]})
+    assert config.models[0].asks()["n_cpu_moe"] == 3
+    assert config.models[0].asks()["extra_args"] == ("--no-mmap",)
+    with pytest.raises(SwitchyardError) as refused:
+        parse_models_config({"models": [{"name": "a", "engine": "llama.cpp", "model": "demo",
+                                         "args": ["--ctx-size", "9"]}]})
+    assert "models[0] ('a'): args: --ctx-size is set by the plan" in refused.value.message
+    assert "`ctx:`" in (refused.value.hint or "")
+
+
+def test_serve_dash_dash_n_cpu_moe_reaches_the_argv_of_a_moe_and_its_fit() -> None:
+    from desktop.core.models.archs import ensure_arch
+
+    model = ensure_arch("qwen3moe").gguf_paths["Q8_0"]
+    result = run_cli("serve", "--engine", "llama.cpp", "--model", str(model), "--hardware",
+                     str(SNAPDIR / "rtx4090.json"), "--dry-run", "--json", "--", "--n-cpu-moe", "2")
+    assert result.returncode == 0, result.stderr
+    described = json.loads(result.stdout)
+    argv = described["argv"]
+    assert argv[argv.index("--n-cpu-moe") + 1] == "2"
+    assert "experts_in_ram" in json.dumps(described)  # the fit counted it
