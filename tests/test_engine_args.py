@@ -8,14 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.engine_args import ALL_LAYERS, plan_fields_from_args
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.planning.planner import plan_launch, replan
 from desktop.core.serving.fleet import parse_models_config
-
-from conftest import run_cli
 
 SNAPDIR = Path(__file__).parent / "snapshots"
 
