@@ -361,6 +361,24 @@ def test_serve_export_uses_the_form_when_nothing_runs(window, qtbot) -> None:  #
     dialog.close()
 
 
+def test_serve_engine_flags_reach_the_exported_plan_and_owned_ones_are_refused(window, qtbot) -> None:  # type: ignore[no-untyped-def]
+    serve = window.show_page("Serve")
+    serve.engine_box.setCurrentIndex(serve.engine_box.findData("vllm"))
+    serve.flags_edit.setText("--max-model-len 9")
+    serve.start_clicked()
+    assert "--max-model-len is set by the plan" in serve.notice.text() and "--ctx" in serve.notice.text()
+    assert serve.session.process is None  # nothing started
+    serve.flags_edit.setText("--enforce-eager --seed 7")
+    serve.open_export(modal=False)
+    qtbot.waitUntil(lambda: serve.export_dialog is not None, timeout=30_000)
+    dialog = serve.export_dialog
+    qtbot.addWidget(dialog)
+    dialog.set_format("shell")
+    assert "--enforce-eager --seed 7" in dialog.text.toPlainText()
+    dialog.close()
+    serve.flags_edit.setText("")
+
+
 def test_settings_dialog_refuses_bad_values_and_saves_good_ones(window, qtbot) -> None:  # type: ignore[no-untyped-def]
     from desktop.core.storage import settings as core_settings
     from desktop.ui.settings_dialog import SettingsDialog

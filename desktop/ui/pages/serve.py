@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.core.common.defaults import DEFAULT_CTX_PER_REQUEST, DEFAULT_SLOTS
+from desktop.core.common.errors import SwitchyardError
 from desktop.ui.charts import ChartBoard, LiveChart, pause_checkbox
 from desktop.ui.chat import ChatPane
 from desktop.ui.engine_session import EngineSession, engine_choices
@@ -101,19 +102,31 @@ def engines_line(serving: Any, starting: Any, shown: Any = None) -> str:
     return " · ".join(parts) or "stopped"
 
 
-def form_plan(engine: str, model: str, ctx: int, parallel: int) -> Any:
-    """What the form asks for, as a plan not yet checked (the session's endpoint checks it before it starts)."""
+def form_plan(engine: str, model: str, ctx: int, parallel: int, flags: str = "") -> Any:
+    """What the form asks for, as a plan not yet checked (the session's endpoint checks it before it starts).
+    `flags`: the engine's own flags as typed (engines.engine_args counts, refuses or passes each through)."""
+    import shlex
+
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.engine_args import plan_fields_from_args
     from desktop.core.planning.planner import ask
 
-    return ask(engine, model, {"ctx_per_request": ctx, "slots": parallel})
+    asked: dict[str, Any] = {"ctx_per_request": ctx, "slots": parallel}
+    if flags.strip():
+        try:
+            words = shlex.split(flags)
+        except ValueError as exc:
+            raise SwitchyardError(f"the engine flags do not parse: {exc}", "check the quotes") from None
+        asked.update(plan_fields_from_args(get_adapter(engine).name, words))
+    return ask(engine, model, asked)
 
 
-def plan_for_form(engine: str, model: str, ctx: int, parallel: int) -> Any:
+def plan_for_form(engine: str, model: str, ctx: int, parallel: int, flags: str = "") -> Any:
     """The checked LaunchPlan the Start button would launch on this machine (installs and starts nothing)."""
     from desktop.core.machine.hardware import detect
     from desktop.core.planning.planner import replan
 
-    return replan(form_plan(engine, model, ctx, parallel), detect()).plan
+    return replan(form_plan(engine, model, ctx, parallel, flags), detect()).plan
 
 
 class ServePage(QWidget):
@@ -149,6 +162,12 @@ class ServePage(QWidget):
         self.parallel_spin.setRange(1, 1024)
         self.parallel_spin.setValue(DEFAULT_SLOTS)
         self.parallel_spin.setAccessibleName("Parallel sequences")
+        self.flags_edit = QLineEdit()
+        self.flags_edit.setAccessibleName("Engine flags")
+        self.flags_edit.setPlaceholderText("engine flags")
+        self.flags_edit.setToolTip("The engine's own flags, as after `switchyard serve ... --`: the fit counts "
+                                   "--n-cpu-moe, --cpu-moe, -ctk/-ctv (llama.cpp) and --cpu-offload-gb (vLLM); "
+                                   "flags the plan owns are refused; the rest pass through unaccounted")
         self.start_button = QPushButton("&Start")
         self.stop_button = QPushButton("S&top")
         self.switch_button = QPushButton("S&witch engine")
@@ -166,7 +185,8 @@ class ServePage(QWidget):
         self.switch_button.clicked.connect(self.switch_clicked)
         controls = QHBoxLayout()
         for caption, widget in (("&Engine:", self.engine_box), ("&Model:", self.model_edit),
-                                ("&Context:", self.ctx_spin), ("&Parallel:", self.parallel_spin)):
+                                ("&Context:", self.ctx_spin), ("&Parallel:", self.parallel_spin),
+                                ("F&lags:", self.flags_edit)):
             buddy = QLabel(caption)
             buddy.setBuddy(widget)
             controls.addWidget(buddy)
@@ -292,8 +312,13 @@ class ServePage(QWidget):
         if self.engine_box.currentData() == HYBRID:
             self.launch_hybrid()
             return
-        self.launch(form_plan(self.engine_box.currentData(), self.model_edit.text().strip() or "demo",
-                              self.ctx_spin.value(), self.parallel_spin.value()))
+        try:
+            plan = form_plan(self.engine_box.currentData(), self.model_edit.text().strip() or "demo",
+                             self.ctx_spin.value(), self.parallel_spin.value(), self.flags_edit.text())
+        except SwitchyardError as exc:
+            self.notice.show_message(f"{exc.message}" + (f" ({exc.hint})" if exc.hint else ""), "error")
+            return
+        self.launch(plan)
 
     def launch_hybrid(self) -> None:
         """Hybrid mode, as `serve --engine auto`: the session plans both engines, starts llama.cpp and the loop."""
@@ -366,7 +391,7 @@ class ServePage(QWidget):
         self.export_button.setEnabled(False)
         self.notice.show_message("Preparing the launch plan…")
         submit(plan_for_form, self.form_engine(), self.model_edit.text().strip() or "demo",
-               self.ctx_spin.value(), self.parallel_spin.value(),
+               self.ctx_spin.value(), self.parallel_spin.value(), self.flags_edit.text(),
                on_finished=lambda plan: self._show_export(plan, modal), on_error=self._export_failed)
 
     def _export_failed(self, message: str) -> None:
