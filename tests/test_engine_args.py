@@ -118,3 +118,20 @@ def test_serve_dash_dash_n_cpu_moe_reaches_the_argv_of_a_moe_and_its_fit() -> No
     argv = described["argv"]
     assert argv[argv.index("--n-cpu-moe") + 1] == "2"
     assert "experts_in_ram" in json.dumps(described)  # the fit counted it
+
+
+def test_serve_config_args_reach_the_argv_and_an_owned_flag_is_refused(tmp_path: Path) -> None:
+    from desktop.core.models.archs import ensure_arch
+
+    model = ensure_arch("qwen3moe").gguf_paths["Q8_0"]
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(f"models:\n  - {{name: moe, engine: llama.cpp, model: '{model}', args: [--n-cpu-moe, 2]}}\n")
+    bad.write_text(f"models:\n  - {{name: moe, engine: llama.cpp, model: '{model}', args: [--ctx-size, 9]}}\n")
+    snapshot = str(SNAPDIR / "rtx4090.json")
+    result = run_cli("serve", "--config", str(good), "--hardware", snapshot, "--dry-run", "--json")
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(result.stdout)["models"]["moe"]["argv"]
+    assert argv[argv.index("--n-cpu-moe") + 1] == "2"
+    refused = run_cli("serve", "--config", str(bad), "--hardware", snapshot, "--dry-run")
+    assert refused.returncode != 0
+    assert "args: --ctx-size is set by the plan" in refused.stderr and "`ctx:`" in refused.stderr
