@@ -26,8 +26,9 @@ def test_counted_flags_become_plan_fields_and_the_rest_pass_through() -> None:
     assert plan_fields_from_args("llama.cpp", ["-ctk", "q8_0", "-ctv", "q8_0"]) == {"kv_cache_type": "q8_0"}
     assert plan_fields_from_args("llama.cpp", ["--mmproj", "m.gguf", "--no-mmap", "-ot", "blk.1=CUDA0"]) == {
         "extra_args": ("--mmproj", "m.gguf", "--no-mmap", "-ot", "blk.1=CUDA0")}
+    assert plan_fields_from_args("llama.cpp", ["-fa", "off", "-ub", "256"]) == {"flash_attn": False, "ubatch": 256}
     assert plan_fields_from_args("vllm", ["--cpu-offload-gb", "8", "--enforce-eager", "--seed=3"]) == {
-        "cpu_offload_gb": 8.0, "extra_args": ("--enforce-eager", "--seed=3")}
+        "cpu_offload_gb": 8.0, "eager": True, "extra_args": ("--seed=3",)}
     assert plan_fields_from_args("vllm", ["--speculative-config", '{"method": "ngram"}']) == {
         "extra_args": ("--speculative-config", '{"method": "ngram"}')}
 
@@ -48,7 +49,8 @@ def test_flags_the_plan_owns_are_refused_naming_what_sets_them(engine: str, args
 
 
 def test_differing_k_and_v_types_and_bad_values_are_refused() -> None:
-    for args in (["-ctk", "q8_0", "-ctv", "q4_0"], ["--n-cpu-moe", "many"], ["--n-cpu-moe"], ["model.gguf"]):
+    for args in (["-ctk", "q8_0", "-ctv", "q4_0"], ["--n-cpu-moe", "many"], ["--n-cpu-moe"], ["model.gguf"],
+                 ["-fa", "maybe"]):
         with pytest.raises(SwitchyardError):
             plan_fields_from_args("llama.cpp", args)
     with pytest.raises(SwitchyardError, match="--cpu-offload-gb takes a number of GiB"):

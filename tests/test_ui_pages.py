@@ -368,13 +368,13 @@ def test_serve_engine_flags_reach_the_exported_plan_and_owned_ones_are_refused(w
     serve.start_clicked()
     assert "--max-model-len is set by the plan" in serve.notice.text() and "--ctx" in serve.notice.text()
     assert serve.session.process is None  # nothing started
-    serve.flags_edit.setText("--enforce-eager --seed 7")
+    serve.flags_edit.setText("--seed 7 --disable-log-stats")
     serve.open_export(modal=False)
     qtbot.waitUntil(lambda: serve.export_dialog is not None, timeout=30_000)
     dialog = serve.export_dialog
     qtbot.addWidget(dialog)
     dialog.set_format("shell")
-    assert "--enforce-eager --seed 7" in dialog.text.toPlainText()
+    assert "--seed 7 --disable-log-stats" in dialog.text.toPlainText()
     dialog.close()
     serve.flags_edit.setText("")
 

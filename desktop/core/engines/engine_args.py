@@ -5,7 +5,8 @@ Three kinds of flag, per engine:
 - the plan owns it (context, slots, layers, ports, the model, parsers ...): refused, naming the flag or the
   models.yaml key that sets it, because a second value in the argv would silently win over what the fit checked;
 - the fit counts it: it becomes a plan field (llama.cpp `--n-cpu-moe N`, `--cpu-moe`, `-ot <exps>=CPU`,
-  `-ctk/-ctv`; vLLM `--cpu-offload-gb N`, `--kv-cache-dtype`), so the memory check and the argv agree;
+  `-ctk/-ctv`, `-fa`, `-ub`; vLLM `--cpu-offload-gb N`, `--kv-cache-dtype`, `--enforce-eager`), so the memory
+  check and the argv agree;
 - anything else passes through untouched in `extra_args`, and the fit says it did not account for it.
 
 Hand-written rather than argparse because it must see every flag in order, keep unknown ones verbatim (with their
@@ -31,8 +32,6 @@ _LLAMA_OWNED = {
     ("--host", "--port"): "the endpoint (Switchyard puts the engine on its private socket)",
     ("-a", "--alias"): "the endpoint's model name (models.yaml `name:`)",
     ("--api-key", "--api-key-file"): "the endpoint's key (--api-key-env)",
-    ("-ub", "--ubatch-size"): "the plan's ubatch (the fit sizes compute buffers with it)",
-    ("-fa", "--flash-attn"): "the plan's flash_attn (the fit sizes compute buffers with it)",
     ("--reasoning-format",): "--reasoning-parser (models.yaml `reasoning_parser:`)",
 }
 _VLLM_OWNED = {
@@ -50,7 +49,7 @@ _VLLM_OWNED = {
     ("--quantization", "-q"): "the plan's quantization (`fit --quant` to compare)",
 }
 _OWNED = {"llama.cpp": _LLAMA_OWNED, "vllm": _VLLM_OWNED}
-_NO_VALUE = {"--cpu-moe", "-cmoe", "--enable-auto-tool-choice"}
+_NO_VALUE = {"--cpu-moe", "-cmoe", "--enable-auto-tool-choice", "--enforce-eager"}
 _EXPERTS_TO_CPU = re.compile(r"exps.*=\s*CPU$", re.I)
 
 
@@ -99,6 +98,12 @@ def plan_fields_from_args(engine: str, args: Sequence[str]) -> dict[str, Any]:
             fields["n_cpu_moe"] = ALL_LAYERS  # every expert tensor to the CPU: what --cpu-moe does
         elif engine == "llama.cpp" and flag in ("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"):
             kv[flag] = _text(flag, value)
+        elif engine == "llama.cpp" and flag in ("-fa", "--flash-attn"):
+            fields["flash_attn"] = _switch(flag, value)
+        elif engine == "llama.cpp" and flag in ("-ub", "--ubatch-size"):
+            fields["ubatch"] = _count(flag, value)
+        elif engine == "vllm" and flag == "--enforce-eager":
+            fields["eager"] = True
         elif engine == "vllm" and flag == "--kv-cache-dtype":
             fields["kv_cache_type"] = _text(flag, value)
         elif engine == "vllm" and flag == "--cpu-offload-gb":
@@ -124,6 +129,14 @@ def _text(flag: str, value: str | None) -> str:
     if not value:
         raise SwitchyardError(f"{flag} needs a value")
     return value
+
+
+def _switch(flag: str, value: str | None) -> bool | None:
+    """llama-server's on|off|auto (auto: the plan's None, the engine decides)."""
+    states = {"on": True, "off": False, "auto": None}
+    if value not in states:
+        raise SwitchyardError(f"{flag} takes on, off or auto, not {value!r}")
+    return states[value]
 
 
 def _count(flag: str, value: str | None) -> int:
