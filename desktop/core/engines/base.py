@@ -238,6 +238,12 @@ class EngineAdapter(ABC):
     # The LaunchPlan fields only this engine reads (besides COMMON_PLAN_FIELDS): what a switch to another engine
     # drops, and what the planner refuses when a person sets it for another engine.
     plan_fields: frozenset[str] = frozenset()
+    # Its own flags as a person may pass them through (engines.engine_args): those the plan sets, each with what
+    # sets it instead (refused); those the fit counts, each with (plan field, how its value reads: count,
+    # all_layers, experts_to_cpu, kv, switch, true, text, gib); and the ones that take no value.
+    owned_flags: Mapping[str, str] = {}
+    counted_flags: Mapping[str, tuple[str, str]] = {}
+    valueless_flags: frozenset[str] = frozenset()
     # Which memory accounting of the fit sizes it (planning.fit): "llama.cpp" or "vllm"; default its name.
     sizing: str = ""
     # The flag that lets it free its GPU memory and wake without a cold start (vLLM sleep mode, CUDA only).

@@ -77,6 +77,25 @@ class LlamaCppAdapter(EngineAdapter):
     dry_run_executable = "llama-server"
     plan_fields = frozenset({"gpu_layers", "n_cpu_moe", "kv_cache_type", "flash_attn", "ubatch", "env",
                              "extra_args"})
+    owned_flags = {
+        **dict.fromkeys(("-c", "--ctx-size"), "--ctx (models.yaml `ctx:`), per request"),
+        **dict.fromkeys(("-np", "--parallel"), "--parallel (models.yaml `parallel:`)"),
+        **dict.fromkeys(("-ngl", "--gpu-layers", "--n-gpu-layers"), "--gpu-layers"),
+        **dict.fromkeys(("-m", "--model", "-hf", "--hf-repo", "-mu", "--model-url"), "--model (models.yaml `model:`)"),
+        **dict.fromkeys(("--host", "--port"), "the endpoint (Switchyard puts the engine on its private socket)"),
+        **dict.fromkeys(("-a", "--alias"), "the endpoint's model name (models.yaml `name:`)"),
+        **dict.fromkeys(("--api-key", "--api-key-file"), "the endpoint's key (--api-key-env)"),
+        "--reasoning-format": "--reasoning-parser (models.yaml `reasoning_parser:`)",
+    }
+    counted_flags = {
+        **dict.fromkeys(("--n-cpu-moe", "-ncmoe"), ("n_cpu_moe", "count")),
+        **dict.fromkeys(("--cpu-moe", "-cmoe"), ("n_cpu_moe", "all_layers")),
+        **dict.fromkeys(("-ot", "--override-tensor"), ("n_cpu_moe", "experts_to_cpu")),
+        **dict.fromkeys(("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"), ("kv_cache_type", "kv")),
+        **dict.fromkeys(("-fa", "--flash-attn"), ("flash_attn", "switch")),
+        **dict.fromkeys(("-ub", "--ubatch-size"), ("ubatch", "count")),
+    }
+    valueless_flags = frozenset({"--cpu-moe", "-cmoe"})
     anthropic_messages = True  # llama-server's /v1/messages (this build)
     closes_after_stream = True  # seen with 11434: the connection is closed after every streamed answer
     log_markers = (

@@ -123,6 +123,23 @@ class VllmAdapter(EngineAdapter):
     plan_fields = frozenset({"dtype", "quantization", "kv_cache_type", "gpu_memory_utilization", "tensor_parallel",
                              "max_num_batched_tokens", "kv_cache_gib", "eager", "tokenizer_path", "env",
                              "extra_args", "cpu_offload_gb"})
+    owned_flags = {
+        "--max-model-len": "--ctx (models.yaml `ctx:`)",
+        "--max-num-seqs": "--parallel (models.yaml `parallel:`)",
+        "--model": "--model (models.yaml `model:`)",
+        **dict.fromkeys(("--host", "--port", "--uds"), "the endpoint (Switchyard puts the engine on its private socket)"),
+        "--served-model-name": "the endpoint's model name (models.yaml `name:`)",
+        "--api-key": "the endpoint's key (--api-key-env)",
+        "--gpu-memory-utilization": "--util",
+        **dict.fromkeys(("-tp", "--tensor-parallel-size"), "--tp"),
+        "--dtype": "--dtype",
+        **dict.fromkeys(("--tool-call-parser", "--enable-auto-tool-choice"), "--tool-parser (models.yaml `tool_parser:`)"),
+        "--reasoning-parser": "--reasoning-parser (models.yaml `reasoning_parser:`)",
+        **dict.fromkeys(("--quantization", "-q"), "the plan's quantization (`fit --quant` to compare)"),
+    }
+    counted_flags = {"--enforce-eager": ("eager", "true"), "--kv-cache-dtype": ("kv_cache_type", "text"),
+                     "--cpu-offload-gb": ("cpu_offload_gb", "gib")}
+    valueless_flags = frozenset({"--enable-auto-tool-choice", "--enforce-eager"})
     sleep_mode_flag = SLEEP_MODE_FLAG
     anthropic_messages = True  # vLLM's /v1/messages (vllm/entrypoints/anthropic, 0.32)
     # VLLM_API_KEY guards /v1, /v2, /inference and /cohere only (0.32); these answer anyone who reaches the port,
