@@ -242,6 +242,18 @@ async def _one_connection(proxy: ProxyServer) -> Any:
         def pause_reading(self) -> None:
             pass
 
+        def resume_reading(self) -> None:
+            pass
+
+        def set_write_buffer_limits(self, high: int, low: int) -> None:
+            pass
+
+        def get_write_buffer_size(self) -> int:
+            return 0
+
+        def write_eof(self) -> None:
+            pass
+
     connection = ClientConnection(proxy)
     connection.connection_made(Sink())  # type: ignore[arg-type]
     return connection
@@ -317,9 +329,9 @@ def test_a_half_head_and_an_idle_connection_are_closed_after_their_timeouts(
     assert 0.9 <= head_closed < 3.0 and 1.9 <= idle_closed < 4.0, (head_closed, idle_closed)
 
 
-def test_a_body_that_falls_silent_is_closed_after_the_idle_timeout(make_proxy: Callable[..., ProxyServer],
-                                                                   engine: RecordingEngine) -> None:
-    proxy = make_proxy(limits=Limits(idle_timeout_s=1.0))
+def test_a_body_that_falls_silent_is_closed_after_its_grace(make_proxy: Callable[..., ProxyServer],
+                                                            engine: RecordingEngine) -> None:
+    proxy = make_proxy(limits=Limits(body_grace_s=1.0))
     proxy.set_upstream(engine.upstream)
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{\"a\":")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, overload
+
+from desktop.core.common.text import escape_controls
 
 
 def to_jsonable(value: Any) -> Any:
@@ -26,17 +27,11 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-# C0 and C1 controls, DEL, and the Unicode bidi overrides/isolates and line/paragraph separators: what a
-# terminal would act on (retitle, clear, hide lines) or use to reorder what the reader sees.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
 def cell(value: Any) -> str:
     """A value as one table cell, safe to print: control characters become visible escapes (`\\x1b`), so a
     request's `model`, a remote repo name or an error text can never drive the operator's terminal. Every table
     the CLI prints goes through this."""
-    text = "-" if value is None else str(value)
-    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+    return escape_controls("-" if value is None else str(value))
 
 
 def emit_json(value: Any) -> None:

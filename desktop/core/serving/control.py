@@ -20,6 +20,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Callable, Container
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -262,10 +263,12 @@ def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
     ]
 
 
-def request_routes(request_log: RequestLog, token: str, capture: Any = None) -> list[LocalRoute]:
+def request_routes(request_log: RequestLog, token: str, capture: Any = None,
+                   model_names: Callable[[], Container[str]] | None = None) -> list[LocalRoute]:
     """`GET /switchyard/requests?limit=N&after=SEQ&wait=S`: the requests in flight and the last finished ones
     (seq > after). With `wait`, an empty answer is held until a request finishes (a long poll for --follow).
-    `capture` is a callable telling whether bodies are being captured (shown, not changed, here)."""
+    `capture` is a callable telling whether bodies are being captured (shown, not changed, here); `model_names`
+    the names the endpoint serves (the metrics' only `model` labels)."""
     import asyncio
 
     from desktop.core.serving.http1 import LocalResponse, LocalRoute
@@ -310,7 +313,7 @@ def request_routes(request_log: RequestLog, token: str, capture: Any = None) -> 
     from desktop.core.serving.metrics import metrics_routes  # GET /metrics (Prometheus), fed by the same log
 
     return [LocalRoute("GET", f"{PREFIX}/requests", requests),
-            *metrics_routes(request_log, getattr(request_log, "_sink", None))]
+            *metrics_routes(request_log, getattr(request_log, "_sink", None), model_names)]
 
 
 # --- client side -------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ Owned by the endpoint's event loop (ClientConnection and ProxyServer call it fro
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from collections.abc import Iterable
@@ -48,6 +49,19 @@ def connection_cap(wanted: int, fd_limit: int) -> int:
     return max(8, min(wanted, (fd_limit - FD_RESERVE) // 2))
 
 
+def peer_class(host: str) -> str:
+    """What the per-peer cap counts a connection against: its address, except that every loopback source
+    (127.0.0.0/8, ::1, IPv4-mapped loopback) is one peer, "loopback": they are all this machine's users, and any
+    of them can pick a fresh 127.x.y.z address to count as somebody new."""
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return "loopback" if address.is_loopback else str(address)
+
+
 class Guard:
     """Connection counts and the buffered-body budget of one endpoint."""
 
@@ -55,7 +69,8 @@ class Guard:
         self.limits = limits
         self.max_connections = connection_cap(limits.connections, fd_limit)
         self.max_per_peer = min(limits.per_peer, self.max_connections)
-        self.open: set[ClientConnection] = set()
+        self.open: set[ClientConnection] = set()  # every socket held, until its connection_lost
+        self.dying: set[ClientConnection] = set()  # evicted (aborted): gone within this loop iteration
         self.per_peer: dict[str, int] = {}
         self.buffered = 0  # request-body bytes held (reserved) across all connections
         self._sweep: asyncio.TimerHandle | None = None
@@ -64,18 +79,21 @@ class Guard:
     # --- connections ---
     def admit(self, connection: ClientConnection) -> bool:
         """Take a new connection: at a cap, the longest-idle connection (of that peer, for the per-peer cap) makes
-        room; when none can, the newcomer is refused."""
+        room, one that never passed screening (showed the key) first; when none can, the newcomer is refused."""
         host = connection.peer_host
-        if self.per_peer.get(host, 0) >= self.max_per_peer and \
+        dying_here = sum(1 for c in self.dying if c.peer_host == host)
+        if self.per_peer.get(host, 0) - dying_here >= self.max_per_peer and \
                 not self._evict(c for c in self.open if c.peer_host == host):
             return False
-        if len(self.open) >= self.max_connections and not self._evict(self.open):
+        if len(self.open) - len(self.dying) >= self.max_connections and not self._evict(self.open):
             return False
         self.open.add(connection)
         self.per_peer[host] = self.per_peer.get(host, 0) + 1
         return True
 
     def forget(self, connection: ClientConnection) -> None:
+        """The connection's socket is gone (connection_lost): only now does it stop counting."""
+        self.dying.discard(connection)
         if connection in self.open:
             self.open.discard(connection)
             left = self.per_peer.get(connection.peer_host, 1) - 1
@@ -85,13 +103,15 @@ class Guard:
                 self.per_peer.pop(connection.peer_host, None)
 
     def _evict(self, candidates: Iterable[ClientConnection]) -> bool:
-        """Close the connection that has waited longest between requests (then: longest in a head)."""
-        idle = [c for c in candidates if c.evictable()]
+        """Drop the connection that never passed screening and has waited longest between requests (then:
+        longest in a head, then the trusted ones alike). Aborted, not closed: its socket is gone within this
+        loop iteration whatever its client reads (it still counts until then: `dying`)."""
+        idle = [c for c in candidates if c not in self.dying and c.evictable()]
         if not idle:
             return False
-        victim = min(idle, key=lambda c: (c.phase != "idle", c.since))
-        self.forget(victim)
-        victim.close_quietly()
+        victim = min(idle, key=lambda c: (c.trusted, c.phase != "idle", c.since))
+        self.dying.add(victim)
+        victim.abort()
         return True
 
     # --- buffered bodies ---
@@ -101,6 +121,10 @@ class Guard:
             return False
         self.buffered += size
         return True
+
+    def has_room(self, size: int) -> bool:
+        """Whether a body of `size` bytes would fit now (checked from its head; reserved as it arrives)."""
+        return self.buffered + size <= self.limits.body_budget
 
     def free(self, size: int) -> None:
         self.buffered -= size

@@ -50,7 +50,8 @@ class EndpointHost:
         """`switchyard status|switch|stop|requests` from other shells reach `target` (before `start`)."""
         proxy = self.proxy
         proxy.add_routes(control.control_routes(target, self.token))
-        proxy.add_routes(control.request_routes(self.request_log, self.token, lambda: proxy.capture_bodies))
+        proxy.add_routes(control.request_routes(self.request_log, self.token, lambda: proxy.capture_bodies,
+                                                model_names=proxy.served_names))
 
     def start(self, api_key: str | None = None) -> None:
         """Listen (PortBusy, a readable error, when the port is taken: then nothing is left open), let other shells

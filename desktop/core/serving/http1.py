@@ -21,7 +21,7 @@ from typing import Any, Protocol, cast
 
 import httptools
 
-from desktop.core.serving.guard import Guard
+from desktop.core.serving.guard import Guard, peer_class
 from desktop.core.serving.requestinfo import NO_INFO, RequestInfo
 
 log = logging.getLogger("switchyard.proxy")
@@ -34,6 +34,10 @@ HOP_HEADERS = frozenset({
 })
 MAX_HEAD_BYTES = 64 * 1024  # request line + headers
 MAX_BODY_BYTES = 64 * 1024 * 1024
+# A request refused from its head with a body still to come: the answer is sent, then at most this much of the body
+# is read and dropped, for at most this long (so the client reads the answer, not a reset), and the connection ends.
+LINGER_BYTES = 4096
+LINGER_S = 2.0
 
 
 @dataclass
@@ -48,10 +52,17 @@ class Limits:
     connections (read ahead or waiting for an engine) the answer is 503, and past `body_budget` bytes of request
     bodies held across all connections too. Both carry Retry-After: `retry_after_s`.
 
-    A request head must arrive whole within `head_timeout_s` of its first byte, a body may fall silent for at
-    most `idle_timeout_s`, and a kept-alive connection may wait that long for its next request. At most
-    `connections` connections are held (fewer when the file-descriptor limit is low: guard.connection_cap), at
-    most `per_peer` from one address; at either cap the longest-idle connection makes room.
+    A request head must arrive whole within `head_timeout_s` of its first byte; a body, once `body_grace_s` has
+    passed, must have arrived at `body_min_rate` bytes a second on average since (a whole-body rule: a byte now
+    and then does not keep a connection); a kept-alive connection may wait `idle_timeout_s` for its next request.
+    Bodies are reserved in the budget as their bytes arrive, not as declared.
+
+    Answers wait in a connection's write buffer up to `write_buffer_bytes`; past it the endpoint stops reading
+    that client (and the engine's stream) until it has read them, and a client that reads nothing for
+    `idle_timeout_s` is dropped. A connection that is closed flushes what is written for at most `drain_s`, then
+    its socket is dropped. At most `connections` connections are held (fewer when the file-descriptor limit is
+    low: guard.connection_cap), at most `per_peer` from one address (every loopback address is one peer); at
+    either cap the longest-idle connection, one that never showed a valid key first, makes room.
     """
 
     pipelined: int = 16
@@ -63,6 +74,10 @@ class Limits:
     idle_timeout_s: float = 60.0
     connections: int = 1024
     per_peer: int = 512
+    body_grace_s: float = 10.0
+    body_min_rate: int = 16 << 10
+    write_buffer_bytes: int = 64 << 10
+    drain_s: float = 5.0
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -255,6 +270,14 @@ class RequestReader(asyncio.Protocol):
         self._dispatching = False
         self.closed = False
         self.reading_paused = False  # read-ahead is full: TCP holds the client back
+        self.write_paused = False  # the client has not read its answers (write buffer over its mark)
+        self.lingering = False  # refused from its head: a few KiB of its body are dropped, then it closes
+        self.trusted = False  # a request of it passed screening (its key, where one is set): evicted last
+        self._reading_off = False  # the transport's reading is paused (for read-ahead or for writes)
+        self._paused_since = 0.0
+        self._write_since = 0.0  # when the client stopped reading its answers
+        self._lingered = 0
+        self._drain: asyncio.TimerHandle | None = None  # a closing connection's flush deadline
         self.ended = False  # nothing more is read: what is pending is answered, then the connection closes
         self.rejected = False  # refused as unreadable: answered once and closed
         self.phase = "idle"  # "idle" (between requests), "head", "body": what check_time() times
@@ -274,10 +297,15 @@ class RequestReader(asyncio.Protocol):
         self._body: list[bytes] = []
         self._head_size = 0
         self._body_size = 0
-        self._dropped = 0  # body bytes of a request answered from its head, read and thrown away
-        self._held = 0  # budget reserved for the body being read
+        self._held = 0  # budget reserved for the body being read (as its bytes arrive)
+        self._body_start = 0.0  # when the body began (moved on by time the endpoint held reading back)
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:  # the body of a refused request: dropped, a few KiB at most
+            self._lingered += len(data)
+            if self._lingered > LINGER_BYTES:
+                self.abort()
+            return
         view = memoryview(data)
         while view and not self.ended:
             if self._in_head or self._chunked:
@@ -312,24 +340,53 @@ class RequestReader(asyncio.Protocol):
         return None  # a half-closed client is treated as gone: the transport closes and connection_lost follows
 
     def evictable(self) -> bool:
-        """Nothing is being answered or held for it: closing it loses no request."""
+        """Nothing is being answered or held for it (a refused request's lingering body is not): closing it loses
+        no request."""
         return not self.busy and not self.pending and not self.closed and self.phase != "body"
 
     def close_quietly(self) -> None:
         self.ended = True
+        self.close()
+
+    def close(self) -> None:
+        """End the connection: what is written is flushed for at most `drain_s`, then the socket is dropped (a
+        plain close waits for ever for a client that reads nothing)."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        unsent = transport.get_write_buffer_size()
+        transport.close()
+        if unsent and self._drain is None:
+            self._drain = asyncio.get_running_loop().call_later(self.limits.drain_s, self.abort)
+
+    def abort(self) -> None:
+        """Drop the socket now, whatever is unsent (connection_lost follows within this loop iteration)."""
+        self.ended = True
         if self.transport is not None and not self.closed:
-            self.transport.close()
+            self.transport.abort()
 
     def check_time(self, now: float) -> None:
-        """Close a connection whose head, body or keep-alive wait ran past its timeout."""
-        if self.closed or self.reading_paused:
+        """Close a connection whose head, body, keep-alive wait or unread answers ran past its timeout."""
+        limits = self.limits
+        if self.closed:
             return
-        if self.phase == "head" and now - self.since >= self.limits.head_timeout_s:
-            self._reject(408, f"the request head did not arrive within {self.limits.head_timeout_s:g} s")
-        elif self.phase == "body" and now - self.since >= self.limits.idle_timeout_s:
-            self._reject(408, f"the request body was silent for {self.limits.idle_timeout_s:g} s")
+        if self.write_paused and now - self._write_since >= limits.idle_timeout_s:
+            log.info("dropped a client that read none of its answers for %g s", limits.idle_timeout_s)
+            self.abort()
+            return
+        if self.lingering:
+            if now - self.since >= LINGER_S:
+                self.abort()
+            return
+        if self._reading_off:  # held back by the endpoint: its time does not count against the client
+            return
+        if self.phase == "head" and now - self.since >= limits.head_timeout_s:
+            self._reject(408, f"the request head did not arrive within {limits.head_timeout_s:g} s")
+        elif self.phase == "body" and now - self._body_start >= limits.body_grace_s and \
+                self._body_size < limits.body_min_rate * (now - self._body_start - limits.body_grace_s):
+            self._reject(408, f"the request body arrived slower than {limits.body_min_rate / 1024:g} KiB/s")
         elif self.phase == "idle" and not self.busy and not self.pending and \
-                now - self.since >= self.limits.idle_timeout_s:
+                now - self.since >= limits.idle_timeout_s:
             self.close_quietly()
 
     def on_message_begin(self) -> None:
@@ -341,7 +398,7 @@ class RequestReader(asyncio.Protocol):
         self._answer = None
         self._cors = b""
         self._body = []
-        self._head_size = self._body_size = self._dropped = 0
+        self._head_size = self._body_size = 0
         self.phase, self.since = "head", time.monotonic()
 
     def on_url(self, url: bytes) -> None:
@@ -365,16 +422,10 @@ class RequestReader(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self._seen += len(body)
-        self.since = time.monotonic()
-        if self._answer is not None:  # answered from its head: read (to keep the connection in step), dropped
-            self._dropped += len(body)
-            if self._dropped > MAX_BODY_BYTES:
-                self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB")
-            return
         self._body_size += len(body)
         if self._body_size > MAX_BODY_BYTES:
             self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB")
-        if self._body_size > self._held:  # chunked: reserved as it arrives
+        if self._body_size > self._held:  # reserved as it arrives, not as declared
             if not self.guard.reserve(self._body_size - self._held):
                 self._refuse(503, f"the endpoint holds {self.limits.body_budget >> 20} MiB of request bodies "
                                   "already", overloaded(self.limits, "the endpoint holds too many request bodies"))
@@ -385,9 +436,8 @@ class RequestReader(asyncio.Protocol):
             self._pause_reading()
 
     def _pause_reading(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.reading_paused = True
-            self.transport.pause_reading()
+        self.reading_paused = True
+        self._sync_reading()
 
     def _maybe_resume_reading(self) -> None:
         if not self.reading_paused or self.closed or self.transport is None or self.ended:
@@ -395,7 +445,25 @@ class RequestReader(asyncio.Protocol):
         if (not self.busy and not self.pending) or (len(self.pending) + self.busy < self.limits.pipelined and
                                                     self.pending_bytes + self._body_size <= self.limits.readahead_bytes):
             self.reading_paused = False
-            self.transport.resume_reading()
+            self._sync_reading()
+
+    def _sync_reading(self) -> None:
+        """Read from the client only while neither its read-ahead nor its unread answers are full (an ended
+        connection is never read again)."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        off = self.reading_paused or self.write_paused
+        if off == self._reading_off or (not off and self.ended):
+            return
+        self._reading_off = off
+        now = time.monotonic()
+        if off:
+            self._paused_since = now
+            transport.pause_reading()
+        else:
+            self._body_start += now - self._paused_since
+            transport.resume_reading()
 
     def _pop(self) -> Incoming:
         request = self.pending.popleft()
@@ -433,7 +501,28 @@ class RequestReader(asyncio.Protocol):
             if not self.busy and not self._answered_early:
                 self.write_response(answer or json_error(status, message, "invalid_request_error"), close=True)
             if not self.busy:
-                self.transport.close()
+                if self.phase == "body":
+                    self._linger()
+                else:
+                    self.close()
+
+    def _linger(self) -> None:
+        """Answered while its body is still coming: end our side (the client reads the answer, then an end of
+        file), read and drop at most LINGER_BYTES of what follows for at most LINGER_S, then drop the socket
+        (data_received, check_time). Closing at once would reset the connection under the unread body, and the
+        client could lose the answer."""
+        transport = self.transport
+        self.lingering = self.ended = True
+        self.phase, self.since = "linger", time.monotonic()
+        if transport is None or self.closed:
+            return
+        if self._reading_off:
+            self.close()
+            return
+        try:
+            transport.write_eof()
+        except (OSError, RuntimeError, NotImplementedError):
+            self.close()
 
     def _refuse(self, status: int, message: str, answer: LocalResponse | None = None) -> None:
         """_reject() from inside a parser callback, which also stops the parser (caught in data_received)."""
@@ -464,19 +553,24 @@ class ClientConnection(RequestReader):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        self.transport.set_write_buffer_limits(high=self.limits.write_buffer_bytes,
+                                               low=self.limits.write_buffer_bytes // 4)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else None
-        self.peer_host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        self.peer_host = peer_class(str(peer[0])) if isinstance(peer, tuple) and peer else ""
         if not self.guard.admit(self):
             self.ended = self.closed = True
             self.transport.write(encode_response(overloaded(self.limits, "the endpoint holds all the connections "
                                                                          "it may; retry shortly"), True, False, b""))
-            self.transport.close()
+            self.transport.abort()  # never held: a client that does not read the 503 cannot keep the socket
             return
         self.handler.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._drain is not None:
+            self._drain.cancel()
+            self._drain = None
         self.handler.connections.discard(self)
         self.guard.forget(self)
         self._drop_pending()
@@ -487,12 +581,20 @@ class ClientConnection(RequestReader):
             self.worker.cancel()  # still waiting for an engine: nobody is left to answer
 
     def pause_writing(self) -> None:
+        """The client reads its answers slower than they come: stop reading it (requests it sent wait unparsed
+        in TCP) and the engine's stream, until it catches up (resume_writing) or the idle timeout drops it."""
+        self.write_paused, self._write_since = True, time.monotonic()
+        self._sync_reading()
         if self.exchange is not None:
             self.exchange.pause_upstream()
 
     def resume_writing(self) -> None:
+        self.write_paused = False
         if self.exchange is not None:
             self.exchange.resume_upstream()
+        self._sync_reading()
+        if not self.busy and self.pending:
+            self._next()
 
     def on_headers_complete(self) -> None:
         """The head is complete: judge it now (conformance, origin, API key, room), before any body is kept."""
@@ -501,6 +603,7 @@ class ClientConnection(RequestReader):
         self._seen += len(method) + 14
         self._in_head, self._overhead = False, 0
         self.phase, self.since = "body", time.monotonic()
+        self._body_start = self.since
         head = self._head = Headers(self._headers)
         self._chunked = "chunked" in head.get("Transfer-Encoding").lower()
         refusal = conformance(method, self._url, self._headers, parser.get_http_version() == "1.0",
@@ -519,13 +622,22 @@ class ClientConnection(RequestReader):
                                                "connection", 429))
         if answer is None and (self.busy or self.pending) and self.handler.queued >= self.limits.queued:
             answer = overloaded(self.limits, queue_full(self.limits))
-        if answer is None and length and not self.guard.reserve(length):
+        if answer is None and length and not self.guard.has_room(length):
             answer = overloaded(self.limits, f"the endpoint holds {self.limits.body_budget >> 20} MiB of request "
                                              "bodies already")
-        self._held = length if answer is None else 0
+        self.trusted = self.trusted or answer is None
         self._answer = answer
         self._answered_early = False
         idle = not self.busy and not self.pending and self.transport is not None
+        if answer is not None and (length or self._chunked):
+            # Refused with a body to come: it is never read. Answered now (or after those before it), and the
+            # connection ends there.
+            if not idle:
+                self._last(answer)
+            self._answered_early = True
+            self.write_response(answer, close=True, cors=self._cors)
+            self._linger()
+            raise httptools.HttpParserCallbackError("refused from its head")
         if answer is not None and idle:
             # Nothing earlier to answer first: say it now, so a client never sends a body only to be refused.
             self._answered_early = True
@@ -557,9 +669,9 @@ class ClientConnection(RequestReader):
             self.handler.queued += 1
         if not self.busy:
             self._next()
-        elif not self.reading_paused and (len(self.pending) + 1 >= self.limits.pipelined
-                                          or self.pending_bytes > self.limits.readahead_bytes):
-            self._pause_reading()
+        if self.pending and not self.reading_paused and (len(self.pending) + self.busy >= self.limits.pipelined
+                                                         or self.pending_bytes > self.limits.readahead_bytes):
+            self._pause_reading()  # answers waiting on an engine, or on a client that does not read them
 
     def _last(self, answer: LocalResponse) -> None:
         """Past the pipelining cap: this request is answered `answer` after those before it, and the connection
@@ -579,7 +691,7 @@ class ClientConnection(RequestReader):
             return  # request_done() was called from inside dispatch: the loop below carries on
         self._dispatching = True
         try:
-            while self.pending and not self.busy and not self.closed:
+            while self.pending and not self.busy and not self.closed and not self.write_paused:
                 self.current = request = self._pop()
                 self.busy = True
                 if request.answer is not None:
@@ -605,7 +717,7 @@ class ClientConnection(RequestReader):
         if self.closed or self.transport is None:
             return
         if not keep or current is None or not current.keep_alive or (self.ended and not self.pending):
-            self.transport.close()
+            self.close()
             return
         self.since = time.monotonic()
         self._next()

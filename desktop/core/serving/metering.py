@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from desktop.core.common.sse import SSEDecoder, StreamDelta, parse_chunk
+from desktop.core.common.text import bounded
 from desktop.core.runtime.telemetry import Sample
 
 
@@ -29,12 +30,17 @@ class RequestRecord:
     output_tokens: int | None
     error: str | None = None
     prompt_tokens: int | None = None
-    model: str | None = None  # the `model` the client asked for
+    model: str | None = None  # the `model` the client asked for: escaped, at most RECORDED_CHARS (common.text)
     engine: str | None = None
     client: str | None = None  # the client's address (host:port)
     seq: int = 0  # the endpoint's number for this request: a "started" and its finished record share it
     request_body: str | None = None  # only when body capture is on
     response_body: str | None = None
+
+    def __post_init__(self) -> None:
+        # The client picks the name's size; the request log, history and every view keep this record.
+        if self.model is not None:
+            self.model = bounded(self.model)
 
     @property
     def in_flight(self) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -37,12 +37,23 @@ PHASES = ("t1_health_s", "t2_first_token_s", "t3_first_request_s")
 LAUNCH_SYNC_S = 1.0
 
 
+OTHER_MODEL = "other"  # the label of every requested model name that is not one the endpoint serves
+UNNAMED_LABELS = 16  # without a list of served names: the first distinct names, then OTHER_MODEL
+
+
 class EndpointMetrics:
     """The endpoint's metrics in a registry of its own (never the global one: two endpoints in one process,
-    as in tests, must not mix)."""
+    as in tests, must not mix).
+
+    A request's `model` is the client's string, so it labels a series only when it is a name the endpoint
+    serves (`model_names`: the configured models, or the served name of a single-model endpoint); any other
+    name is `other`. Label sets, and so the size of a scrape, stay bounded whatever clients send."""
 
     def __init__(self, request_log: RequestLog | None = None, history: Any = None,
-                 started_at: float | None = None) -> None:
+                 started_at: float | None = None,
+                 model_names: Callable[[], Container[str]] | None = None) -> None:
+        self._model_names = model_names
+        self._unnamed: set[str] = set()
         self.registry = CollectorRegistry(auto_describe=True)
         self.started_at = time.time() if started_at is None else started_at
         self._history = history  # anything with runs(limit, kind): storage.history.Store
@@ -95,8 +106,19 @@ class EndpointMetrics:
         if event.get("kind") == "autopilot":  # the hybrid loop's decisions, as the request log keeps them
             self.observe_decision(str(event.get("action")))
 
+    def model_label(self, model: str | None) -> str:
+        """The `model` label of a request that named `model` (bounded: see the class docstring)."""
+        if not model:
+            return ""
+        if self._model_names is not None:
+            return model if model in self._model_names() else OTHER_MODEL
+        if model in self._unnamed or len(self._unnamed) < UNNAMED_LABELS:
+            self._unnamed.add(model)
+            return model
+        return OTHER_MODEL
+
     def observe_request(self, record: RequestRecord) -> None:
-        model, engine = record.model or "", record.engine or ""
+        model, engine = self.model_label(record.model), record.engine or ""
         status = self._status.get((model, engine, record.status))
         if status is None:  # labels() costs ~10 us; a dict lookup per request instead
             status = self._status[(model, engine, record.status)] = self.requests.labels(model, engine,
@@ -163,13 +185,15 @@ class EndpointMetrics:
             self._request_log.unsubscribe(self._on_request)
 
 
-def metrics_routes(request_log: RequestLog, history: Any = None) -> list[LocalRoute]:
-    """`GET /metrics` for the endpoint's port (the proxy guards it like the API: local Host, the API key if set)."""
+def metrics_routes(request_log: RequestLog, history: Any = None,
+                   model_names: Callable[[], Container[str]] | None = None) -> list[LocalRoute]:
+    """`GET /metrics` for the endpoint's port (the proxy guards it like the API: local Host, the API key if set).
+    `model_names`: the names the endpoint serves, the only `model` labels besides `other`."""
     import asyncio
 
     from desktop.core.serving.http1 import LocalResponse, LocalRoute
 
-    metrics = EndpointMetrics(request_log, history)
+    metrics = EndpointMetrics(request_log, history, model_names=model_names)
 
     async def scrape(_request: LocalRequest) -> LocalResponse:
         body = await asyncio.to_thread(metrics.render)
@@ -180,4 +204,4 @@ def metrics_routes(request_log: RequestLog, history: Any = None) -> list[LocalRo
     return [route]
 
 
-__all__ = ["METRICS_PATH", "EndpointMetrics", "metrics_routes"]
+__all__ = ["METRICS_PATH", "OTHER_MODEL", "EndpointMetrics", "metrics_routes"]

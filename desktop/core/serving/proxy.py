@@ -29,12 +29,13 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Container, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from desktop.core.common.errors import PortBusy, SwitchyardError
 from desktop.core.common.origins import ANY_ORIGIN, is_local_origin, is_loopback_host, normalize_origin
+from desktop.core.common.text import bounded
 from desktop.core.engines.model_path import model_label
 from desktop.core.runtime.ports import holder_of
 from desktop.core.serving.defaults import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
@@ -119,6 +120,11 @@ class ProxyServer:
         self.router = Router(self.counters)  # owned by the proxy's loop
         self.router.default.extra_routes = frozenset(extra_routes)
         self.forwarder = Forwarder(self, self.router, self.upstreams)
+
+    def served_names(self) -> Container[str]:
+        """The model names this endpoint serves: the configured models, or the one served name (read on the
+        endpoint's loop, where the request log's listeners run)."""
+        return self.router.routes or (self.model_name,)
 
     # --- configuration (before start) ---
     def subscribe(self, listener: RequestListener) -> None:
@@ -293,7 +299,7 @@ class ProxyServer:
         if routes is not None or path.startswith(CONTROL_PREFIX):
             handler = routes.get(method) if routes else None
             if handler is None:
-                self._answer(request, client, json_error(404 if not routes else 405, f"no route {method} {path}"))
+                self._answer(request, client, json_error(404 if not routes else 405, f"no route {method} {bounded(path)}"))
             else:
                 client.wait_in(self._local(handler, request, client))
         elif path == "/health":
@@ -316,7 +322,7 @@ class ProxyServer:
             what = "POST it" if path in INFERENCE_ROUTES else \
                 f"the endpoint forwards only {', '.join(sorted(INFERENCE_ROUTES))} (and GET /v1/models)"
             self._answer(request, client, error_answer(path, 404 if path not in INFERENCE_ROUTES else 405,
-                                                      f"no route {method} {path}: {what}"))
+                                                      f"no route {method} {bounded(path)}: {what}"))
 
     def _route(self, request: Incoming, client: ClientConnection, info: RequestInfo) -> None:
         """The body is read: pick the route by its model and forward."""
@@ -330,7 +336,7 @@ class ProxyServer:
             return
         if request.path not in INFERENCE_ROUTES and request.path not in route.extra_routes:
             self._answer(request, client, error_answer(request.path, 404, f"no route {request.method} "
-                                                      f"{request.path} for this model"))
+                                                      f"{bounded(request.path)} for this model"))
             return
         self.counters["requests"] += 1
         request.seq = self.counters["requests"]
@@ -517,7 +523,7 @@ def models_answer(router: Router, model_name: str, started_at: float) -> LocalRe
 def unknown_model(router: Router, name: str | None) -> LocalResponse:
     """OpenAI's answer for a model it does not have, naming the ones this endpoint does have."""
     names = ", ".join(router.routes)
-    message = (f"The model '{name}' does not exist on this endpoint; available: {names}" if name is not None
+    message = (f"The model '{bounded(name)}' does not exist on this endpoint; available: {names}" if name is not None
                else f"the request names no model; this endpoint serves several: {names}")
     return LocalResponse.json({"error": {"message": message, "type": "invalid_request_error", "param": "model",
                                          "code": "model_not_found" if name is not None else "model_required"}},
