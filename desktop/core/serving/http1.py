@@ -628,7 +628,7 @@ class ClientConnection(RequestReader):
         self.trusted = self.trusted or answer is None
         self._answer = answer
         self._answered_early = False
-        idle = not self.busy and not self.pending and self.transport is not None
+        idle = not self.busy and not self.pending and not self.write_paused and self.transport is not None
         if answer is not None and (length or self._chunked):
             # Refused with a body to come: it is never read. Answered now (or after those before it), and the
             # connection ends there.
