@@ -50,8 +50,8 @@ def standin() -> Iterator[bench_hostile.StandInEngine]:
 def child_endpoint(standin: bench_hostile.StandInEngine) -> Iterator[Callable[..., bench_hostile.ChildEndpoint]]:
     started: list[bench_hostile.ChildEndpoint] = []
 
-    def start(**limits: Any) -> bench_hostile.ChildEndpoint:
-        endpoint = bench_hostile.ChildEndpoint(standin.url, **limits)
+    def start(key: str = KEY, **limits: Any) -> bench_hostile.ChildEndpoint:
+        endpoint = bench_hostile.ChildEndpoint(standin.url, key, **limits)
         started.append(endpoint)
         return endpoint
 
@@ -94,8 +94,8 @@ def server_sockets(port: int) -> int:
 # --- H1: answers nobody reads --------------------------------------------------------------------------------------
 def test_2000_unread_pipelined_404s_grow_the_endpoint_by_under_32_mib_and_the_socket_goes_at_the_timeout(
         child_endpoint: Callable[..., bench_hostile.ChildEndpoint]) -> None:
-    endpoint = child_endpoint(idle_timeout_s=3.0)
-    assert httpx.get(endpoint.url + "/v1/models", headers=AUTH, trust_env=False, timeout=10).status_code == 200
+    endpoint = child_endpoint(key="", idle_timeout_s=3.0)  # keyless, as by default: anyone's 404s
+    assert httpx.get(endpoint.url + "/v1/models", trust_env=False, timeout=10).status_code == 200
     base = endpoint.rss()
     peak = Peak(endpoint.ps)
     sock = bench_hostile._connect(endpoint.port, rcvbuf=4096)

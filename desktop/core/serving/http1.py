@@ -299,6 +299,7 @@ class RequestReader(asyncio.Protocol):
         self._body_size = 0
         self._held = 0  # budget reserved for the body being read (as its bytes arrive)
         self._body_start = 0.0  # when the body began (moved on by time the endpoint held reading back)
+        self._declared = 0  # the Content-Length of the message being read
 
     def data_received(self, data: bytes) -> None:
         if self.lingering:  # the body of a refused request: dropped, a few KiB at most
@@ -339,11 +340,6 @@ class RequestReader(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         return None  # a half-closed client is treated as gone: the transport closes and connection_lost follows
 
-    def evictable(self) -> bool:
-        """Nothing is being answered or held for it (a refused request's lingering body is not): closing it loses
-        no request."""
-        return not self.busy and not self.pending and not self.closed and self.phase != "body"
-
     def close_quietly(self) -> None:
         self.ended = True
         self.close()
@@ -365,30 +361,6 @@ class RequestReader(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.abort()
 
-    def check_time(self, now: float) -> None:
-        """Close a connection whose head, body, keep-alive wait or unread answers ran past its timeout."""
-        limits = self.limits
-        if self.closed:
-            return
-        if self.write_paused and now - self._write_since >= limits.idle_timeout_s:
-            log.info("dropped a client that read none of its answers for %g s", limits.idle_timeout_s)
-            self.abort()
-            return
-        if self.lingering:
-            if now - self.since >= LINGER_S:
-                self.abort()
-            return
-        if self._reading_off:  # held back by the endpoint: its time does not count against the client
-            return
-        if self.phase == "head" and now - self.since >= limits.head_timeout_s:
-            self._reject(408, f"the request head did not arrive within {limits.head_timeout_s:g} s")
-        elif self.phase == "body" and now - self._body_start >= limits.body_grace_s and \
-                self._body_size < limits.body_min_rate * (now - self._body_start - limits.body_grace_s):
-            self._reject(408, f"the request body arrived slower than {limits.body_min_rate / 1024:g} KiB/s")
-        elif self.phase == "idle" and not self.busy and not self.pending and \
-                now - self.since >= limits.idle_timeout_s:
-            self.close_quietly()
-
     def on_message_begin(self) -> None:
         self._begin_seen = self._seen
         self._in_head = True
@@ -398,7 +370,7 @@ class RequestReader(asyncio.Protocol):
         self._answer = None
         self._cors = b""
         self._body = []
-        self._head_size = self._body_size = 0
+        self._head_size = self._body_size = self._declared = 0
         self.phase, self.since = "head", time.monotonic()
 
     def on_url(self, url: bytes) -> None:
@@ -501,7 +473,7 @@ class RequestReader(asyncio.Protocol):
             if not self.busy and not self._answered_early:
                 self.write_response(answer or json_error(status, message, "invalid_request_error"), close=True)
             if not self.busy:
-                if self.phase == "body":
+                if self.phase == "body" and (self._chunked or self._declared):  # a body is still to come
                     self._linger()
                 else:
                     self.close()
@@ -596,6 +568,35 @@ class ClientConnection(RequestReader):
         if not self.busy and self.pending:
             self._next()
 
+    def evictable(self) -> bool:
+        """Nothing is being answered or held for it (a refused request's lingering body is not): closing it loses
+        no request."""
+        return not self.busy and not self.pending and not self.closed and self.phase != "body"
+
+    def check_time(self, now: float) -> None:
+        """Close a connection whose head, body, keep-alive wait or unread answers ran past its timeout."""
+        limits = self.limits
+        if self.closed:
+            return
+        if self.write_paused and now - self._write_since >= limits.idle_timeout_s:
+            log.info("dropped a client that read none of its answers for %g s", limits.idle_timeout_s)
+            self.abort()
+            return
+        if self.lingering:
+            if now - self.since >= LINGER_S:
+                self.abort()
+            return
+        if self._reading_off:  # held back by the endpoint: its time does not count against the client
+            return
+        if self.phase == "head" and now - self.since >= limits.head_timeout_s:
+            self._reject(408, f"the request head did not arrive within {limits.head_timeout_s:g} s")
+        elif self.phase == "body" and now - self._body_start >= limits.body_grace_s and \
+                self._body_size < limits.body_min_rate * (now - self._body_start - limits.body_grace_s):
+            self._reject(408, f"the request body arrived slower than {limits.body_min_rate / 1024:g} KiB/s")
+        elif self.phase == "idle" and not self.busy and not self.pending and \
+                now - self.since >= limits.idle_timeout_s:
+            self.close_quietly()
+
     def on_headers_complete(self) -> None:
         """The head is complete: judge it now (conformance, origin, API key, room), before any body is kept."""
         parser = self.parser
@@ -614,6 +615,7 @@ class ClientConnection(RequestReader):
             length = int(head.get("Content-Length") or 0)  # llhttp has checked it is one plain number
         except ValueError:
             length = 0
+        self._declared = length
         answer, self._cors = self.handler.screen(method, self._url.decode("latin-1").partition("?")[0], head)
         if length > MAX_BODY_BYTES:  # refused, and never drained: the connection ends with the answer
             self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB", answer)
