@@ -276,10 +276,7 @@ def test_at_a_small_cap_keyless_tricklers_from_other_loopback_addresses_make_roo
     tricklers = []
     try:
         for index in range(8):
-            sock = socket.socket()
-            sock.bind((f"127.0.0.{2 + index % 4}", 0))
-            sock.settimeout(10)
-            sock.connect(("127.0.0.1", proxy.port))
+            sock = socket.create_connection(("127.0.0.1", proxy.port), 10, (f"127.0.0.{2 + index % 4}", 0))
             sock.sendall(post_bytes(b"{", key=False, length=100000, close=False))
             tricklers.append(sock)
         eventually(lambda: len(proxy.guard.open) == 8 or all(c.lingering for c in list(proxy.connections)),
@@ -301,11 +298,7 @@ def test_every_loopback_address_is_one_peer(make_proxy: Callable[..., ProxyServe
     idle = []
     try:
         for index in range(4):
-            sock = socket.socket()
-            sock.bind((f"127.0.0.{2 + index}", 0))
-            sock.settimeout(10)
-            sock.connect(("127.0.0.1", proxy.port))
-            idle.append(sock)
+            idle.append(socket.create_connection(("127.0.0.1", proxy.port), 10, (f"127.0.0.{2 + index}", 0)))
         eventually(lambda: len(proxy.guard.open) == 4, "4 connections to be held")
         newcomer = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
         idle.append(newcomer)

@@ -676,8 +676,9 @@ class ClientConnection(RequestReader):
             self._pause_reading()  # answers waiting on an engine, or on a client that does not read them
 
     def _last(self, answer: LocalResponse) -> None:
-        """Past the pipelining cap: this request is answered `answer` after those before it, and the connection
-        ends there (nothing more is read or parsed)."""
+        """Past the pipelining cap, or refused from its head with a body while earlier answers are outstanding:
+        this request is answered `answer` after those before it, and the connection ends there (nothing more is
+        read or parsed; its body is never read)."""
         self.ended = True
         self.pending.append(Incoming(self._method, "", "", "", self._head or Headers([]), b"", keep_alive=False,
                                      http10=False, answer=answer, cors=self._cors))
