@@ -137,23 +137,21 @@ def _switch(window: Any, serve: Any, out: Path) -> list[Path]:
 
 
 def save_traffic(window: Any, out: Path, name: str, *, panel_only: bool = False) -> Path | None:
-    """The Recommend page's traffic panel, read again from history: the profile of what went through the
-    endpoint (the whole page, the panel given most of its height) or, once an A/B has measured both engines, the
-    crossover charts (the panel alone)."""
+    """The Recommend page's traffic panel, read again from history: the whole page as laid out (the answer first,
+    whole, the profile of what went through the endpoint below it) or, once an A/B has measured both engines, the
+    crossover charts (the panel alone, given the page's height while the answer is hidden for the shot)."""
     recommend = window.show_page("Recommend")
     panel = recommend.traffic
     panel.refresh(recommend.model_edit.text().strip())
     if not wait_until(lambda: not panel.loading, 60) or panel.picture is None:
         print("the traffic profile did not arrive in time", file=sys.stderr)
         return None
-    sizes = recommend.split.sizes()
-    answer = 1 if panel_only else 150  # the answer above keeps its headline in the page's shot
-    recommend.split.setSizes([answer, sum(sizes) - answer])
+    recommend.result_box.setVisible(not panel_only)
     wait_until(lambda: False, 0.6)
     try:
         return _grab(panel if panel_only else window, out / name)
     finally:
-        recommend.split.setSizes(sizes)
+        recommend.result_box.setVisible(True)
 
 
 def _anthropic_request(url: str) -> None:

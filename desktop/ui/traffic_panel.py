@@ -36,7 +36,8 @@ def traffic_picture(model: str, since_s: float = 7 * 86400.0) -> dict[str, Any]:
         runs = store.runs(limit=500)
     curves = curves_from_history(runs, model, cpu=not has_cuda())
     operating = profile.concurrency.p95 if profile.concurrency is not None else None
-    return {"profile": profile, "crossover": crossover(curves, operating_concurrency=operating)}
+    return {"profile": profile, "crossover": crossover(curves, operating_concurrency=operating,
+                                                       operating_source="traffic")}
 
 
 def _g(value: float | None) -> str:
@@ -197,6 +198,8 @@ class TrafficPanel(QGroupBox):
         """Both engines' curves on log2 concurrency (throughput and TTFT p95), the operating point and the
         crossover as vertical lines on both."""
         self.series, self.ttft_series, self.marks = {}, {}, {}
+        from desktop.core.planning.basis import curve_basis
+
         legend = []
         plots = (self.plot.getPlotItem(), self.ttft_plot.getPlotItem())
         for item in plots:
@@ -218,7 +221,7 @@ class TrafficPanel(QGroupBox):
             cold = (f"; cold start {curve.cold_start_s:.1f} s "
                     f"({'default' if curve.cold_start_tag == 'default' else 'measured here'})"
                     if curve.cold_start_s is not None else "")
-            legend.append(f'<span style="color:{color}">■</span> {curve.engine}: {curve.tag}{unit}{cold}')
+            legend.append(f'<span style="color:{color}">■</span> {curve.engine}: {curve_basis(curve.tag)}{unit}{cold}')
         text = QApplication.palette().color(QPalette.ColorRole.Text)
         relative = any(c.relative for c in x.curves)
         plots[0].setTitle(self.THROUGHPUT_TITLE, color=text)

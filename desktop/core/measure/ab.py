@@ -543,7 +543,8 @@ def ab_crossover(config: ABConfig, engines: list[EngineResult], started: float) 
         curves.append(EngineCurve.measured_points(engine.engine, points, started,
                                                   cold_start_s=engine.cold_start_for_cost()))
     expected = config.expected_concurrency or sorted(config.concurrency)[len(config.concurrency) // 2]
-    return crossover(curves, operating_concurrency=float(expected)).to_json()
+    return crossover(curves, operating_concurrency=float(expected),
+                     operating_source="typed" if config.expected_concurrency else None).to_json()
 
 
 def _nearest(levels: tuple[int, ...], wanted: int) -> int:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from desktop.core.planning.basis import curve_basis, faster_everywhere
 from desktop.core.planning.crossover import Crossover
 
 Action = Literal["stay", "watch", "start_standby", "switch_stop_first", "hand_over", "retire"]
@@ -110,13 +111,12 @@ def decide(inputs: PolicyInputs) -> Decision:
         return Decision(action, reason, inputs.now, {**numbers, **extra})
 
     if x.crossover_concurrency is None or vllm is None or llama is None:
-        levels = ", ".join(str(p.concurrency) for p in (llama.points if llama else ()))
-        tag = llama.tag if llama else "default"
+        levels = [p.concurrency for p in (llama.points if llama else ())]
+        tags = [(c.engine, c.tag) for c in x.curves]
         if inputs.active != "llama.cpp":
-            return made("retire", f"llama.cpp measures faster at every concurrency ({levels}; {tag}): "
-                                  "handing back to llama.cpp")
-        return made("stay", f"llama.cpp measures faster at every concurrency ({levels}; {tag}): "
-                            "vLLM never pays back on this machine, staying on llama.cpp")
+            return made("retire", faster_everywhere("llama.cpp", "vLLM", levels, tags, "handing back to llama.cpp"))
+        return made("stay", faster_everywhere("llama.cpp", "vLLM", levels, tags,
+                                              "vLLM never pays back on this machine, staying on llama.cpp"))
     cross = x.crossover_concurrency
     on_vllm = inputs.active == "vllm"
     if on_vllm:
@@ -135,8 +135,8 @@ def decide(inputs: PolicyInputs) -> Decision:
         return made("watch", f"watching the load: {_minutes(covered)} of the {window} window seen, in-flight p95 "
                              f"{load:g} so far (crossover {cross:g})")
     if load <= cross:
-        return made("stay", f"in-flight p95 {load:g} over {window} <= crossover {cross:g} ({vllm.tag}): "
-                            "llama.cpp serves this load at least as fast")
+        return made("stay", f"in-flight p95 {load:g} over {window} <= crossover {cross:g} "
+                            f"({curve_basis(vllm.tag)}): llama.cpp serves this load at least as fast")
     ta, tb = llama.at(load), vllm.at(load)
     cold = vllm.cold_start_s
     numbers.update(llama_tok_s=ta, vllm_tok_s=tb, vllm_cold_start_s=cold, cold_start_tag=vllm.cold_start_tag)

@@ -3,7 +3,8 @@ the workload operates, and after how long the slower starter's cold start pays b
 
 Pure functions over curves. A curve is an engine's output throughput and TTFT p95 per concurrency level, tagged
 "as measured on this machine on DATE" (an A/B or bench run from history) or "default" (the recommender's default
-figures, relative to llama.cpp = 1.0, where nothing was measured). Between measured levels throughput is
+figures, relative to llama.cpp = 1.0, where nothing was measured); the verdict is worded by `planning.basis`,
+which says "measures" only over measured curves. Between measured levels throughput is
 interpolated on log2(concurrency), as `planning.evidence` does; outside them it is held at the nearest level.
 
 Break-even service time at the operating point c (engine a starts faster, engine b serves faster there):
@@ -14,11 +15,17 @@ the same rule as the A/B's amortization verdict (`measure.ab.amortization_verdic
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from desktop.core.planning.basis import (
+    DEFAULT_TAG,
+    faster_everywhere,
+    measured_tag,
+    qualified,
+    workload_basis,
+)
 from desktop.core.planning.evidence import model_key
 from desktop.core.planning.fit import normalise_engine
 from desktop.core.planning.recommend import (
@@ -28,12 +35,7 @@ from desktop.core.planning.recommend import (
 )
 from desktop.core.storage.history import RunRecord, machine_name
 
-DEFAULT_TAG = "default"
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
-
-
-def measured_tag(created_at: float) -> str:
-    return f"as measured on this machine on {time.strftime('%Y-%m-%d', time.localtime(created_at))}"
 
 
 @dataclass(frozen=True)
@@ -130,9 +132,11 @@ def _levels(curves: Sequence[EngineCurve]) -> list[int]:
     return sorted({p.concurrency for c in curves for p in c.points})
 
 
-def crossover(curves: Sequence[EngineCurve], operating_concurrency: float | None = None) -> Crossover:
+def crossover(curves: Sequence[EngineCurve], operating_concurrency: float | None = None,
+              operating_source: str | None = None) -> Crossover:
     """The crossover of two curves. The base is the faster starter (llama.cpp when both cold starts are unknown
-    or equal): the question is always whether the heavier engine's throughput is worth its start."""
+    or equal): the question is always whether the heavier engine's throughput is worth its start.
+    `operating_source`: where the operating point came from ("traffic", "typed"), said in the verdict."""
     if len(curves) != 2:
         raise ValueError("a crossover needs exactly two curves")
     a, b = curves
@@ -165,7 +169,7 @@ def crossover(curves: Sequence[EngineCurve], operating_concurrency: float | None
             ca, cb = a.cold_start_s, b.cold_start_s
             if tb > ta and ca is not None and cb is not None:
                 break_even = max(0.0, (tb * cb - ta * ca) / (tb - ta))
-    verdict = _verdict(a, b, cross, everywhere, op, faster, break_even)
+    verdict = _verdict(a, b, cross, everywhere, op, faster, break_even, workload_basis(operating_source))
     return Crossover([a, b], a.engine, b.engine, cross, everywhere, op, faster, break_even, verdict, notes)
 
 
@@ -185,19 +189,22 @@ def _absolute(curve: EngineCurve, reference: EngineCurve) -> EngineCurve:
 
 
 def _verdict(a: EngineCurve, b: EngineCurve, cross: float | None, everywhere: bool, op: float | None,
-             faster: str | None, break_even: float | None) -> str:
-    where = f"at concurrency {op:g}" if op is not None else ""
+             faster: str | None, break_even: float | None, workload: str = "") -> str:
+    """In words (planning.basis): "measures" only over measured curves; default figures say so, and how to
+    measure them; the operating point says where it came from."""
+    tags = [(a.engine, a.tag), (b.engine, b.tag)]
+    where = (f"at concurrency {op:g}" + (f" ({workload})" if workload else "")) if op is not None else ""
     if cross is None:
-        return (f"{a.engine} measures faster at every concurrency ({', '.join(str(c) for c in _levels((a, b)))}): "
-                f"{b.engine}'s heavier start never pays back here")
-    head = (f"{b.engine} is faster at every concurrency measured" if everywhere
+        return faster_everywhere(a.engine, b.engine, _levels((a, b)), tags,
+                                 f"{b.engine}'s heavier start never pays back here")
+    head = (f"{b.engine} is faster at every concurrency" if everywhere
             else f"{b.engine} overtakes {a.engine} at concurrency {cross:g}")
     if op is None or faster is None:
-        return head
+        return qualified(head, tags)
     if faster == a.engine:
-        return f"{head}; the workload runs {where}, below it: {a.engine} serves it faster"
+        return qualified(f"{head}; the workload runs {where}, below it: {a.engine} serves it faster", tags)
     payback = f"; its cold start pays back after {_duration(break_even)} of service" if break_even is not None else ""
-    return f"{head}; the workload runs {where}: {b.engine} serves it faster{payback}"
+    return qualified(f"{head}; the workload runs {where}: {b.engine} serves it faster{payback}", tags)
 
 
 def _duration(seconds: float | None) -> str:

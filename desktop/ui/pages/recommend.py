@@ -21,13 +21,15 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSpinBox,
-    QSplitter,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from desktop.ui.widgets import Notice
 from desktop.ui.workers import submit
+
+TRAFFIC_MIN_HEIGHT = 260  # the traffic and crossover charts below the answer, at the least
 
 
 def compute_recommendation(model: str, concurrency: int, prompt_len: int, output_len: int,
@@ -102,13 +104,16 @@ class RecommendPage(QWidget):
         self.restarts.setRange(0, 1440)
         self.restarts.setValue(0)
         self._apply_default_workload()
-        form = QFormLayout()
-        form.addRow("&Model:", self.model_edit)
-        form.addRow("How many requests at &once at busy times?", self.concurrency)
-        form.addRow("Typical &prompt length (tokens):", self.prompt_len)
-        form.addRow("Typical &answer length (tokens):", self.output_len)
-        form.addRow("How long does one server &live?", self.lifetime)
-        form.addRow("&Restarts or model switches per day:", self.restarts)
+        form = QHBoxLayout()  # two columns of questions: the answer below gets the page's height
+        for rows in ((("&Model:", self.model_edit), ("How many requests at &once at busy times?", self.concurrency),
+                      ("Typical &prompt length (tokens):", self.prompt_len)),
+                     (("Typical &answer length (tokens):", self.output_len),
+                      ("How long does one server &live?", self.lifetime),
+                      ("&Restarts or model switches per day:", self.restarts))):
+            column = QFormLayout()
+            for label, field in rows:
+                column.addRow(label, field)
+            form.addLayout(column, 1)
         self.recommend_button = QPushButton("&Recommend")
         self.recommend_button.setDefault(True)
         self.recommend_button.clicked.connect(self.compute)
@@ -132,31 +137,42 @@ class RecommendPage(QWidget):
         buttons.addWidget(self.measure_button)
         self.measure_job: dict[str, Any] | None = None
         buttons.addStretch(1)
+        self.traffic_button = QToolButton()
+        self.traffic_button.setText("Traffic and crossover")
+        self.traffic_button.setCheckable(True)
+        self.traffic_button.setChecked(True)
+        self.traffic_button.setToolTip("Show or hide your profiled traffic and the engines' crossover charts")
+        buttons.addWidget(self.traffic_button)
         self.notice = Notice()
+        # The answer first, whole (never an inner scrollbar: it takes the height its text needs), then the traffic
+        # and crossover charts in what is left; a window too small for both scrolls the page as a whole.
         self.result_box = QGroupBox("Recommendation")
         self.result_label = QLabel("Answer the questions and press Recommend.")
         self.result_label.setWordWrap(True)
         self.result_label.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
-        scroll = QScrollArea()  # a long answer scrolls instead of squeezing the traffic panel below it
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        scroll.setWidget(self.result_label)
-        QVBoxLayout(self.result_box).addWidget(scroll)
-        layout = QVBoxLayout(self)
+        self.result_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        QVBoxLayout(self.result_box).addWidget(self.result_label)
+        body = QWidget()
+        layout = QVBoxLayout(body)
         layout.addLayout(form)
         layout.addLayout(buttons)
         layout.addWidget(self.notice)
         from desktop.ui.traffic_panel import TrafficPanel  # issue 25: the profiled traffic and the crossover
 
         self.traffic = TrafficPanel(self)
+        self.traffic.setMinimumHeight(TRAFFIC_MIN_HEIGHT)
         self.traffic.use_requested.connect(self.use_traffic)
-        self.split = QSplitter(Qt.Orientation.Vertical)  # the answer above, the traffic and crossover below
-        self.split.setChildrenCollapsible(False)
-        self.split.addWidget(self.result_box)
-        self.split.addWidget(self.traffic)
-        self.split.setStretchFactor(0, 2)
-        self.split.setStretchFactor(1, 3)
-        layout.addWidget(self.split, 1)
+        self.traffic_button.toggled.connect(self.traffic.setVisible)
+        layout.addWidget(self.result_box)
+        layout.addWidget(self.traffic, 1)
+        layout.addStretch(0)
+        self.page_scroll = QScrollArea()
+        self.page_scroll.setWidgetResizable(True)
+        self.page_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.page_scroll.setWidget(body)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.page_scroll)
         self.traffic.refresh(self.model_edit.text().strip())
         self.traffic_workload: Any = None  # the profile's workload while the questions still hold its numbers
 
@@ -212,17 +228,38 @@ class RecommendPage(QWidget):
         lines = [f"<h3>{rec.engine} · {_escape(quant_label(rec.quant, dtype))}</h3>", *self._traffic_line(),
                  f"<p><b>Settings:</b> {settings}</p>",
                  "<p><b>Why:</b></p><ul>" + "".join(f"<li>{_escape(r)}</li>" for r in rec.reasons) + "</ul>"]
+        runner = rec.runner_up
+        if runner:
+            why = runner.get("why_lost") or ""
+            lines.append(f"<p><b>Runner-up:</b> {runner.get('engine')} {runner.get('quant') or ''} — {_escape(why)}</p>")
         if rec.fit is not None:
             lines.append(f"<p><b>Memory:</b> {rec.fit.total_gib:.2f} GiB of {rec.fit.available_gib:.1f} GiB "
                          f"available on {rec.fit.device} ({rec.fit.fits})</p>")
         figures = figure_lines(rec)
         if figures:
             lines.append("<p><b>Figures:</b></p><ul>" + "".join(f"<li>{_escape(f)}</li>" for f in figures) + "</ul>")
-        runner = rec.runner_up
-        if runner:
-            why = runner.get("why_lost") or ""
-            lines.append(f"<p><b>Runner-up:</b> {runner.get('engine')} {runner.get('quant') or ''} — {_escape(why)}</p>")
         self.result_label.setText("".join(lines))
+        self._fit_answer()
+
+    def _fit_answer(self) -> None:
+        """The answer's label takes the whole height its wrapped text needs at its width."""
+        width = self.result_label.width()
+        if width > 0:
+            self.result_label.setMinimumHeight(self.result_label.heightForWidth(width))
+
+    def resizeEvent(self, event: Any) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._fit_answer()
+
+    def answer_visible_whole(self) -> bool:
+        """Whether the whole answer is on screen without scrolling: its label is as tall as its wrapped text needs,
+        and it ends inside the page's viewport with the page scrolled to its top (what the GUI test checks)."""
+        label = self.result_label
+        needed = label.heightForWidth(label.width())
+        viewport = self.page_scroll.viewport()
+        bottom = label.mapTo(viewport, label.rect().bottomLeft()).y()
+        return label.height() >= needed and self.page_scroll.verticalScrollBar().value() == 0 and \
+            bottom <= viewport.height()
 
     def _traffic_line(self) -> list[str]:
         """Says the workload came from the traffic while the questions still hold the profile's numbers."""
