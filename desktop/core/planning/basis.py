@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 DEFAULT_TAG = "default"
 MEASURED_PREFIX = "as measured on this machine on "
 NOT_MEASURED = "by default figures, not measured here"
-MEASURE_IT = "a short A/B on the Compare page (or `switchyard ab`) measures it here"
+MEASURE_IT = "run a short A/B on the Compare page (or `switchyard ab`) to measure it here"
 WORKLOAD_SOURCES = {"traffic": "from your traffic", "typed": "from the numbers you typed"}
 
 
