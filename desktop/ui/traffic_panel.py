@@ -75,7 +75,7 @@ def profile_facts(profile: Any) -> list[str]:
 def _plot(title: str, bottom: str, left: str, axis: dict[str, Any] | None = None) -> pg.PlotWidget:
     palette = QApplication.palette()
     plot = plot_widget(axisItems=axis)
-    plot.setMinimumHeight(180)
+    plot.setMinimumHeight(140)  # below the Recommend page's answer: the page's default height holds both
     plot.setAccessibleName(title)
     item = plot.getPlotItem()
     item.setTitle(title, color=palette.color(QPalette.ColorRole.Text))
@@ -136,8 +136,8 @@ class TrafficPanel(QGroupBox):
         layout.addLayout(row)
         layout.addWidget(self.facts)
         layout.addWidget(self.legend)
+        layout.addWidget(self.verdict)  # the sentence before the charts it reads: on screen even when they are cut
         layout.addLayout(charts, 1)
-        layout.addWidget(self.verdict)
 
     def refresh(self, model: str) -> None:
         self.loading = True

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QSpinBox,
     QToolButton,
     QVBoxLayout,
@@ -153,7 +154,7 @@ class RecommendPage(QWidget):
         self.result_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         QVBoxLayout(self.result_box).addWidget(self.result_label)
         body = QWidget()
-        layout = QVBoxLayout(body)
+        layout = _PageLayout(body)
         layout.addLayout(form)
         layout.addLayout(buttons)
         layout.addWidget(self.notice)
@@ -161,6 +162,9 @@ class RecommendPage(QWidget):
 
         self.traffic = TrafficPanel(self)
         self.traffic.setMinimumHeight(TRAFFIC_MIN_HEIGHT)
+        # The charts take the height left under the answer, never more: their own size hint would make the page
+        # taller than the window and scroll it.
+        self.traffic.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Ignored)
         self.traffic.use_requested.connect(self.use_traffic)
         self.traffic_button.toggled.connect(self.traffic.setVisible)
         layout.addWidget(self.result_box)
@@ -326,6 +330,15 @@ class RecommendPage(QWidget):
         request = self.launch_request()
         if request is not None:
             self.launch_requested.emit(request)
+
+
+class _PageLayout(QVBoxLayout):
+    """The page's layout, telling its scroll area it has no height-for-width: the area then sizes the page by its
+    minimum (the whole answer, the charts' minimum) instead of every chart's preferred height, so the page scrolls
+    only in a window too small for the answer and the charts' minimum."""
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 (Qt's name)
+        return False
 
 
 def _escape(text: str) -> str:
