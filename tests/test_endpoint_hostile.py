@@ -166,6 +166,55 @@ def test_sockets_of_evicted_and_refused_non_readers_never_exceed_the_connection_
             sock.close()
 
 
+class _StuckTransport:
+    """A client transport whose peer reads nothing: what is written stays buffered, close() never completes."""
+
+    def __init__(self) -> None:
+        self.aborted = False
+
+    def set_write_buffer_limits(self, high: int, low: int) -> None:
+        pass
+
+    def get_extra_info(self, _name: str) -> Any:
+        return ("127.0.0.1", 1)
+
+    def get_write_buffer_size(self) -> int:
+        return 1 << 20
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass  # a real transport would wait for ever to flush to a client that reads nothing
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_a_closing_connection_whose_client_reads_nothing_is_dropped_after_its_drain(
+        make_proxy: Callable[..., ProxyServer]) -> None:
+    from desktop.core.serving.http1 import ClientConnection
+
+    proxy = make_proxy(limits=Limits(drain_s=0.2))
+    transport = _StuckTransport()
+
+    async def close_one() -> ClientConnection:
+        connection = ClientConnection(proxy)
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        connection.close()
+        return connection
+
+    connection = proxy.call(close_one())
+    assert not transport.aborted  # the flush gets its chance first
+    eventually(lambda: transport.aborted, "the drain deadline to drop the socket", timeout=5)
+
+    async def lost() -> None:
+        connection.connection_lost(None)
+
+    proxy.call(lost())
+    assert connection not in proxy.guard.open  # counted until its socket was gone, not after
+
+
 # --- H2: the client's `model` string -------------------------------------------------------------------------------
 def test_12_requests_with_4_mib_model_names_leave_rss_and_metrics_bounded(
         child_endpoint: Callable[..., bench_hostile.ChildEndpoint]) -> None:
