@@ -19,9 +19,12 @@ from typing import Any
 MIB = 1024**2
 GIB = 1024**3
 
-# Components, the fit's names: weights, kv_cache, compute (llama.cpp compute buffers / vLLM activation peak),
-# cuda_graphs (vLLM on CUDA), non_torch (vLLM on CUDA).
-COMPONENTS = ("weights", "kv_cache", "compute", "cuda_graphs", "non_torch")
+# Components, the fit's names: weights, repacked (llama.cpp's repacked CPU copy of weights: AMX, CPU_REPACK and the
+# other extra CPU buffers, beside the mapped file), kv_cache, compute (llama.cpp compute buffers / vLLM activation
+# peak), cuda_graphs (vLLM on CUDA), non_torch (vLLM on CUDA).
+COMPONENTS = ("weights", "repacked", "kv_cache", "compute", "cuda_graphs", "non_torch")
+# llama.cpp's extra CPU buffer types (ggml-cpu.cpp:42-74): a model buffer of one of these is a repacked copy
+EXTRA_CPU_BUFFERS = ("AMX", "CPU_REPACK", "CPU_KLEIDIAI", "CPU_RISCV64_SPACEMIT")
 
 _LLAMA_BUFFER = re.compile(
     r"(?P<fn>\w+):\s+(?P<buf>\S+)\s+(?P<kind>model|KV|compute) buffer size\s*=\s*(?P<mib>[\d.]+) MiB")
@@ -60,7 +63,8 @@ class MemoryReport:
 
     @property
     def total_bytes(self) -> int:
-        return sum(v for k, v in self.components.items() if k in ("weights", "kv_cache", "compute", "cuda_graphs"))
+        return sum(v for k, v in self.components.items()
+                   if k in ("weights", "repacked", "kv_cache", "compute", "cuda_graphs"))
 
     def gib(self, component: str) -> float | None:
         value = self.components.get(component)
@@ -121,6 +125,8 @@ def parse_llama(lines: Iterable[str]) -> MemoryReport:
         passes[-1].append((component, m["buf"], int(round(float(m["mib"]) * MIB)), line.strip()))
     real = passes[-1]
     for component, device, value, text in real:
+        if component == "weights" and device in EXTRA_CPU_BUFFERS:
+            component = "repacked"
         _add(report, device, component, value)
         report.lines.append(text)
     if kv_cells[-1]:

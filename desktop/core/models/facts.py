@@ -18,6 +18,7 @@ from desktop.core.common.errors import ModelError, SwitchyardError
 from desktop.core.models.gguf_file import GGUF_MAGIC, read_gguf_model, set_stem, tensor_bytes
 from desktop.core.models.gguf_file import _BoundedReader as _BoundedReader  # the reader's API, here too
 from desktop.core.models.gguf_file import read_gguf_header as read_gguf_header
+from desktop.core.models.matmuls import Weight, grouped, weights_of
 from desktop.core.models.quants import FORMATS, weight_format
 
 # llama.cpp's LLM_FFN_EXPS_REGEX (common.h: `\.ffn_(up|down|gate|gate_up)_(ch|)exps`), the tensors --n-cpu-moe and
@@ -68,6 +69,8 @@ class ModelFacts:
     has_output_tensor: bool = True  # False when the head is tied to the embedding (llama.cpp then copies it)
     tensor_types: dict[str, int] = field(default_factory=dict)  # GGUF: type -> tensor count
     tensor_type_bytes: dict[str, int] = field(default_factory=dict)  # GGUF: type -> bytes
+    # GGUF: the mat-mul weights, (weight, count) per distinct shape: what llama-server may repack on the CPU
+    matmuls: tuple[tuple[Weight, int], ...] = ()
     path: str | None = None  # GGUF file (a split set's first shard) or HF folder on disk
     shards: int = 1  # files of a split GGUF set
     hf_dir: str | None = None  # a local HF folder vLLM can load, when there is one
@@ -134,11 +137,13 @@ def facts_from_gguf(path: str | Path) -> ModelFacts:
     params = 0
     vocab = as_int(get("vocab_size"))
     experts = [0] * n_layers
+    named: list[tuple[str, tuple[int, ...], str]] = []
     for name, shape, ggml_type in model.tensors:
         nbytes = tensor_bytes(shape, ggml_type)
         if (expert := EXPERT_TENSOR.search(name)) is not None and int(expert.group(1)) < n_layers:
             experts[int(expert.group(1))] += nbytes
         label = GGMLQuantizationType(ggml_type).name
+        named.append((name, tuple(int(d) for d in shape), label))
         type_counts[label] = type_counts.get(label, 0) + 1
         type_bytes[label] = type_bytes.get(label, 0) + nbytes
         total += nbytes
@@ -179,7 +184,7 @@ def facts_from_gguf(path: str | Path) -> ModelFacts:
         dtype=file_type, quantization=f"gguf:{file_type}" if file_type else "gguf",
         weights_bytes=total, nonrepeating_bytes=nonrepeating, embedding_bytes=embedding or None,
         has_output_tensor=has_output or not model.tensors, tie_word_embeddings=not has_output,
-        tensor_types=type_counts, tensor_type_bytes=type_bytes, path=str(model.path.resolve()),
+        tensor_types=type_counts, tensor_type_bytes=type_bytes, matmuls=grouped(weights_of(named)), path=str(model.path.resolve()),
         expert_layer_bytes=tuple(experts) if any(experts) else (),
         shards=len(model.shards), notes=[f"a split GGUF: {len(model.shards)} shards, sized together; llama-server "
                                          f"is given the first, {model.path.name}"] if len(model.shards) > 1 else [],

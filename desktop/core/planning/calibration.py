@@ -20,7 +20,7 @@ from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.planning.fit import FitResult, exact_bytes, normalise_engine
 from desktop.core.storage.history import MemoryPoint, Store
 
-PARTS = ("weights", "kv_cache", "compute")
+PARTS = ("weights", "repacked", "kv_cache", "compute")
 CORRECTION_WINDOW = 12  # newest points per component that decide the ratio
 MARGIN = 0.002  # below this a ratio is the logs' rounding: the fit is left as it is
 ENGINE_FIT_MARGIN = 0.10  # llama-server's own --fit projection vs ours: beyond this the disagreement is explained
@@ -46,6 +46,8 @@ def components(engine: str, report: MemoryReport, fit: FitResult) -> dict[str, t
         measured = report.components.get(part)
         if measured is not None and measured > 0 and part in predicted:
             out[part] = (float(predicted[part]), float(measured))
+        elif part == "repacked" and predicted.get(part) and "weights" in report.components:
+            out[part] = (float(predicted[part]), 0.0)  # a copy the fit counted and the engine did not make
     if out:
         out["total"] = (sum(p for p, _ in out.values()), sum(m for _, m in out.values()))
     if normalise_engine(engine) == "vllm" and report.kv_cache_tokens and fit.kv_cache_tokens:
@@ -144,20 +146,17 @@ def second_opinion(report: MemoryReport, fit: FitResult) -> SecondOpinion | None
     """Compare llama-server's `projected to use N MiB` (its --fit dry run, host or device) with our total.
 
     Known reasons for a gap are named: its projection counts whole MiB per device and leaves out the host
-    output buffer when a GPU holds the layers; it counts the memory of repacked (AMX/CPU_REPACK) weights in a
-    separate row; and it sees the real free memory of each device where ours may be told another machine."""
+    output buffer when a GPU holds the layers; it leaves out the repacked (AMX/CPU_REPACK) copy of the weights
+    (common/fit.cpp:78-98), so ours is compared without it; and it sees the real free memory of each device where
+    ours may be told another machine."""
     projected = report.engine_fit_bytes.get("device") or report.engine_fit_bytes.get("host")
     if not projected:
         return None
-    ours = int(sum(exact_bytes(fit).get(k, 0.0) for k in PARTS))
+    ours = int(sum(exact_bytes(fit).get(k, 0.0) for k in PARTS if k != "repacked"))
     opinion = SecondOpinion(projected, ours, None)
     if abs(opinion.relative) <= ENGINE_FIT_MARGIN:
         return opinion
     reasons = []
-    extra = {d: v for d, v in report.devices.items() if d not in ("CPU", "CPU_Mapped", "CPU output")}
-    if any("AMX" in d or "REPACK" in d for d in extra):
-        reasons.append("the engine keeps repacked copies of the weights (AMX/CPU_REPACK buffers) that its "
-                       "projection lists in a row of its own")
     if ours > projected:
         reasons.append("ours is the larger: it sizes every slot's full context and compute for the worst case")
     else:

@@ -32,6 +32,7 @@ from desktop.core.models.facts import (
     facts_from_config,
 )
 from desktop.core.models.quants import vllm_capability_note, vllm_capability_refusal
+from desktop.core.planning import repack as repacking
 from desktop.core.planning.devices import pin_devices
 from desktop.core.planning.weights import (
     CHECKPOINT_QUANTS,
@@ -100,12 +101,15 @@ class FitSettings:
     kv_cache_dtype: str = "auto"  # vLLM: auto | fp8
     cuda_graphs_in_budget: bool = True  # newer vLLM subtracts its CUDA-graph estimate from the KV budget
     cpu_kv_cache_gib: float = VLLM_CPU_DEFAULT_KV_GIB  # vLLM CPU backend's VLLM_CPU_KVCACHE_SPACE
+    repack: bool = True  # llama.cpp: CPU weight repacking on (its default; --no-repack turns it off)
+    no_host: bool = False  # llama.cpp --no-host: CPU-side weights skip the GPU's host buffer (and so repack)
 
     @classmethod
     def of(cls, plan: LaunchPlan, quant: str | None = None, cuda_graphs_in_budget: bool = True) -> FitSettings:
         llama = sizing_of(plan.engine) == "llama.cpp"
         if not llama and quant is None and plan.quantization:
             quant = plan.quantization
+        repacks, no_host = repacking.launch_flags(plan.extra_args, dict(plan.env)) if llama else (True, False)
         return cls(
             ctx=plan.llama_ctx_size if llama else plan.ctx_per_request, parallel=plan.slots,
             kv_type=(plan.kv_cache_type or "f16") if llama else "f16", gpu_layers=plan.gpu_layers,
@@ -118,7 +122,7 @@ class FitSettings:
             cuda_graphs_in_budget=cuda_graphs_in_budget,
             # whole GiB, as the engine's VLLM_CPU_KVCACHE_SPACE takes it
             cpu_kv_cache_gib=max(1, round(plan.kv_cache_gib)) if plan.kv_cache_gib is not None
-            else VLLM_CPU_DEFAULT_KV_GIB)
+            else VLLM_CPU_DEFAULT_KV_GIB, repack=repacks, no_host=no_host)
 
     def validate(self) -> None:
         if not (0 < self.ctx <= MAX_CTX):
@@ -338,7 +342,9 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
     per_layer_w = max(weights - nonrep, 0) / n_layers
     per_layer_kv = kv / n_layers
     settings = {"ctx": ctx, "parallel": s.parallel, "kv_type": kv_type, "flash_attn": flash, "ubatch": s.ubatch,
-                "ctx_per_slot": per_request}
+                "ctx_per_slot": per_request, "repack": s.repack}
+    rep = repacking.model_copy(facts, hw.cpu, [g.backend for g in gpus], s.repack, s.no_host, weights, quant,
+                               nonrep, output, sum(llama_expert_bytes(facts, weights, quant)))
     if s.parallel > 1:
         notes.append(f"{s.parallel} slots of {per_request:,} tokens share one {ctx:,}-token context (-c)")
     breakdown = {"weights": _gib(weights), "kv_cache": _gib(kv), "compute_buffers": _gib(compute),
@@ -346,7 +352,10 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
 
     if not use_gpu:
         ram = hw.ram_available_bytes
-        need = weights + kv + compute
+        need = weights + kv + compute + rep.total
+        breakdown.update({"repacked": _gib(rep.total), "bytes.repacked": float(rep.total)})
+        if rep.total:
+            notes.append(repacking.note(rep.total, rep))
         verdict: Verdict = "yes" if need <= ram else "no"
         if not gpus:
             notes.append("no GPU: runs on the CPU (memory-bandwidth bound; smaller quantizations are faster)")
@@ -395,7 +404,15 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
     gpu_used = int(on_gpu_layers * (per_layer_w + per_layer_kv) + fixed + (output if layers > n_layers else 0)) - moved
     cpu_part = int((n_layers - on_gpu_layers) * (per_layer_w + per_layer_kv) + embed
                    + (output if layers <= n_layers else 0)) + moved
-    breakdown.update({"gpu_used": _gib(gpu_used), "cpu_ram": _gib(cpu_part)})
+    cpu_layers = n_layers - on_gpu_layers
+    experts_on_cpu = sum(experts[:cpu_layers]) + moved
+    copy = rep.on_cpu(cpu_layers / n_layers, experts_on_cpu / sum(experts) if experts else cpu_layers / n_layers,
+                      head=layers <= n_layers)
+    cpu_part += copy
+    breakdown.update({"gpu_used": _gib(gpu_used), "cpu_ram": _gib(cpu_part), "repacked": _gib(copy),
+                      "bytes.repacked": float(copy)})
+    if copy:
+        notes.append(repacking.note(copy, rep))
     if n_cpu_moe:
         settings["n_cpu_moe"] = n_cpu_moe
         breakdown["experts_in_ram"] = _gib(moved)

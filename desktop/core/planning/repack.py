@@ -25,18 +25,27 @@ each weight the first type whose `supports_op` takes it: src/llama-model-loader.
   (no output.weight) is token_embd loaded a second time as the output, a MUL_MAT (llama-model-loader.cpp:1163-1168).
 - Each tensor in a buffer is padded to 32 bytes (ggml/src/ggml-backend.cpp:70-72).
 
-Pure: weights and CPU features in, bytes out. Not yet used by the fit (issue 40 continues there).
+Where it applies in a plan (src/llama-model.cpp:1079-1140, make_cpu_buft_list): the CPU-side weights try, in order,
+the first GPU's *host* buffer type (unless `--no-host`), the extra buffers (unless `--no-repack`), then plain CPU.
+CUDA/ROCm and Vulkan offer a host buffer (ggml-cuda.cu:5799, ggml-vulkan.cpp:16106) whose device takes the weight
+(ggml-cuda.cu:5252-5263), and with the default mmap load a host-buffer pick becomes plain CPU
+(llama-model-loader.cpp:1266-1274): so on those GPUs the layers left on the CPU are *not* repacked unless
+`--no-host`. Metal offers none (ggml-metal.cpp:828): there, and on a CPU-only machine, they are.
+
+Pure: weights, CPU features and launch flags in, bytes out; planning/fit.py adds the copy to a plan's CPU part.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
+
+from desktop.core.models.facts import ModelFacts
+from desktop.core.models.matmuls import MUL_MAT, MUL_MAT_ID, Weight, op_of, weights_of
 
 AMX = "AMX"
 CPU_REPACK = "CPU_REPACK"
-MUL_MAT = "MUL_MAT"
-MUL_MAT_ID = "MUL_MAT_ID"
 ALIGNMENT = 32
 
 # type -> (values per block, bytes per block) of the GGUF types the rule names
@@ -49,9 +58,22 @@ X86_REPACK = {"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"}  # with AVX2; Q2_K needs AVX512
 ARM_REPACK_NE1 = {"Q4_0": 4, "IQ4_NL": 4, "MXFP4": 4, "Q8_0": 4, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8}
 
 
+class Features(Protocol):
+    """What the repack rule asks of the CPU: machine.hardware's CpuInfo, or CpuFeatures."""
+
+    @property
+    def avx2(self) -> bool: ...
+    @property
+    def avx512(self) -> bool: ...
+    @property
+    def amx(self) -> bool: ...
+    @property
+    def neon(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class CpuFeatures:
-    """What the repack rule asks of the CPU (machine.hardware records these)."""
+    """The rule's CPU flags alone (a recorded snapshot's CpuInfo carries the same ones)."""
 
     avx2: bool = False
     avx512: bool = False
@@ -59,49 +81,7 @@ class CpuFeatures:
     neon: bool = False
 
 
-@dataclass(frozen=True)
-class Weight:
-    """One weight tensor: its GGUF type name, its first two dims (ne0: values per row, ne1: rows), how many
-    matrices of that shape it holds (experts), and the op llama.cpp uses it in."""
-
-    type: str
-    ne0: int
-    ne1: int
-    op: str
-    matrices: int = 1
-
-
-def op_of(name: str, dims: int) -> str | None:
-    """The op llama.cpp uses a weight in, from its GGUF name (src/llama-arch.cpp:749+): MUL_MAT, MUL_MAT_ID, or None
-    (token_embd's GET_ROWS, norms, biases, anything not a mat-mul weight)."""
-    if not name.endswith(".weight") or "norm" in name or name.startswith("token_embd"):
-        return None
-    if "_exps." in name:
-        return MUL_MAT_ID if dims == 3 else None
-    return MUL_MAT if dims == 2 else None
-
-
-def weights_of(tensors: Iterable[tuple[str, tuple[int, ...], str]]) -> list[Weight]:
-    """The mat-mul weights of a GGUF's tensors ((name, shape as ne0.., type name)); a head tied to the embedding
-    (no output.weight) adds token_embd once more as the output."""
-    out: list[Weight] = []
-    embedding: Weight | None = None
-    has_output = False
-    for name, shape, kind in tensors:
-        if len(shape) < 2:
-            continue
-        if name == "token_embd.weight":
-            embedding = Weight(kind, shape[0], shape[1], MUL_MAT)
-        has_output = has_output or name == "output.weight"
-        op = op_of(name, len(shape))
-        if op is not None:
-            out.append(Weight(kind, shape[0], shape[1], op, shape[2] if len(shape) > 2 else 1))
-    if not has_output and embedding is not None:
-        out.append(embedding)
-    return out
-
-
-def extra_buffer(weight: Weight, cpu: CpuFeatures) -> str | None:
+def extra_buffer(weight: Weight, cpu: Features) -> str | None:
     """The extra CPU buffer llama-server puts `weight` in (AMX first, then CPU_REPACK), or None: it stays in the
     mapped file."""
     kind, ne0, ne1 = weight.type, weight.ne0, weight.ne1
@@ -127,7 +107,7 @@ def buffer_bytes(weight: Weight, buffer: str) -> int:
     return -(-size // ALIGNMENT) * ALIGNMENT * weight.matrices
 
 
-def repacked_bytes(weights: Iterable[Weight], cpu: CpuFeatures, repack: bool = True) -> dict[str, int]:
+def repacked_bytes(weights: Iterable[Weight], cpu: Features, repack: bool = True) -> dict[str, int]:
     """Bytes of the repacked copy per extra buffer (what llama-server's AMX / CPU_REPACK rows show); nothing with
     `--no-repack`."""
     out: dict[str, int] = {}
@@ -140,5 +120,111 @@ def repacked_bytes(weights: Iterable[Weight], cpu: CpuFeatures, repack: bool = T
     return out
 
 
-__all__ = ["AMX", "CPU_REPACK", "CpuFeatures", "Weight", "buffer_bytes", "extra_buffer", "op_of", "repacked_bytes",
-           "weights_of"]
+FALSE_WORDS = ("0", "false", "off", "disabled", "no")  # common/arg.cpp's falsey environment values
+
+
+def launch_flags(args: Iterable[str], env: dict[str, str] | None = None) -> tuple[bool, bool]:
+    """(repack, no_host) as llama-server reads them from its argv (the last of --repack/--no-repack wins) and its
+    environment (LLAMA_ARG_REPACK, LLAMA_ARG_NO_HOST; an argument beats the environment)."""
+    env = env or {}
+    repack = str(env.get("LLAMA_ARG_REPACK", "1")).strip().lower() not in FALSE_WORDS
+    no_host = "LLAMA_ARG_NO_HOST" in env and str(env["LLAMA_ARG_NO_HOST"]).strip().lower() not in FALSE_WORDS
+    for arg in args:
+        if arg in ("-nr", "--no-repack"):
+            repack = False
+        elif arg == "--repack":
+            repack = True
+        elif arg == "--no-host":
+            no_host = True
+    return repack, no_host
+
+
+def cpu_side_repacks(gpu_backends: list[str], no_host: bool) -> bool:
+    """Whether llama-server puts the weights it keeps on the CPU into the extra buffers: on a CPU-only launch, with
+    `--no-host`, or when the first GPU offers no host buffer (Metal); not behind a CUDA/ROCm/Vulkan host buffer."""
+    return no_host or not gpu_backends or gpu_backends[0] == "metal"
+
+
+@dataclass(frozen=True)
+class Repacked:
+    """The repacked copy of a whole model's weights on this CPU, by where the weights sit in a plan: the repeating
+    layers' dense weights, the MoE expert stacks, the output head. `exact`: from the file's own tensors (False: a
+    what-if quantization, estimated from its main tensor type)."""
+
+    layers: int = 0
+    experts: int = 0
+    head: int = 0
+    buffers: tuple[tuple[str, int], ...] = ()  # AMX / CPU_REPACK -> bytes
+    exact: bool = True
+
+    @property
+    def total(self) -> int:
+        return self.layers + self.experts + self.head
+
+    def on_cpu(self, layer_share: float, expert_share: float, head: bool) -> int:
+        """The part of the copy a plan keeps on the CPU: shares of the layers and experts left there, the head."""
+        return int(self.layers * layer_share + self.experts * expert_share) + (self.head if head else 0)
+
+
+def of_weights(groups: Iterable[tuple[Weight, int]], cpu: Features) -> Repacked:
+    """The copy of a model whose mat-mul weights are known (ModelFacts.matmuls: (weight, count) groups)."""
+    parts = {"layers": 0, "experts": 0, "head": 0}
+    buffers: dict[str, int] = {}
+    for weight, count in groups:
+        buffer = extra_buffer(weight, cpu)
+        if buffer is None:
+            continue
+        size = buffer_bytes(weight, buffer) * count
+        buffers[buffer] = buffers.get(buffer, 0) + size
+        parts["head" if weight.head else "experts" if weight.op == MUL_MAT_ID else "layers"] += size
+    return Repacked(**parts, buffers=tuple(sorted(buffers.items())))
+
+
+def main_type(label: str) -> tuple[str, str]:
+    """(dense weights' type, experts' type) of a llama-quantize file type: Q4_K_M -> Q4_K, MXFP4 (MXFP4_MOE: the
+    experts in MXFP4, the rest Q8_0), BF16/F32 (never repacked here) as themselves."""
+    if label.upper().startswith("MXFP4"):
+        return "Q8_0", "MXFP4"
+    base = label.upper()
+    for suffix in ("_XL", "_M", "_S", "_L"):
+        if base.endswith(suffix) and base[:-len(suffix)] in BLOCKS:
+            base = base[:-len(suffix)]
+    return base, base
+
+
+def estimated(label: str, dense: int, experts: int, head: int, cpu: Features) -> Repacked:
+    """The copy of a model sized by bits per weight (a what-if quantization, a config without tensors): the bytes
+    of each part whose main type this CPU repacks at the usual aligned shapes. An upper bound for mixes such as
+    Q4_K_M, whose Q6_K tensors stay in the file here."""
+    dense_type, expert_type = main_type(label)
+    sample = 4096  # rows and columns a multiple of every block and row step the rule asks for
+
+    def repacks(kind: str, op: str) -> bool:
+        return kind in BLOCKS and extra_buffer(Weight(kind, sample, sample, op), cpu) is not None
+
+    dense_on = repacks(dense_type, MUL_MAT)
+    return Repacked(layers=dense if dense_on else 0, experts=experts if repacks(expert_type, MUL_MAT_ID) else 0,
+                    head=head if dense_on else 0, exact=False)
+
+
+def model_copy(facts: ModelFacts, cpu: Features | None, gpu_backends: list[str], repack: bool, no_host: bool,
+               weights: int, quant: str, nonrepeating: int, head: int, experts: int) -> Repacked:
+    """The copy llama-server makes of a whole model for a launch (the fit takes the plan's CPU part of it): from the
+    file's own tensors when the file is what loads (`weights` is its bytes), else estimated from `quant`; nothing
+    with --no-repack or when the CPU-side weights sit behind a GPU's host buffer."""
+    if not repack or cpu is None or not cpu_side_repacks(gpu_backends, no_host):
+        return Repacked()
+    if facts.matmuls and facts.is_gguf and weights == facts.weights_bytes:
+        return of_weights(facts.matmuls, cpu)
+    return estimated(quant, max(weights - nonrepeating - experts, 0), experts, head, cpu)
+
+
+def note(copy: int, rep: Repacked) -> str:
+    """The fit's note on the copy it counted."""
+    where = "/".join(name for name, _ in rep.buffers) or "estimated from the quantization"
+    return (f"llama-server keeps a repacked copy of {copy / 2**20:,.0f} MiB of the weights on the CPU ({where}) "
+            "beside the mapped file, for this CPU's faster kernels: counted; --no-repack saves it (slower matmuls)")
+
+
+__all__ = ["AMX", "CPU_REPACK", "CpuFeatures", "Repacked", "Weight", "buffer_bytes", "cpu_side_repacks",
+           "estimated", "extra_buffer", "launch_flags", "model_copy", "note", "of_weights", "op_of", "repacked_bytes", "weights_of"]

@@ -91,6 +91,8 @@ def calibrate(engine: str, model: str = "demo", ctx: int = CALIBRATE_CTX, timeou
         out["gpu_only"] = note
     if not result.started:
         return out
+    # compared with the fit of what was launched: a crash retry or a learned fix may have added --no-repack
+    fit = estimate(facts, hardware, result.plan)
     pairs = calibration.components(adapter.name, result.report, fit)
     out["components"] = {k: {"predicted_bytes": p, "measured_bytes": m, "ratio": round(m / p, 4) if p else None}
                          for k, (p, m) in pairs.items()}
