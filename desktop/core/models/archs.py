@@ -33,6 +33,7 @@ from safetensors.numpy import save_file
 
 from desktop.core.common import paths
 from desktop.core.models import demo
+from desktop.core.models.matmuls import use_more_bits
 
 ARCHS_VERSION = "2"
 GGUF_TYPES = ("F16", "Q8_0", "Q4_K_M")
@@ -268,11 +269,6 @@ def _random_k_quant(rng: np.random.Generator, shape: tuple[int, ...], qtype: ggu
     return data.reshape(*shape[:-1], blocks * size)
 
 
-def _use_more_bits(layer: int, layers: int) -> bool:
-    """llama-quantize's rule for which attn_v/ffn_down layers get Q6_K in a Q4_K_M file."""
-    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
-
-
 def q4_k_m_type(name: str, layers: int) -> gguf.GGMLQuantizationType:
     """The tensor type llama-quantize's Q4_K_M picks (non-8-expert models; src/llama-quant.cpp)."""
     q = gguf.GGMLQuantizationType
@@ -280,7 +276,7 @@ def q4_k_m_type(name: str, layers: int) -> gguf.GGMLQuantizationType:
         return q.Q6_K
     layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
     if ".attn_v." in name or ".ffn_down" in name:
-        return q.Q6_K if _use_more_bits(layer, layers) else q.Q4_K
+        return q.Q6_K if use_more_bits(layer, layers) else q.Q4_K
     if ".attn_qkv." in name:
         return q.Q5_K
     return q.Q4_K

@@ -18,7 +18,7 @@ from desktop.core.common.errors import ModelError, SwitchyardError
 from desktop.core.models.gguf_file import GGUF_MAGIC, read_gguf_model, set_stem, tensor_bytes
 from desktop.core.models.gguf_file import _BoundedReader as _BoundedReader  # the reader's API, here too
 from desktop.core.models.gguf_file import read_gguf_header as read_gguf_header
-from desktop.core.models.matmuls import Weight, grouped, weights_of
+from desktop.core.models.matmuls import Edges, Weight, edges_of, grouped, weights_of
 from desktop.core.models.quants import FORMATS, weight_format
 
 # llama.cpp's LLM_FFN_EXPS_REGEX (common.h: `\.ffn_(up|down|gate|gate_up)_(ch|)exps`), the tensors --n-cpu-moe and
@@ -71,6 +71,7 @@ class ModelFacts:
     tensor_type_bytes: dict[str, int] = field(default_factory=dict)  # GGUF: type -> bytes
     # GGUF: the mat-mul weights, (weight, count) per distinct shape: what llama-server may repack on the CPU
     matmuls: tuple[tuple[Weight, int], ...] = ()
+    mapped_edges: tuple[Edges, ...] = ()  # GGUF: per file, the mat-mul weights at its edges (matmuls.Edges)
     path: str | None = None  # GGUF file (a split set's first shard) or HF folder on disk
     shards: int = 1  # files of a split GGUF set
     hf_dir: str | None = None  # a local HF folder vLLM can load, when there is one
@@ -184,7 +185,9 @@ def facts_from_gguf(path: str | Path) -> ModelFacts:
         dtype=file_type, quantization=f"gguf:{file_type}" if file_type else "gguf",
         weights_bytes=total, nonrepeating_bytes=nonrepeating, embedding_bytes=embedding or None,
         has_output_tensor=has_output or not model.tensors, tie_word_embeddings=not has_output,
-        tensor_types=type_counts, tensor_type_bytes=type_bytes, matmuls=grouped(weights_of(named)), path=str(model.path.resolve()),
+        tensor_types=type_counts, tensor_type_bytes=type_bytes, matmuls=grouped(weights_of(named)),
+        mapped_edges=tuple(edges_of([(n, tuple(int(d) for d in shape), GGMLQuantizationType(kind).name)
+                                     for n, shape, kind in file]) for file in model.files()), path=str(model.path.resolve()),
         expert_layer_bytes=tuple(experts) if any(experts) else (),
         shards=len(model.shards), notes=[f"a split GGUF: {len(model.shards)} shards, sized together; llama-server "
                                          f"is given the first, {model.path.name}"] if len(model.shards) > 1 else [],

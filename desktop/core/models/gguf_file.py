@@ -204,6 +204,12 @@ class GgufModel:
     metadata: dict[str, Any]
     tensors: list[tuple[str, tuple[int, ...], int]]
     shards: tuple[Path, ...]
+    file_starts: tuple[int, ...] = (0,)  # where each shard's tensors begin in `tensors` (each is mapped apart)
+
+    def files(self) -> list[list[tuple[str, tuple[int, ...], int]]]:
+        """The tensors of each shard, in file order."""
+        ends = [*self.file_starts[1:], len(self.tensors)]
+        return [self.tensors[start:end] for start, end in zip(self.file_starts, ends, strict=True)]
 
 
 def read_gguf_model(path: str | Path) -> GgufModel:
@@ -226,6 +232,7 @@ def read_gguf_model(path: str | Path) -> GgufModel:
             raise ModelError(f"shard {index} of {count} of {name['stem']} is missing ({shard.name}): finish the "
                              "download", SPLIT_HINT)
     tensors: list[tuple[str, tuple[int, ...], int]] = []
+    starts: list[int] = []
     for index, shard in enumerate(shards, 1):
         shard_header = headers[index - 1] = headers[index - 1] or read_gguf_header(shard)
         meta = shard_header.metadata
@@ -236,13 +243,14 @@ def read_gguf_model(path: str | Path) -> GgufModel:
         if shard_header.size < shard_header.data_end():
             raise ModelError(f"shard {index} of {count} of {name['stem']} is incomplete ({shard_header.size:,} of "
                              f"{shard_header.data_end():,} bytes): finish the download", SPLIT_HINT)
+        starts.append(len(tensors))
         tensors.extend(shard_header.tensors)
     metadata = headers[0].metadata if headers[0] is not None else {}
     expected = metadata.get(Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
     if isinstance(expected, int) and expected != len(tensors):
         raise ModelError(f"the {count} shards of {name['stem']} hold {len(tensors)} tensors, but the first says "
                          f"{expected}: a shard is from another download", SPLIT_HINT)
-    return GgufModel(shards[0], metadata, tensors, shards)
+    return GgufModel(shards[0], metadata, tensors, shards, tuple(starts))
 
 
 def _said(value: Any) -> str:

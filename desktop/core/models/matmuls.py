@@ -7,7 +7,10 @@ not mat-muls, the other 2-D weights and `output` MUL_MAT; a head tied to the emb
 token_embd loaded a second time as the output, a MUL_MAT (src/llama-model-loader.cpp:1163-1168).
 
 Kept in the model's facts as (weight, count) groups: a model has thousands of tensors but a dozen shapes, and the
-fit has to stay a pure function of (facts, snapshot, plan).
+fit has to stay a pure function of (facts, snapshot, plan). Each file's *edges* are kept too, in file order: with
+mmap, llama-server unmaps a file's head and tail outside the span of the tensors it still reads from the mapping
+(src/llama-model-loader.cpp:1776-1787), so repacked weights at a file's very start or end leave the mapping, those
+in between stay mapped.
 """
 
 from __future__ import annotations
@@ -65,9 +68,43 @@ def weights_of(tensors: Iterable[tuple[str, tuple[int, ...], str]]) -> list[Weig
     return out
 
 
+@dataclass(frozen=True)
+class Edges:
+    """One file's mat-mul weights before its first and after its last tensor that is never repacked (token_embd, a
+    norm, ...), in file order (`tail` from the file's end backwards); `whole`: the file holds nothing else."""
+
+    lead: tuple[Weight, ...] = ()
+    tail: tuple[Weight, ...] = ()
+    whole: bool = False
+
+
+def edges_of(tensors: list[tuple[str, tuple[int, ...], str]]) -> Edges:
+    """A file's edges, from its tensors in file order ((name, shape as ne0.., type name))."""
+
+    def run(ordered: Iterable[tuple[str, tuple[int, ...], str]]) -> tuple[Weight, ...]:
+        out = []
+        for name, shape, kind in ordered:
+            op = op_of(name, len(shape))
+            if op is None:
+                break
+            out.append(Weight(kind, shape[0], shape[1], op, shape[2] if len(shape) > 2 else 1))
+        return tuple(out)
+
+    lead = run(tensors)
+    if len(lead) == len(tensors):
+        return Edges(lead, (), whole=True)
+    return Edges(lead, run(reversed(tensors)))
+
+
+def use_more_bits(layer: int, layers: int) -> bool:
+    """llama-quantize's rule for which layers' attn_v and ffn_down a *_K_M file keeps at Q6_K (the first and last
+    eighth, every third in between; src/llama-quant.cpp)."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
 def grouped(weights: Iterable[Weight]) -> tuple[tuple[Weight, int], ...]:
     """(weight, how many) per distinct weight, in first-seen order."""
     return tuple(Counter(weights).items())
 
 
-__all__ = ["MUL_MAT", "MUL_MAT_ID", "Weight", "grouped", "op_of", "weights_of"]
+__all__ = ["MUL_MAT", "MUL_MAT_ID", "Edges", "Weight", "edges_of", "grouped", "op_of", "use_more_bits", "weights_of"]

@@ -343,8 +343,7 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
     per_layer_kv = kv / n_layers
     settings = {"ctx": ctx, "parallel": s.parallel, "kv_type": kv_type, "flash_attn": flash, "ubatch": s.ubatch,
                 "ctx_per_slot": per_request, "repack": s.repack}
-    rep = repacking.model_copy(facts, hw.cpu, [g.backend for g in gpus], s.repack, s.no_host, weights, quant,
-                               nonrep, output, sum(llama_expert_bytes(facts, weights, quant)))
+    rep = repacking.model_copy(facts, hw.cpu, [g.backend for g in gpus], s.repack, s.no_host, weights, quant)
     if s.parallel > 1:
         notes.append(f"{s.parallel} slots of {per_request:,} tokens share one {ctx:,}-token context (-c)")
     breakdown = {"weights": _gib(weights), "kv_cache": _gib(kv), "compute_buffers": _gib(compute),
@@ -352,8 +351,10 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
 
     if not use_gpu:
         ram = hw.ram_available_bytes
+        weights -= rep.unmapped  # what stays mapped of the file: its repacked edges are released
         need = weights + kv + compute + rep.total
-        breakdown.update({"repacked": _gib(rep.total), "bytes.repacked": float(rep.total)})
+        breakdown.update({"weights": _gib(weights), "bytes.weights": float(weights), "repacked": _gib(rep.total),
+                          "bytes.repacked": float(rep.total)})
         if rep.total:
             notes.append(repacking.note(rep.total, rep))
         verdict: Verdict = "yes" if need <= ram else "no"

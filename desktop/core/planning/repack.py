@@ -38,11 +38,11 @@ Pure: weights, CPU features and launch flags in, bytes out; planning/fit.py adds
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from desktop.core.models.facts import ModelFacts
-from desktop.core.models.matmuls import MUL_MAT, MUL_MAT_ID, Weight, op_of, weights_of
+from desktop.core.models.facts import ModelFacts, param_parts
+from desktop.core.models.matmuls import MUL_MAT, MUL_MAT_ID, Edges, Weight, op_of, use_more_bits, weights_of
 
 AMX = "AMX"
 CPU_REPACK = "CPU_REPACK"
@@ -156,6 +156,7 @@ class Repacked:
     head: int = 0
     buffers: tuple[tuple[str, int], ...] = ()  # AMX / CPU_REPACK -> bytes
     exact: bool = True
+    unmapped: int = 0  # file bytes no longer mapped: repacked weights at a file's edges (CPU launches)
 
     @property
     def total(self) -> int:
@@ -180,6 +181,29 @@ def of_weights(groups: Iterable[tuple[Weight, int]], cpu: Features) -> Repacked:
     return Repacked(**parts, buffers=tuple(sorted(buffers.items())))
 
 
+def unmapped_bytes(files: Iterable[Edges], cpu: Features) -> int:
+    """File bytes llama-server unmaps after a CPU load: per file, the repacked weights before the first and after
+    the last weight it still reads from the mapping (models.matmuls.Edges); the whole file when all of it is
+    repacked. Each tensor's bytes padded to the file's 32-byte alignment (GGUF's default)."""
+
+    def prefix(run: Iterable[Weight]) -> tuple[int, bool]:
+        size = 0
+        for weight in run:
+            if extra_buffer(weight, cpu) is None:
+                return size, False
+            size += buffer_bytes(weight, CPU_REPACK)  # the file's own bytes (AMX's larger rows are the copy's)
+        return size, True
+
+    total = 0
+    for edges in files:
+        lead, all_repacked = prefix(edges.lead)
+        if edges.whole:
+            total += lead if all_repacked else lead + prefix(reversed(edges.lead))[0]
+        else:
+            total += lead + prefix(edges.tail)[0]
+    return total
+
+
 def main_type(label: str) -> tuple[str, str]:
     """(dense weights' type, experts' type) of a llama-quantize file type: Q4_K_M -> Q4_K, MXFP4 (MXFP4_MOE: the
     experts in MXFP4, the rest Q8_0), BF16/F32 (never repacked here) as themselves."""
@@ -192,31 +216,52 @@ def main_type(label: str) -> tuple[str, str]:
     return base, base
 
 
-def estimated(label: str, dense: int, experts: int, head: int, cpu: Features) -> Repacked:
-    """The copy of a model sized by bits per weight (a what-if quantization, a config without tensors): the bytes
-    of each part whose main type this CPU repacks at the usual aligned shapes. An upper bound for mixes such as
-    Q4_K_M, whose Q6_K tensors stay in the file here."""
+def _bits(kind: str) -> float:
+    values, size = BLOCKS[kind]
+    return 8 * size / values
+
+
+def estimated(label: str, facts: ModelFacts, cpu: Features) -> Repacked:
+    """The copy of a model sized by bits per weight (a what-if quantization, a config without tensors), from its
+    parameters by part (models.facts.param_parts) at the types llama-quantize gives them: the layers' dense weights
+    at the label's main type, except that a *_K_M mix keeps attn_v and ffn_down of the layers `use_more_bits`
+    names at Q6_K (src/llama-quant.cpp); the experts at the experts' type; an untied output head at Q6_K, a tied
+    one (the embedding loaded again) at the main type. Each part counts when this CPU repacks its type at the usual
+    aligned shapes."""
     dense_type, expert_type = main_type(label)
     sample = 4096  # rows and columns a multiple of every block and row step the rule asks for
 
-    def repacks(kind: str, op: str) -> bool:
-        return kind in BLOCKS and extra_buffer(Weight(kind, sample, sample, op), cpu) is not None
+    def size(params: float, kind: str, op: str = MUL_MAT) -> int:
+        if kind not in BLOCKS or extra_buffer(Weight(kind, sample, sample, op), cpu) is None:
+            return 0
+        return int(params * _bits(kind) / 8)
 
-    dense_on = repacks(dense_type, MUL_MAT)
-    return Repacked(layers=dense if dense_on else 0, experts=experts if repacks(expert_type, MUL_MAT_ID) else 0,
-                    head=head if dense_on else 0, exact=False)
+    parts = param_parts(facts)
+    dense = parts["attention"] + parts["mlp"]
+    six = six_experts = 0.0  # parameters a *_K_M mix keeps at Q6_K: attn_v and ffn_down (ffn_down_exps) of some layers
+    if label.upper().endswith("_K_M"):
+        layers = max(facts.n_layers, 1)
+        share = sum(use_more_bits(i, layers) for i in range(layers)) / layers
+        six = share * (layers * facts.hidden_size * facts.n_kv_heads * facts.head_dim + parts["mlp"] / 3)
+        six_experts = share * parts["experts"] / 3
+    head = size(parts["embedding"], dense_type) if facts.tie_word_embeddings else \
+        size(parts["head"], dense_type if dense_type in ("Q8_0", "F16", "BF16") else "Q6_K")
+    return Repacked(layers=size(dense - six, dense_type) + size(six, "Q6_K"),
+                    experts=size(parts["experts"] - six_experts, expert_type, MUL_MAT_ID)
+                    + size(six_experts, "Q6_K", MUL_MAT_ID), head=head, exact=False)
 
 
 def model_copy(facts: ModelFacts, cpu: Features | None, gpu_backends: list[str], repack: bool, no_host: bool,
-               weights: int, quant: str, nonrepeating: int, head: int, experts: int) -> Repacked:
+               weights: int, quant: str) -> Repacked:
     """The copy llama-server makes of a whole model for a launch (the fit takes the plan's CPU part of it): from the
     file's own tensors when the file is what loads (`weights` is its bytes), else estimated from `quant`; nothing
     with --no-repack or when the CPU-side weights sit behind a GPU's host buffer."""
     if not repack or cpu is None or not cpu_side_repacks(gpu_backends, no_host):
         return Repacked()
     if facts.matmuls and facts.is_gguf and weights == facts.weights_bytes:
-        return of_weights(facts.matmuls, cpu)
-    return estimated(quant, max(weights - nonrepeating - experts, 0), experts, head, cpu)
+        copy = of_weights(facts.matmuls, cpu)
+        return replace(copy, unmapped=unmapped_bytes(facts.mapped_edges, cpu)) if copy.total else copy
+    return estimated(quant, facts, cpu)
 
 
 def note(copy: int, rep: Repacked) -> str:
@@ -227,4 +272,5 @@ def note(copy: int, rep: Repacked) -> str:
 
 
 __all__ = ["AMX", "CPU_REPACK", "CpuFeatures", "Repacked", "Weight", "buffer_bytes", "cpu_side_repacks",
-           "estimated", "extra_buffer", "launch_flags", "model_copy", "note", "of_weights", "op_of", "repacked_bytes", "weights_of"]
+           "estimated", "extra_buffer", "launch_flags", "model_copy", "note", "of_weights", "op_of", "repacked_bytes",
+           "unmapped_bytes", "weights_of"]
