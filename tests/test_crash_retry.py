@@ -294,18 +294,25 @@ def test_cli_serve_says_why_in_one_line_retries_with_no_repack_and_starts_with_i
 
 @pytest.mark.engine
 @pytest.mark.llamacpp
-def test_calibrate_retries_a_sigill_probe_with_no_repack_and_says_so(tmp_path: Path, llama_install: EngineInstall,
-                                                                    demo_model: Any) -> None:
+def test_calibrate_retries_a_sigill_probe_with_no_repack_and_says_so(tmp_path: Path,
+                                                                    llama_install: EngineInstall) -> None:
+    """A Q4_K_M file (repacked on AVX2 CPUs): the retry launches with --no-repack, so calibrate compares the engine
+    with the fit of *that* launch (no repacked copy), not with the plan it started from."""
+    from desktop.core.models import archs
+
+    model = archs.ensure_arch("llama3").gguf_paths["Q4_K_M"]
     binary, count = sigill_binary(tmp_path, EXEC_REAL.format(real=str(llama_install.executable)))
     env = {**os.environ, "SWITCHYARD_HOME": str(tmp_path / "home"), "SWITCHYARD_LLAMA_SERVER": str(binary)}
     done = subprocess.run([sys.executable, "-m", "desktop", "calibrate", "--engine", "llama.cpp", "--model",  # noqa: S603
-                           str(demo_model.gguf_path), "--json"], capture_output=True, text=True, timeout=600,
+                           str(model), "--json"], capture_output=True, text=True, timeout=600,
                           env=env, check=False)
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)["results"][0]
     assert found["started"] and NO_REPACK in found["argv"] and sigill_starts(count) == 1
     assert "SIGILL" in found["retried"] and "retried once" in found["retried"]
     assert found["components"]["weights"]["measured_bytes"] > 0
+    assert "repacked" not in found["components"], found["components"]
+    assert found["components"]["total"]["ratio"] == pytest.approx(1.0, abs=0.01)
 
 
 # --- the real thing -------------------------------------------------------------------------------------------

@@ -178,7 +178,7 @@ def of_weights(groups: Iterable[tuple[Weight, int]], cpu: Features) -> Repacked:
         size = buffer_bytes(weight, buffer) * count
         buffers[buffer] = buffers.get(buffer, 0) + size
         parts["head" if weight.head else "experts" if weight.op == MUL_MAT_ID else "layers"] += size
-    return Repacked(**parts, buffers=tuple(sorted(buffers.items())))
+    return Repacked(parts["layers"], parts["experts"], parts["head"], tuple(sorted(buffers.items())))
 
 
 def unmapped_bytes(files: Iterable[Edges], cpu: Features) -> int:
