@@ -4,13 +4,19 @@ For each architecture of desktop.core.models.archs (Llama 3, Llama 3.2 tied, Qwe
 Qwen3-MoE, Mixtral) this launches the real llama-server (`-v`, each GGUF type, three -c/-np settings) and the
 real vLLM CPU build (--enforce-eager, three --max-model-len/--max-num-seqs/KV-space settings), reads each
 engine's own memory report (desktop.core.engines.memory_report), and compares it with `planning/fit.py`'s
-estimate per component (weights, KV cache, compute) and in total, and vLLM's KV cache tokens.
+estimate per component (weights as mapped, the repacked copy, KV cache, compute) and in total over every buffer
+row, and vLLM's KV cache tokens.
+
+llama-server runs as the app launches it (its CPU weight repack on; `--no-repack` only where a crash retry adds
+it, as the app does). `--no-repack` runs the earlier harness configuration instead (weights = the file's bytes,
+no repacked copy), written to `points-no-repack.json`.
 
 Each point records the engine version, argv, the log lines the numbers came from, and the fit's numbers. The
 architectures are split: the fit's formulas were adjusted looking at the *tuning* architectures only; the
 *held-out* ones are reported separately (they share features with tuning ones, never their shapes).
 
     python benchmarks/fit_vs_engine.py                      # everything (~20 min on 2 cores)
+    python benchmarks/fit_vs_engine.py --engines llama.cpp  # llama-server only (~3 min)
     python benchmarks/fit_vs_engine.py --quick              # 2 architectures, 1 setting each (CI-sized)
     python benchmarks/fit_vs_engine.py --from-json FILE     # re-print a committed run's summary
 
@@ -47,7 +53,7 @@ TUNING = ("llama3", "qwen3", "gemma3", "qwen3moe")
 HELD_OUT = ("llama32-tied", "mistral", "phi3", "mixtral")
 LLAMA_SETTINGS = ((1024, 1), (2048, 2), (4096, 4))  # (ctx per request, slots): -c 1024, 4096, 16384
 VLLM_SETTINGS = ((1024, 1, 1.0), (2048, 2, 1.0), (4096, 4, 2.0))  # (max-model-len, max-num-seqs, KV GiB)
-COMPONENTS = ("weights", "kv_cache", "compute", "total", "kv_tokens")
+COMPONENTS = ("weights", "repacked", "kv_cache", "compute", "total", "kv_tokens")
 
 
 def split_of(arch: str) -> str:
@@ -70,17 +76,16 @@ def compare(engine: str, report: MemoryReport, fit: Any) -> dict[str, Any]:
     return {"measured": measured, "predicted": predicted, "relative_error": errors}
 
 
-# --no-repack: this machine's VM advertises AMX, and llama.cpp 11434's AMX repack path dies with SIGILL on
-# quantized types here. Without repacking every type loads and the weights are the GGUF's own bytes; the
-# repacked copies (an extra AMX buffer as large as the matmul weights, on F16 too) are a property of the
-# machine, not of an architecture, and are what `switchyard calibrate` measures and corrects for.
-LLAMA_HARNESS_ARGS = ("--no-repack",)
+# The earlier harness ran llama-server with --no-repack (an AMX VM whose repack died with SIGILL on quantized
+# types): weights are then the GGUF's own bytes. The app launches without it; a crash retry adds it.
+NO_REPACK_ARGS = ("--no-repack",)
+DEFAULT, NO_REPACK = "default", "no-repack"
 
 
-def _plan(engine: str, model_path: Path, setting: dict[str, Any]) -> LaunchPlan:
+def _plan(engine: str, model_path: Path, setting: dict[str, Any], launch: str = DEFAULT) -> LaunchPlan:
     if engine == "llama.cpp":
         return LaunchPlan(engine=engine, model_path=model_path, ctx_per_request=setting["ctx_per_request"],
-                          slots=setting["slots"], threads=2, extra_args=LLAMA_HARNESS_ARGS)
+                          slots=setting["slots"], threads=2, extra_args=NO_REPACK_ARGS if launch == NO_REPACK else ())
     return LaunchPlan(engine=engine, model_path=model_path, ctx_per_request=setting["ctx_per_request"],
                       slots=setting["slots"], eager=True, kv_cache_gib=setting["kv_cache_gib"], threads=2)
 
@@ -109,7 +114,10 @@ def evaluate(point: dict[str, Any], hardware: HardwareSnapshot) -> dict[str, Any
     """The fit's side of a point, from the current code: the engine's side (report, started) stays as measured."""
     engine, setting = point["engine"], point["setting"]
     path, facts = _facts(engine, point["arch"], point.get("quant"))
-    fit = estimate(facts, hardware, _plan(engine, path, setting))
+    plan = _plan(engine, path, setting, point.get("launch", NO_REPACK))  # the first committed run: --no-repack
+    if point.get("retried"):  # the engine crashed and ran with the crash retry's arguments: fit what ran
+        plan = replace(plan, extra_args=tuple(dict.fromkeys((*plan.extra_args, *NO_REPACK_ARGS))))
+    fit = estimate(facts, hardware, plan)
     point = {**point, "fit": _fit_part(fit)}
     for key in ("measured", "predicted", "relative_error"):
         point.pop(key, None)
@@ -127,20 +135,21 @@ def report_from_json(data: dict[str, Any]) -> MemoryReport:
 
 
 def run_point(engine: str, arch: str, quant: str | None, setting: dict[str, Any],
-              hardware: HardwareSnapshot) -> dict[str, Any]:
+              hardware: HardwareSnapshot, launch: str = DEFAULT) -> dict[str, Any]:
     adapter = get_adapter(engine)
     install = adapter.find_install()
     if install is None:
         raise SystemExit(f"{engine} is not installed: switchyard engines install {engine}")
     path, facts = _facts(engine, arch, quant)
-    plan = _plan(engine, path, setting)
+    plan = _plan(engine, path, setting, launch)
     fit = estimate(facts, hardware, plan)
     result = probe(adapter, install, replace(fit.plan or plan, port=0, threads=2), timeout=900)
     home = str(Path.home())
     point = {"engine": engine, "engine_version": result.version, "arch": arch, "split": split_of(arch),
              "features": list(archs.ARCHS[arch].features), "quant": quant, "model": path.name, "setting": setting,
              "argv": ["~" + a[len(home):] if a.startswith(home) else a for a in result.argv],
-             "env": result.env, "started": result.started, "error": result.error,
+             "env": result.env, "started": result.started, "error": result.error, "launch": launch,
+             "retried": result.retried,
              "seconds": round(result.seconds, 1), "lines": result.report.lines, "report": result.report.to_json(),
              "engine_fit": result.report.engine_fit_bytes}
     if not result.started:
@@ -174,7 +183,8 @@ def summarise(points: list[dict[str, Any]]) -> dict[str, Any]:
 
 def print_summary(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [f"fit vs engine: {meta.get('points')} points, {meta.get('archs')} architectures; "
-             f"llama.cpp {meta.get('versions', {}).get('llama.cpp')}, vLLM {meta.get('versions', {}).get('vllm')}; "
+             f"llama.cpp {meta.get('versions', {}).get('llama.cpp')} ({meta.get('launch', NO_REPACK)} launch), "
+             f"vLLM {meta.get('versions', {}).get('vllm')}; "
              f"load average {meta.get('loadavg_before')} -> {meta.get('loadavg_after')}",
              f"{'engine/split':22}{'points':>7}{'wrong':>6}  " + "".join(f"{c + ' med/worst':>22}" for c in COMPONENTS)]
     for key, row in summary.items():
@@ -201,6 +211,8 @@ def main() -> int:
     parser.add_argument("--append", action="store_true",
                         help="add to the points already in OUT/points.json (or its .partial.json), skipping points "
                              "measured there: a long run can be done in passes")
+    parser.add_argument("--no-repack", action="store_true",
+                        help="run llama-server with --no-repack (the earlier harness), into points-no-repack.json")
     parser.add_argument("--refit", type=Path, help="recompute the fit's side of a saved points.json (the engines' "
                                                    "measurements are kept) and rewrite it")
     args = parser.parse_args()
@@ -228,7 +240,9 @@ def main() -> int:
     started = time.time()
     load_before = [round(x, 2) for x in os.getloadavg()]
     points: list[dict[str, Any]] = []
-    out_file = args.out / ("quick.json" if args.quick else "points.json")
+    launch = NO_REPACK if args.no_repack else DEFAULT
+    name = ("quick" if args.quick else "points") + ("-no-repack" if args.no_repack else "")
+    out_file = args.out / f"{name}.json"
     previous_meta: dict[str, Any] = {}
     if args.append:
         for candidate in (out_file.with_suffix(".partial.json"), out_file):
@@ -251,7 +265,7 @@ def main() -> int:
             for quant, setting in todo:
                 if (engine, key, quant, json.dumps(setting, sort_keys=True)) in done:
                     continue
-                points.append(run_point(engine, key, quant, setting, hardware))
+                points.append(run_point(engine, key, quant, setting, hardware, launch))
                 _progress(points[-1])
                 args.out.mkdir(parents=True, exist_ok=True)  # partial results survive an interrupted run
                 out_file.with_suffix(".partial.json").write_text(json.dumps({"points": points}, indent=1) + "\n")
@@ -265,13 +279,12 @@ def main() -> int:
             "cpu": hardware.cpu.model if hardware.cpu else platform.processor(),
             "cpu_features": {"avx2": hardware.cpu.avx2, "avx512": hardware.cpu.avx512, "amx": hardware.cpu.amx}
             if hardware.cpu else {},
-            "cores": os.cpu_count(), "ram_gib": round(hardware.ram_total_bytes / 1024**3, 1),
+            "launch": launch, "cores": os.cpu_count(), "ram_gib": round(hardware.ram_total_bytes / 1024**3, 1),
             "versions": {p["engine"]: p["engine_version"] for p in points}, "points": len(points),
             "archs": len({p["arch"] for p in points}), "tuning": list(TUNING), "held_out": list(HELD_OUT), "quick": args.quick}
     summary = summarise(points)
     text = print_summary(summary, meta)
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "quick" if args.quick else "points"
     out_file.with_suffix(".partial.json").unlink(missing_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps({"meta": meta, "summary": summary, "points": points},
                                                       indent=1) + "\n")
