@@ -6,10 +6,12 @@ real llama-server's own breakdown is tests/test_fit_engines.py's business."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.engines.memory_report import parse_llama
@@ -169,6 +171,23 @@ def test_a_copy_the_fit_counted_and_the_engine_did_not_make_is_compared_as_zero(
                           "sched_reserve:        CPU compute buffer size =    17.52 MiB"])
     pairs = calibration.components("llama.cpp", report, fit)
     assert pairs["repacked"] == (_bytes(fit, "repacked"), 0.0)
+
+
+def test_serve_passes_no_repack_through_and_the_fit_counts_it() -> None:
+    """`serve -- --no-repack` (or models.yaml `args:`): the argv carries it and the checked plan has no copy, and the
+    fit does not call the flag unaccounted."""
+    path = archs.ensure_arch("llama3").gguf_paths["Q4_K_M"]
+
+    def dry_run(*extra: str) -> dict[str, object]:
+        done = run_cli("serve", "--engine", "llama.cpp", "--model", str(path), "--hardware",
+                       str(SNAPSHOTS / "cpu_laptop.json"), "--dry-run", "--json", *extra)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    default, off = dry_run(), dry_run("--", "--no-repack")
+    assert "--no-repack" in off["argv"] and "--no-repack" not in default["argv"]  # type: ignore[operator]
+    assert "repacked copy" in json.dumps(default) and "repacked copy" not in json.dumps(off)
+    assert "not accounted" not in json.dumps(off)
 
 
 def _tensors(path: Path) -> list[tuple[str, tuple[int, ...], str]]:

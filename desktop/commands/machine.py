@@ -138,7 +138,9 @@ def cmd_detect(args: argparse.Namespace) -> int:
 def _print_fit(result: FitResult) -> None:
     label = {"yes": "fits", "partial": "fits partially (some layers on the CPU)", "no": "does NOT fit"}[result.fits]
     print(f"{result.engine} on {result.device}: {label}")
-    print(f"  weights {result.weights_gib:.2f} GiB + KV cache {result.kv_cache_gib:.2f} GiB + overhead "
+    copy = result.breakdown.get("repacked", 0.0) if result.device == "CPU" else 0.0  # in the CPU plan's total
+    repacked = f" + repacked copy {copy:.2f} GiB" if copy else ""
+    print(f"  weights {result.weights_gib:.2f} GiB{repacked} + KV cache {result.kv_cache_gib:.2f} GiB + overhead "
           f"{result.overhead_gib:.2f} GiB = {result.total_gib:.2f} GiB; available {result.available_gib:.2f} GiB, "
           f"headroom {result.headroom_gib:.2f} GiB")
     if result.gpu_layers is not None and result.total_layers:

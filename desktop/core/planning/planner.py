@@ -32,6 +32,7 @@ from desktop.core.engines.model_path import resolve_model
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts, facts_for
 from desktop.core.models.parsers import check_parser, parsers_for
+from desktop.core.planning import repack
 from desktop.core.planning.fit import FitResult, estimate, sized_gpus, sizing_of, vllm_utilization
 from desktop.core.planning.launch import PlanRefused, describe, require_fit
 
@@ -129,9 +130,10 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
     result = estimate(facts, hardware, base)
     plan = require_fit(result, model)
     plan = _with_parsers(plan, result, wanted)
-    if wanted.get("extra_args"):  # what the person passed through: launched as given, not in the memory check
-        result = replace(result, notes=[*result.notes, "not accounted by the fit: "
-                                        + " ".join(map(str, wanted["extra_args"]))])
+    unaccounted = [str(a) for a in wanted.get("extra_args") or ()
+                   if not (sizing_of(adapter.name) == "llama.cpp" and str(a) in repack.FLAGS)]
+    if unaccounted:  # what the person passed through: launched as given, not in the memory check
+        result = replace(result, notes=[*result.notes, "not accounted by the fit: " + " ".join(unaccounted)])
     # the engine's own device selection where the snapshot cannot pin the sized GPUs (llama.cpp's Vulkan build)
     plan = adapter.select_devices(plan, sized_gpus(adapter.name, hardware, plan))
     flag = adapter.sleep_mode_flag

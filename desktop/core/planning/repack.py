@@ -121,6 +121,7 @@ def repacked_bytes(weights: Iterable[Weight], cpu: Features, repack: bool = True
 
 
 FALSE_WORDS = ("0", "false", "off", "disabled", "no")  # common/arg.cpp's falsey environment values
+FLAGS = ("-nr", "--no-repack", "--repack", "--no-host")  # the pass-through flags the fit reads (launch_flags)
 
 
 def launch_flags(args: Iterable[str], env: dict[str, str] | None = None) -> tuple[bool, bool]:
@@ -271,6 +272,6 @@ def note(copy: int, rep: Repacked) -> str:
             "beside the mapped file, for this CPU's faster kernels: counted; --no-repack saves it (slower matmuls)")
 
 
-__all__ = ["AMX", "CPU_REPACK", "CpuFeatures", "Repacked", "Weight", "buffer_bytes", "cpu_side_repacks",
+__all__ = ["AMX", "CPU_REPACK", "FLAGS", "CpuFeatures", "Repacked", "Weight", "buffer_bytes", "cpu_side_repacks",
            "estimated", "extra_buffer", "launch_flags", "model_copy", "note", "of_weights", "op_of", "repacked_bytes",
            "unmapped_bytes", "weights_of"]
