@@ -2,8 +2,9 @@
 
 llama.cpp: weights from the GGUF's real tensor bytes (or a bits-per-weight table when only a config is known),
 KV cache for the whole context shared by all slots at the chosen KV type, compute buffers (the logits and
-attention-score scratch, which depend on n_ubatch and, without flash attention, on the context), and the CUDA
-context; when it does not fit, the number of layers that do (`-ngl`) and the RAM the rest needs.
+attention-score scratch, which depend on n_ubatch and, without flash attention, on the context), the CUDA
+context, and the repacked copy llama-server makes of the weights it runs on the CPU (planning/repack.py); when it
+does not fit, the number of layers that do (`-ngl`) and the RAM the rest needs.
 
 vLLM: its own budget, total x gpu_memory_utilization, minus weights, the activation peak it profiles with
 max_num_batched_tokens tokens, non-torch memory and CUDA graphs; what is left is the KV cache, in 16-token
