@@ -30,6 +30,9 @@ def main() -> int:
                                            "--free-awake once loaded and at a full wake, --free-asleep at /sleep")
     parser.add_argument("--free-awake", default="")
     parser.add_argument("--free-asleep", default="")
+    parser.add_argument("--refuse", action="append", default=[], choices=["tools", "json_schema", "images", "reasoning"],
+                        help="answer 400 to requests using this capability, as vLLM does without the flag for it")
+    parser.add_argument("--requests", help="append one JSON line per inference request: its `user` and capabilities")
     args, _rest = parser.parse_known_args()
 
     print(f"{args.name}: loading model (ctx {args.ctx})", flush=True)
@@ -97,6 +100,14 @@ def main() -> int:
                 return
             body = json.loads(raw or b"{}")
             chat = path.endswith("chat/completions")
+            used = _capabilities(body)
+            if args.requests:
+                with open(args.requests, "a") as handle:
+                    handle.write(json.dumps({"user": body.get("user"), "capabilities": used}) + "\n")
+            refused = [name for name in used if name in args.refuse]
+            if refused:
+                self._json(400, {"error": {"message": REFUSALS[refused[0]], "type": "BadRequestError", "code": 400}})
+                return
 
             def choice(text: str) -> dict[str, object]:
                 return {"index": 0, "delta": {"content": text}, "finish_reason": None} if chat else \
@@ -148,6 +159,33 @@ def main() -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+# vLLM 0.32's own words when the flag for a capability is missing (tools: serving/chat's check)
+REFUSALS = {
+    "tools": '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+    "json_schema": "structured outputs are not supported by this stand-in",
+    "images": "this model does not support image input",
+    "reasoning": "reasoning is not supported by this stand-in",
+}
+
+
+def _capabilities(body: dict[str, object]) -> list[str]:
+    """What a request uses, read from its parsed body as an engine would."""
+    used = []
+    if body.get("tools"):
+        used.append("tools")
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") in ("json_schema", "json_object"):
+        used.append("json_schema")
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    if any(isinstance(m, dict) and isinstance(m.get("content"), list) and
+           any(isinstance(part, dict) and part.get("type") == "image_url" for part in m["content"])
+           for m in messages):  # type: ignore[union-attr]
+        used.append("images")
+    if body.get("reasoning_effort"):
+        used.append("reasoning")
+    return used
 
 
 class _UnixHTTPServer(socketserver.ThreadingUnixStreamServer):

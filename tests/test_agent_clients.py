@@ -67,8 +67,12 @@ def test_tools_through_the_endpoint_on_llamacpp_and_after_a_switch_to_vllm(llama
     try:
         assert ready.startswith(f"ready: {base}/v1"), ready
         _agent_requests(base, "llama.cpp")
+        previewed = json.loads(run_cli("switch", "--to", "vllm", "--port", str(port), "--dry-run", "--json").stdout)
+        rows = {row["capability"]: row for row in previewed["capabilities"]}
+        assert rows["tools"]["traffic_s_ago"] is not None and rows["tools"]["target"] == "yes", rows
         switched = run_cli("switch", "--to", "vllm", "--port", str(port), "--json", timeout=900)
         assert switched.returncode == 0, switched.stderr
+        assert json.loads(switched.stdout)["probed"] == ["tools"]  # vLLM answered a tools request first (issue 41)
         status = json.loads(run_cli("status", "--json", "--port", str(port)).stdout)
         assert status["active"]["engine"] == "vllm"
         assert status["active"]["plan"]["tool_parser"] == "hermes"  # from the demo's chat template

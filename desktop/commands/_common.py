@@ -87,3 +87,17 @@ def print_described(described: dict[str, Any], name: str | None = None) -> None:
     fit = described["fit"]
     print(f"fits: {fit['fits']} on {fit['device']}: {fit['total_gib']:.2f} GiB of "
           f"{fit['available_gib']:.2f} GiB (weights {fit['weights_gib']:.2f}, KV {fit['kv_cache_gib']:.2f})")
+
+
+def capability_lines(rows: list[dict[str, Any]], roles: dict[str, str]) -> list[str]:
+    """The capability table (serving.capabilities.table) as lines: what the traffic used and what each plan was
+    launched to support (`roles`: the row key -> the column's title)."""
+    if not rows:
+        return []
+    out = ["  capabilities   traffic (last used)  " + "".join(f"{title:>10}" for title in roles.values())]
+    for row in rows:
+        ago = row.get("traffic_s_ago")
+        used = "-" if ago is None else f"{ago:.0f} s ago"
+        out.append(f"  {cell(row['capability']):14} {used:>19}  "
+                   + "".join(f"{cell(row.get(key) or '-'):>10}" for key in roles))
+    return out

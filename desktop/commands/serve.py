@@ -19,7 +19,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from desktop.commands import _numbers as N
-from desktop.commands._common import cell, emit_json, print_described, stderr_progress
+from desktop.commands._common import capability_lines, cell, emit_json, print_described, stderr_progress
 from desktop.core.common.defaults import (
     DEFAULT_CTX_PER_REQUEST,
     DEFAULT_DRAIN_TIMEOUT,
@@ -689,6 +689,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  requests {requests['requests']} total, {requests['failed']} failed, {requests['inflight']} in flight")
     if data.get("last_error"):
         print(f"  last error: {cell(data['last_error'])}")  # it can quote an engine's log line
+    for line in capability_lines(data.get("capabilities") or [], {"active": "active", "other": "other"}):
+        print(line)
     return 0
 
 
@@ -709,6 +711,8 @@ def cmd_switch(args: argparse.Namespace) -> int:
             for key, value in preview["env"].items():
                 print(f"  env {key}={value}")
             print(preview["message"])
+            for line in capability_lines(preview.get("capabilities") or [], {"active": "now", "target": "after"}):
+                print(line)
         return 0
     result = client.switch(engine, args.model, args.name)
     if args.json:
@@ -721,6 +725,8 @@ def cmd_switch(args: argparse.Namespace) -> int:
         print(f"gap: {result.get('gap_s', 0.0):.1f} s with no engine serving (requests waited at the endpoint)"
               + (f"; {result['cut_requests']} request(s) outlived the drain deadline and got a retryable error"
                  if result.get("cut_requests") else ""))
+        if result.get("probed"):
+            print(f"the new engine answered what the traffic used before it took over: {', '.join(result['probed'])}")
         if result.get("retried_smaller"):
             print(f"the new engine ran out of memory and was retried with a smaller plan: "
                   f"{result['retried_smaller']}")

@@ -131,7 +131,8 @@ class Autopilot:
         self._thread: threading.Thread | None = None
         self._action: threading.Thread | None = None
         self._acting: str | None = None
-        self._not_before = 0.0  # a failed vLLM start is not tried again before this
+        self._not_before = 0.0  # a failed vLLM start or refused hand-over is not tried again before this
+        self._setback = ""  # what failed then, for the decisions that wait
         self.steps = 0  # decisions made so far (tests wait on it)
         manager.proxy.subscribe_started(self._arrived)
         manager.proxy.subscribe(self._finished)
@@ -199,10 +200,8 @@ class Autopilot:
             return None
         now = self.clock()
         decision = decide(self._inputs(now))
-        if decision.action in ("start_standby", "switch_stop_first") and now < self._not_before:
-            decision = Decision("stay", f"{decision.reason} — but vLLM failed to start at "
-                                        f"{time.strftime('%H:%M:%S', time.localtime(self._not_before - self.settings.retry_after_s))}"
-                                        f" and is not tried again before "
+        if decision.action in ("start_standby", "switch_stop_first", "hand_over") and now < self._not_before:
+            decision = Decision("stay", f"{decision.reason} — but {self._setback} and is not tried again before "
                                         f"{time.strftime('%H:%M:%S', time.localtime(self._not_before))}",
                                 now, decision.numbers)
         self._record(decision)
@@ -268,9 +267,13 @@ class Autopilot:
         self._action.start()
 
     def _failed(self, what: str, exc: SwitchyardError) -> None:
-        self._not_before = self.clock() + self.settings.retry_after_s
+        """A vLLM start or hand-over failed (a refused capability too: serving.capabilities): llama.cpp keeps
+        serving, and neither is tried again for retry_after_s (a refusal is not asked again every tick)."""
+        now = self.clock()
+        self._not_before = now + self.settings.retry_after_s
+        self._setback = f"{what} failed at {time.strftime('%H:%M:%S', time.localtime(now))} ({exc.message})"
         self._record(Decision("stay", f"{what} failed ({exc.message}): llama.cpp keeps serving; vLLM is not tried "
-                                      f"again for {self.settings.retry_after_s:g} s", self.clock()))
+                                      f"again for {self.settings.retry_after_s:g} s", now))
 
     def _start_standby(self) -> None:
         m = self.manager

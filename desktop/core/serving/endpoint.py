@@ -28,7 +28,7 @@ from desktop.core.planning.swap import SmallerPlan, plan_facts, smaller_plan
 from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState, reap_orphans
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
-from desktop.core.serving import switching
+from desktop.core.serving import capabilities, switching
 from desktop.core.serving.budget import MemoryBudget, machine_budget, memory_allows_standby
 from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT
 from desktop.core.serving.managed import (
@@ -169,7 +169,21 @@ class EndpointManager:
                 "gpu_telemetry": (self.telemetry.gpu.unavailable or "ok")
                 if self.telemetry and self.telemetry.gpu else "off",
                 "autopilot": self.autopilot.status() if self.autopilot is not None else None,
+                "capabilities": self.capability_table(),
             }
+
+    def capability_table(self) -> list[dict[str, Any]]:
+        """What the traffic used, and what the serving plan and the one a switch would go to (the standby, or the
+        hybrid mode's other engine) were launched to support (serving.capabilities.table). Reads each role once,
+        without the lock: status() calls it holding it, the Serve page every tick."""
+        active_engine, standby = self.active, self.standby
+        active = active_engine.plan if active_engine else None
+        other = standby.plan if standby else None
+        hybrid = self.autopilot.other_plan if self.autopilot is not None else None
+        if other is None and hybrid is not None and (active is None or hybrid.engine != active.engine):
+            other = hybrid
+        return capabilities.table(self.proxy.capabilities.ago(switching.traffic_key(self)), active=active,
+                                  other=other)
 
     def set_upstream(self, upstream: Upstream | None, down_reason: str | None = None, idle: bool = False) -> None:
         self.proxy.set_upstream(upstream, down_reason, model=self.route, idle=idle)

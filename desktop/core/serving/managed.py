@@ -68,9 +68,11 @@ class SwitchResult:
     woke: bool = False  # the new engine was a sleeping vLLM woken up (no cold start)
     old_sleeping: bool = False  # the old engine sleeps (vLLM sleep mode) instead of stopping
     retried_smaller: str | None = None  # the new engine ran out of memory and was retried with a smaller plan
+    probed: tuple[str, ...] = ()  # capabilities the traffic used that the new engine answered before it took over
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data["probed"] = list(self.probed)
         data["cold_start"] = self.cold_start.to_json() if self.cold_start else None
         return data
 

@@ -38,6 +38,7 @@ from desktop.core.common.origins import ANY_ORIGIN, is_local_origin, is_loopback
 from desktop.core.common.text import bounded
 from desktop.core.engines.model_path import model_label
 from desktop.core.runtime.ports import holder_of
+from desktop.core.serving.capabilities import TrafficCapabilities
 from desktop.core.serving.defaults import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
 from desktop.core.serving.forward import MESSAGES_PATH, Forwarder
 from desktop.core.serving.guard import Guard, raise_fd_limit
@@ -120,6 +121,7 @@ class ProxyServer:
         self.router = Router(self.counters)  # owned by the proxy's loop
         self.router.default.extra_routes = frozenset(extra_routes)
         self.forwarder = Forwarder(self, self.router, self.upstreams)
+        self.capabilities = TrafficCapabilities()  # what each model's traffic used: a switch keeps it working
 
     def served_names(self) -> Container[str]:
         """The model names this endpoint serves: the configured models, or the one served name (read on the
@@ -344,6 +346,7 @@ class ProxyServer:
         model = None
         if self.router.multi:
             model = name if name in self.router.routes else next(iter(self.router.routes))
+        self.capabilities.note(model or self.model_name, info.capabilities)
         self.forwarder.forward(request, client, route, model)
 
     def _scan_off_loop(self, request: Incoming, client: ClientConnection) -> None:

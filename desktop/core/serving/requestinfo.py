@@ -1,5 +1,6 @@
 """What the endpoint reads from a request body, read once per request: the top-level JSON `model` (routing, the
-model rewrite and the request log all use this one value) and `stream`.
+model rewrite and the request log all use this one value), `stream`, and the capabilities it uses (tools, JSON
+schemas, images, reasoning: serving.capabilities, which a switch checks the next engine for).
 
 Found by a scan that builds no objects and never recurses: strings are skipped by one regex match each (in C),
 brackets are counted, so a 60 MiB body costs a pass over its bytes rather than a parse tree (json.loads of such a
@@ -13,6 +14,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+
+from desktop.core.serving.capabilities import used_by
 
 MAX_DEPTH = 128  # JSON nesting the endpoint forwards (a request's own JSON schema nests a few dozen at most)
 LOOP_TOKENS = 20_000  # brackets and strings scanned on the event loop (~10 ms); past this, in a worker thread
@@ -36,6 +39,7 @@ class RequestInfo:
     model: str | None = None
     stream: bool = False
     model_span: tuple[int, int] | None = None
+    capabilities: frozenset[str] = frozenset()  # what else it asks of the engine (serving.capabilities.used_by)
 
 
 NO_INFO = RequestInfo()
@@ -121,7 +125,7 @@ def scan(body: bytes, max_tokens: int | None = MAX_TOKENS) -> RequestInfo | None
             stream = body.startswith(b"true", value) and body[value + 4:value + 5] in (b"", b",", b"}", b" ",
                                                                                       b"\t", b"\r", b"\n")
         pos = value  # a container or a literal: the loop steps over it
-    return RequestInfo(model, stream, span)
+    return RequestInfo(model, stream, span, used_by(body))
 
 
 def _space_end(body: bytes, pos: int) -> int:

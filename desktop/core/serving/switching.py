@@ -26,6 +26,7 @@ from desktop.core.planning.sleep import plan_after_sleep
 from desktop.core.planning.swap import engine_need, plan_facts
 from desktop.core.runtime.proctree import tree_rss
 from desktop.core.runtime.supervisor import EngineState
+from desktop.core.serving import capabilities
 from desktop.core.serving.budget import memory_allows_standby
 from desktop.core.serving.managed import ManagedEngine, SwitchResult
 
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
     from desktop.core.serving.endpoint import EndpointManager
 
 log = logging.getLogger("switchyard.endpoint")
+
+
+class CapabilityRefused(SwitchyardError):
+    """The engine a switch would move to refused a capability the traffic uses: nothing moved."""
 
 
 def shown(plan: LaunchPlan) -> str:
@@ -79,6 +84,8 @@ def preview(m: EndpointManager, plan: LaunchPlan) -> dict[str, Any]:
         result = {"kind": "warm", "expected_s": cold, "gap_s": 0.0,
                   "message": f"warm: {plan.engine} starts beside the current engine ({took}); no request waits"}
     command = planned_command(plan)
+    used = m.proxy.capabilities.ago(traffic_key(m))
+    result["capabilities"] = capabilities.table(used, active=old.plan if old else None, target=plan)
     result.update(plan=plan.to_json(), argv=command.argv,
                   env={k: ("***" if k in SECRET_ENV else v) for k, v in command.env.items()})
     return result
@@ -111,6 +118,13 @@ def warm(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, kind: 
             m.emit("serving" if old else "down", f"switch to {plan.engine} failed, "
                    f"{old.upstream.name if old else 'nothing'} keeps serving: {exc.message}")
             raise
+    probed, why = capability_check(m, new) if old is not None else ((), None)
+    if why is not None:  # the old engine keeps serving; a warm standby stays one
+        if reused:
+            park(m, new, "standby")
+        else:
+            m.retire(new)
+        raise refused(m, old, plan, why)
     promote(m, new)  # from here on, new requests go to the new engine
     drained, kept, cut = True, False, 0
     if old is not None:
@@ -121,7 +135,7 @@ def warm(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, kind: 
     return SwitchResult(old.upstream.engine if old else None, new.upstream.engine,
                         round(time.monotonic() - started, 3), reused, drained, kept,
                         None if reused else new.process.cold_start, kind="standby" if reused else "warm",
-                        cut_requests=cut, retried_smaller=new.retried)
+                        cut_requests=cut, retried_smaller=new.retried, probed=probed)
 
 
 def stop_first(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan, started: float,
@@ -152,6 +166,11 @@ def stop_first(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan, started
         m.emit("serving" if restored else "down", f"switch to {plan.engine} failed ({exc.message}); "
                + (f"{old.upstream.name} serves again" if restored else "the old engine did not come back"))
         raise
+    probed, refusal = capability_check(m, new)
+    if refusal is not None:  # requests still wait: the old engine comes back before any moves
+        m.retire(new)
+        restore(m, old, slept)
+        raise refused(m, old, plan, refusal)
     promote(m, new)
     gap = round(time.monotonic() - gap_started, 3)
     m.emit("serving", f"{new.upstream.name} serves {m.proxy.url}/v1 (stop-first; no engine served for "
@@ -159,7 +178,7 @@ def stop_first(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan, started
     return SwitchResult(old.upstream.engine, new.upstream.engine, round(time.monotonic() - started, 3),
                         False, drained, False, None if sleeping is not None else new.process.cold_start,
                         kind="stop-first", gap_s=gap, cut_requests=cut, woke=sleeping is not None,
-                        old_sleeping=slept, retried_smaller=new.retried)
+                        old_sleeping=slept, retried_smaller=new.retried, probed=probed)
 
 
 def launch_beside(m: EndpointManager, plan: LaunchPlan, sleeper: ManagedEngine | None) -> tuple[ManagedEngine, bool]:
@@ -187,20 +206,57 @@ def drain_or_cut(m: EndpointManager, old: ManagedEngine) -> tuple[bool, int]:
     return False, cut
 
 
-def engine_post(managed: ManagedEngine, path: str, timeout: float = 120.0, body: dict[str, Any] | None = None
-                ) -> bool:
+def engine_request(managed: ManagedEngine, path: str, body: dict[str, Any] | None, timeout: float
+                   ) -> tuple[int | None, str]:
+    """POST `body` to the engine itself, on its private socket (desktop.core.common.unixhttp): (HTTP status, the
+    answer's text), or (None, why) when it did not answer."""
     key = managed.process.plan.api_key
     try:
-        url = managed.process.base_url  # the engine's private socket (desktop.core.common.unixhttp)
+        url = managed.process.base_url
         with unixhttp.client(url, timeout=timeout) as client:
             response = client.post(unixhttp.http_url(url) + path, json=body,
                                    headers={"Authorization": f"Bearer {key}"} if key else None)
     except httpx.HTTPError as exc:
-        log.warning("%s %s failed: %s", managed.upstream.name, path, exc)
-        return False
-    if response.status_code >= 300:
-        log.warning("%s %s answered HTTP %d", managed.upstream.name, path, response.status_code)
-    return response.status_code < 300
+        return None, str(exc) or type(exc).__name__
+    return response.status_code, response.text[:4096]
+
+
+def engine_post(managed: ManagedEngine, path: str, timeout: float = 120.0, body: dict[str, Any] | None = None
+                ) -> bool:
+    status, text = engine_request(managed, path, body, timeout)
+    if status is None:
+        log.warning("%s %s failed: %s", managed.upstream.name, path, text)
+    elif status >= 300:
+        log.warning("%s %s answered HTTP %d", managed.upstream.name, path, status)
+    return status is not None and status < 300
+
+
+def traffic_key(m: EndpointManager) -> str:
+    """The name the endpoint notes this manager's traffic under (its route, or the served name)."""
+    return m.route or m.proxy.model_name
+
+
+def capability_check(m: EndpointManager, new: ManagedEngine) -> tuple[tuple[str, ...], str | None]:
+    """The capabilities this model's traffic used in the last hour, and why `new` cannot take that traffic over
+    (serving.capabilities: one short request per capability), or None."""
+    used = m.proxy.capabilities.recent(traffic_key(m))
+    if not used:
+        return (), None
+    refusal = capabilities.probe(
+        lambda body: engine_request(new, "/v1/chat/completions", body, capabilities.PROBE_TIMEOUT_S),
+        new.upstream.served_model_name, used)
+    if refusal is None:
+        log.info("%s answers what the traffic used (%s)", new.upstream.name, ", ".join(used))
+        return tuple(used), None
+    return tuple(used), refusal.message(new.plan.engine)
+
+
+def refused(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, why: str) -> CapabilityRefused:
+    """Say that the switch to `plan` was refused and why; the error to raise."""
+    m.last_error = why
+    m.emit("serving" if old else "down", f"switch to {plan.engine} refused, "
+           f"{old.upstream.name if old else 'nothing'} keeps serving: {why}")
+    return CapabilityRefused(why, "the traffic of the last hour used it: a switch must not break those clients")
 
 
 def sleep_choice(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan | None

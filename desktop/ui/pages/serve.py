@@ -80,6 +80,20 @@ def autopilot_text(status: dict[str, Any]) -> str:
     return text
 
 
+def capabilities_text(rows: list[dict[str, Any]]) -> str:
+    """The capability table (serving.capabilities.table) in a line per capability the traffic used: when, and what
+    the serving plan and the one a switch would go to were launched to support."""
+    used = [r for r in rows if r.get("traffic_s_ago") is not None]
+    if not used:
+        return "Capabilities: the traffic used none of tools, JSON schemas, images, reasoning so far"
+    lines = ["Capabilities the traffic used (a switch probes the next engine for each first):"]
+    for row in used:
+        other = f", other engine: {row['other']}" if row.get("other") else ""
+        lines.append(f"  {row['capability']} ({row['traffic_s_ago']:.0f} s ago) — serving: {row.get('active') or '-'}"
+                     f"{other}")
+    return "\n".join(lines)
+
+
 def engine_short(process: Any) -> str:
     """"llama.cpp", "vLLM": the engine's name without its server's."""
     return str(process.adapter.display_name).split(" (")[0] if process is not None else ""
@@ -217,6 +231,11 @@ class ServePage(QWidget):
         self.autopilot_label.setAccessibleName("Hybrid mode decision")
         self.autopilot_label.setWordWrap(True)
         self.autopilot_label.hide()
+        self.capabilities_label = QLabel("")  # what the traffic used, and what each plan supports (issue 41)
+        self.capabilities_label.setObjectName("capabilities")
+        self.capabilities_label.setAccessibleName("Capabilities the traffic used")
+        self.capabilities_label.setWordWrap(True)
+        self.capabilities_label.hide()
         status = QGridLayout()
         status.addWidget(QLabel("State:"), 0, 0)
         status.addWidget(self.state_label, 0, 1)
@@ -227,6 +246,7 @@ class ServePage(QWidget):
         status.addWidget(self.copy_button, 0, 4)
         status.addWidget(self.switch_label, 1, 0, 1, 5)
         status.addWidget(self.autopilot_label, 2, 0, 1, 5)
+        status.addWidget(self.capabilities_label, 3, 0, 1, 5)
         status.setColumnStretch(3, 1)
 
         # --- charts ---
@@ -539,6 +559,10 @@ class ServePage(QWidget):
         line = engines_line(serving, starting, self.session.process)
         self.state_label.setText(line)
         self._show_autopilot(getattr(manager, "autopilot", None) if manager is not None else None)
+        table = getattr(manager, "capability_table", None) if manager is not None else None
+        self.capabilities_label.setVisible(table is not None)
+        if table is not None:
+            self.capabilities_label.setText(capabilities_text(table()))
         ready = serving is not None and serving.state.value == "ready"
         self.chat.show_engine_state(engine_short(serving) if ready else None,
                                     line.split(" · ")[-1] if starting is not None else None)

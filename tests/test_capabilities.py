@@ -1,0 +1,258 @@
+"""Issue 41: a switch never drops a capability the traffic uses. The endpoint notes per model which capabilities
+requests used (tools, JSON schemas, images, reasoning); before traffic moves the next engine gets one short request
+per capability in use, and a refusal keeps the old engine serving (manual switch) or the autopilot where it is,
+saying why. Stand-in engines (tests/standin_engine.py `--refuse`, `--requests`) behind a real proxy and manager;
+the real engines in test_real_engines_switch_after_tool_calls_keeps_answering_them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_autopilot_live import BOTH_FIT, Hybrid, _held, _until
+from test_fleet import CPU, standin_launcher
+
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines.base import LaunchPlan
+from desktop.core.planning.planner import ask as ask_plan
+from desktop.core.runtime.ports import find_free_port
+from desktop.core.serving import capabilities
+from desktop.core.serving.capabilities import (
+    IMAGES,
+    JSON_SCHEMA,
+    MAX_MODELS,
+    PROBE_USER,
+    REASONING,
+    TOOLS,
+    TrafficCapabilities,
+    probe,
+    used_by,
+)
+from desktop.core.serving.endpoint import EndpointManager
+from desktop.core.serving.proxy import ProxyServer
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
+HELLO = [{"role": "user", "content": "hi"}]
+
+
+def body(**fields: Any) -> bytes:
+    return json.dumps({"model": "switchyard", "messages": HELLO, **fields}).encode()
+
+
+# --- reading requests -----------------------------------------------------------------------------------------
+def test_each_capability_is_read_from_the_structure_of_a_request() -> None:
+    assert used_by(body(tools=[TOOL])) == {TOOLS}
+    assert used_by(json.dumps({"model": "x", "max_tokens": 9, "tools": [{"name": "t", "input_schema": {}}],
+                               "messages": HELLO}).encode()) == {TOOLS}  # Anthropic's /v1/messages
+    assert used_by(body(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {}}})) == \
+        {JSON_SCHEMA}
+    assert used_by(body(response_format={"type": "json_object"})) == {JSON_SCHEMA}
+    image = {"role": "user", "content": [{"type": "text", "text": "what?"},
+                                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}
+    assert used_by(json.dumps({"messages": [image]}).encode()) == {IMAGES}
+    anthropic_image = {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "AA=="}}]}
+    assert used_by(json.dumps({"messages": [anthropic_image]}).encode()) == {IMAGES}
+    assert used_by(body(reasoning_effort="high")) == {REASONING}
+    assert used_by(body(thinking={"budget_tokens": 1024, "type": "enabled"})) == {REASONING}
+    assert used_by(body(chat_template_kwargs={"enable_thinking": True})) == {REASONING}
+
+
+def test_text_that_talks_about_capabilities_and_empty_or_disabled_fields_are_not_uses() -> None:
+    said = 'please call "tools": [{"type": "image_url"}] with "reasoning_effort": "high"'
+    assert used_by(json.dumps({"messages": [{"role": "user", "content": said}]}).encode()) == frozenset()
+    assert used_by(body(tools=[])) == frozenset()
+    assert used_by(body(thinking={"type": "disabled"})) == frozenset()
+    assert used_by(body(response_format={"type": "text"})) == frozenset()
+    assert used_by(b"not json at all") == frozenset()
+
+
+def test_what_is_kept_is_bounded_and_recent_means_the_last_hour() -> None:
+    now = [1000.0]
+    log = TrafficCapabilities(clock=lambda: now[0])
+    for index in range(MAX_MODELS + 40):
+        log.note(f"model-{index}", {TOOLS})
+    assert log.recent("model-0") == [] and log.recent(f"model-{MAX_MODELS + 39}") == [TOOLS]
+    assert len(log.ago(None)) == 1  # one capability across every model kept
+    log.note("a", {IMAGES, TOOLS})
+    now[0] += capabilities.RECENT_S + 1
+    log.note("a", {JSON_SCHEMA})
+    assert log.recent("a") == [JSON_SCHEMA]  # tools and images were used more than an hour ago
+    assert log.ago("a")[TOOLS] == capabilities.RECENT_S + 1
+
+
+def test_the_probe_sends_one_short_request_per_capability_and_stops_at_a_refusal() -> None:
+    sent: list[dict[str, Any]] = []
+
+    def accept(request: dict[str, Any]) -> tuple[int | None, str]:
+        sent.append(request)
+        return 200, "{}"
+
+    assert probe(accept, "switchyard", [TOOLS, JSON_SCHEMA, IMAGES, REASONING]) is None
+    assert len(sent) == 4 and all(r["max_tokens"] == 1 and r["user"] == PROBE_USER for r in sent)
+    assert [sorted(used_by(json.dumps(r).encode())) for r in sent] == [[TOOLS], [JSON_SCHEMA], [IMAGES], [REASONING]]
+    sent.clear()
+
+    def refuse_schema(request: dict[str, Any]) -> tuple[int | None, str]:
+        sent.append(request)
+        return (400, '{"error": {"message": "no grammar"}}') if "response_format" in request else (200, "{}")
+
+    refusal = probe(refuse_schema, "switchyard", [TOOLS, JSON_SCHEMA, IMAGES])
+    assert refusal is not None and refusal.capability == JSON_SCHEMA and len(sent) == 2
+    assert refusal.message("vllm").startswith("vLLM answered 400 to a JSON-schema (response_format) request")
+    assert "no grammar" in refusal.message("vllm")
+
+
+# --- switches with stand-in engines ---------------------------------------------------------------------------
+class Endpoint:
+    """A stand-in llama.cpp behind a real proxy and manager; the stand-in vLLM a switch starts gets `vllm_flags`,
+    and every engine writes its requests to `requests/<engine>.jsonl`."""
+
+    def __init__(self, tmp_path: Path, vllm_flags: list[str]) -> None:
+        self.dir = tmp_path / "requests"
+        self.dir.mkdir()
+        self.launched: list[LaunchPlan] = []
+
+        def options(plan: LaunchPlan) -> list[str]:
+            return ["--requests", str(self.dir / f"{plan.engine}.jsonl"),
+                    *(vllm_flags if plan.engine == "vllm" else [])]
+
+        self.proxy = ProxyServer(port=find_free_port(), wait_timeout=60)
+        self.proxy.start()
+        self.manager = EndpointManager(self.proxy, hardware=CPU, ready_timeout=60,
+                                       launcher=standin_launcher(tmp_path, options, self.launched))
+        self.manager.start(ask_plan("llama.cpp", "demo", {"ctx_per_request": 512}))
+
+    def chat(self, **fields: Any) -> httpx.Response:
+        return httpx.post(self.proxy.url + "/v1/chat/completions", content=body(max_tokens=4, **fields),
+                          headers={"Content-Type": "application/json"}, timeout=30, trust_env=False)
+
+    def probes(self, engine: str) -> list[list[str]]:
+        """The capabilities of each probe `engine` received."""
+        path = self.dir / f"{engine}.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        return [sorted(line["capabilities"]) for line in lines if line["user"] == PROBE_USER]
+
+    def close(self) -> None:
+        self.manager.close()
+        self.proxy.stop()
+
+
+@pytest.fixture
+def endpoint(tmp_path: Path) -> Iterator[Callable[..., Endpoint]]:
+    made: list[Endpoint] = []
+
+    def make(vllm_flags: list[str] | None = None) -> Endpoint:
+        made.append(Endpoint(tmp_path, vllm_flags or []))
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.close()
+
+
+def test_a_switch_to_an_engine_that_refuses_the_tools_in_use_is_refused_and_nothing_moves(
+        endpoint: Callable[..., Endpoint]) -> None:
+    e = endpoint(["--refuse", "tools"])
+    assert e.chat(tools=[TOOL]).status_code == 200  # llama.cpp answers tool calls
+    first = e.manager.active
+    preview = e.manager.switch_preview("vllm")
+    rows = {row["capability"]: row for row in preview["capabilities"]}
+    assert rows[TOOLS]["traffic_s_ago"] is not None and rows[IMAGES]["traffic_s_ago"] is None
+    assert rows[TOOLS]["active"] == "yes" and rows[TOOLS]["target"] in ("yes", "no")
+    with pytest.raises(SwitchyardError) as refused:
+        e.manager.switch("vllm")
+    assert "vLLM answered 400 to a tools request: set tool_parser for this model" in refused.value.message
+    assert "--enable-auto-tool-choice" in refused.value.message  # the engine's own words, quoted
+    assert e.manager.active is first and first is not None and first.plan.engine == "llama.cpp"
+    assert e.probes("vllm") == [[TOOLS]]  # one short request, for the one capability in use
+    vllm = [p for p in e.launched if p.engine == "vllm"]
+    assert len(vllm) == 1 and e.manager.standby is None  # the refused engine was stopped, not kept
+    assert e.chat(tools=[TOOL]).status_code == 200  # and the clients never noticed
+    status = e.manager.status()
+    assert "answered 400 to a tools request" in status["last_error"]
+    assert {row["capability"] for row in status["capabilities"]} == set(capabilities.CAPABILITIES)
+
+
+def test_without_tool_traffic_the_same_switch_goes_through_and_probes_nothing(
+        endpoint: Callable[..., Endpoint]) -> None:
+    e = endpoint(["--refuse", "tools"])
+    assert e.chat().status_code == 200
+    result = e.manager.switch("vllm")
+    assert result.to_engine == "vllm" and e.probes("vllm") == []
+
+
+def test_a_switch_probes_each_capability_in_use_once_and_goes_through_when_all_answer(
+        endpoint: Callable[..., Endpoint]) -> None:
+    e = endpoint()
+    for fields in ({"tools": [TOOL]}, {"tools": [TOOL]}, {"response_format": {"type": "json_object"}},
+                   {"reasoning_effort": "low"}):
+        assert e.chat(**fields).status_code == 200
+    e.manager.switch("vllm")
+    assert e.manager.active is not None and e.manager.active.plan.engine == "vllm"
+    assert e.probes("vllm") == [[TOOLS], [JSON_SCHEMA], [REASONING]]  # three capabilities, three requests
+    assert e.chat(tools=[TOOL]).status_code == 200
+    e.manager.switch("llama.cpp")  # and back: the same three, once each
+    assert e.probes("llama.cpp") == [[TOOLS], [JSON_SCHEMA], [REASONING]]
+
+
+def test_the_autopilot_stays_on_llamacpp_and_says_why_when_vllm_refuses_the_tools_in_use(
+        hybrid_refusing: Hybrid) -> None:
+    h = hybrid_refusing
+    answer = httpx.post(h.proxy.url + "/v1/chat/completions", content=body(tools=[TOOL], max_tokens=2),
+                        headers={"Content-Type": "application/json"}, timeout=30, trust_env=False)
+    assert answer.status_code == 200
+    load = _held(h, 4)  # above the crossover: the autopilot starts vLLM and wants to hand over
+    refused = _until(lambda: next((d for d in h.autopilot.status()["decisions"]
+                                   if "answered 400 to a tools request" in d["reason"]), None))
+    assert refused and refused["action"] == "stay", h.autopilot.status()["decisions"]
+    assert "the hand-over to vLLM failed" in refused["reason"] and "llama.cpp keeps serving" in refused["reason"]
+    assert h.active_engine() == "llama.cpp"
+    steps = h.autopilot.steps
+    assert _until(lambda: h.autopilot.steps >= steps + 10)  # it keeps deciding, and does not ask again
+    assert "is not tried again" in h.autopilot.status()["last"]["reason"]
+    h.hold.unlink()
+    load.__exit__()
+    assert load.result.failed == [] and h.active_engine() == "llama.cpp"
+    probes = [json.loads(line) for line in (h.requests).read_text().splitlines()]
+    assert [p["capabilities"] for p in probes if p["user"] == PROBE_USER] == [[TOOLS]]  # one probe in all
+
+
+@pytest.fixture
+def hybrid_refusing(tmp_path: Path) -> Iterator[Hybrid]:
+    requests = tmp_path / "vllm-requests.jsonl"
+    h = Hybrid(tmp_path, BOTH_FIT, vllm_options=["--refuse", "tools", "--requests", str(requests)])
+    h.requests = requests  # type: ignore[attr-defined]
+    yield h
+    h.close()
+
+
+@pytest.mark.gui
+@pytest.mark.qt_log_ignore("propagateSizeHints")
+def test_the_serve_page_shows_what_the_traffic_used_and_what_each_plan_supports(
+        qtbot: Any, endpoint: Callable[..., Endpoint]) -> None:
+    from desktop.ui.main_window import MainWindow
+
+    window = MainWindow()
+    window.session.endpoint_port = 0
+    window.confirm_quit = lambda: True
+    qtbot.addWidget(window)
+    window.show()
+    e = endpoint(["--refuse", "tools"])
+    try:
+        serve = window.show_page("Serve")
+        window.session.manager = e.manager
+        serve.refresh_live()
+        assert serve.capabilities_label.isVisible()
+        assert "used none of tools" in serve.capabilities_label.text()
+        assert e.chat(tools=[TOOL]).status_code == 200
+        serve.refresh_live()
+        text = serve.capabilities_label.text()
+        assert "tools (" in text and "serving: yes" in text, text
+        assert "JSON" not in text.split("\n", 1)[1]  # only what was used is listed
+    finally:
+        window.session.manager = None
+        window.close()
