@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_autopilot_live import BOTH_FIT, Hybrid, _held, _until
+from test_autopilot_live import BOTH_FIT, ONE_FITS, Hybrid, _held, _until
 from test_fleet import CPU, standin_launcher
 
 from desktop.core.common.errors import SwitchyardError
@@ -30,13 +30,20 @@ from desktop.core.serving.capabilities import (
     TOOLS,
     TrafficCapabilities,
     probe,
-    used_by,
 )
-from desktop.core.serving.endpoint import EndpointManager
+from desktop.core.serving.endpoint import EndpointManager, MemoryBudget
 from desktop.core.serving.proxy import ProxyServer
+from desktop.core.serving.requestinfo import scan
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
 HELLO = [{"role": "user", "content": "hi"}]
+
+
+def used_by(raw: bytes) -> frozenset[str]:
+    """What the endpoint's one scan of a body finds it uses."""
+    info = scan(raw)
+    assert info is not None
+    return info.capabilities
 
 
 def body(**fields: Any) -> bytes:
@@ -111,7 +118,7 @@ class Endpoint:
     """A stand-in llama.cpp behind a real proxy and manager; the stand-in vLLM a switch starts gets `vllm_flags`,
     and every engine writes its requests to `requests/<engine>.jsonl`."""
 
-    def __init__(self, tmp_path: Path, vllm_flags: list[str]) -> None:
+    def __init__(self, tmp_path: Path, vllm_flags: list[str], budget: MemoryBudget | None = None) -> None:
         self.dir = tmp_path / "requests"
         self.dir.mkdir()
         self.launched: list[LaunchPlan] = []
@@ -122,7 +129,7 @@ class Endpoint:
 
         self.proxy = ProxyServer(port=find_free_port(), wait_timeout=60)
         self.proxy.start()
-        self.manager = EndpointManager(self.proxy, hardware=CPU, ready_timeout=60,
+        self.manager = EndpointManager(self.proxy, hardware=CPU, ready_timeout=60, budget=budget,
                                        launcher=standin_launcher(tmp_path, options, self.launched))
         self.manager.start(ask_plan("llama.cpp", "demo", {"ctx_per_request": 512}))
 
@@ -145,8 +152,8 @@ class Endpoint:
 def endpoint(tmp_path: Path) -> Iterator[Callable[..., Endpoint]]:
     made: list[Endpoint] = []
 
-    def make(vllm_flags: list[str] | None = None) -> Endpoint:
-        made.append(Endpoint(tmp_path, vllm_flags or []))
+    def make(vllm_flags: list[str] | None = None, budget: MemoryBudget | None = None) -> Endpoint:
+        made.append(Endpoint(tmp_path, vllm_flags or [], budget))
         return made[-1]
 
     yield make
@@ -175,6 +182,21 @@ def test_a_switch_to_an_engine_that_refuses_the_tools_in_use_is_refused_and_noth
     status = e.manager.status()
     assert "answered 400 to a tools request" in status["last_error"]
     assert {row["capability"] for row in status["capabilities"]} == set(capabilities.CAPABILITIES)
+
+
+def test_a_stop_first_switch_that_is_refused_brings_the_old_engine_back_before_any_request_moves(
+        endpoint: Callable[..., Endpoint]) -> None:
+    e = endpoint(["--refuse", "images"], ONE_FITS)  # both do not fit: the old engine stops before the new starts
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]
+    assert e.chat(messages=image).status_code == 200
+    assert e.manager.switch_preview("vllm")["kind"] == "stop-first"
+    with pytest.raises(SwitchyardError, match="vLLM answered 400 to an image request: serve a vision model"):
+        e.manager.switch("vllm")
+    assert e.probes("vllm") == [[IMAGES]]
+    active = e.manager.active
+    assert active is not None and active.plan.engine == "llama.cpp"  # started again: it had stopped
+    assert [p.engine for p in e.launched] == ["llama.cpp", "vllm", "llama.cpp"]
+    assert e.chat(messages=image).status_code == 200 and e.proxy.counters["failed"] == 0
 
 
 def test_without_tool_traffic_the_same_switch_goes_through_and_probes_nothing(

@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from desktop.core.serving.capabilities import used_by
+from desktop.core.serving.capabilities import MARK_MAX, capability_at
 
 MAX_DEPTH = 128  # JSON nesting the endpoint forwards (a request's own JSON schema nests a few dozen at most)
 LOOP_TOKENS = 20_000  # brackets and strings scanned on the event loop (~10 ms); past this, in a worker thread
@@ -63,6 +63,7 @@ def scan(body: bytes, max_tokens: int | None = MAX_TOKENS) -> RequestInfo | None
     model: str | None = None
     span: tuple[int, int] | None = None
     stream = False
+    used: set[str] = set()
     depth, pos, tokens = 1, start + 1, 0
     search, space = _STRUCTURAL.search, _space_end
     while True:
@@ -94,6 +95,8 @@ def scan(body: bytes, max_tokens: int | None = MAX_TOKENS) -> RequestInfo | None
             return None
         if pos < 0:
             break
+        if pos - at <= MARK_MAX and (capability := capability_at(body, at, pos)) is not None:
+            used.add(capability)
         if depth != 1 or not keyed:
             continue
         # A key of the top-level object (values are stepped over below, so every string seen here is a key).
@@ -125,7 +128,7 @@ def scan(body: bytes, max_tokens: int | None = MAX_TOKENS) -> RequestInfo | None
             stream = body.startswith(b"true", value) and body[value + 4:value + 5] in (b"", b",", b"}", b" ",
                                                                                       b"\t", b"\r", b"\n")
         pos = value  # a container or a literal: the loop steps over it
-    return RequestInfo(model, stream, span, used_by(body))
+    return RequestInfo(model, stream, span, frozenset(used))
 
 
 def _space_end(body: bytes, pos: int) -> int:
