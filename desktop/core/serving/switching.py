@@ -169,8 +169,7 @@ def stop_first(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan, started
     probed, refusal = capability_check(m, new)
     if refusal is not None:  # requests still wait: the old engine comes back before any moves
         m.retire(new)
-        restore(m, old, slept)
-        raise refused(m, old, plan, refusal)
+        raise refused(m, old if restore(m, old, slept) else None, plan, refusal)
     promote(m, new)
     gap = round(time.monotonic() - gap_started, 3)
     m.emit("serving", f"{new.upstream.name} serves {m.proxy.url}/v1 (stop-first; no engine served for "
@@ -252,10 +251,11 @@ def capability_check(m: EndpointManager, new: ManagedEngine) -> tuple[tuple[str,
 
 
 def refused(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, why: str) -> CapabilityRefused:
-    """Say that the switch to `plan` was refused and why; the error to raise."""
+    """Say that the switch to `plan` was refused and why (`old`: the engine that serves on; None when it did not
+    come back); the error to raise."""
     m.last_error = why
     m.emit("serving" if old else "down", f"switch to {plan.engine} refused, "
-           f"{old.upstream.name if old else 'nothing'} keeps serving: {why}")
+           f"{f'{old.upstream.name} keeps serving' if old else 'and the old engine did not come back'}: {why}")
     return CapabilityRefused(why, "the traffic of the last hour used it: a switch must not break those clients")
 
 
