@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from test_autopilot_live import BOTH_FIT, ONE_FITS, Hybrid, _held, _until
-from test_fleet import CPU, standin_launcher
+from test_fleet import CPU, standin_launcher, two_models
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
@@ -32,6 +32,7 @@ from desktop.core.serving.capabilities import (
     probe,
 )
 from desktop.core.serving.endpoint import EndpointManager, MemoryBudget
+from desktop.core.serving.fleet import Fleet
 from desktop.core.serving.proxy import ProxyServer
 from desktop.core.serving.requestinfo import scan
 
@@ -207,6 +208,23 @@ def test_without_tool_traffic_the_same_switch_goes_through_and_probes_nothing(
     assert result.to_engine == "vllm" and e.probes("vllm") == []
 
 
+def test_the_table_shows_the_hybrid_pairs_engine_that_does_not_serve(endpoint: Callable[..., Endpoint]) -> None:
+    e = endpoint()
+    first = e.manager.plan
+    e.manager.switch("vllm")  # no capability used: nothing to probe
+    vllm = e.manager.plan
+
+    class Pilot:  # what the table reads of the hybrid mode's autopilot: the pair of plans
+        first_plan, other_plan = first, vllm
+
+    e.manager.autopilot = Pilot()  # type: ignore[assignment]
+    try:
+        rows = {r["capability"]: r for r in e.manager.capability_table()}
+        assert rows[IMAGES]["active"] == "model" and rows[IMAGES]["other"] == "no"  # vLLM serves, llama.cpp other
+    finally:
+        e.manager.autopilot = None
+
+
 def test_a_switch_probes_each_capability_in_use_once_and_goes_through_when_all_answer(
         endpoint: Callable[..., Endpoint]) -> None:
     e = endpoint()
@@ -219,6 +237,39 @@ def test_a_switch_probes_each_capability_in_use_once_and_goes_through_when_all_a
     assert e.chat(tools=[TOOL]).status_code == 200
     e.manager.switch("llama.cpp")  # and back: the same three, once each
     assert e.probes("llama.cpp") == [[TOOLS], [JSON_SCHEMA], [REASONING]]
+
+
+def test_in_a_fleet_each_models_own_traffic_decides_what_its_switch_must_keep(tmp_path: Path) -> None:
+    """alpha's clients call tools, beta's do not: alpha's switch to a vLLM that refuses tools is refused, beta's
+    switch probes nothing and goes through."""
+    requests = tmp_path / "requests.jsonl"
+
+    def options(plan: LaunchPlan) -> list[str]:
+        return ["--requests", str(requests), *(["--refuse", "tools"] if plan.engine == "vllm" else [])]
+
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=60)
+    proxy.start()
+    fleet = Fleet(proxy, two_models(beta={"engine": "llama.cpp"}), hardware=CPU, ready_timeout=60,
+                  launcher=standin_launcher(tmp_path, options))
+    try:
+        fleet.start()
+        for model, fields in (("alpha", {"tools": [TOOL]}), ("beta", {})):
+            sent = httpx.post(proxy.url + "/v1/chat/completions", timeout=30, trust_env=False,
+                              json={"model": model, "messages": HELLO, "max_tokens": 2, **fields})
+            assert sent.status_code == 200, sent.text
+        rows = {r["capability"]: r for r in fleet.status()["models"]["alpha"]["capabilities"]}
+        assert rows[TOOLS]["traffic_s_ago"] is not None
+        assert fleet.status()["models"]["beta"]["capabilities"][0]["traffic_s_ago"] is None
+        with pytest.raises(SwitchyardError, match="vLLM answered 400 to a tools request"):
+            fleet.switch("vllm", name="alpha")
+        assert fleet.switch("vllm", name="beta").probed == ()
+        lines = [json.loads(line) for line in requests.read_text().splitlines()]
+        assert [line["capabilities"] for line in lines if line["user"] == PROBE_USER] == [[TOOLS]]
+        alpha = fleet.status()["models"]["alpha"]["active"]
+        assert alpha["engine"] == "llama.cpp"
+    finally:
+        fleet.close()
+        proxy.stop()
 
 
 def test_the_autopilot_stays_on_llamacpp_and_says_why_when_vllm_refuses_the_tools_in_use(

@@ -113,6 +113,7 @@ class Autopilot:
         self.manager = manager
         self.crossover = crossover_
         self.other_plan = other_plan
+        self.first_plan: LaunchPlan | None = None  # the plan it starts on (build_autopilot), for the status tables
         self.both_fit = both_fit
         self.settings = settings or AutopilotSettings()
         self.journal = journal
@@ -387,6 +388,7 @@ def build_autopilot(manager: EndpointManager, plans: HybridPlans, *, hardware: H
                           both_fit=other is not None and both_fit([first, other], budget, hardware),
                           settings=settings, journal=journal,
                           refused=plans.refused.get(OTHER if only == BASE else BASE), only=only)
+    autopilot.first_plan = first
     manager.autopilot = autopilot
     return autopilot
 

@@ -179,9 +179,11 @@ class EndpointManager:
         active_engine, standby = self.active, self.standby
         active = active_engine.plan if active_engine else None
         other = standby.plan if standby else None
-        hybrid = self.autopilot.other_plan if self.autopilot is not None else None
-        if other is None and hybrid is not None and (active is None or hybrid.engine != active.engine):
-            other = hybrid
+        pilot = self.autopilot
+        for hybrid in (pilot.other_plan, pilot.first_plan) if pilot is not None and other is None else ():
+            if hybrid is not None and (active is None or hybrid.engine != active.engine):
+                other = hybrid  # the hybrid pair's engine that does not serve now
+                break
         return capabilities.table(self.proxy.capabilities.ago(switching.traffic_key(self)), active=active,
                                   other=other)
 
