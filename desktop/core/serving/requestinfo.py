@@ -39,7 +39,7 @@ class RequestInfo:
     model: str | None = None
     stream: bool = False
     model_span: tuple[int, int] | None = None
-    capabilities: frozenset[str] = frozenset()  # what else it asks of the engine (serving.capabilities.used_by)
+    capabilities: frozenset[str] = frozenset()  # what else it asks of the engine (serving.capabilities.capability_at)
 
 
 NO_INFO = RequestInfo()
