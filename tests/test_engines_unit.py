@@ -21,7 +21,11 @@ def test_llamacpp_command_is_an_argument_list_on_loopback(tmp_path: Path) -> Non
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     assert argv[argv.index("--ctx-size") + 1] == "4096"  # every slot gets the full per-request context
     assert argv[argv.index("--parallel") + 1] == "4"
-    assert "--metrics" in argv and "--no-cache-prompt" in argv
+    assert "--metrics" in argv and "--no-cache-prompt" not in argv  # the prefix cache is on unless asked off
+    assert "--cache-ram" not in argv  # a plan the fit has not sized leaves it to llama-server
+    off = adapter.build_command(LaunchPlan("llama.cpp", tmp_path / "m.gguf", prefix_cache=False, cache_ram_mib=0),
+                                install).argv
+    assert "--no-cache-prompt" in off and off[off.index("--cache-ram") + 1] == "0"
     assert command.env["LD_LIBRARY_PATH"].startswith(str(tmp_path / "bin"))
 
 
@@ -34,7 +38,9 @@ def test_vllm_command_matches_llamacpp_settings(tmp_path: Path) -> None:
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--max-model-len") + 1] == "1024"
     assert argv[argv.index("--max-num-seqs") + 1] == "4"
-    assert "--no-enable-prefix-caching" in argv
+    assert "--enable-prefix-caching" in argv and "--no-enable-prefix-caching" not in argv
+    off = adapter.build_command(LaunchPlan("vllm", tmp_path / "hf", prefix_cache=False), install).argv
+    assert "--no-enable-prefix-caching" in off and "--enable-prefix-caching" not in off
     assert command.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert command.env["HF_HUB_OFFLINE"] == "1"
 

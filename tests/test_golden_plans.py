@@ -156,9 +156,11 @@ def plan_from_argv(engine: str, argv: list[str], env: dict[str, str], facts: Mod
         fa = _flag(argv, "--flash-attn")
         ub = _flag(argv, "--ubatch-size")
         ngl = _flag(argv, "--n-gpu-layers")
+        cram = _flag(argv, "--cache-ram")  # without it llama-server's own 8192 MiB (common/common.h:638)
         return LaunchPlan(engine=engine, model_path=model, ctx_per_request=max(1, ctx_size // slots), slots=slots,
                           gpu_layers=int(ngl) if ngl is not None else None, kv_cache_type=kv_k or "f16",
-                          flash_attn=None if fa is None else fa == "on", ubatch=int(ub) if ub else None)
+                          flash_attn=None if fa is None else fa == "on", ubatch=int(ub) if ub else None,
+                          prefix_cache="--no-cache-prompt" not in argv, cache_ram_mib=int(cram) if cram else 8192)
     util = _flag(argv, "--gpu-memory-utilization")
     batched = _flag(argv, "--max-num-batched-tokens")
     return LaunchPlan(engine=engine, model_path=model, ctx_per_request=int(_flag(argv, "--max-model-len") or 0),
@@ -167,6 +169,7 @@ def plan_from_argv(engine: str, argv: list[str], env: dict[str, str], facts: Mod
                       tensor_parallel=int(_flag(argv, "--tensor-parallel-size") or 1),
                       kv_cache_type=_flag(argv, "--kv-cache-dtype"), eager="--enforce-eager" in argv,
                       max_num_batched_tokens=int(batched) if batched else None,
+                      prefix_cache="--no-enable-prefix-caching" not in argv,
                       kv_cache_gib=float(env.get("VLLM_CPU_KVCACHE_SPACE", 0)) or None)
 
 
@@ -238,7 +241,8 @@ def test_the_check_catches_an_argv_that_disagrees_with_the_fit() -> None:
     command = _command(rec.plan)
     assert memory_disagreements(rec.fit, facts, hw, command, None) == []
     twice = str(rec.plan.llama_ctx_size * rec.plan.slots)
-    broken = [_break(command.argv, "--ctx-size", twice), _break(command.argv, "--ctx-size", None)]
+    broken = [_break(command.argv, "--ctx-size", twice), _break(command.argv, "--ctx-size", None),
+              _break(command.argv, "--cache-ram", "0")]  # issue 48: the prompt cache's RAM is in the fit's sum
     for argv in broken:
         assert memory_disagreements(rec.fit, facts, hw, replace(command, argv=argv), None), argv
     # all 33 layers fit with room to spare: here llama-server's auto places them all too, as the fit did

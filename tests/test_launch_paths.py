@@ -397,7 +397,9 @@ def test_serve_config_dry_run_prints_every_plan_and_refuses_one_that_does_not_fi
 # --- bench --engine and ab (and the GUI's Measure it here, which runs the same A/B) --------------------------------
 def test_bench_engine_launches_the_planners_plan(capsys: pytest.CaptureFixture[str]) -> None:
     snapshot = str(HERE / "snapshots" / "rtx4090_rtx3060.json")
-    expected = plan_launch("vllm", "demo", MIXED, {"ctx_per_request": 1024, "slots": 8}).plan
+    # bench measures every request's whole prompt, as the A/B does: its plan asks the prefix cache off
+    expected = plan_launch("vllm", "demo", MIXED, {"ctx_per_request": 1024, "slots": 8, "prefix_cache": False}).plan
+    assert "--no-enable-prefix-caching" in argv(expected)
     code, out, _err = cli(capsys, "bench", "--engine", "vllm", "--model", "demo", "--ctx", "1024",
                           "--concurrency", "1,8", "--hardware", snapshot, "--dry-run", "--json")
     assert code == 0 and json.loads(out)["argv"][1:] == planned_argv_tail(expected) and Recorded.launched == []
@@ -422,6 +424,9 @@ def test_ab_launches_both_planners_plans_and_refuses_before_starting_either(caps
     run_ab(config, hardware=DESKTOP)
     assert [argv(r.plan) for r in Recorded.launched] == [argv(expected["llama.cpp"]), argv(expected["vllm"])]
     no_llama_fields(expected["vllm"])
+    # a fair A/B: the prefix cache off on both (an ask now that serving plans have it on), no RAM prompt cache
+    assert "--no-cache-prompt" in argv(expected["llama.cpp"]) and "--no-enable-prefix-caching" in argv(expected["vllm"])
+    assert expected["llama.cpp"].cache_ram_mib == 0 and "prefix_cache" in expected["llama.cpp"].pinned
     assert expected["llama.cpp"].kv_cache_gib is None  # the A/B's vLLM CPU KV space never reaches llama.cpp
     Recorded.launched = []
     snapshot = str(HERE / "snapshots" / "rtx4090_20free.json")

@@ -78,12 +78,14 @@ def test_a_cpu_plan_counts_the_copy_and_no_repack_drops_it() -> None:
     default = _fit(path, facts, LAPTOP)
     assert _bytes(default, "repacked") == copy > 40 * MIB  # the layers' Q4_K weights and the tied head's copy
     total = sum(_bytes(default, k) for k in ("weights", "repacked", "kv_cache", "compute"))
-    assert default.total_gib == pytest.approx(total / 2**30, abs=0.001)
+    cache = default.breakdown["prompt_cache"]  # llama-server's prompt cache in RAM (planning/promptcache.py)
+    assert default.total_gib == pytest.approx(total / 2**30 + cache, abs=0.001)
     assert any("repacked copy of 42 MiB" in note and "CPU_REPACK" in note for note in default.notes)
     for plan in ({"extra_args": ("--no-repack",)}, {"env": {"LLAMA_ARG_REPACK": "0"}}):
         off = _fit(path, facts, LAPTOP, **plan)
         assert _bytes(off, "repacked") == 0 and _bytes(off, "weights") == facts.weights_bytes
-        assert off.total_gib == pytest.approx(default.total_gib - copy / 2**30, abs=0.002)
+        engine_only = off.total_gib - off.breakdown["prompt_cache"]  # the cache takes half of what is left
+        assert engine_only == pytest.approx(default.total_gib - cache - copy / 2**30, abs=0.002)
         assert off.plan is not None and off.settings["repack"] is False
 
 

@@ -75,6 +75,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bench.add_argument("--timeout", type=N.seconds, default=300.0, help="per-request timeout in seconds")
     bench.add_argument("--ctx", type=N.count, default=DEFAULT_CTX_PER_REQUEST, help="with --engine: context per request")
     bench.add_argument("--parallel", type=N.count, help="with --engine: slots / max_num_seqs (default: top level)")
+    bench.add_argument("--prefix-cache", action="store_true",
+                       help="with --engine: keep the engine's prefix cache on (off by default here, as in `ab`, so "
+                            "every request costs its whole prompt; `serve` has it on)")
     bench.add_argument("--hardware", help="with --engine: plan for a snapshot from `switchyard detect --json`")
     bench.add_argument("--dry-run", action="store_true",
                        help="with --engine: print the checked plan, its exact argv and env; start nothing")
@@ -227,7 +230,8 @@ def _bench_plan(args: argparse.Namespace, levels: list[LoadConfig]) -> Any:
         raise SwitchyardError("--engine needs --model", "e.g. --model demo")
     top = max(level.concurrency or 1 for level in levels)
     return plan_launch(args.engine, args.model, _hardware(args),
-                       {"ctx_per_request": args.ctx, "slots": args.parallel or top}, progress=stderr_progress)
+                       {"ctx_per_request": args.ctx, "slots": args.parallel or top,
+                        "prefix_cache": bool(args.prefix_cache)}, progress=stderr_progress)
 
 
 def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[LoadConfig], slo: SLO | None,

@@ -76,6 +76,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       help="vLLM tool-call parser, or none (default: the model's own, from its chat template)")
     plan.add_argument("--reasoning-parser", metavar="NAME",
                       help="vLLM reasoning parser, or none; llama.cpp then splits reasoning out (default: the model's own)")
+    plan.add_argument("--no-prefix-cache", action="store_true",
+                      help="turn the engines' prefix cache off (on by default: a request that repeats a prompt's "
+                           "start reuses its KV; llama.cpp --no-cache-prompt --cache-ram 0, vLLM "
+                           "--no-enable-prefix-caching)")
     plan.add_argument("--hardware", help="plan for a snapshot from `switchyard detect --json` instead of this machine")
     plan.add_argument("--dry-run", action="store_true",
                       help="print the checked plan, the exact argv and env, and the memory breakdown; start nothing")
@@ -166,7 +170,8 @@ def plan_asks(args: argparse.Namespace) -> dict[str, Any]:
     wanted = asks(ctx_per_request=args.ctx, slots=args.parallel, gpu_layers=args.gpu_layers,
                   kv_cache_type=args.kv_type, gpu_memory_utilization=args.util, tensor_parallel=args.tp,
                   dtype=args.dtype, port=args.port or None, tool_parser=args.tool_parser,
-                  reasoning_parser=args.reasoning_parser)
+                  reasoning_parser=args.reasoning_parser,
+                  prefix_cache=False if getattr(args, "no_prefix_cache", False) else None)
     engine_args = getattr(args, "engine_args", None) or []
     if engine_args:
         from desktop.core.engines import get_adapter
@@ -205,6 +210,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.config is not None:
         if args.engine_args:
             raise SwitchyardError("engine flags after `--` go with one model", "put them in models.yaml as `args:`")
+        if args.no_prefix_cache:
+            raise SwitchyardError("--no-prefix-cache goes with one model", "put `prefix_cache: false` in its "
+                                  "models.yaml entry")
         if args.engine or args.model or args.prompt is not None or args.standby:
             raise SwitchyardError("--config takes the engines and models from the file",
                                   "drop --engine/--model/--prompt/--standby, or drop --config")

@@ -90,7 +90,15 @@ class LaunchPlan:
     max_num_batched_tokens: int | None = None  # vLLM
     cpu_offload_gb: float | None = None  # vLLM --cpu-offload-gb: GiB of weights kept in RAM, streamed each step
     kv_cache_gib: float | None = None  # vLLM CPU KV space (VLLM_CPU_KVCACHE_SPACE); llama.cpp sizes KV from ctx
-    prefix_cache: bool = False
+    # Requests that repeat a prompt's start (a chat's history, a shared system prompt, an agent's tools) reuse its
+    # KV: on by default wherever the app serves, as it is in both engines (llama-server --cache-prompt, vLLM's
+    # prefix caching); off (False) only where asked: the A/B and `bench --engine`, so each request costs its
+    # whole prompt, and models.yaml `prefix_cache: false` / `serve --no-prefix-cache`.
+    prefix_cache: bool = True
+    # llama.cpp --cache-ram: MiB of host RAM llama-server may fill with the KV of prompts it moves out of a slot
+    # (its prompt cache; 8192 in b11434, 0 = none). None: the fit chooses (planning/promptcache.py) and counts it
+    # in the host RAM it checks; vLLM's prefix cache lives in its KV pool and has no such setting.
+    cache_ram_mib: int | None = None
     eager: bool = False  # vLLM: skip torch.compile/CUDA graphs (starts faster, may serve slower)
     threads: int | None = None
     backend: Backend = "cpu"  # which build the plan needs: cuda | rocm | vulkan | metal | sycl | cpu

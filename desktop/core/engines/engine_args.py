@@ -5,7 +5,7 @@ Three kinds of flag, from each engine's adapter (`owned_flags`, `counted_flags`,
 - the plan owns it (context, slots, layers, ports, the model, parsers ...): refused, naming the flag or the
   models.yaml key that sets it, because a second value in the argv would silently win over what the fit checked;
 - the fit counts it: it becomes a plan field (llama.cpp `--n-cpu-moe N`, `--cpu-moe`, `-ot <exps>=CPU`,
-  `-ctk/-ctv`, `-fa`, `-ub`; vLLM `--cpu-offload-gb N`, `--kv-cache-dtype`, `--enforce-eager`), so the memory
+  `-ctk/-ctv`, `-fa`, `-ub`, `--cache-ram N`; vLLM `--cpu-offload-gb N`, `--kv-cache-dtype`, `--enforce-eager`), so the memory
   check and the argv agree;
 - anything else passes through untouched in `extra_args`, and the fit says it did not account for it.
 
@@ -99,6 +99,14 @@ def _count(flag: str, value: str | None) -> int:
     return int(value)
 
 
+def _mib(flag: str, value: str | None) -> int:
+    """llama-server's --cache-ram in MiB; its -1 (no limit) is refused: the fit cannot count an unbounded cache."""
+    if value is None or not value.isdigit():
+        raise SwitchyardError(f"{flag} takes a whole number of MiB (0 = no prompt cache in RAM), not {value!r}",
+                              "leave it out: the plan sets what this machine's RAM can spare")
+    return int(value)
+
+
 def _gib(flag: str, value: str | None) -> float:
     try:
         gib = float(value or "")
@@ -117,4 +125,5 @@ _READ: dict[str, Callable[[str, str | None], Any]] = {
     "true": lambda _flag, _value: True,
     "text": lambda flag, value: _text(flag, value),
     "gib": lambda flag, value: _gib(flag, value),
+    "mib": lambda flag, value: _mib(flag, value),
 }

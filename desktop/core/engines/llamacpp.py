@@ -75,8 +75,8 @@ class LlamaCppAdapter(EngineAdapter):
     model_format = "gguf"
     aliases = ("llamacpp", "llama-cpp", "llama", "llama-server")
     dry_run_executable = "llama-server"
-    plan_fields = frozenset({"gpu_layers", "n_cpu_moe", "kv_cache_type", "flash_attn", "ubatch", "env",
-                             "extra_args"})
+    plan_fields = frozenset({"gpu_layers", "n_cpu_moe", "kv_cache_type", "flash_attn", "ubatch", "cache_ram_mib",
+                             "env", "extra_args"})
     owned_flags = {
         **dict.fromkeys(("-c", "--ctx-size"), "--ctx (models.yaml `ctx:`), per request"),
         **dict.fromkeys(("-np", "--parallel"), "--parallel (models.yaml `parallel:`)"),
@@ -86,6 +86,7 @@ class LlamaCppAdapter(EngineAdapter):
         **dict.fromkeys(("-a", "--alias"), "the endpoint's model name (models.yaml `name:`)"),
         **dict.fromkeys(("--api-key", "--api-key-file"), "the endpoint's key (--api-key-env)"),
         "--reasoning-format": "--reasoning-parser (models.yaml `reasoning_parser:`)",
+        **dict.fromkeys(("--cache-prompt", "--no-cache-prompt"), "--no-prefix-cache (models.yaml `prefix_cache: false`)"),
     }
     counted_flags = {
         **dict.fromkeys(("--n-cpu-moe", "-ncmoe"), ("n_cpu_moe", "count")),
@@ -94,6 +95,7 @@ class LlamaCppAdapter(EngineAdapter):
         **dict.fromkeys(("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"), ("kv_cache_type", "kv")),
         **dict.fromkeys(("-fa", "--flash-attn"), ("flash_attn", "switch")),
         **dict.fromkeys(("-ub", "--ubatch-size"), ("ubatch", "count")),
+        **dict.fromkeys(("-cram", "--cache-ram"), ("cache_ram_mib", "mib")),
     }
     valueless_flags = frozenset({"--cpu-moe", "-cmoe"})
     anthropic_messages = True  # llama-server's /v1/messages (this build)
@@ -376,7 +378,7 @@ class LlamaCppAdapter(EngineAdapter):
         if plan.threads:
             argv += ["--threads", str(plan.threads)]
         if not plan.prefix_cache:
-            argv += ["--no-cache-prompt"]
+            argv += ["--no-cache-prompt"]  # its RAM cache is then sized 0 by the fit (`--cache-ram 0`, plan_args)
         argv += list(plan.extra_args)
         env: dict[str, str] = dict(plan.env)
         if plan.api_key:
@@ -458,6 +460,8 @@ def plan_args(plan: LaunchPlan) -> list[str]:
         args += ["--flash-attn", "on" if plan.flash_attn else "off"]
     if plan.ubatch is not None:
         args += ["--ubatch-size", str(plan.ubatch)]
+    if plan.cache_ram_mib is not None:  # the prompt cache's host RAM, as the fit counted it (planning/promptcache)
+        args += ["--cache-ram", str(plan.cache_ram_mib)]
     return args
 
 

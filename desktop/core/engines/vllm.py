@@ -136,6 +136,8 @@ class VllmAdapter(EngineAdapter):
         **dict.fromkeys(("--tool-call-parser", "--enable-auto-tool-choice"), "--tool-parser (models.yaml `tool_parser:`)"),
         "--reasoning-parser": "--reasoning-parser (models.yaml `reasoning_parser:`)",
         **dict.fromkeys(("--quantization", "-q"), "the plan's quantization (`fit --quant` to compare)"),
+        **dict.fromkeys(("--enable-prefix-caching", "--no-enable-prefix-caching"),
+                        "--no-prefix-cache (models.yaml `prefix_cache: false`)"),
     }
     counted_flags = {"--enforce-eager": ("eager", "true"), "--kv-cache-dtype": ("kv_cache_type", "text"),
                      "--cpu-offload-gb": ("cpu_offload_gb", "gib")}
@@ -415,8 +417,9 @@ class VllmAdapter(EngineAdapter):
             *self.chat_args(plan),
             *ACCESS_LOG_ARGS,
         ]
-        if not plan.prefix_cache:
-            argv.append("--no-enable-prefix-caching")
+        # stated either way, so the argv says what the plan asked (vLLM 0.32's own default: on for generative
+        # models, engine/arg_utils.py `default_prefix_caching`)
+        argv.append("--enable-prefix-caching" if plan.prefix_cache else "--no-enable-prefix-caching")
         if plan.eager:
             argv.append("--enforce-eager")
         if plan.tokenizer_path:

@@ -452,7 +452,9 @@ def memory_checks(facts: ModelFacts, hardware: HardwareSnapshot, memory: LoadMem
         if isinstance(measured.get(key), (int, float)):
             checks.append(MemoryCheck(memory.run_id, date, what, round(value, 3), float(measured[key])))
     if predicted.device == "CPU" and isinstance(measured.get("rss_gib"), (int, float)):
-        checks.append(MemoryCheck(memory.run_id, date, "total (process RSS)", round(predicted.total_gib, 3),
+        # without llama-server's prompt cache: it fills later, as prompts come and go, never by the load measured
+        at_load = predicted.total_gib - float(predicted.breakdown.get("prompt_cache", 0.0))
+        checks.append(MemoryCheck(memory.run_id, date, "total (process RSS)", round(at_load, 3),
                                   float(measured["rss_gib"])))
     return checks
 

@@ -4,7 +4,8 @@ llama.cpp: weights from the GGUF's real tensor bytes (or a bits-per-weight table
 KV cache for the whole context shared by all slots at the chosen KV type, compute buffers (the logits and
 attention-score scratch, which depend on n_ubatch and, without flash attention, on the context), the CUDA
 context, and the repacked copy llama-server makes of the weights it runs on the CPU (planning/repack.py); when it
-does not fit, the number of layers that do (`-ngl`) and the RAM the rest needs.
+does not fit, the number of layers that do (`-ngl`) and the RAM the rest needs; and the host RAM its prompt
+cache may fill (`--cache-ram`, planning/promptcache.py).
 
 vLLM: its own budget, total x gpu_memory_utilization, minus weights, the activation peak it profiles with
 max_num_batched_tokens tokens, non-torch memory and CUDA graphs; what is left is the KV cache, in 16-token
@@ -33,6 +34,7 @@ from desktop.core.models.facts import (
     facts_from_config,
 )
 from desktop.core.models.quants import vllm_capability_note, vllm_capability_refusal
+from desktop.core.planning import promptcache
 from desktop.core.planning import repack as repacking
 from desktop.core.planning.devices import pin_devices
 from desktop.core.planning.weights import (
@@ -657,12 +659,14 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
     settings = FitSettings.of(plan, quant, cuda_graphs_in_budget)
     settings.validate()
     if sizing_of(key) == "llama.cpp":
-        result = replace(_estimate_llama(facts, hardware, settings), engine=key)
+        # the prompt cache's host RAM (--cache-ram) counted beside the engine's own (planning/promptcache.py)
+        result = promptcache.count(replace(_estimate_llama(facts, hardware, settings), engine=key), plan, hardware)
         kv_type = str(result.settings["kv_type"])
         quantized_v = kv_type not in ("f16", "f32", "bf16")
         # -fa stays auto (on, as the fit assumes) unless set, or a quantized V cache needs it on for certain
         resolved = replace(plan, gpu_layers=result.gpu_layers, kv_cache_type=kv_type,
                            n_cpu_moe=int(result.settings.get("n_cpu_moe", 0)) or None,
+                           cache_ram_mib=int(result.settings["cache_ram_mib"]),
                            flash_attn=plan.flash_attn if plan.flash_attn is not None else (True if quantized_v else None),
                            backend="cpu" if result.device == "CPU" else backend_for(key, hardware))  # type: ignore[arg-type]
     else:

@@ -45,7 +45,7 @@ from desktop.core.serving.proxy import ProxyServer
 log = logging.getLogger("switchyard.endpoint")
 
 MODEL_KEYS = ("name", "engine", "model", "ctx", "parallel", "ttl", "loading_status", "extra_routes", "tool_parser",
-              "reasoning_parser", "args")
+              "reasoning_parser", "prefix_cache", "args")
 TOP_KEYS = ("models", "loading_status")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 CONFIG_HINT = f"fix that entry of the config (keys: {', '.join(MODEL_KEYS)})"
@@ -67,12 +67,14 @@ class ModelEntry:
     tool_parser: str | None = None
     reasoning_parser: str | None = None
     args: tuple[str, ...] = ()  # the engine's own flags (engines.engine_args: counted, refused or passed through)
+    prefix_cache: bool = True  # false: the engine's prefix cache off (every request evaluates its whole prompt)
 
     def asks(self) -> dict[str, Any]:
         """The plan fields this entry sets (the planner chooses the rest)."""
         parsers = {"tool_parser": self.tool_parser, "reasoning_parser": self.reasoning_parser}
         return {"ctx_per_request": self.ctx, "slots": self.parallel,
                 **{k: v for k, v in parsers.items() if v is not None},
+                **({} if self.prefix_cache else {"prefix_cache": False}),
                 **(plan_fields_from_args(self.engine, self.args) if self.args else {})}
 
     def plan(self, hardware: HardwareSnapshot, progress: ProgressCallback = no_progress) -> Checked:
@@ -167,6 +169,9 @@ def parse_models_config(data: Any, source: str = "<config>") -> ModelsConfig:
                 parsers[key] = check_parser(kind, item[key] if isinstance(item[key], str) else repr(item[key]))
             except SwitchyardError as exc:
                 raise SwitchyardError(f"{where}: {key}: {exc.message}", exc.hint) from None
+        prefix_cache = item.get("prefix_cache", True)
+        if not isinstance(prefix_cache, bool):
+            raise SwitchyardError(f"{where}: prefix_cache must be true or false, not {prefix_cache!r}", CONFIG_HINT)
         engine_args = item.get("args", [])
         if isinstance(engine_args, str):
             engine_args = engine_args.split()
@@ -180,7 +185,7 @@ def parse_models_config(data: Any, source: str = "<config>") -> ModelsConfig:
             raise SwitchyardError(f"{where}: args: {exc.message}", exc.hint or CONFIG_HINT) from None
         entries.append(ModelEntry(name, engine, item["model"].strip(), ctx, parallel,
                                   float(ttl) if ttl is not None else None, status, tuple(routes), **parsers,
-                                  args=tuple(engine_args)))
+                                  args=tuple(engine_args), prefix_cache=prefix_cache))
     return ModelsConfig(tuple(entries), source)
 
 

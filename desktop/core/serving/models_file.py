@@ -34,6 +34,8 @@ def entry_data(entry: ModelEntry) -> dict[str, Any]:
         data["ttl"] = int(entry.ttl) if float(entry.ttl).is_integer() else entry.ttl
     if entry.loading_status:
         data["loading_status"] = True
+    if not entry.prefix_cache:
+        data["prefix_cache"] = False
     return data
 
 

@@ -62,7 +62,9 @@ def _llamacpp_args(plan: ExportPlan, bind_host: str) -> list[str]:
     if plan.gpu_layers is not None:
         args += ["--n-gpu-layers", str(plan.gpu_layers)]
     if plan.prefix_cache is False:
-        args.append("--no-cache-prompt")
+        # and no host-RAM prompt cache (its saved prompts would never be reused); on, the target's llama-server
+        # sizes that cache itself (--cache-ram, default 8192 MiB): this machine's spare RAM says nothing there
+        args += ["--no-cache-prompt", "--cache-ram", "0"]
     args.append("--metrics")
     return args + list(plan.extra_args)
 

@@ -53,6 +53,7 @@ def _llamacpp_parser() -> _Parser:
     parser.add_argument("--parallel", "-np", type=int)
     parser.add_argument("--n-gpu-layers", "-ngl", type=int)
     parser.add_argument("--no-cache-prompt", action="store_true")
+    parser.add_argument("--cache-ram", "-cram")
     parser.add_argument("--metrics", action="store_true")
     return parser
 
@@ -84,6 +85,8 @@ def parse_engine_args(engine: str, args: Iterable[str]) -> dict[str, Any]:
             "max_model_len": known.ctx_size // (parallel or 1) if known.ctx_size is not None else None,
             "gpu_layers": known.n_gpu_layers, "prefix_cache": False if known.no_cache_prompt else None,
         }
+        if known.cache_ram is not None and not (known.no_cache_prompt and known.cache_ram == "0"):
+            extra += ["--cache-ram", known.cache_ram]  # what `--no-cache-prompt` writes with it is read back whole
     if not model:
         raise SwitchyardError("the command names no model", "add --model (or -hf for llama-server)")
     fields.update(model=model, extra_args=tuple(extra), host=known.host)
