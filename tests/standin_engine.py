@@ -1,7 +1,14 @@
 """A stand-in engine server for endpoint tests: an OpenAI-ish HTTP server started like a real engine (a process
 with a log), which can fail to load with the engine's out-of-memory log line when its context is too large
 (a fake memory budget), and which records the calls to vLLM's sleep-mode routes. Stdlib only: it starts in
-~0.1 s, so tests of the endpoint's engine management run without the real engines."""
+~0.1 s, so tests of the endpoint's engine management run without the real engines.
+
+Besides the OpenAI completions it answers what the coding agents use (tests/test_coding_agents.py): Anthropic
+Messages (`/v1/messages`, whole and streamed with Anthropic's event sequence; `/v1/messages/count_tokens`) for
+Claude Code, and the OpenAI Responses API (`/v1/responses`, whole and streamed with the event sequence Codex's
+parser reads) for the Codex CLI. Its token counts are `count_tokens`: a quarter of the prompt's JSON characters.
+`--omit EVENT` leaves an event out of those streams (a test that a broken stream fails); `--bodies FILE` records
+every request's path, headers and body."""
 
 from __future__ import annotations
 
@@ -11,7 +18,10 @@ import os
 import socketserver
 import sys
 import threading
+import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 def main() -> int:
@@ -32,7 +42,12 @@ def main() -> int:
     parser.add_argument("--free-asleep", default="")
     parser.add_argument("--refuse", action="append", default=[], choices=["tools", "json_schema", "images", "reasoning"],
                         help="answer 400 to requests using this capability, as vLLM does without the flag for it")
-    parser.add_argument("--requests", help="append one JSON line per inference request: its `user` and capabilities")
+    parser.add_argument("--requests", help="append one JSON line per inference request: its path, `user` and "
+                                           "capabilities")
+    parser.add_argument("--bodies", help="append one JSON line per POST: its path (with the query), headers (keys "
+                                         "redacted) and body")
+    parser.add_argument("--omit", action="append", default=[], metavar="EVENT",
+                        help="leave this event type out of /v1/messages and /v1/responses streams")
     args, _rest = parser.parse_known_args()
 
     print(f"{args.name}: loading model (ctx {args.ctx})", flush=True)
@@ -48,6 +63,7 @@ def main() -> int:
                 handle.write(text)
 
     gpu_memory(args.free_awake)
+    lock = threading.Lock()  # one writer at a time on the --requests / --bodies files
     dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
 
     class Handler(BaseHTTPRequestHandler):
@@ -92,21 +108,47 @@ def main() -> int:
                     gpu_memory(args.free_awake)
                 self._json(200, {})
                 return
-            if path not in ("/v1/completions", "/v1/chat/completions"):
+            if path not in INFERENCE:
                 self._json(404, {"error": "not found"})
                 return
             if sleeping.is_set():
                 self._json(503, {"error": "the engine sleeps"})
                 return
             body = json.loads(raw or b"{}")
+            if args.bodies:
+                headers = {k.lower(): ("<redacted>" if k.lower() in SECRET_HEADERS else v)
+                           for k, v in self.headers.items()}
+                with lock, open(args.bodies, "a") as handle:
+                    handle.write(json.dumps({"path": self.path, "headers": headers, "body": body}) + "\n")
+            if path == "/v1/messages/count_tokens":
+                self._json(200, {"input_tokens": count_tokens(body)})
+                return
             chat = path.endswith("chat/completions")
             used = _capabilities(body)
             if args.requests:
-                with open(args.requests, "a") as handle:
-                    handle.write(json.dumps({"user": body.get("user"), "capabilities": used}) + "\n")
+                with lock, open(args.requests, "a") as handle:
+                    handle.write(json.dumps({"path": path, "user": body.get("user"), "capabilities": used}) + "\n")
             refused = [name for name in used if name in args.refuse]
             if refused:
                 self._json(400, {"error": {"message": REFUSALS[refused[0]], "type": "BadRequestError", "code": 400}})
+                return
+            if path in ("/v1/messages", "/v1/responses"):
+                pieces = [f"{args.name}{index} " for index in range(args.chunks)]
+                events = (anthropic_message if path == "/v1/messages" else responses_events)(body, pieces)
+                if not body.get("stream"):
+                    self._json(200, events[-1][1] if path == "/v1/messages" else events[-1][1]["response"])
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for name, data in events[:-1] if path == "/v1/messages" else events:
+                    if name not in args.omit:
+                        payload = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+                        self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
                 return
 
             def choice(text: str) -> dict[str, object]:
@@ -159,6 +201,77 @@ def main() -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+INFERENCE = ("/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses")
+SECRET_HEADERS = ("authorization", "x-api-key")
+
+
+def count_tokens(body: dict[str, Any]) -> int:
+    """The stand-in's token count of a request's prompt: a quarter of its prompt fields' JSON characters (system,
+    messages, tools; the Responses API's instructions and input), at least 1. Used for every usage it reports and
+    for /v1/messages/count_tokens alike."""
+    fields = ("system", "messages", "tools", "instructions", "input", "prompt")
+    return max(1, len(json.dumps([body.get(name) for name in fields])) // 4)
+
+
+def anthropic_message(body: dict[str, Any], pieces: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """A streamed Anthropic Messages answer, event by event as the API sends them (message_start, content_block_start,
+    ping, content_block_delta..., content_block_stop, message_delta with usage, message_stop), then ("message", the
+    whole answer) as the non-streamed reply would be."""
+    text, model, ident = "".join(pieces), body.get("model", ""), f"msg_standin{uuid.uuid4().hex[:12]}"
+    usage = {"input_tokens": count_tokens(body), "output_tokens": len(pieces),
+             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    message = {"id": ident, "type": "message", "role": "assistant", "model": model, "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 1}}
+    return [
+        ("message_start", {"type": "message_start", "message": message}),
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}}),
+        ("ping", {"type": "ping"}),
+        *[("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                   "delta": {"type": "text_delta", "text": piece}}) for piece in pieces],
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                           "usage": {"output_tokens": len(pieces)}}),
+        ("message_stop", {"type": "message_stop"}),
+        ("message", {**message, "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+                     "usage": usage}),
+    ]
+
+
+def responses_events(body: dict[str, Any], pieces: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """A streamed OpenAI Responses answer: response.created, response.in_progress, response.output_item.added,
+    response.content_part.added, response.output_text.delta..., response.output_text.done,
+    response.content_part.done, response.output_item.done, response.completed (with usage; its `response` is the
+    non-streamed reply). Codex reads the items from output_item.done and needs response.completed before the end
+    of the stream (codex-rs/codex-api/src/sse/responses.rs)."""
+    text, ident, item_id = "".join(pieces), f"resp_standin{uuid.uuid4().hex[:12]}", f"msg_standin{uuid.uuid4().hex[:12]}"
+    prompt = count_tokens(body)
+    response: dict[str, Any] = {"id": ident, "object": "response", "created_at": int(time.time()),
+                                "status": "in_progress", "model": body.get("model", ""), "output": [], "usage": None,
+                                "error": None, "incomplete_details": None}
+    part = {"type": "output_text", "text": "", "annotations": []}
+    item = {"id": item_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+    done_part = {**part, "text": text}
+    done_item = {**item, "status": "completed", "content": [done_part]}
+    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("response.created", {"response": response}),
+        ("response.in_progress", {"response": response}),
+        ("response.output_item.added", {"output_index": 0, "item": item}),
+        ("response.content_part.added", {**where, "part": part}),
+        *[("response.output_text.delta", {**where, "delta": piece}) for piece in pieces],
+        ("response.output_text.done", {**where, "text": text}),
+        ("response.content_part.done", {**where, "part": done_part}),
+        ("response.output_item.done", {"output_index": 0, "item": done_item}),
+        ("response.completed", {"response": {
+            **response, "status": "completed", "output": [done_item],
+            "usage": {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": len(pieces), "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": prompt + len(pieces)}}}),
+    ]
+    return [(name, {"type": name, "sequence_number": number, **data}) for number, (name, data) in enumerate(events)]
 
 
 # vLLM 0.32's own words when the flag for a capability is missing (tools: serving/chat's check)
