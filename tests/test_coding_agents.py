@@ -299,6 +299,38 @@ def test_codex_completes_a_request_through_the_endpoint(codex: Path, standin_end
     assert PROMPT in json.dumps(body["input"])
 
 
+def test_the_standins_agent_apis_read_right_with_the_official_clients(standin_endpoint: Endpoint) -> None:
+    """What the agents parse, read by the official SDKs through the endpoint (no npm needed): Anthropic Messages
+    whole and streamed (the SDK's accumulator checks the event sequence), count_tokens equal to the message's
+    usage.input_tokens for the same prompt, and the Responses stream to its completed response."""
+    import anthropic
+    import httpx
+    import openai
+
+    base = f"http://127.0.0.1:{standin_endpoint.port}"
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    client = anthropic.Anthropic(base_url=base, api_key=TOKEN, max_retries=0, timeout=60,
+                                 http_client=anthropic.DefaultHttpxClient(trust_env=False))
+    whole = client.messages.create(model="switchyard", max_tokens=8, system="Be brief.", messages=ask)  # type: ignore[arg-type]
+    assert whole.content[0].text == ANSWER + " " and whole.stop_reason == "end_turn"  # type: ignore[union-attr]
+    with client.messages.stream(model="switchyard", max_tokens=8, system="Be brief.", messages=ask) as stream:  # type: ignore[arg-type]
+        events = [event.type for event in stream]
+        streamed = stream.get_final_message()
+    assert streamed.content[0].text == ANSWER + " " and streamed.usage.output_tokens == 4  # type: ignore[union-attr]
+    assert events[0] == "message_start" and events[-1] == "message_stop" and "message_delta" in events
+    counted = client.messages.count_tokens(model="switchyard", system="Be brief.", messages=ask)  # type: ignore[arg-type]
+    assert counted.input_tokens == whole.usage.input_tokens == streamed.usage.input_tokens > 1
+    http = httpx.Client(trust_env=False, timeout=60)
+    responses = openai.OpenAI(base_url=base + "/v1", api_key=TOKEN, http_client=http, max_retries=0)
+    with responses.responses.stream(model="switchyard", input="What is the weather in Paris?") as stream_r:
+        kinds = [event.type for event in stream_r]
+        final = stream_r.get_final_response()
+    assert final.output_text == ANSWER + " " and final.usage is not None and final.usage.output_tokens == 4
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.output_item.done" in kinds and "response.content_part.done" in kinds
+    http.close()
+
+
 def test_codex_fails_on_a_stream_without_response_completed(codex: Path, standin_folder: Path,
                                                             tmp_path: Path) -> None:
     """The stand-in's event sequence is what makes Codex succeed above: without response.completed it fails."""
