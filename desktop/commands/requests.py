@@ -119,6 +119,8 @@ def _line(record: dict[str, Any]) -> str:
             f"{cell(record.get('client') or '-'):21}  {cell(record.get('method'))} {cell(record.get('path'))}")
     if record.get("error") and not in_flight:
         line += f"  ({cell(record['error'])})"
+    if record.get("note"):
+        line += f"  [{cell(record['note'])}]"
     return line
 
 

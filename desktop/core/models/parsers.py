@@ -146,6 +146,14 @@ def parsers_for(model_path: Path) -> ChatParsers:
     return choose(arch, template)
 
 
+def chat_template(model_path: Path) -> str:
+    """The chat template the model at `model_path` ships ("" when none, or when its metadata cannot be read)."""
+    try:
+        return _identity(Path(model_path))[1]
+    except (OSError, ValueError, SwitchyardError):
+        return ""
+
+
 def _identity(path: Path) -> tuple[str, str]:
     """(architecture, chat template) of a GGUF file or a Hugging Face folder."""
     if path.is_file():

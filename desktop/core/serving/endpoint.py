@@ -28,7 +28,7 @@ from desktop.core.planning.swap import SmallerPlan, plan_facts, smaller_plan
 from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState, reap_orphans
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
-from desktop.core.serving import capabilities, switching
+from desktop.core.serving import capabilities, normalize, switching
 from desktop.core.serving.budget import MemoryBudget, machine_budget, memory_allows_standby
 from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT
 from desktop.core.serving.managed import (
@@ -294,11 +294,13 @@ class EndpointManager:
             plan = replace(plan, api_key=secrets.token_urlsafe(32))
         process = EngineProcess(adapter, plan, install)
         process.start()
+        window, system_first = normalize.engine_rules(checked)
         upstream = Upstream(name=f"{adapter.name}@{process.address_tag}", engine=adapter.name,
                             base_url=process.base_url, served_model_name=process.plan.served_model_name,
                             api_key=process.plan.api_key, model=str(process.plan.model_path),
                             messages_api=adapter.anthropic_messages,
                             closes_after_stream=adapter.closes_after_stream,
+                            context=plan.ctx_per_request, window=window, system_first=system_first,
                             listener_check=None if process.socket_path else process.listener_holds)
         managed = ManagedEngine(checked, process, upstream, "starting")
         with self.lock:

@@ -203,6 +203,7 @@ class Incoming:
     cors: bytes = b""  # CORS head lines for an allowed Origin, added to whatever answers this request
     held: int = 0  # body bytes reserved in the endpoint's budget (Guard) until the request is answered
     info: RequestInfo = NO_INFO  # the body's model and stream, read once at dispatch
+    shape: Any = None  # serving.normalize.Shape: the parsed body the rules shape for each engine (their routes)
 
 
 class ResponseStream(Protocol):

@@ -36,6 +36,7 @@ class RequestRecord:
     seq: int = 0  # the endpoint's number for this request: a "started" and its finished record share it
     request_body: str | None = None  # only when body capture is on
     response_body: str | None = None
+    note: str | None = None  # what the endpoint changed in the request for the engine (serving.normalize)
 
     def __post_init__(self) -> None:
         # The client picks the name's size; the request log, history and every view keep this record.
@@ -81,6 +82,7 @@ class RequestRecord:
 RequestListener = Callable[[RequestRecord], None]
 
 CAPTURE_BYTES = 64 * 1024  # of each body, when capture is on
+ANTHROPIC_CACHE_FIELDS = ("cache_read_input_tokens", "cache_creation_input_tokens")  # beside input_tokens
 
 
 class StreamMeter:
@@ -150,14 +152,16 @@ class StreamMeter:
         if isinstance(timings, dict):
             if self.usage_tokens is None and isinstance(timings.get("predicted_n"), int):
                 self.usage_tokens = timings["predicted_n"]
-            if self.prompt_tokens is None and isinstance(timings.get("prompt_n"), int):
-                self.prompt_tokens = timings["prompt_n"]
+            if self.prompt_tokens is None:
+                self.prompt_tokens = timings_prompt(timings)
 
     def read_usage(self, usage: dict[str, Any], output: bool = True) -> None:
         """OpenAI (`prompt_tokens`, `completion_tokens`) or Anthropic (`input_tokens`, `output_tokens`) usage;
         Anthropic's `message_start` says output_tokens 0 (or 1) before any token, so it gives the prompt only."""
         prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
         if isinstance(prompt, int):
+            if "prompt_tokens" not in usage:  # Anthropic's input_tokens leaves out what the prefix cache served
+                prompt += sum(v for k in ANTHROPIC_CACHE_FIELDS if isinstance(v := usage.get(k), int))
             self.prompt_tokens = prompt
         completion = usage.get("completion_tokens", usage.get("output_tokens"))
         if output and isinstance(completion, int):
@@ -195,6 +199,16 @@ class CapturingMeter(StreamMeter):
         return self.request_body.decode("utf-8", "replace"), response.decode("utf-8", "replace")
 
 
+def timings_prompt(timings: dict[str, Any]) -> int | None:
+    """The whole prompt from llama.cpp's timings: `prompt_n` counts only what was evaluated, `cache_n` what the
+    prefix cache served (tools/server/server-task.cpp)."""
+    evaluated = timings.get("prompt_n")
+    if not isinstance(evaluated, int):
+        return None
+    cached = timings.get("cache_n")
+    return evaluated + (cached if isinstance(cached, int) else 0)
+
+
 def count_json_tokens(meter: StreamMeter, body: bytes, now: float) -> None:
     """Non-streamed answers: the whole body is the first (and last) token; take the counts from usage
     (OpenAI or Anthropic names) or llama.cpp's timings."""
@@ -211,7 +225,7 @@ def count_json_tokens(meter: StreamMeter, body: bytes, now: float) -> None:
     if isinstance(timings, dict):
         if meter.usage_tokens is None and isinstance(timings.get("predicted_n"), int):
             meter.usage_tokens = timings["predicted_n"]
-        if meter.prompt_tokens is None and isinstance(timings.get("prompt_n"), int):
-            meter.prompt_tokens = timings["prompt_n"]
+        if meter.prompt_tokens is None:
+            meter.prompt_tokens = timings_prompt(timings)
     if meter.usage_tokens is not None:
         meter.first_token_at = now

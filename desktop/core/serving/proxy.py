@@ -38,6 +38,7 @@ from desktop.core.common.origins import ANY_ORIGIN, is_local_origin, is_loopback
 from desktop.core.common.text import bounded
 from desktop.core.engines.model_path import model_label
 from desktop.core.runtime.ports import holder_of
+from desktop.core.serving import normalize
 from desktop.core.serving.capabilities import TrafficCapabilities
 from desktop.core.serving.defaults import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
 from desktop.core.serving.forward import MESSAGES_PATH, Forwarder
@@ -319,6 +320,7 @@ class ProxyServer:
             if info is None:  # too many tokens to read on the loop: read it in a worker thread
                 self._scan_off_loop(request, client)
             else:
+                request.shape = normalize.parse(path, request.body)
                 self._route(request, client, info)
         else:
             what = "POST it" if path in INFERENCE_ROUTES else \
@@ -353,7 +355,7 @@ class ProxyServer:
         """Read a body with many JSON tokens in a worker thread (the loop serves others meanwhile), then route."""
         if self._scanner is None:
             self._scanner = ThreadPoolExecutor(max_workers=2, thread_name_prefix="switchyard-scan")
-        scanned = asyncio.get_running_loop().run_in_executor(self._scanner, scan, request.body, None)
+        scanned = asyncio.get_running_loop().run_in_executor(self._scanner, read_body, request)
 
         def read(done: asyncio.Future[RequestInfo | None]) -> None:
             try:
@@ -394,6 +396,14 @@ class ProxyServer:
     def record(self, record: RequestRecord) -> None:
         """A forwarded request finished (answered by its engine or by the endpoint): count it and publish it."""
         self.events.finished(record)
+
+
+def read_body(request: Incoming) -> RequestInfo | None:
+    """The scan of a body with many JSON tokens, and its parse for the request rules (serving.normalize), in the
+    scan's worker thread."""
+    info = scan(request.body, None)
+    request.shape = normalize.parse(request.path, request.body)
+    return info
 
 
 class RequestEvents:

@@ -29,6 +29,9 @@ class Upstream:
     model: str = ""  # what it serves, for /v1/models
     messages_api: bool = False  # answers Anthropic Messages (/v1/messages): EngineAdapter.anthropic_messages
     closes_after_stream: bool = False  # EngineAdapter.closes_after_stream: don't pool after a streamed answer
+    context: int = 0  # tokens one request may use (the plan's ctx_per_request; 0: unknown)
+    window: int = 0  # the model's own context window (0: unknown), for the endpoint's context message
+    system_first: bool = False  # its chat template takes system messages only first (serving.normalize rule 3)
     # For an engine on TCP: whether its listener still belongs to the engine's process tree, asked on every new
     # connection before the key or a prompt is written (a port freed by a dead engine can be bound by anyone).
     listener_check: Callable[[], bool] | None = field(default=None, compare=False, repr=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import select
 import socket
@@ -18,6 +19,7 @@ import httptools
 from desktop.core.common import unixhttp
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.sse import LAST_CHUNK, chunk, error_event
+from desktop.core.serving import normalize, refusals
 from desktop.core.serving.defaults import DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_IDLE_TIMEOUT
 from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error
 from desktop.core.serving.metering import RequestListener, RequestRecord, StreamMeter, count_json_tokens
@@ -359,6 +361,12 @@ class Exchange:
         self.head_sent = head_sent
         self.engine_error = False
         self.mirror: StreamMirror | WholeMirror | None = None  # one reasoning schema (serving.reasoning)
+        # An engine's error answer to a shaped request, held until it is complete: it may be a refusal the
+        # endpoint answers in its own words or retries with a smaller max_tokens (serving.refusals).
+        self.holding = False
+        self.held_head = b""
+        self.retry_wanted = False
+        self.told_instead: str | None = None  # the endpoint's own answer replaced the engine's (its message)
         self.paused_at = 0.0
         self.upstreams = upstreams
         self.timeouts = upstreams.timeouts
@@ -369,7 +377,11 @@ class Exchange:
     def send(self) -> None:
         """Write the request to the engine: the endpoint's framing and key, the engine's served model name."""
         request, upstream = self.request, self.upstream
-        body = rewrite_model(request.body, request.info, upstream.served_model_name)
+        shaped = request.shape.body_for(normalize.Target(upstream.served_model_name, upstream.system_first)) \
+            if request.shape is not None else None
+        if shaped is not None:
+            log.info("%s: %s", upstream.name, request.shape.note)
+        body = shaped if shaped is not None else rewrite_model(request.body, request.info, upstream.served_model_name)
         self.connection.begin(self, upstream_head(request, upstream, self.upstreams.target(upstream.base_url),
                                                   len(body)), body)
 
@@ -384,7 +396,7 @@ class Exchange:
             self._finish(f"the engine {self.upstream.engine} sent a malformed response ({exc})")
             return
         if self.complete:
-            self._finish(None)
+            self._finish(None, retry=self.retry_wanted, reason="retried with max_tokens lowered to the context")
         else:
             self._flush()
 
@@ -424,7 +436,10 @@ class Exchange:
             self.answered = True
             self.mirror = mirror_for(request.path, self.status, self.streamed)
             return
+        self.holding = self.status == 400 and request.shape is not None
         lines = [b"HTTP/1.1 %d %s" % (self.status, self.reason or b"Status")]
+        if request.shape is not None and request.shape.notes:
+            lines.append(b"X-Switchyard-Adjusted: " + ascii_header(request.shape.note))
         length: bytes | None = None
         chunked = False
         for name, value in self.headers:
@@ -461,12 +476,21 @@ class Exchange:
             lines.append(b"Connection: close")
             request.keep_alive = False
         self.out.append(b"\r\n".join(lines) + b"\r\n" + request.cors + b"\r\n")
+        if self.holding:
+            self.held_head = self.out.pop()
+            return
         self.answered = True
         if no_body:
             self.complete = True
 
     def on_body(self, body: bytes) -> None:
         if self.complete:
+            return
+        if self.holding:
+            self.kept.append(body)
+            self.kept_size += len(body)
+            if self.kept_size > refusals.HOLD_BYTES:
+                self._release_held()  # too large to be a refusal the endpoint reads: the engine's answer goes on
             return
         if self.engine_error:  # said as one SSE error event when the body is complete
             self.kept.append(body)
@@ -490,11 +514,56 @@ class Exchange:
             return
         self.complete = True
         self.upstream_keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the callback returns
+        if self.holding:
+            self._judge_held()
+            if self.holding:
+                return
         if self.engine_error:
-            text = b"".join(self.kept).decode("utf-8", "replace")[:2000]
-            self.out.append(chunk(error_event(f"the engine answered HTTP {self.status}: {text}", "upstream_error",
-                                              self.status)))
+            held = b"".join(self.kept)
+            refusal = refusals.read(self.status, held) if self.request.shape is not None else None
+            if refusal is not None:  # the client has the endpoint's event-stream head: the refusal as an event
+                self.told_instead = refusals.context_message(refusal, self.request.info.model or "", self.upstream.engine,
+                                                             self.upstream.window)
+                self.out.append(chunk(refusals.stream_error(self.request.path, self.told_instead)))
+            else:
+                text = held.decode("utf-8", "replace")[:2000]
+                self.out.append(chunk(error_event(f"the engine answered HTTP {self.status}: {text}", "upstream_error",
+                                                  self.status)))
         self._end_body()
+
+    def _judge_held(self) -> None:
+        """The engine's whole 400 to a shaped request: a refusal to answer in the endpoint's words or to retry
+        with a smaller max_tokens (serving.refusals), else the engine's own answer as it came."""
+        request, upstream, shape = self.request, self.upstream, self.request.shape
+        refusal = refusals.read(self.status, b"".join(self.kept))
+        if refusal is None:
+            self._release_held()
+            return
+        if refusal.prompt_fits and shape is not None and shape.cap is None:
+            shape.cap = refusal.context - refusal.prompt
+            self.retry_wanted = True  # the engine generated nothing: send it again at once (Forwarder)
+            return
+        message = refusals.context_message(refusal, request.info.model or upstream.served_model_name,
+                                           upstream.engine, upstream.window)
+        body = json.dumps(refusals.error_body(request.path, message)).encode()
+        head = [b"HTTP/1.1 400 Bad Request", b"Content-Type: application/json",
+                b"Content-Length: %d" % len(body)]
+        if not request.keep_alive:
+            head.append(b"Connection: close")
+        self.out.append(b"\r\n".join(head) + b"\r\n" + request.cors + b"\r\n" + body)
+        self.framing = "length"
+        self.kept = [body]
+        self.holding = False
+        self.answered = True
+        self.told_instead = message
+
+    def _release_held(self) -> None:
+        """Pass the held answer on as the engine sent it."""
+        self.holding = False
+        self.answered = True
+        held = b"".join(self.kept)
+        self.out.append(self.held_head + (chunk(held) if self.framing == "chunked" and held else held))
+        self.held_head = b""
 
     def _end_body(self) -> None:
         rest = self.mirror.end() if self.mirror is not None else b""
@@ -621,9 +690,16 @@ def exchange_record(exchange: Exchange, status: int, error: str | None, done: fl
     return RequestRecord(
         t=exchange.wall, method=request.method, path=request.path, upstream=upstream.name, status=status,
         streamed=exchange.streamed, ttft_s=(meter.first_token_at - exchange.arrived) if meter.first_token_at else None,
-        e2e_s=done - exchange.arrived, output_tokens=meter.output_tokens if status < 400 else None, error=error,
-        prompt_tokens=meter.prompt_tokens, model=request.info.model, engine=upstream.engine, client=exchange.client.peer,
-        seq=request.seq, request_body=request_body, response_body=response_body)
+        e2e_s=done - exchange.arrived, output_tokens=meter.output_tokens if status < 400 else None,
+        error=exchange.told_instead or error, prompt_tokens=meter.prompt_tokens, model=request.info.model,
+        engine=upstream.engine, client=exchange.client.peer, seq=request.seq, request_body=request_body,
+        response_body=response_body, note=request.shape.note if request.shape is not None else None)
+
+
+def ascii_header(text: str | None) -> bytes:
+    """A note as a header value: printable ASCII only, at most 400 characters (a client named the tools)."""
+    value = "".join(c if " " <= c <= "~" else "?" for c in (text or ""))[:400]
+    return value.encode("ascii")
 
 
 def outcome(status: int, error: str | None, *, answered: bool, cut: bool, client_gone: bool, timed_out: bool,

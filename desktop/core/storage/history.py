@@ -101,11 +101,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX events_t ON events (t)",
     ),
+    (  # 5 -> 6: what the endpoint changed in a request for its engine (serving.normalize), beside the request
+        "ALTER TABLE requests ADD COLUMN note TEXT",
+    ),
 )
 # The request log's columns (besides the row id): the keys of the endpoint's RequestRecord.to_json() it keeps.
 REQUEST_COLUMNS = ("t", "seq", "method", "path", "model", "engine", "upstream", "status", "streamed",
                    "prompt_tokens", "output_tokens", "ttft_s", "e2e_s", "client", "error", "request_body",
-                   "response_body")
+                   "response_body", "note")
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,0 +1,281 @@
+"""Requests shaped for the engine that serves them: what coding agents send, answered the way they expect.
+
+Each rule fixes one thing a real client sends that an engine refuses or serves badly (sources: the agents'
+own code and their users' issues, ../shared/reference/agents.md). Every rule is tested in tests/test_normalize.py
+(by hand-written bodies) and, where an engine is involved, against the real engines:
+
+1. `tools: []` is dropped, and `tool_choice` with it when no tool is left: vLLM refuses an empty list.
+2. Tools that are not functions are dropped and named in the request log (Codex sends `web_search`,
+   `local_shell`, `image_generation`, `namespace`...; llama-server's chat route refuses them, "'type' of tool must
+   be 'function'", and no local engine runs them). A Responses `custom` tool (Codex's freeform `apply_patch`) is
+   mapped to a function taking one string, `input`, which is what Codex's function form of the tool takes.
+3. System and developer messages that come after the conversation began are moved to the front, into the first
+   system message, when the model's chat template refuses them elsewhere (Qwen's "System message must be at the
+   beginning.", templates that check that roles alternate); `developer` becomes `system` there too.
+4. Claude Code's attribution line (`x-anthropic-billing-header: cc_version=2.1.197.a3f; cc_entrypoint=cli;
+   cch=91b0c;`) changes on every request and stands first in the system prompt, so the engine's prefix cache
+   missed at its first tokens every time: it is removed (the engines never needed it).
+5. `max_tokens` (`max_completion_tokens`, `max_output_tokens`) is lowered to what the served context leaves
+   once the engine has said how long the prompt is (serving.refusals): vLLM refuses prompt + max_tokens beyond
+   its context, and Claude Code asks for 32,000 output tokens by default.
+
+Why by hand, and the cost: a body is parsed (json.loads) only on the routes these rules apply to and only up to
+PARSE_LIMIT, where the scan of the body already ran (on the event loop for bodies of few JSON tokens, else in the
+scan's worker thread). The rules then run on the parsed object when the request is sent, since they depend on
+the engine that takes it; an unchanged body is sent as the client's own bytes, a changed one is serialized once
+(a 24k-token agent request: about 1 ms).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines.base import LaunchPlan
+from desktop.core.models.parsers import chat_template
+from desktop.core.planning.swap import plan_facts
+
+CHAT, MESSAGES, COUNT_TOKENS, RESPONSES = ("/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
+                                          "/v1/responses")
+RULE_PATHS = frozenset({CHAT, MESSAGES, COUNT_TOKENS, RESPONSES})
+PARSE_LIMIT = 16 * 1024 * 1024  # larger bodies (images, mostly) are forwarded as they are
+# Claude Code's attribution line: `x-anthropic-billing-header:` then `key=value;` pairs (cc_version, cc_entrypoint,
+# cch, ...), as the first text of the system prompt, alone in its block or followed by the prompt itself.
+BILLING_MARK = "x-anthropic-billing-header:"
+_BILLING = re.compile(r"\A[ \t]*x-anthropic-billing-header:(?:[ \t]*[A-Za-z0-9_.-]+=[^;\n]*;)*[ \t]*\n?")
+_RAISES = re.compile(r"raise_exception\(\s*(['\"])(.*?)\1", re.S)
+MAX_TOKEN_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+SYSTEM_ROLES = ("system", "developer")
+
+
+def template_wants_system_first(chat_template: str) -> bool:
+    """Whether a chat template refuses a system message after the first message: it raises an error that names
+    system messages, or one that checks the order of roles (which a system message in the middle breaks)."""
+    for _quote, message in _RAISES.findall(chat_template):
+        text = message.lower()
+        if "system" in text or "alternate" in text:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the rules need to know of the engine a request goes to."""
+
+    served_model_name: str
+    system_first: bool = False  # its template refuses system messages after the first message (rule 3)
+
+
+@dataclass
+class Shape:
+    """A request body parsed once, and what the rules changed in it for the engine it was last sent to."""
+
+    path: str
+    doc: dict[str, Any]
+    cap: int | None = None  # rule 5: max_tokens at most this (the engine said what the context leaves)
+    capped_from: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def body_for(self, target: Target) -> bytes | None:
+        """The body to send to `target`, or None when every rule left it as the client sent it."""
+        doc = copy.copy(self.doc)  # rules replace top-level values; the client's parse stays as it was (retries)
+        notes: list[str] = []
+        _drop_tools(self.path, doc, notes)
+        if self.path in (MESSAGES, COUNT_TOKENS):
+            _strip_billing(doc, notes)
+        elif target.system_first:
+            _system_first(self.path, doc, notes)
+        if self.cap is not None:
+            _cap(doc, self.cap, notes)
+        self.notes = notes
+        if not notes:
+            return None
+        if "model" in doc:
+            doc["model"] = target.served_model_name
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def asked_tokens(self) -> int | None:
+        """The output budget the client asked for (the first of the max-tokens keys present)."""
+        for key in MAX_TOKEN_KEYS:
+            value = self.doc.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
+
+    @property
+    def note(self) -> str | None:
+        return "; ".join(self.notes) if self.notes else None
+
+
+def parse(path: str, body: bytes) -> Shape | None:
+    """The Shape of a body on a route with rules, or None (another route, too large, not a JSON object)."""
+    if path not in RULE_PATHS or len(body) > PARSE_LIMIT:
+        return None
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # the engine answers a malformed body itself
+    return Shape(path, doc) if isinstance(doc, dict) else None
+
+
+# --- the rules ---
+def _drop_tools(path: str, doc: dict[str, Any], notes: list[str]) -> None:
+    """Rules 1 and 2."""
+    tools = doc.get("tools")
+    if not isinstance(tools, list):
+        return
+    anthropic = path in (MESSAGES, COUNT_TOKENS)
+    kept: list[Any] = []
+    dropped: list[str] = []
+    mapped = 0
+    for tool in tools:
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or kind == "function":
+            kept.append(tool)
+        elif anthropic:  # client tools have an input_schema (and "custom" or no type); server tools do not
+            if "input_schema" in tool:
+                kept.append(tool)
+            else:
+                dropped.append(str(kind))
+        elif kind == "custom" and path == RESPONSES and isinstance(tool.get("name"), str):
+            kept.append(_custom_as_function(tool))
+            mapped += 1
+        else:
+            dropped.append(str(kind))
+    if not tools:
+        notes.append("dropped an empty tools list")
+    if dropped:
+        notes.append(f"dropped {len(dropped)} tool(s) no local engine runs: {', '.join(sorted(set(dropped)))}")
+    if mapped:
+        notes.append(f"{mapped} custom tool(s) sent as functions taking one string, input")
+    if kept:
+        if dropped or mapped:
+            doc["tools"] = kept
+        return
+    del doc["tools"]
+    doc.pop("tool_choice", None)
+    doc.pop("parallel_tool_calls", None)
+
+
+def _custom_as_function(tool: dict[str, Any]) -> dict[str, Any]:
+    description = str(tool.get("description") or "")
+    return {"type": "function", "name": tool["name"], "description": description,
+            "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"],
+                           "additionalProperties": False}}
+
+
+def _strip_billing(doc: dict[str, Any], notes: list[str]) -> None:
+    """Rule 4, on an Anthropic body's `system` (a string or a list of text blocks)."""
+    system = doc.get("system")
+    if isinstance(system, str):
+        if BILLING_MARK in system:
+            stripped = _BILLING.sub("", system, count=1)
+            if stripped != system:
+                doc["system"] = stripped
+                notes.append("removed the attribution line from the system prompt")
+        return
+    if not isinstance(system, list):
+        return
+    blocks: list[Any] = []
+    changed = False
+    for block in system:
+        text = block.get("text") if isinstance(block, dict) else None
+        if isinstance(text, str) and BILLING_MARK in text:
+            stripped = _BILLING.sub("", text, count=1)
+            if stripped != text:
+                changed = True
+                if not stripped.strip():
+                    continue  # the line was the whole block
+                block = {**block, "text": stripped}
+        blocks.append(block)
+    if changed:
+        doc["system"] = blocks
+        notes.append("removed the attribution line from the system prompt")
+
+
+def _system_first(path: str, doc: dict[str, Any], notes: list[str]) -> None:
+    """Rule 3: chat `messages` or Responses `input` items."""
+    if path == CHAT:
+        messages = doc.get("messages")
+        if isinstance(messages, list):
+            moved = _front(messages)
+            if moved is not None:
+                doc["messages"], count = moved
+                notes.append(f"moved {count} system/developer message(s) to the front (the model's template "
+                             "takes them only there)")
+    elif path == RESPONSES:
+        items = doc.get("input")
+        if not isinstance(items, list):
+            return
+        instructions = doc.get("instructions")
+        texts = [instructions] if isinstance(instructions, str) and instructions else []
+        rest: list[Any] = []
+        count = 0
+        for item in items:
+            text = _system_text(item)
+            if text is None:
+                rest.append(item)
+            else:
+                texts.append(text)
+                count += 1
+        if count:
+            doc["instructions"] = "\n\n".join(texts)
+            doc["input"] = rest
+            notes.append(f"moved {count} system/developer message(s) into the instructions (the model's template "
+                         "takes them only first)")
+
+
+def _front(messages: list[Any]) -> tuple[list[Any], int] | None:
+    """Chat messages with every system/developer message merged into one leading system message, or None when
+    the only one already leads (a lone `developer` at the front becomes `system`)."""
+    systems = [i for i, m in enumerate(messages) if _system_text(m) is not None]
+    if not systems or (systems == [0] and messages[0].get("role") == "system"):
+        return None
+    texts = [_system_text(messages[i]) or "" for i in systems]
+    moved = set(systems)
+    rest = [m for i, m in enumerate(messages) if i not in moved]
+    return [{"role": "system", "content": "\n\n".join(t for t in texts if t)}, *rest], len(systems)
+
+
+def _system_text(message: Any) -> str | None:
+    """The text of a system or developer message (chat message or Responses input item), None for any other
+    (or for one with parts that are not text, which is left where it is)."""
+    if not isinstance(message, dict) or message.get("role") not in SYSTEM_ROLES:
+        return None
+    if message.get("type") not in (None, "message"):
+        return None
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") not in ("text", "input_text") \
+                or not isinstance(part.get("text"), str):
+            return None
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _cap(doc: dict[str, Any], cap: int, notes: list[str]) -> None:
+    """Rule 5: every max-tokens key the body has, at most `cap`."""
+    for key in MAX_TOKEN_KEYS:
+        value = doc.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+            doc[key] = cap
+            notes.append(f"{key} {value} -> {cap} (what the served context leaves after the prompt)")
+
+
+def engine_rules(plan: LaunchPlan) -> tuple[int, bool]:
+    """(the model's own context window, 0 when unknown; whether its chat template takes system messages only
+    first) for an engine launched on `plan`: read once per launch, never failing it."""
+    try:
+        window = plan_facts(plan).context_length
+    except (OSError, ValueError, SwitchyardError):
+        window = 0
+    return window, template_wants_system_first(chat_template(plan.model_path))
