@@ -391,7 +391,6 @@ def _says_the_context(run: AgentRun) -> None:
 
 @pytest.mark.engine
 @pytest.mark.llamacpp
-@pytest.mark.xfail(strict=True, reason="waits for the endpoint's context message")
 def test_claude_code_prints_the_endpoints_context_message(claude_code: Path, llama_endpoint: int,
                                                           tmp_path: Path) -> None:
     _says_the_context(run_claude(claude_code, llama_endpoint, tmp_path / "home"))
@@ -399,7 +398,6 @@ def test_claude_code_prints_the_endpoints_context_message(claude_code: Path, lla
 
 @pytest.mark.engine
 @pytest.mark.llamacpp
-@pytest.mark.xfail(strict=True, reason="waits for the endpoint's context message")
 def test_codex_prints_the_endpoints_context_message(codex: Path, llama_endpoint: int, tmp_path: Path) -> None:
     _says_the_context(run_codex(codex, llama_endpoint, tmp_path / "home"))
 

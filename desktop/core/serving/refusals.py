@@ -5,16 +5,22 @@ many tokens the prompt has (a streamed request too: llama-server sends its first
 server-context.cpp "the first error must be treated as non-stream response"; vLLM validates before it streams).
 The endpoint holds such an answer (serving.upstream.Exchange) and reads it here:
 - the prompt alone does not fit: the client gets the endpoint's own message, in its API's error shape, with the
-  numbers and how to serve more (`--ctx`, or a model with a longer window); the Responses API's error carries
-  `code: context_length_exceeded` as OpenAI's does. It is an HTTP 400, as OpenAI's own, since Codex prints a
-  400's body but shows only its fixed "ran out of room" text for a `response.failed` event;
-- the prompt fits but prompt + max_tokens does not (vLLM: "... you requested 36000 tokens (4000 in the
-  messages, 32000 in the completion)"): the request is sent again at once with max_tokens lowered to what the
-  context leaves (serving.normalize, rule 5); llama-server never refuses this (it stops at the context's end).
+  numbers and how to serve more (`--ctx`, or a model with a longer window). It is an HTTP 400, as OpenAI's own.
+  The Responses API's error carries no `code`: Codex 0.171.0 replaces the message of any error whose code is
+  `context_length_exceeded` (a 400's body or a `response.failed` event) with its own fixed "ran out of room" text,
+  which would hide the numbers and the remedy; with the code left out it prints the message;
+- the prompt fits but prompt + max_tokens does not (vLLM before 0.10: "... you requested 36000 tokens (4000 in
+  the messages, 32000 in the completion)"): the request is sent again at once with max_tokens lowered to what the
+  context leaves (serving.normalize, rule 5). vLLM 0.32 lowers max_tokens itself
+  (entrypoints/serve/utils/api_utils.py `get_max_tokens`) and llama-server stops at the context's end, so neither
+  engine pinned here refuses this; the retry serves the older vLLM an external engine may be.
 
-The engines' wordings are matched from their sources (llama.cpp b11434 tools/server/server-context.cpp
-`exceed_context_size_error` with `n_prompt_tokens`/`n_ctx`; vLLM 0.32 vllm/entrypoints/utils.py and
-serving_engine.py "maximum context length"); tests feed both recorded texts and the real engines' answers.
+The engines' wordings are matched from their sources: llama.cpp b11434 tools/server/server-context.cpp
+`exceed_context_size_error` with `n_prompt_tokens`/`n_ctx`; vLLM 0.32 vllm/renderers/params.py "This model's
+maximum context length is C tokens. However, your prompt contains [at least ]P input tokens" (or "P characters
+(more than X characters, which is the upper bound for M input tokens)", a prompt too long to tokenize at all) and
+entrypoints/serve/utils/api_utils.py "Input length (P) exceeds model's maximum context length (C)". Tests feed
+these texts and the real engines' answers.
 """
 
 from __future__ import annotations
@@ -29,11 +35,11 @@ from desktop.core.common.text import bounded
 HOLD_BYTES = 64 * 1024  # an error answer larger than this is passed on as it is
 _VLLM_BUDGET = re.compile(r"maximum context length is (\d+) tokens\. However, you requested (\d+) tokens "
                           r"\((\d+) in the messages, (\d+) in the completion\)")
-_VLLM_PROMPT = re.compile(r"maximum (?:context|model) length is (\d+) tokens\.?.*?(?:your request has|your prompt "
-                          r"contains|has) (\d+) (?:input |prompt )?tokens", re.S)
-_VLLM_PROMPT_OTHER = re.compile(r"(?:prompt|input)[^0-9]{0,40}\(?(\d+)\)? tokens?[^0-9]{0,60}(?:longer than|exceeds?|"
-                                r"larger than)[^0-9]{0,40}(?:maximum model length|max_model_len|context)[^0-9]{0,20}"
-                                r"\(?(\d+)\)?", re.S | re.I)
+_VLLM_PROMPT = re.compile(r"maximum context length is (\d+) tokens\. However, your prompt contains (at least )?"
+                          r"(\d+) input tokens")
+_VLLM_CHARS = re.compile(r"maximum context length is (\d+) tokens\. However, your prompt contains \d+ characters "
+                         r"\(more than \d+ characters, which is the upper bound for (\d+) input tokens\)")
+_VLLM_INPUT = re.compile(r"Input length \((\d+)\) exceeds model's maximum context length \((\d+)\)")
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class Refusal:
     prompt: int
     context: int
     asked: int | None = None
+    at_least: bool = False  # the engine stopped counting: the prompt has `prompt` tokens or more
 
     @property
     def prompt_fits(self) -> bool:
@@ -75,8 +82,11 @@ def read(status: int, body: bytes) -> Refusal | None:
         return Refusal(prompt, context, asked if prompt < context else None)
     found = _VLLM_PROMPT.search(message)
     if found is not None:
-        return Refusal(int(found.group(2)), int(found.group(1)))
-    found = _VLLM_PROMPT_OTHER.search(message)
+        return Refusal(int(found.group(3)), int(found.group(1)), at_least=found.group(2) is not None)
+    found = _VLLM_CHARS.search(message)
+    if found is not None:
+        return Refusal(int(found.group(2)) + 1, int(found.group(1)), at_least=True)
+    found = _VLLM_INPUT.search(message)
     if found is not None:
         return Refusal(int(found.group(1)), int(found.group(2)))
     return None
@@ -93,7 +103,8 @@ def suggested_context(prompt: int, window: int) -> int:
 def context_message(refusal: Refusal, model: str, engine: str, window: int) -> str:
     """The endpoint's own words for a prompt larger than the served context."""
     served = f"model '{bounded(model, 80)}' is served with a context of {refusal.context} tokens per request ({engine})"
-    head = f"the prompt has {refusal.prompt} tokens, but {served}"
+    has = f"at least {refusal.prompt}" if refusal.at_least else str(refusal.prompt)
+    head = f"the prompt has {has} tokens, but {served}"
     if window and window <= refusal.prompt:
         return (f"{head}, and the model's own window is {window} tokens: use a model with a longer window, or "
                 "send a shorter conversation")
@@ -104,21 +115,23 @@ def context_message(refusal: Refusal, model: str, engine: str, window: int) -> s
 
 
 def error_body(path: str, message: str) -> dict[str, Any]:
-    """`message` in the error shape of the client's API: Anthropic's for /v1/messages, OpenAI's otherwise (with
-    the `context_length_exceeded` code OpenAI gives it)."""
+    """`message` in the error shape of the client's API: Anthropic's for /v1/messages, OpenAI's otherwise; Chat
+    Completions with the `context_length_exceeded` code OpenAI gives it, the Responses API without one (Codex
+    would show its fixed text instead of the message, see the module docstring)."""
     if path.startswith("/v1/messages"):
         return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
-    return {"error": {"message": message, "type": "invalid_request_error", "param": "input" if
-                      path == "/v1/responses" else "messages", "code": "context_length_exceeded"}}
+    if path == "/v1/responses":
+        return {"error": {"message": message, "type": "invalid_request_error", "param": "input", "code": None}}
+    return {"error": {"message": message, "type": "invalid_request_error", "param": "messages",
+                      "code": "context_length_exceeded"}}
 
 
 def stream_error(path: str, message: str) -> bytes:
     """The refusal as one SSE event, for a client whose stream already began (the endpoint told it a model
-    loads): `response.failed` with `context_length_exceeded` for the Responses API, an error event otherwise."""
+    loads): `response.failed` for the Responses API (no code, as in error_body), an error event otherwise."""
     if path == "/v1/responses":
         failed = {"type": "response.failed", "response": {"id": "resp_switchyard", "object": "response",
                                                          "status": "failed", "output": [],
-                                                         "error": {"code": "context_length_exceeded",
-                                                                   "message": message}}}
+                                                         "error": {"code": "invalid_prompt", "message": message}}}
         return b"event: response.failed\ndata: " + json.dumps(failed).encode() + b"\n\n"
     return b"data: " + json.dumps(error_body(path, message)).encode() + b"\n\n"
