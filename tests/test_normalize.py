@@ -437,9 +437,6 @@ def test_stream_error_responses_and_chat() -> None:
         "message": text, "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}
 
 
-@pytest.mark.xfail(strict=True, reason="stream_error sends a /v1/messages refusal as `data:` with no `event: error` "
-                   "line; Claude Code 2.1.197's stream reader throws only for event === 'error' and skips unnamed "
-                   "events, so a streamed refusal after a loading note is never shown")
 def test_stream_error_messages_is_an_anthropic_error_event() -> None:
     """Anthropic streams an error as `event: error` + `data: {"type": "error", "error": {...}}`."""
     text = "the prompt has 5000 tokens"

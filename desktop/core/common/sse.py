@@ -153,6 +153,11 @@ def comment(text: str) -> bytes:
     return f": {text}\n\n".encode()
 
 
-def error_event(message: str, kind: str, code: int, **extra: Any) -> bytes:
-    """The SSE event that ends a stream with an error, in OpenAI's error shape."""
+def error_event(message: str, kind: str, code: int, anthropic: bool = False, **extra: Any) -> bytes:
+    """The SSE event that ends a stream with an error: OpenAI's error shape, or for an Anthropic Messages stream
+    Anthropic's named `event: error` (Claude Code 2.1.197 and the anthropic SDKs raise only for an event named
+    `error` and skip unnamed ones), whose type is one of Anthropic's (overloaded_error for a retryable 429/503)."""
+    if anthropic:
+        named = kind if kind.endswith("_error") else "overloaded_error" if code in (429, 503, 529) else "api_error"
+        return b"event: error\n" + event(json.dumps({"type": "error", "error": {"type": named, "message": message}}))
     return event(json.dumps({"error": {"message": message, "type": kind, "code": code, **extra}}))

@@ -226,7 +226,8 @@ class Forwarder:
         self.endpoint.record(job.record(status, message, now, upstream, streamed=job.told))
         if job.told:
             if not client.closed and client.transport is not None:
-                client.transport.write(chunk(error_event(message, "upstream_unavailable", status)) + LAST_CHUNK)
+                client.transport.write(chunk(error_event(message, "upstream_unavailable", status, anthropic=request.path
+                                                         .startswith(MESSAGES_PATH))) + LAST_CHUNK)
             return True
         error = anthropic_error(status, message) if request.path.startswith(MESSAGES_PATH) else \
             json_error(status, message, "overloaded_error" if retry_after else "upstream_unavailable")

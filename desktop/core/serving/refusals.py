@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from desktop.core.common.sse import error_event
 from desktop.core.common.text import bounded
 
 HOLD_BYTES = 64 * 1024  # an error answer larger than this is passed on as it is
@@ -128,10 +129,13 @@ def error_body(path: str, message: str) -> dict[str, Any]:
 
 def stream_error(path: str, message: str) -> bytes:
     """The refusal as one SSE event, for a client whose stream already began (the endpoint told it a model
-    loads): `response.failed` for the Responses API (no code, as in error_body), an error event otherwise."""
+    loads): `response.failed` for the Responses API (no code, as in error_body), Anthropic's `event: error` for
+    the Messages API, an OpenAI error event otherwise."""
     if path == "/v1/responses":
         failed = {"type": "response.failed", "response": {"id": "resp_switchyard", "object": "response",
                                                          "status": "failed", "output": [],
                                                          "error": {"code": "invalid_prompt", "message": message}}}
         return b"event: response.failed\ndata: " + json.dumps(failed).encode() + b"\n\n"
+    if path.startswith("/v1/messages"):
+        return error_event(message, "invalid_request_error", 400, anthropic=True)
     return b"data: " + json.dumps(error_body(path, message)).encode() + b"\n\n"

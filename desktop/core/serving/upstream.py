@@ -528,7 +528,7 @@ class Exchange:
             else:
                 text = held.decode("utf-8", "replace")[:2000]
                 self.out.append(chunk(error_event(f"the engine answered HTTP {self.status}: {text}", "upstream_error",
-                                                  self.status)))
+                                                  self.status, anthropic=self.request.path.startswith("/v1/messages"))))
         self._end_body()
 
     def _judge_held(self) -> None:
@@ -679,7 +679,8 @@ def tell_client(exchange: Exchange, error: str) -> None:
     client = exchange.client
     if exchange.framing == "chunked" and exchange.streamed and not client.closed and client.transport:
         kind, code = ("engine_switch", 503) if exchange.cut_reason else ("upstream_disconnected", 502)
-        client.transport.write(chunk(error_event(error, kind, code, retryable=bool(exchange.cut_reason)))
+        client.transport.write(chunk(error_event(error, kind, code, retryable=bool(exchange.cut_reason),
+                                                 anthropic=exchange.request.path.startswith("/v1/messages")))
                                + LAST_CHUNK)
 
 
