@@ -29,3 +29,24 @@ def split_gguf(source: Path, folder: Path, max_tensors: int, small_first_shard: 
     writer.write_tensors_to_file()
     writer.close()
     return sorted(folder.glob(f"{source.stem}-*-of-*.gguf"))
+
+
+def with_chat_template(source: Path, dest: Path, template: str) -> Path:
+    """`source` written again at `dest` with `template` as its tokenizer.chat_template: a model that ships another
+    family's template (what a fine-tune or a re-upload does), without a download."""
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(dest, arch=reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "tokenizer.chat_template"):
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    writer.add_chat_template(template)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest

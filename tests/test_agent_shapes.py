@@ -15,14 +15,17 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from conftest import run_cli, serve_until_ready
+from gguf_tools import with_chat_template
 
 from desktop.core.runtime.ports import find_free_port
 
+TEMPLATES = Path(__file__).parent / "data" / "templates"
 HEADERS = {"x-api-key": "none", "anthropic-version": "2023-06-01", "content-type": "application/json",
            "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,mid-conversation-system-2026-04-07"}
 # ~1,300 tokens of standing instructions, as Claude Code's (5,672 characters there) and Codex's (16,979) are long
@@ -201,3 +204,44 @@ def test_a_codex_turn_completes_on_llama_server_and_after_a_switch_on_vllm(llama
     codex_turn_completes(llama_endpoint, "vllm")
     count_tokens_matches_usage(llama_endpoint, "vllm",
                                "x-anthropic-billing-header: cc_version=2.1.197.c4d; cc_entrypoint=cli; cch=5b5b5;")
+
+
+# --- a model whose chat template takes system messages only first (Qwen3.5's, as llama.cpp ships it) -------------
+@pytest.fixture(scope="module")
+def system_first_endpoint(llama_install: Any, demo_model: Any, tmp_path_factory: pytest.TempPathFactory
+                          ) -> Iterator[str]:
+    """The demo's weights with Qwen3.5's template, which raises "System message must be at the beginning." for a
+    system message anywhere else, served by the real llama-server through the endpoint."""
+    model = with_chat_template(demo_model.gguf_path, tmp_path_factory.mktemp("qwen-template") / "demo-qwen.gguf",
+                               (TEMPLATES / "Qwen3.5-4B.jinja").read_text())
+    port = find_free_port()
+    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", str(model), "--ctx", "4096",
+                                    "--parallel", "1", "--proxy-port", str(port))
+    try:
+        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc, port)
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_mid_conversation_system_messages_reach_a_template_that_takes_them_only_first(
+        system_first_endpoint: str) -> None:
+    """Each agent's own place for a late instruction: a chat `system` message after the first answer, Codex's
+    `developer` item, Claude Code's `system` entry in `messages`. The endpoint moves them to the front (and says
+    so in X-Switchyard-Adjusted), so the template renders instead of raising."""
+    chat = {"model": "switchyard", "max_tokens": 8, "temperature": 0, "messages": [
+        {"role": "system", "content": "You are terse."}, {"role": "user", "content": "List the files."},
+        {"role": "assistant", "content": "There are none."},
+        {"role": "system", "content": "The user changed the mode to plan."}, {"role": "user", "content": "Say hi."}]}
+    answer = httpx.post(system_first_endpoint + "/v1/chat/completions", json=chat, trust_env=False, timeout=600)
+    assert answer.status_code == 200, answer.text[:2000]
+    assert "system/developer message" in answer.headers.get("x-switchyard-adjusted", ""), answer.headers
+    codex_turn_completes(system_first_endpoint, "llama.cpp (Qwen3.5 template)")
+    claude = claude_code_body("x-anthropic-billing-header: cc_version=2.1.197.e2e; cc_entrypoint=cli; cch=1c1c1;",
+                              max_tokens=8)
+    assert post(system_first_endpoint, "/v1/messages", claude)["type"] == "message"
+    counted = post(system_first_endpoint, "/v1/messages/count_tokens", {
+        k: v for k, v in claude.items() if k in ("model", "system", "messages", "tools", "thinking")})
+    assert counted["input_tokens"] > 1000, counted

@@ -11,13 +11,15 @@ own code and their users' issues, ../shared/reference/agents.md). Every rule is 
    mapped to a function taking one string, `input`, which is what Codex's function form of the tool takes.
 3. System and developer messages that come after the conversation began are moved to the front, into the first
    system message, when the model's chat template refuses them elsewhere (Qwen's "System message must be at the
-   beginning.", templates that check that roles alternate); `developer` becomes `system` there too.
+   beginning.", templates that check that roles alternate); `developer` becomes `system` there too. In an
+   Anthropic body (Claude Code's mid-conversation `system` entries) they join the top-level `system`.
 4. Claude Code's attribution line (`x-anthropic-billing-header: cc_version=2.1.197.a3f; cc_entrypoint=cli;
    cch=91b0c;`) changes on every request and stands first in the system prompt, so the engine's prefix cache
    missed at its first tokens every time: it is removed (the engines never needed it).
 5. `max_tokens` (`max_completion_tokens`, `max_output_tokens`) is lowered to what the served context leaves
-   once the engine has said how long the prompt is (serving.refusals): vLLM refuses prompt + max_tokens beyond
-   its context, and Claude Code asks for 32,000 output tokens by default.
+   once the engine has said the prompt fits but prompt + max_tokens does not (serving.refusals): vLLM before 0.10
+   refused that, and Claude Code asks for 32,000 output tokens by default. vLLM 0.32 and llama-server b11434
+   lower it themselves, so against them the rule never fires.
 
 Why by hand, and the cost: a body is parsed (json.loads) only on the routes these rules apply to and only up to
 PARSE_LIMIT, where the scan of the body already ran (on the event loop for bodies of few JSON tokens, else in the
@@ -87,7 +89,7 @@ class Shape:
         _drop_tools(self.path, doc, notes)
         if self.path in (MESSAGES, COUNT_TOKENS):
             _strip_billing(doc, notes)
-        elif target.system_first:
+        if target.system_first:
             _system_first(self.path, doc, notes)
         if self.cap is not None:
             _cap(doc, self.cap, notes)
@@ -198,8 +200,12 @@ def _strip_billing(doc: dict[str, Any], notes: list[str]) -> None:
 
 
 def _system_first(path: str, doc: dict[str, Any], notes: list[str]) -> None:
-    """Rule 3: chat `messages` or Responses `input` items."""
-    if path == CHAT:
+    """Rule 3: chat `messages`, Responses `input` items, or Anthropic `messages` (Claude Code's mid-conversation
+    `system` entries, its beta "mid-conversation-system-2026-04-07": appended to the top-level `system`, which
+    both engines render as the first message)."""
+    if path in (MESSAGES, COUNT_TOKENS):
+        _anthropic_system_first(doc, notes)
+    elif path == CHAT:
         messages = doc.get("messages")
         if isinstance(messages, list):
             moved = _front(messages)
@@ -227,6 +233,28 @@ def _system_first(path: str, doc: dict[str, Any], notes: list[str]) -> None:
             doc["input"] = rest
             notes.append(f"moved {count} system/developer message(s) into the instructions (the model's template "
                          "takes them only first)")
+
+
+def _anthropic_system_first(doc: dict[str, Any], notes: list[str]) -> None:
+    """Rule 3 on an Anthropic body: each `system` entry of `messages` becomes a text block at the end of the
+    top-level `system` (a string `system` becomes blocks); the turns keep their order."""
+    messages = doc.get("messages")
+    if not isinstance(messages, list):
+        return
+    texts = [text for m in messages if isinstance(m, dict) and m.get("role") == "system"
+             and (text := _system_text(m)) is not None]
+    if not texts:
+        return
+    system = doc.get("system")
+    blocks: list[Any] = [{"type": "text", "text": system}] if isinstance(system, str) and system else \
+        list(system) if isinstance(system, list) else []
+    # llama-server joins system blocks with nothing between them (server-chat.cpp): each moved one starts apart
+    doc["system"] = [*blocks, *({"type": "text", "text": f"\n\n{text}" if blocks or i else text}
+                                for i, text in enumerate(texts))]
+    doc["messages"] = [m for m in messages if not (isinstance(m, dict) and m.get("role") == "system"
+                                                   and _system_text(m) is not None)]
+    notes.append(f"moved {len(texts)} system message(s) into the system prompt (the model's template takes them "
+                 "only first)")
 
 
 def _front(messages: list[Any]) -> tuple[list[Any], int] | None:
