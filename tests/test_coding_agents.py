@@ -281,6 +281,9 @@ def test_claude_code_completes_a_request_through_the_endpoint(claude_code: Path,
     assert first["path"] == "/v1/messages?beta=true" and first["body"]["stream"] is True
     assert first["body"]["model"] == "switchyard" and first["body"]["tools"]
     assert first["headers"]["anthropic-version"] == "2023-06-01", first["headers"]
+    assert "claude-code-20250219" in first["headers"]["anthropic-beta"], first["headers"]  # passed through
+    # Claude Code's attribution line (on by default) never reaches the engine: its prefix cache would miss
+    assert "x-anthropic-billing-header" not in json.dumps(first["body"]["system"]), first["body"]["system"][:1]
     assert first["headers"]["user-agent"].startswith(f"claude-cli/{CLAUDE_CODE[1]} ")
     assert PROMPT in json.dumps(first["body"]["messages"])
 
