@@ -138,10 +138,35 @@ def responses_stream(base: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     return events
 
 
+def claude_code_budget_and_thinking(base: str, engine: str, port: str) -> None:
+    """Claude Code's 32,000-token budget is lowered to the served context (said in X-Switchyard-Adjusted and the
+    request log) and streams; its next turn sends the first answer's thinking block back with an empty signature,
+    and the engine takes it."""
+    body = {**claude_code_body("x-anthropic-billing-header: cc_version=2.1.197.0f0; cc_entrypoint=cli; cch=77e7e;"),
+            "stream": True}
+    with httpx.stream("POST", base + "/v1/messages", json=body, headers=HEADERS, trust_env=False,
+                      timeout=600) as answer:
+        assert answer.status_code == 200, (engine, answer.read()[:2000])
+        adjusted = answer.headers.get("x-switchyard-adjusted", "")
+        for line in answer.iter_lines():  # the first token is enough: the engine took the budget
+            if line == "event: content_block_delta":
+                break
+    assert "max_tokens 32000 -> 4096 (the context served per request)" in adjusted, (engine, adjusted)
+    listed = json.loads(run_cli("requests", "--json", "--port", port, "-n", "1").stdout)["requests"]
+    assert "max_tokens 32000 -> 4096" in (listed[-1].get("note") or ""), (engine, listed)
+    turn = claude_code_body("x-anthropic-billing-header: cc_version=2.1.197.0f1; cc_entrypoint=cli; cch=88e8e;",
+                            max_tokens=8)
+    turn["messages"] = [*turn["messages"], {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "The user wants a greeting.", "signature": ""},
+        {"type": "text", "text": "Hi!"}]}, {"role": "user", "content": "Once more."}]
+    assert post(base, "/v1/messages", turn)["type"] == "message"
+
+
 def codex_turn_completes(base: str, engine: str) -> None:
     events = responses_stream(base, codex_body())
     kinds = [e.get("type") for e in events]
     assert kinds and kinds[0] == "response.created" and kinds[-1] == "response.completed", (engine, kinds)
+    assert "response.output_item.done" in kinds, (engine, kinds)  # Codex takes its last message from it
     done = events[-1]["response"]
     assert done["status"] in ("completed", "incomplete") and done["usage"]["input_tokens"] > 1000, (engine, done)
 
@@ -191,17 +216,25 @@ def test_claude_codes_changing_attribution_line_keeps_the_prefix_cache_on_llama_
 
 @pytest.mark.engine
 @pytest.mark.llamacpp
+def test_claude_codes_budget_and_empty_thinking_signature_on_llama_server(llama_endpoint: str) -> None:
+    claude_code_budget_and_thinking(llama_endpoint, "llama.cpp", llama_endpoint.rsplit(":", 1)[1])
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
 @pytest.mark.vllm
 def test_a_codex_turn_completes_on_llama_server_and_after_a_switch_on_vllm(llama_endpoint: str,
                                                                            vllm_install: Any) -> None:
     """Codex's stream with a web_search tool and a developer message mid-conversation ends in response.completed
-    on both engines; vLLM's count_tokens agrees with its own usage too."""
+    on both engines; on vLLM, count_tokens agrees with its own usage, and Claude Code's budget and empty thinking
+    signature are taken too."""
     codex_turn_completes(llama_endpoint, "llama.cpp")
     port = llama_endpoint.rsplit(":", 1)[1]
     switched = run_cli("switch", "--to", "vllm", "--port", port, "--json", timeout=900)
     assert switched.returncode == 0, switched.stderr
     assert json.loads(run_cli("status", "--json", "--port", port).stdout)["active"]["engine"] == "vllm"
     codex_turn_completes(llama_endpoint, "vllm")
+    claude_code_budget_and_thinking(llama_endpoint, "vllm", port)
     count_tokens_matches_usage(llama_endpoint, "vllm",
                                "x-anthropic-billing-header: cc_version=2.1.197.c4d; cc_entrypoint=cli; cch=5b5b5;")
 

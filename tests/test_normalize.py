@@ -261,6 +261,18 @@ def test_max_tokens_capped_to_what_the_context_leaves(path: str, body: dict[str,
     assert shaped(path, body) is None  # no cap known: the client's budget stands
 
 
+def test_max_tokens_over_the_served_context_is_lowered_to_it_before_any_refusal() -> None:
+    """No reply is longer than the context served per request (4,096 here): Claude Code's 32,000 goes as 4,096,
+    said in the note; an engine's refusal later lowers it to what the context leaves after the prompt."""
+    body = {"model": "q", "messages": USER_HI, "max_tokens": 32000}
+    served = Target("served-model", context=4096)
+    assert shaped("/v1/chat/completions", body, served) == {"model": "served-model", "messages": USER_HI,
+                                                            "max_tokens": 4096}
+    assert note_of("/v1/chat/completions", body, served) == "max_tokens 32000 -> 4096 (the context served per request)"
+    assert shaped("/v1/chat/completions", body, served, cap=1000)["max_tokens"] == 1000
+    assert shaped("/v1/chat/completions", {**body, "max_tokens": 4096}, served) is None
+
+
 def test_max_tokens_under_the_cap_is_sent_as_is() -> None:
     assert shaped("/v1/chat/completions", {"model": "q", "messages": USER_HI, "max_tokens": 512}, cap=4000) is None
 

@@ -16,10 +16,12 @@ own code and their users' issues, ../shared/reference/agents.md). Every rule is 
 4. Claude Code's attribution line (`x-anthropic-billing-header: cc_version=2.1.197.a3f; cc_entrypoint=cli;
    cch=91b0c;`) changes on every request and stands first in the system prompt, so the engine's prefix cache
    missed at its first tokens every time: it is removed (the engines never needed it).
-5. `max_tokens` (`max_completion_tokens`, `max_output_tokens`) is lowered to what the served context leaves
-   once the engine has said the prompt fits but prompt + max_tokens does not (serving.refusals): vLLM before 0.10
-   refused that, and Claude Code asks for 32,000 output tokens by default. vLLM 0.32 and llama-server b11434
-   lower it themselves, so against them the rule never fires.
+5. `max_tokens` (`max_completion_tokens`, `max_output_tokens`) is lowered to the context served per request (no
+   reply can be longer: the prompt takes at least one token of it), and, once the engine has said the prompt fits
+   but prompt + max_tokens does not (serving.refusals), to what the context leaves after the prompt: vLLM before
+   0.10 refused that, and Claude Code asks for 32,000 output tokens by default. vLLM 0.32 and llama-server b11434
+   stop at the context's end themselves; the rule makes the limit visible (X-Switchyard-Adjusted, the request
+   log) and spares an older engine's refusal.
 
 Why by hand, and the cost: a body is parsed (json.loads) only on the routes these rules apply to and only up to
 PARSE_LIMIT, where the scan of the body already ran (on the event loop for bodies of few JSON tokens, else in the
@@ -70,6 +72,7 @@ class Target:
 
     served_model_name: str
     system_first: bool = False  # its template refuses system messages after the first message (rule 3)
+    context: int = 0  # the tokens it serves per request, a bound on any reply (rule 5); 0: unknown
 
 
 @dataclass
@@ -79,7 +82,6 @@ class Shape:
     path: str
     doc: dict[str, Any]
     cap: int | None = None  # rule 5: max_tokens at most this (the engine said what the context leaves)
-    capped_from: int | None = None
     notes: list[str] = field(default_factory=list)
 
     def body_for(self, target: Target) -> bytes | None:
@@ -92,7 +94,9 @@ class Shape:
         if target.system_first:
             _system_first(self.path, doc, notes)
         if self.cap is not None:
-            _cap(doc, self.cap, notes)
+            _cap(doc, self.cap, notes, "what the served context leaves after the prompt")
+        elif target.context > 0:
+            _cap(doc, target.context, notes, "the context served per request")
         self.notes = notes
         if not notes:
             return None
@@ -290,13 +294,13 @@ def _system_text(message: Any) -> str | None:
     return "\n".join(texts)
 
 
-def _cap(doc: dict[str, Any], cap: int, notes: list[str]) -> None:
+def _cap(doc: dict[str, Any], cap: int, notes: list[str], why: str) -> None:
     """Rule 5: every max-tokens key the body has, at most `cap`."""
     for key in MAX_TOKEN_KEYS:
         value = doc.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > cap:
             doc[key] = cap
-            notes.append(f"{key} {value} -> {cap} (what the served context leaves after the prompt)")
+            notes.append(f"{key} {value} -> {cap} ({why})")
 
 
 def engine_rules(plan: LaunchPlan) -> tuple[int, bool]:

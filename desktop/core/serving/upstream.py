@@ -377,8 +377,8 @@ class Exchange:
     def send(self) -> None:
         """Write the request to the engine: the endpoint's framing and key, the engine's served model name."""
         request, upstream = self.request, self.upstream
-        shaped = request.shape.body_for(normalize.Target(upstream.served_model_name, upstream.system_first)) \
-            if request.shape is not None else None
+        target = normalize.Target(upstream.served_model_name, upstream.system_first, upstream.context)
+        shaped = request.shape.body_for(target) if request.shape is not None else None
         if shaped is not None:
             log.info("%s: %s", upstream.name, request.shape.note)
         body = shaped if shaped is not None else rewrite_model(request.body, request.info, upstream.served_model_name)
