@@ -334,17 +334,32 @@ def test_the_standins_agent_apis_read_right_with_the_official_clients(standin_en
     http.close()
 
 
-def test_codex_fails_on_a_stream_without_response_completed(codex: Path, standin_folder: Path,
-                                                            tmp_path: Path) -> None:
-    """The stand-in's event sequence is what makes Codex succeed above: without response.completed it fails."""
-    proc, endpoint = serve_standin(standin_folder, "--omit", "response.completed")
+def test_codex_completes_when_the_engine_leaves_the_streams_end_out(codex: Path, standin_folder: Path,
+                                                                   tmp_path: Path) -> None:
+    """An engine whose Responses stream ends without output_item.done and response.completed (vLLM's once did):
+    Codex alone fails ("stream closed before response.completed"); through the endpoint, which adds what was left
+    out (serving.responses), it prints the answer. The official openai client reads the same stream to its end."""
+    import httpx
+    import openai
+
+    omitted = ("response.output_item.done", "response.completed")
+    proc, endpoint = serve_standin(standin_folder, *(arg for name in omitted for arg in ("--omit", name)))
     try:
         run = run_codex(codex, endpoint.port, tmp_path / "home")
+        http = httpx.Client(trust_env=False, timeout=60)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{endpoint.port}/v1", api_key=TOKEN, http_client=http,
+                               max_retries=0)
+        with client.responses.stream(model="switchyard", input="What is the weather in Paris?") as stream:
+            kinds = [event.type for event in stream]
+            final = stream.get_final_response()
+        http.close()
     finally:
         stop(proc)
-    assert run.returncode != 0, run.output
-    assert "stream closed before response.completed" in run.output, run.output
     assert endpoint.seen(), "the stand-in saw no request"
+    assert run.returncode == 0, run.output
+    assert ANSWER in run.output, run.output
+    assert kinds[-2:] == list(omitted), kinds
+    assert final.status == "completed" and final.output_text == ANSWER + " ", final
 
 
 def test_claude_code_asks_again_for_a_whole_message_when_the_stream_has_no_message_start(

@@ -23,8 +23,9 @@ from desktop.core.serving import normalize, refusals
 from desktop.core.serving.defaults import DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_IDLE_TIMEOUT
 from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error
 from desktop.core.serving.metering import RequestListener, RequestRecord, StreamMeter, count_json_tokens
-from desktop.core.serving.reasoning import StreamMirror, WholeMirror, mirror_for
+from desktop.core.serving.reasoning import StreamMirror, WholeMirror
 from desktop.core.serving.requestinfo import rewrite_model
+from desktop.core.serving.responses import ResponsesCompleter, rewriter_for
 from desktop.core.serving.router import Lease, Upstream
 
 log = logging.getLogger("switchyard.proxy")
@@ -360,7 +361,8 @@ class Exchange:
         # head is not passed on, its body is chunked, and an engine error becomes an SSE error event.
         self.head_sent = head_sent
         self.engine_error = False
-        self.mirror: StreamMirror | WholeMirror | None = None  # one reasoning schema (serving.reasoning)
+        # one reasoning schema (serving.reasoning); a Responses stream finished (serving.responses)
+        self.mirror: StreamMirror | WholeMirror | ResponsesCompleter | None = None
         # An engine's error answer to a shaped request, held until it is complete: it may be a refusal the
         # endpoint answers in its own words or retries with a smaller max_tokens (serving.refusals).
         self.holding = False
@@ -434,7 +436,7 @@ class Exchange:
             self.framing = "chunked"
             self.upstream_framed = any(n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self.headers)
             self.answered = True
-            self.mirror = mirror_for(request.path, self.status, self.streamed)
+            self.mirror = rewriter_for(request.path, self.status, self.streamed)
             return
         self.holding = self.status == 400 and request.shape is not None
         lines = [b"HTTP/1.1 %d %s" % (self.status, self.reason or b"Status")]
@@ -456,7 +458,7 @@ class Exchange:
                 lines.append(name + b": " + value)
         no_body = request.method == "HEAD" or self.status < 200 or self.status in (204, 304)
         close = not request.keep_alive
-        self.mirror = None if no_body else mirror_for(request.path, self.status, self.streamed)
+        self.mirror = None if no_body else rewriter_for(request.path, self.status, self.streamed)
         if no_body:
             self.framing = "none"
             if length is not None:
