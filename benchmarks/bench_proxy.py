@@ -9,10 +9,11 @@ proxy or the client spends stalls the engine's spinning worker threads, so the r
 The proxy runs in its own process (as in real use), so it does not share this load generator's interpreter.
 
     .venv/bin/python benchmarks/bench_proxy.py [--concurrency 32] [--requests 128] [--rounds 6]
-        [--engine-threads spare,all] [--api completions|chat] [--json] [--output FILE]
+        [--engine-threads spare,all] [--api completions|chat|responses] [--json] [--output FILE]
 
 `--api chat` streams /v1/chat/completions instead: the answers the endpoint watches for reasoning to mirror
-(serving/reasoning.py), so that run prices that check on every chunk.
+(serving/reasoning.py), so that run prices that check on every chunk. `--api responses` streams /v1/responses,
+whose every event the endpoint parses to finish a stream an engine leaves open (serving/responses.py).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Round:
         return self.output_tokens / self.seconds
 
 
-API = {"chat": False}  # --api chat: /v1/chat/completions
+API = {"chat": False, "responses": False}  # --api chat: /v1/chat/completions; --api responses: /v1/responses
 
 
 async def _one(session: aiohttp.ClientSession, url: str, max_tokens: int) -> tuple[float | None, int]:
@@ -59,9 +60,12 @@ async def _one(session: aiohttp.ClientSession, url: str, max_tokens: int) -> tup
                             "ignore_eos": True, "stream_options": {"include_usage": True}}
     if API["chat"]:
         body["messages"] = [{"role": "user", "content": "Benchmark the endpoint"}]
+    elif API["responses"]:
+        body = {"model": "switchyard", "max_output_tokens": max_tokens, "stream": True, "temperature": 0,
+                "ignore_eos": True, "input": "Benchmark the endpoint"}
     else:
         body["prompt"] = "Benchmark the endpoint"
-    path = "/v1/chat/completions" if API["chat"] else "/v1/completions"
+    path = "/v1/chat/completions" if API["chat"] else "/v1/responses" if API["responses"] else "/v1/completions"
     sent = time.perf_counter()
     first: float | None = None
     tokens = 0
@@ -73,10 +77,16 @@ async def _one(session: aiohttp.ClientSession, url: str, max_tokens: int) -> tup
             buffer += chunk
             while b"\n\n" in buffer:
                 event, buffer = buffer.split(b"\n\n", 1)
-                payload = event.removeprefix(b"data: ")
+                payload = event.split(b"data: ", 1)[-1]  # (a Responses event has an `event:` line first)
                 if payload == b"[DONE]":
                     continue
                 data = json.loads(payload)
+                if API["responses"]:
+                    if first is None and data.get("type") == "response.output_text.delta":
+                        first = time.perf_counter() - sent
+                    if data.get("type") == "response.completed":
+                        tokens = int(data["response"]["usage"]["output_tokens"])
+                    continue
                 if first is None and any(c.get("text") or (c.get("delta") or {}).get("content")
                                          for c in data.get("choices") or []):
                     first = time.perf_counter() - sent
@@ -285,7 +295,7 @@ def main() -> int:
                         help="llama-server --threads settings to measure, comma-separated: 'spare' (all cores but "
                              "one, left to the client and the endpoint, as when a GPU does the engine's work), "
                              "'all' (llama.cpp's default: every core busy with the engine), or a number")
-    parser.add_argument("--api", choices=("completions", "chat"), default="completions",
+    parser.add_argument("--api", choices=("completions", "chat", "responses"), default="completions",
                         help="which streaming API the load uses (default completions)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--output", type=Path, help="also write the results as JSON to this file")
@@ -295,6 +305,7 @@ def main() -> int:
         _proxy_only(args.proxy_only[0], int(args.proxy_only[1]))
         return 0
     API["chat"] = args.api == "chat"
+    API["responses"] = args.api == "responses"
 
     cores = os.cpu_count() or 1
     settings: list[tuple[str, int | None]] = []
