@@ -46,6 +46,9 @@ def main() -> int:
                                            "capabilities")
     parser.add_argument("--bodies", help="append one JSON line per POST: its path (with the query), headers (keys "
                                          "redacted) and body")
+    parser.add_argument("--context", type=int, default=0,
+                        help="tokens per request (by count_tokens): refuse a longer prompt in vLLM 0.32's words and "
+                             "prompt + max_tokens beyond it in vLLM 0.9's (\"you requested ... in the completion\")")
     parser.add_argument("--omit", action="append", default=[], metavar="EVENT",
                         help="leave this event type out of /v1/messages and /v1/responses streams")
     args, _rest = parser.parse_known_args()
@@ -128,6 +131,11 @@ def main() -> int:
             if args.requests:
                 with lock, open(args.requests, "a") as handle:
                     handle.write(json.dumps({"path": path, "user": body.get("user"), "capabilities": used}) + "\n")
+            if args.context and path != "/v1/messages/count_tokens":
+                too_long = context_refusal(body, args.context)
+                if too_long:
+                    self._json(400, {"error": {"message": too_long, "type": "BadRequestError", "code": 400}})
+                    return
             refused = [name for name in used if name in args.refuse]
             if refused:
                 self._json(400, {"error": {"message": REFUSALS[refused[0]], "type": "BadRequestError", "code": 400}})
@@ -213,6 +221,24 @@ def count_tokens(body: dict[str, Any]) -> int:
     for /v1/messages/count_tokens alike."""
     fields = ("system", "messages", "tools", "instructions", "input", "prompt")
     return max(1, len(json.dumps([body.get(name) for name in fields])) // 4)
+
+
+def context_refusal(body: dict[str, Any], context: int) -> str | None:
+    """vLLM's refusal of a request that does not fit `context` tokens, or None: 0.32's for a prompt too long
+    (vllm/renderers/params.py), 0.9's for prompt + max_tokens (serving_engine.py, before get_max_tokens lowered
+    it itself)."""
+    prompt = count_tokens(body)
+    asked = next((body[k] for k in ("max_tokens", "max_completion_tokens", "max_output_tokens")
+                  if isinstance(body.get(k), int)), 0)
+    if prompt > context:
+        return (f"This model's maximum context length is {context} tokens. However, your prompt contains {prompt} "
+                "input tokens, which exceeds this limit even without any output tokens. Please reduce the length "
+                "of the input prompt.")
+    if prompt + asked > context:
+        return (f"This model's maximum context length is {context} tokens. However, you requested {prompt + asked} "
+                f"tokens ({prompt} in the messages, {asked} in the completion). Please reduce the length of the "
+                "messages or completion.")
+    return None
 
 
 def anthropic_message(body: dict[str, Any], pieces: list[str]) -> list[tuple[str, dict[str, Any]]]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import filelock
 import pytest
-from conftest import serve_until_ready
+from conftest import run_cli, serve_until_ready
 
 from desktop.core.runtime.ports import find_free_port
 
@@ -212,7 +212,9 @@ if "--version" in argv or "--list-devices" in argv:
 host = argv[argv.index("--host") + 1]
 where = ["--uds", host] if host.endswith(".sock") else ["--port", argv[argv.index("--port") + 1]]
 ctx = argv[argv.index("--ctx-size") + 1] if "--ctx-size" in argv else "2048"
-os.execv(sys.executable, [sys.executable, {standin!r}, *where, "--ctx", ctx, "--name", "standin", *{options!r}])
+slots = int(argv[argv.index("--parallel") + 1]) if "--parallel" in argv else 1
+options = [str(int(ctx) // slots) if o == "PER_REQUEST_CONTEXT" else o for o in {options!r}]
+os.execv(sys.executable, [sys.executable, {standin!r}, *where, "--ctx", ctx, "--name", "standin", *options])
 '''
 
 
@@ -360,6 +362,50 @@ def test_codex_completes_when_the_engine_leaves_the_streams_end_out(codex: Path,
     assert ANSWER in run.output, run.output
     assert kinds[-2:] == list(omitted), kinds
     assert final.status == "completed" and final.output_text == ANSWER + " ", final
+
+
+def test_a_budget_the_engine_refuses_is_sent_again_with_what_the_context_leaves(standin_folder: Path) -> None:
+    """An engine that refuses prompt + max_tokens beyond its context (vLLM before 0.10; the stand-in says it in
+    those words): Claude Code's 32,000 goes as the context served per request, is refused, and is sent again at
+    once with what the context leaves after the prompt; the client sees one 200. A prompt longer than the context
+    gets the endpoint's context message in each API's own error shape."""
+    import httpx
+
+    proc, endpoint = serve_standin(standin_folder, "--context", "PER_REQUEST_CONTEXT")
+    try:
+        base, port = f"http://127.0.0.1:{endpoint.port}", str(endpoint.port)
+        context = json.loads(run_cli("status", "--json", "--port", port).stdout)["active"]["plan"]["ctx_per_request"]
+        headers = {"x-api-key": TOKEN, "anthropic-version": "2023-06-01"}
+
+        def post(path: str, body: dict[str, Any]) -> httpx.Response:
+            return httpx.post(base + path, json=body, headers=headers, trust_env=False, timeout=60)
+
+        messages = [{"role": "user", "content": "Say hi."}]
+        prompt = post("/v1/messages/count_tokens", {"model": "switchyard", "messages": messages}).json()["input_tokens"]
+        answer = post("/v1/messages", {"model": "switchyard", "max_tokens": 32000, "messages": messages})
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-switchyard-adjusted"] == \
+            f"max_tokens 32000 -> {context - prompt} (what the served context leaves after the prompt)"
+        assert [r["body"]["max_tokens"] for r in endpoint.seen() if r["path"] == "/v1/messages"] == \
+            [context, context - prompt]
+        listed = json.loads(run_cli("requests", "--json", "--port", port).stdout)["requests"]
+        assert [r["status"] for r in listed if r["path"] == "/v1/messages"] == [200], listed  # one request
+
+        # 5 characters a word, 4 a token by count_tokens: about 1.25 x the context, under the model's 4,096-token window
+        long = [{"role": "user", "content": "word " * context}]
+        too_long = post("/v1/messages/count_tokens", {"model": "switchyard", "messages": long}).json()["input_tokens"]
+        assert context < too_long < 4096, too_long
+        told = f"the prompt has {too_long} tokens, but model 'switchyard' is served with a context of {context}"
+        refused = post("/v1/messages", {"model": "switchyard", "max_tokens": 8, "messages": long})
+        assert refused.status_code == 400 and refused.json()["type"] == "error", refused.text
+        assert told in refused.json()["error"]["message"] and "--ctx" in refused.json()["error"]["message"]
+        chat = post("/v1/chat/completions", {"model": "switchyard", "max_tokens": 8, "messages": long}).json()
+        assert told in chat["error"]["message"] and chat["error"]["code"] == "context_length_exceeded", chat
+        responses = post("/v1/responses", {"model": "switchyard", "input": long[0]["content"]}).json()
+        assert f"is served with a context of {context} tokens" in responses["error"]["message"], responses
+        assert responses["error"]["code"] is None  # Codex would show its fixed text instead of the message
+    finally:
+        stop(proc)
 
 
 def test_claude_code_asks_again_for_a_whole_message_when_the_stream_has_no_message_start(
