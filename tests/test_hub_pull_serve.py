@@ -39,3 +39,47 @@ def test_pull_then_serve(tmp_path: Path, llama_install, demo_model) -> None:  # 
     result = json.loads(served.stdout)
     assert Path(result["model"]).resolve() == model.resolve()
     assert result["usage"] and result["usage"]["completion_tokens"] > 0
+
+
+def test_a_split_set_pulled_into_the_cache_is_sized_whole_and_served_from_the_snapshot(
+        tmp_path: Path, llama_install, demo_model) -> None:  # type: ignore[no-untyped-def]
+    """The Hub cache keeps each shard as a symlink `snapshots/<commit>/NAME-0000K-of-0000N.gguf -> ../../blobs/<etag>`:
+    the fit reads the set through the snapshot's names (a blob's name says nothing of its set), and llama-server is
+    handed the snapshot path of the first shard, from which it opens the others by name."""
+    from gguf_tools import split_gguf
+
+    from desktop.core.models.facts import read_gguf_header
+
+    whole = Path(demo_model.gguf_path)
+    tensors = len(read_gguf_header(whole).tensors)
+    shards = split_gguf(whole, tmp_path / "split", max_tensors=-(-tensors // 3))
+    assert len(shards) == 3
+    with FakeHub() as hub:
+        hub.add_repo("demo/switchyard-demo-split-GGUF", {f"Q8_0/{s.name}": s for s in shards}, tags=["gguf"])
+        env = dict(os.environ, HF_ENDPOINT=hub.endpoint, HF_HUB_CACHE=str(tmp_path / "hf-cache"),
+                   SWITCHYARD_HOME=str(tmp_path / "home"), SWITCHYARD_NO_KEYRING="1",
+                   HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
+        pulled = subprocess.run([*SWITCHYARD, "pull", "demo/switchyard-demo-split-GGUF"], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert pulled.returncode == 0, pulled.stderr
+    model = Path(pulled.stdout.strip())
+    snapshot = model.parent.parent
+    assert snapshot.parent.name == "snapshots" and model.is_symlink(), model  # the layout users have
+    assert sorted(p.name for p in model.parent.iterdir()) == [s.name for s in shards]
+    assert all(p.is_symlink() and p.resolve().parent.name == "blobs" for p in model.parent.iterdir())
+
+    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([*SWITCHYARD, *args], env=env, capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done
+
+    one = json.loads(run("fit", str(whole), "--engine", "llama.cpp", "--json", "--no-history").stdout)
+    for named in (model, model.with_name(shards[-1].name), snapshot):  # first shard, a later shard, the folder
+        got = json.loads(run("fit", str(named), "--engine", "llama.cpp", "--json", "--no-history").stdout)
+        assert got["breakdown"]["bytes.weights"] == one["breakdown"]["bytes.weights"] > 0, named
+        assert got["fits"] == one["fits"], named
+    served = run("serve", "--engine", "llama.cpp", "--model", str(snapshot), "--prompt", "Hi", "--json",
+                 "--no-install", "--max-tokens", "8", "--ready-timeout", "300", timeout=400)
+    result = json.loads(served.stdout)
+    assert result["usage"] and result["usage"]["completion_tokens"] > 0
+    assert result["model"] == str(model), result["model"]  # llama-server's --model: the snapshot path, no blob

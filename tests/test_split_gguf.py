@@ -97,8 +97,8 @@ def test_the_first_shard_alone_would_have_been_sized_wrong(split: list[Path], wh
 
 def test_any_shard_resolves_to_the_first_for_llama_server(split: list[Path]) -> None:
     adapter = get_adapter("llama.cpp")
-    assert resolve_model(str(split[-1]), adapter) == split[0].resolve()
-    assert resolve_model(str(split[0]), adapter) == split[0].resolve()
+    assert resolve_model(str(split[-1]), adapter) == split[0]
+    assert resolve_model(str(split[0]), adapter) == split[0]
 
 
 def test_a_missing_shard_is_refused_in_one_line_and_nothing_is_planned(split: list[Path], tmp_path: Path) -> None:
@@ -161,3 +161,52 @@ def test_serve_the_first_shard_with_the_real_llama_server(split: list[Path], lla
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["completion"] and report["usage"]["completion_tokens"] == 8
+
+
+def cache_layout(files: list[Path], root: Path, repo: str = "org/name-GGUF") -> Path:
+    """`files` as the Hub cache keeps them: blobs named by hash, snapshot names linking to them (relative links,
+    as huggingface_hub makes them). Returns the snapshot folder."""
+    storage = root / f"models--{repo.replace('/', '--')}"
+    snapshot = storage / "snapshots" / ("c0ffee" * 6 + "abcd")
+    (storage / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for index, file in enumerate(files):
+        blob = storage / "blobs" / f"{index:064x}"
+        shutil.copy(file, blob)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / file.name)
+    return snapshot
+
+
+def test_a_cached_file_keeps_its_snapshot_name_and_shows_as_the_repo(whole: Path, tmp_path: Path) -> None:
+    """A single GGUF in the cache: llama-server gets the snapshot link and /v1/models the repo, not the blob's hash."""
+    from desktop.core.engines.model_path import model_label
+
+    snapshot = cache_layout([whole], tmp_path)
+    link = snapshot / whole.name
+    adapter = get_adapter("llama.cpp")
+    assert resolve_model(str(link), adapter) == link
+    assert resolve_model(str(snapshot), adapter) == link  # the snapshot folder names the model too
+    assert model_label(str(resolve_model(str(snapshot), adapter))) == f"org/name-GGUF/{whole.name}"
+
+
+def test_a_cached_split_set_is_served_from_its_snapshot_names(split: list[Path], whole: Path, tmp_path: Path) -> None:
+    snapshot = cache_layout(split, tmp_path)
+    adapter = get_adapter("llama.cpp")
+    assert resolve_model(str(snapshot / split[-1].name), adapter) == snapshot / split[0].name
+    assert facts_for(str(snapshot / split[-1].name)).weights_bytes == facts_for(str(whole)).weights_bytes
+
+
+def test_a_folder_of_several_models_names_them_and_a_projector_is_not_one(whole: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    shutil.copy(whole, folder / "model-Q8_0.gguf")
+    shutil.copy(whole, folder / "mmproj-model-f16.gguf")
+    adapter = get_adapter("llama.cpp")
+    assert resolve_model(str(folder), adapter) == folder / "model-Q8_0.gguf"
+    (folder / "Q4_K_M").mkdir()
+    shutil.copy(whole, folder / "Q4_K_M" / "model-Q4_K_M.gguf")
+    with pytest.raises(ModelError, match=r"holds 2 GGUF models \(Q4_K_M/model-Q4_K_M.gguf, model-Q8_0.gguf\)"):
+        resolve_model(str(folder), adapter)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="no config.json, no .gguf file"):
+        resolve_model(str(tmp_path / "empty"), adapter)

@@ -3,21 +3,25 @@ load, or a clear error saying why not and what to pick instead."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from desktop.core.common.errors import ModelError
 from desktop.core.common.progress import ProgressCallback, no_progress
 from desktop.core.engines.base import EngineAdapter
-from desktop.core.models.gguf_file import SHARD_NAME, shard_name
+from desktop.core.models.gguf_file import SHARD_NAME, gguf_in_folder, shard_name
 
 GGUF_MAGIC = b"GGUF"
 DEMO = "demo"
 
 
 def detect_format(path: Path) -> str | None:
-    """'gguf' for a GGUF file, 'hf' for a folder with config.json, None for anything else."""
+    """'gguf' for a GGUF file or a folder holding one GGUF model (a Hub cache snapshot of a GGUF repo), 'hf' for a
+    folder with config.json, None for anything else."""
     if path.is_dir():
-        return "hf" if (path / "config.json").is_file() else None
+        if (path / "config.json").is_file():
+            return "hf"
+        return "gguf" if gguf_in_folder(path) is not None else None
     if path.is_file():
         with open(path, "rb") as handle:
             return "gguf" if handle.read(4) == GGUF_MAGIC else None
@@ -34,10 +38,12 @@ def resolve_model(spec: str, adapter: EngineAdapter, progress: ProgressCallback 
         raise ModelError(f"model path does not exist: {path}",
                          "give a GGUF file, a Hugging Face model folder, or `demo`")
     fmt = detect_format(path)
+    if fmt == "hf" and adapter.model_format == "gguf" and gguf_in_folder(path) is not None:
+        fmt = "gguf"  # a GGUF repo that also ships its config.json
     if fmt is None:
         if path.is_dir():
-            raise ModelError(f"{path} is not a model folder (no config.json)",
-                             "point at a Hugging Face model folder or a .gguf file")
+            raise ModelError(f"{path} is not a model folder (no config.json, no .gguf file)",
+                             "point at a Hugging Face model folder, a .gguf file or a folder holding one")
         raise ModelError(f"{path} is not a model file (not GGUF)",
                          "pick a .gguf file for llama.cpp, or a Hugging Face folder for vLLM")
     if fmt != adapter.model_format:
@@ -45,7 +51,17 @@ def resolve_model(spec: str, adapter: EngineAdapter, progress: ProgressCallback 
         other = "vllm" if fmt == "hf" else "llama.cpp"
         raise ModelError(f"{adapter.display_name} needs {wanted}, but {path.name} is {'GGUF' if fmt == 'gguf' else 'a Hugging Face folder'}",
                          f"use --engine {other} for this model, or `--model demo`")
-    return first_shard(path).resolve() if fmt == "gguf" else path.resolve()
+    if fmt == "gguf":
+        file = gguf_in_folder(path) if path.is_dir() else path
+        return first_shard(absolute(file or path))
+    return absolute(path)
+
+
+def absolute(path: Path) -> Path:
+    """`path` made absolute without following symlinks: a Hub cache snapshot's files are links to blobs named by
+    hash, and only the snapshot's names say which shards make a set (llama-server opens the others by name) and
+    which repo a model is (`model_label`)."""
+    return Path(os.path.abspath(path))
 
 
 def first_shard(path: Path) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 from gguf.constants import GGMLQuantizationType, LlamaFileType
 
 from desktop.core.common.errors import ModelError, SwitchyardError
-from desktop.core.models.gguf_file import GGUF_MAGIC, read_gguf_model, set_stem, tensor_bytes
+from desktop.core.models.gguf_file import GGUF_MAGIC, gguf_in_folder, read_gguf_model, set_stem, tensor_bytes
 from desktop.core.models.gguf_file import _BoundedReader as _BoundedReader  # the reader's API, here too
 from desktop.core.models.gguf_file import read_gguf_header as read_gguf_header
 from desktop.core.models.matmuls import Edges, Weight, edges_of, grouped, weights_of
@@ -187,7 +187,7 @@ def facts_from_gguf(path: str | Path) -> ModelFacts:
         has_output_tensor=has_output or not model.tensors, tie_word_embeddings=not has_output,
         tensor_types=type_counts, tensor_type_bytes=type_bytes, matmuls=grouped(weights_of(named)),
         mapped_edges=tuple(edges_of([(n, tuple(int(d) for d in shape), GGMLQuantizationType(kind).name)
-                                     for n, shape, kind in file]) for file in model.files()), path=str(model.path.resolve()),
+                                     for n, shape, kind in file]) for file in model.files()), path=os.path.abspath(model.path),
         expert_layer_bytes=tuple(experts) if any(experts) else (),
         shards=len(model.shards), notes=[f"a split GGUF: {len(model.shards)} shards, sized together; llama-server "
                                          f"is given the first, {model.path.name}"] if len(model.shards) > 1 else [],
@@ -398,14 +398,14 @@ def _safetensors_bytes(folder: Path) -> int | None:
 def facts_from_hf_folder(folder: Path) -> ModelFacts:
     config = folder / "config.json"
     if not config.is_file():
-        ggufs = sorted(folder.glob("*.gguf"))
-        if ggufs:
-            return facts_from_gguf(ggufs[0])
+        gguf = gguf_in_folder(folder)
+        if gguf is not None:
+            return facts_from_gguf(gguf)
         raise ModelError(f"{folder} has no config.json or .gguf file",
                          "pass a Hugging Face model folder, a config.json or a .gguf file")
     facts = facts_from_config(_load_json(config), name=folder.name, source="hf-folder")
     measured = _safetensors_bytes(folder)
-    changes: dict[str, Any] = {"path": str(folder.resolve()), "hf_dir": str(folder.resolve())}
+    changes: dict[str, Any] = {"path": os.path.abspath(folder), "hf_dir": os.path.abspath(folder)}
     if measured:
         changes["weights_bytes"] = measured
     return _with(facts, **changes)
@@ -424,7 +424,7 @@ def facts_from_path(path: str | Path) -> ModelFacts:
         return facts_from_gguf(target)
     if target.suffix == ".json":
         facts = facts_from_config(_load_json(target), name=target.parent.name or target.stem)
-        return _with(facts, path=str(target.resolve()))
+        return _with(facts, path=os.path.abspath(target))
     raise ModelError(f"{target.name} is neither a GGUF file nor a config.json",
                      "pass a .gguf file, a config.json, a Hugging Face folder or a Hub repo id")
 

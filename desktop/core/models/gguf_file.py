@@ -255,3 +255,24 @@ def read_gguf_model(path: str | Path) -> GgufModel:
 
 def _said(value: Any) -> str:
     return str(value + 1) if isinstance(value, int) else "?"
+
+
+def gguf_in_folder(folder: Path) -> Path | None:
+    """The one GGUF model a folder holds (a Hub cache snapshot of a GGUF repo, a download folder), as the path to
+    hand llama-server: the file, or the first shard of its split set; None when it holds no GGUF. Subfolders count
+    (repos keep large quants in `Q4_K_M/`); `mmproj` projectors are not models. Raises ModelError naming the
+    choices when the folder holds several. Paths keep the folder's names: a snapshot's files are symlinks to blobs
+    whose names say nothing of a split set."""
+    sets: dict[tuple[Path, str], list[Path]] = {}
+    for file in sorted(folder.rglob("*.gguf")):
+        if file.name.lower().startswith("mmproj") or not file.is_file():
+            continue
+        sets.setdefault((file.parent, set_stem(file) if SHARD_NAME.match(file.name) else file.name), []).append(file)
+    if not sets:
+        return None
+    if len(sets) > 1:
+        names = sorted(str(files[0].relative_to(folder)) for files in sets.values())
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        raise ModelError(f"{folder} holds {len(sets)} GGUF models ({shown})",
+                         "name the file to serve (for a split set, any one of its shards)")
+    return min(next(iter(sets.values())))
