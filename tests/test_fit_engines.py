@@ -16,6 +16,8 @@ with `-v` (its buffer lines) and vLLM's CPU build (its KV lines). What is compar
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from desktop.core.engines import get_adapter
@@ -97,3 +99,35 @@ def test_vllm_cpu_fit_against_vllm(vllm_install: EngineInstall, arch: str, ctx: 
     predicted, measured = pairs["weights"]
     assert abs(predicted - measured) <= 0.005 * 2**30 + 0.01 * measured, pairs  # the log's rounding, + 1 %
     assert result.report.max_concurrency_len == ctx
+
+
+@pytest.mark.llamacpp
+def test_a_context_beyond_the_trained_window_is_served_and_sized_as_the_window(  # type: ignore[no-untyped-def]
+        llama_install: EngineInstall, demo_model, tmp_path) -> None:
+    """`serve --ctx 65536` on the demo (trained window 4,096): llama-server would cap each slot at 4,096 whatever -c
+    says, so the plan asks for what it serves: --ctx-size = 4,096 x slots, the KV llama-server allocates for it
+    (the log's cells and bytes), and a note saying so. Expected numbers from the GGUF's own metadata."""
+    import gguf
+
+    from desktop.core.planning.planner import plan_launch
+
+    reader = gguf.GGUFReader(demo_model.gguf_path)
+    arch = reader.fields["general.architecture"].contents()
+    meta = {name: reader.fields[f"{arch}.{name}"].contents()
+            for name in ("context_length", "block_count", "attention.head_count_kv", "embedding_length",
+                         "attention.head_count")}
+    window = int(meta["context_length"])
+    assert window < 65536
+    checked = plan_launch("llama.cpp", "demo", detect(), {"ctx_per_request": 65536})
+    plan, fit = checked.plan, checked.fit
+    assert plan.ctx_per_request == window and plan.llama_ctx_size == window * plan.slots
+    assert f"ctx 65,536 per request asked, {window:,} served" in fit.notes[0], fit.notes
+    kv_width = int(meta["attention.head_count_kv"]) * int(meta["embedding_length"]) // int(meta["attention.head_count"])
+    by_hand = 2 * int(meta["block_count"]) * kv_width * window * plan.slots * 2  # K and V, f16
+    assert fit.breakdown["bytes.kv_cache"] == by_hand
+    result = probe(get_adapter("llama.cpp"), llama_install, plan, timeout=300, log_dir=tmp_path)
+    assert result.started, result.error
+    assert result.argv[result.argv.index("--ctx-size") + 1] == str(window * plan.slots)
+    assert result.report.kv_cells == window, result.report.lines  # the log's cells per slot stream ("4/4 seqs")
+    assert result.report.components["kv_cache"] == by_hand, result.report.lines
+    assert result.log_path and "exceeds the training context" not in Path(result.log_path).read_text()

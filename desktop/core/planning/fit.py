@@ -320,10 +320,7 @@ def llama_gpus(hw: HardwareSnapshot) -> list[GpuInfo]:
 def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> FitResult:
     notes: list[str] = []
     ctx = s.ctx  # the total -c, shared by the slots
-    per_request = ctx // s.parallel
-    if per_request > facts.context_length:
-        notes.append(f"ctx {per_request:,} per request is beyond the model's trained {facts.context_length:,} "
-                     "tokens: quality may drop")
+    per_request = ctx // s.parallel  # at most the trained window (`estimate` caps it, as llama-server does)
     kv_type = s.kv_type.lower()
     gpus = llama_gpus(hw)
     if len(gpus) < len([g for g in hw.gpus if g.memory_total_bytes > 0]):
@@ -656,11 +653,18 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
     plan = replace(plan, engine=key)
     if plan.dtype == "auto":
         plan = replace(plan, dtype=launch_dtype(key, demo=facts.source == "demo", cuda=bool(hardware.cuda_gpus)))
+    llama = sizing_of(key) == "llama.cpp"
+    capped = plan.ctx_per_request if llama and plan.ctx_per_request > facts.context_length else 0
+    if capped:  # llama-server serves a slot no more than the trained window (server-context.cpp "- capping")
+        plan = replace(plan, ctx_per_request=facts.context_length)
     settings = FitSettings.of(plan, quant, cuda_graphs_in_budget)
     settings.validate()
-    if sizing_of(key) == "llama.cpp":
+    if llama:
         # the prompt cache's host RAM (--cache-ram) counted beside the engine's own (planning/promptcache.py)
         result = promptcache.count(replace(_estimate_llama(facts, hardware, settings), engine=key), plan, hardware)
+        if capped:
+            result.notes.insert(0, f"ctx {capped:,} per request asked, {facts.context_length:,} served: the model's "
+                                "trained window, where llama-server caps each slot; KV sized for that")
         kv_type = str(result.settings["kv_type"])
         quantized_v = kv_type not in ("f16", "f32", "bf16")
         # -fa stays auto (on, as the fit assumes) unless set, or a quantized V cache needs it on for certain
