@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                                     "max_num_seqs (default 256)")
     p_fit.add_argument("--kv-type", help="llama.cpp KV cache type: f16 (default), q8_0, q4_0 ...")
     p_fit.add_argument("--gpu-layers", type=N.non_negative, help="llama.cpp -ngl (default: as many as fit)")
-    p_fit.add_argument("--util", type=N.fraction, default=0.9, help="vLLM gpu_memory_utilization (default 0.9)")
+    p_fit.add_argument("--util", type=N.fraction, help="vLLM gpu_memory_utilization (default: what a launch asks: "
+                                                       "0.9, or less where other processes hold GPU memory)")
     p_fit.add_argument("--max-num-seqs", type=N.count, help="vLLM max_num_seqs (same as --parallel)")
     p_fit.add_argument("--max-num-batched-tokens", type=N.count, help="vLLM max_num_batched_tokens")
     p_fit.add_argument("--kv-cache-dtype", help="vLLM kv_cache_dtype: auto (default) or fp8")

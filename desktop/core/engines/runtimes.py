@@ -442,7 +442,9 @@ def choose_llamacpp_build(
     The Linux CPU build stays the source build from PyPI (no GitHub at all; CI and a fresh checkout rely on it),
     and Linux CUDA can only be a source build. Raises SwitchyardError for a variant this platform cannot have.
     """
-    toolchain = toolchain if toolchain is not None else Toolchain.detect()
+    # the compilers the snapshot recorded (`detect` records this machine's), so that `engines install` on a snapshot
+    # names the build the fit planned for it (fit.backend_for), not the one this machine could compile
+    toolchain = toolchain if toolchain is not None else Toolchain.of(hardware)
     plat = Platform.of(hardware)
     gpu = primary_gpu(hardware)
     notes: list[str] = []

@@ -657,6 +657,8 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
     capped = plan.ctx_per_request if llama and plan.ctx_per_request > facts.context_length else 0
     if capped:  # llama-server serves a slot no more than the trained window (server-context.cpp "- capping")
         plan = replace(plan, ctx_per_request=facts.context_length)
+    if not llama and plan.gpu_memory_utilization is None and hardware.cuda_gpus:  # what a launch would ask
+        plan = replace(plan, gpu_memory_utilization=vllm_utilization(hardware))
     settings = FitSettings.of(plan, quant, cuda_graphs_in_budget)
     settings.validate()
     if llama:
@@ -736,7 +738,7 @@ def quick_verdict(engine: str, weights_bytes: int, config: dict[str, Any] | None
     gpus = hardware.cuda_gpus if key == "vllm" else hardware.gpus
     gpu_free = sum(g.memory_free_bytes for g in gpus)
     if key == "vllm":
-        budget = sum(g.memory_total_bytes for g in gpus) * VLLM_DEFAULT_UTILIZATION
+        budget = sum(g.memory_total_bytes for g in gpus) * vllm_utilization(hardware)
         return "yes" if gpus and need <= min(budget, gpu_free) else "no"
     if gpus and need <= gpu_free:
         return "yes"
