@@ -34,6 +34,7 @@ from desktop.core.models.facts import (
     facts_from_config,
 )
 from desktop.core.models.quants import vllm_capability_note, vllm_capability_refusal
+from desktop.core.planning import moe as experts_in_ram
 from desktop.core.planning import promptcache
 from desktop.core.planning import repack as repacking
 from desktop.core.planning.devices import pin_devices
@@ -41,7 +42,6 @@ from desktop.core.planning.weights import (
     CHECKPOINT_QUANTS,
     DTYPE_BYTES,
     VLLM_QUANTS,
-    llama_expert_bytes,
     llama_weight_bytes,
     vllm_weight_bytes,
 )
@@ -381,41 +381,26 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         room = gpu_free - fixed
         return max(0, min(n_layers, math.floor(room / (per_layer_w + per_layer_kv)))) if room > 0 else 0
 
-    # A MoE that does not fit whole keeps every layer on the GPU and only the experts of the first K layers in RAM
-    # (--n-cpu-moe K): attention, KV and routing stay on the GPU, only those layers' sparse expert matmuls run on
-    # the CPU. Pointless on unified memory (one pool).
-    experts = [] if hw.has_unified_memory else llama_expert_bytes(facts, weights, quant)
-    if s.n_cpu_moe is not None and not experts:
-        notes.append("--n-cpu-moe has no effect here: the model has no MoE expert tensors")
-    n_cpu_moe = min(s.n_cpu_moe or 0, n_layers) if experts else 0
-    if s.gpu_layers is not None:
-        layers = min(s.gpu_layers, n_layers + 1)
-    elif s.n_cpu_moe is not None and experts:  # asked for (0 too): every layer on the GPU, those experts not
-        layers = n_layers + 1
-    elif full_gpu <= gpu_free:
-        layers = n_layers + 1
-    elif experts and full_gpu - sum(experts) <= gpu_free:
-        layers = n_layers + 1
-        n_cpu_moe = next(k for k in range(1, n_layers + 1) if full_gpu - sum(experts[:k]) <= gpu_free)
-    else:
-        layers = layers_that_fit()
+    # a MoE keeps the experts of some layers in RAM, every layer on the GPU (planning/moe.py)
+    moe = experts_in_ram.place(facts, hw, weights, quant, n_cpu_moe=s.n_cpu_moe, gpu_layers=s.gpu_layers,
+                               full_gpu=full_gpu, gpu_free=gpu_free, layers_that_fit=layers_that_fit, notes=notes)
+    layers = moe.gpu_layers
     on_gpu_layers = min(layers, n_layers)
-    # -ngl N puts the last N layers on the GPU; --n-cpu-moe K moves the experts of the first K of all layers
-    moved = sum(experts[i] for i in range(n_cpu_moe) if i >= n_layers - on_gpu_layers)
+    moved = moe.moved(on_gpu_layers)
     gpu_used = int(on_gpu_layers * (per_layer_w + per_layer_kv) + fixed + (output if layers > n_layers else 0)) - moved
     cpu_part = int((n_layers - on_gpu_layers) * (per_layer_w + per_layer_kv) + embed
                    + (output if layers <= n_layers else 0)) + moved
     cpu_layers = n_layers - on_gpu_layers
-    experts_on_cpu = sum(experts[:cpu_layers]) + moved
-    copy = rep.on_cpu(cpu_layers / n_layers, experts_on_cpu / sum(experts) if experts else cpu_layers / n_layers,
+    expert_share = moe.expert_share(cpu_layers, moved)
+    copy = rep.on_cpu(cpu_layers / n_layers, cpu_layers / n_layers if expert_share is None else expert_share,
                       head=layers <= n_layers)
     cpu_part += copy
     breakdown.update({"gpu_used": _gib(gpu_used), "cpu_ram": _gib(cpu_part), "repacked": _gib(copy),
                       "bytes.repacked": float(copy)})
     if copy:
         notes.append(repacking.note(copy, rep))
-    if n_cpu_moe:
-        settings["n_cpu_moe"] = n_cpu_moe
+    if moe.n_cpu_moe:
+        settings["n_cpu_moe"] = moe.n_cpu_moe
         breakdown["experts_in_ram"] = _gib(moved)
     if gpu_used > gpu_free:
         verdict = "no"
@@ -426,14 +411,12 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         verdict = "no"
         notes.append(f"unified memory: {_gib(gpu_used):.2f} GiB on the GPU + {_gib(cpu_part):.2f} GiB for the CPU "
                      f"part is more than the {_gib(hw.ram_available_bytes):.2f} GiB of RAM available (one pool)")
-    elif n_cpu_moe and cpu_part > hw.ram_available_bytes:
+    elif moe.any_in_ram and cpu_part > hw.ram_available_bytes:
         verdict = "no"
-        notes.append(f"the experts of {n_cpu_moe} layers ({_gib(moved):.2f} GiB) do not fit in free RAM either")
-    elif layers > n_layers and n_cpu_moe:
+        notes.append(moe.no_room_note(moved))
+    elif layers > n_layers and moe.any_in_ram:
         verdict = "partial"
-        notes.insert(0, f"partial: experts of {n_cpu_moe} layers in RAM (--n-cpu-moe {n_cpu_moe}, "
-                        f"{_gib(moved):.2f} GiB); every layer's attention, KV and routing on the GPU, only those "
-                        "layers' expert matmuls on the CPU")
+        notes.insert(0, moe.partial_note(moved))
     elif layers > n_layers:
         verdict = "yes"
     elif cpu_part > hw.ram_available_bytes:
