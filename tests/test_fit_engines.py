@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineInstall, LaunchPlan
@@ -125,6 +126,9 @@ def test_a_context_beyond_the_trained_window_is_served_and_sized_as_the_window( 
     kv_width = int(meta["attention.head_count_kv"]) * int(meta["embedding_length"]) // int(meta["attention.head_count"])
     by_hand = 2 * int(meta["block_count"]) * kv_width * window * plan.slots * 2  # K and V, f16
     assert fit.breakdown["bytes.kv_cache"] == by_hand
+    told = run_cli("serve", "--model", "demo", "--engine", "llama.cpp", "--ctx", "65536", "--dry-run", "--no-install")
+    assert told.returncode == 0 and f"--ctx-size {window * plan.slots} " in told.stdout, told.stdout + told.stderr
+    assert f"note: ctx 65,536 per request asked, {window:,} served" in told.stdout, told.stdout
     result = probe(get_adapter("llama.cpp"), llama_install, plan, timeout=300, log_dir=tmp_path)
     assert result.started, result.error
     assert result.argv[result.argv.index("--ctx-size") + 1] == str(window * plan.slots)

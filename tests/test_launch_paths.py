@@ -258,24 +258,24 @@ def test_switch_and_standby_launch_the_planners_plans(proxy: ProxyServer) -> Non
 
 
 def test_switch_after_an_auto_fit_retry_carries_no_llamacpp_field_to_vllm(proxy: ProxyServer) -> None:
-    endpoint = manager(proxy, DESKTOP, auto_fit=True)
-    Recorded.fail_ctx_above = 4096
+    endpoint = manager(proxy, DESKTOP, auto_fit=True)  # the demo's trained window is 4,096: asks within it
+    Recorded.fail_ctx_above = 2048
     try:
-        endpoint.start(ask("llama.cpp", "demo", {"ctx_per_request": 8192, "slots": 2}))
+        endpoint.start(ask("llama.cpp", "demo", {"ctx_per_request": 4096, "slots": 2}))
         first, retry = Recorded.launched
-        assert first.plan.ctx_per_request == 8192 and retry.plan.ctx_per_request == 4096
+        assert first.plan.ctx_per_request == 4096 and retry.plan.ctx_per_request == 2048
         assert retry.plan.kv_cache_type == "q8_0" and "q8_0" in retry.argv  # the retry quantized the KV cache
         assert endpoint.active is not None and endpoint.active.retried
         # the retry is the planner's plan for those asks
         assert argv(retry.plan) == argv(plan_launch("llama.cpp", "demo", DESKTOP, {
-            "ctx_per_request": 4096, "slots": 2, "kv_cache_type": "q8_0",
+            "ctx_per_request": 2048, "slots": 2, "kv_cache_type": "q8_0",
             "gpu_layers": retry.plan.gpu_layers}).plan)
         Recorded.fail_ctx_above = None
         endpoint.switch("vllm")
         vllm = Recorded.launched[-1]
         no_llama_fields(vllm.plan)
         assert "--kv-cache-dtype" not in vllm.argv and "q8_0" not in vllm.argv and "--n-gpu-layers" not in vllm.argv
-        assert argv(vllm.plan) == argv(plan_launch("vllm", "demo", DESKTOP, {"ctx_per_request": 4096,
+        assert argv(vllm.plan) == argv(plan_launch("vllm", "demo", DESKTOP, {"ctx_per_request": 2048,
                                                                              "slots": 2}).plan)
     finally:
         endpoint.close()

@@ -87,6 +87,8 @@ def print_described(described: dict[str, Any], name: str | None = None) -> None:
     fit = described["fit"]
     print(f"fits: {fit['fits']} on {fit['device']}: {fit['total_gib']:.2f} GiB of "
           f"{fit['available_gib']:.2f} GiB (weights {fit['weights_gib']:.2f}, KV {fit['kv_cache_gib']:.2f})")
+    for note in fit.get("notes") or ():
+        print(f"  note: {note}")
 
 
 def capability_lines(rows: list[dict[str, Any]], roles: dict[str, str]) -> list[str]:

@@ -191,7 +191,11 @@ def checked_plan(args: argparse.Namespace, hardware: HardwareSnapshot) -> Checke
     """The planner's checked plan for the flags on `hardware`, or its refusal (one line with the fix)."""
     from desktop.core.planning.planner import plan_launch
 
-    return plan_launch(args.engine, args.model, hardware, plan_asks(args), progress=stderr_progress)
+    checked = plan_launch(args.engine, args.model, hardware, plan_asks(args), progress=stderr_progress)
+    if not getattr(args, "dry_run", False):  # a dry run prints them with the plan
+        for note in checked.fit.notes:
+            print(f"note: {note}", file=sys.stderr)
+    return checked
 
 
 def _print_described(described: dict[str, Any], as_json: bool, name: str | None = None) -> None:
