@@ -38,10 +38,11 @@ QWEN3_INSTRUCT_2507 = "{%- if tools %}<tools>{% endif %}<tool_call>\n{{ tool_cal
 QWEN3_CODER = "<tool_call>\n<function={{ tool_call.name }}>\n<parameter={{ name }}>"
 QWQ = "<tool_call>{{ tool_call | tojson }}</tool_call>{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n"
 GPT_OSS = "<|start|>assistant<|channel|>analysis<|message|>"
-LLAMA31 = "<|start_header_id|>ipython<|end_header_id|>Environment: ipython<|python_tag|>"
+LLAMA31 = "Given the following functions, please respond with a JSON for a function call with its proper arguments"
 MISTRAL = "[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS][TOOL_CALLS]"
 MAGISTRAL = MISTRAL + "[THINK]"
 R1_DISTILL = "{{ '<｜User｜>' + content }}{{ '<｜Assistant｜><think>\\n' }}"
+R1 = R1_DISTILL + "{{ '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' }}"
 
 
 @pytest.mark.parametrize("arch, template, tool, reasoning", [
@@ -56,6 +57,9 @@ R1_DISTILL = "{{ '<｜User｜>' + content }}{{ '<｜Assistant｜><think>\\n' }}"
     ("llama", MISTRAL, "mistral", None),
     ("mistral3", MAGISTRAL, "mistral", "mistral"),
     ("qwen2", R1_DISTILL, None, "deepseek_r1"),
+    ("qwen2", R1, None, "deepseek_r1"),  # a distill's template carries R1's tool markers: still no tool parser
+    ("deepseek2", R1, "deepseek_v3", "deepseek_r1"),  # the full R1 (GGUF architecture of DeepSeek V2/V3/R1)
+    ("deepseek_v3", R1, "deepseek_v3", "deepseek_r1"),
     ("glm4moe", "", "glm45", "glm45"),
     ("llama", demo.CHAT_TEMPLATE, "hermes", None),
 ])
@@ -63,6 +67,45 @@ def test_families_get_the_parsers_of_vllms_recipes(arch: str, template: str, too
                                                     reasoning: str | None) -> None:
     chosen = choose(arch, template)
     assert (chosen.tool, chosen.reasoning) == (tool, reasoning), chosen.family
+
+
+# Families llama.cpp ships no template of (tests/test_parser_tables.py covers those it does): recognised by their
+# architecture, or by the marker their vLLM parser reads (vllm/tool_parsers/*, vllm/parser/*).
+@pytest.mark.parametrize("arch, template, tool, reasoning", [
+    ("jamba", "", "jamba", None),
+    ("internlm2", "", "internlm", None),
+    ("llama", "<|action_start|><|plugin|>\n{{ call | tojson }}<|action_end|>", "internlm", None),
+    ("hunyuan-moe", "", "hunyuan_a13b", "hunyuan_a13b"),
+    ("olmo3", "<function_calls>{{ calls }}</function_calls>", "olmo3", None),
+    ("olmo3", "<function_calls>{{ calls }}</function_calls><think>", "olmo3", "olmo3"),
+    ("longcat_flash", "", "longcat", None),
+    ("phi3", "<|system|>{{ system }}<|tool|>{{ tools }}<|/tool|><|end|>", "phi4_mini_json", None),
+    ("phi3", "<|system|>{{ system }}<|end|>", None, None),  # Phi-3.5: no tools
+    ("gemma3", "<start_function_call>call:{{ name }}{<end_function_call>", "functiongemma", None),
+    ("dots1", "<dots_function_call>", "dots", None),
+    ("gpt_bigcode", "<function_call> {{ call | tojson }}", "granite-20b-fc", None),
+    ("llama", "<ifm|tool_calls>", "k2_horizon", "k2_horizon"),
+    ("llama", "<|content_invoke_tool_json|>", "inkling", "inkling"),
+    ("plamo3", "", "plamo3", "plamo3"),
+    ("step3_vl", "", "step3", "step3"),
+    ("mimo_v2", "", "mimo", "mimo"),
+    ("ernie4_5_moe", "<think>", "ernie45", "ernie45"),
+    ("llama4", "", "llama4_pythonic", None),
+    ("granite", "<|start_of_role|>available_tools<|end_of_role|><|tool_call|>", "granite", None),
+    ("granite", "<|start_of_role|>... Here is my thought process: ... <|tool_call|>", "granite", "granite"),
+    ("granite", "<|start_of_role|><tool_call>\n<function=x>\n<parameter=y><think>", "qwen3_coder",
+     "granite_thinking_parser"),
+])
+def test_families_without_a_llama_cpp_template_are_recognised(arch: str, template: str, tool: str | None,
+                                                              reasoning: str | None) -> None:
+    chosen = choose(arch, template)
+    assert (chosen.tool, chosen.reasoning) == (tool, reasoning), chosen.family
+
+
+def test_a_family_without_a_tool_parser_says_why_in_the_note() -> None:
+    distill = choose("qwen2", R1)
+    assert distill.note is not None and "R1 series without tool calling" in distill.note
+    assert "cohere_melody" in (choose("cohere2", "<|START_ACTION|>").note or "")
 
 
 def test_an_unknown_model_gets_no_parser_and_a_note_naming_the_override() -> None:
