@@ -22,10 +22,12 @@ SNAPDIR = Path(__file__).parent / "snapshots"
 def test_counted_flags_become_plan_fields_and_the_rest_pass_through() -> None:
     assert plan_fields_from_args("llama.cpp", ["--n-cpu-moe", "4"]) == {"n_cpu_moe": 4}
     assert plan_fields_from_args("llama.cpp", ["--cpu-moe"]) == {"n_cpu_moe": ALL_LAYERS}
-    assert plan_fields_from_args("llama.cpp", ["-ot", r"\.ffn_.*_exps\.=CPU"]) == {"n_cpu_moe": ALL_LAYERS}
+    # -ot rules are kept as typed, each one; the fit reads them against the model's tensors (test_moe_offload)
+    assert plan_fields_from_args("llama.cpp", ["-ot", r"\.ffn_.*_exps\.=CPU", "--override-tensor", "a=CPU,b=CUDA0"]) \
+        == {"override_tensors": (r"\.ffn_.*_exps\.=CPU", "a=CPU,b=CUDA0")}
     assert plan_fields_from_args("llama.cpp", ["-ctk", "q8_0", "-ctv", "q8_0"]) == {"kv_cache_type": "q8_0"}
     assert plan_fields_from_args("llama.cpp", ["--mmproj", "m.gguf", "--no-mmap", "-ot", "blk.1=CUDA0"]) == {
-        "extra_args": ("--mmproj", "m.gguf", "--no-mmap", "-ot", "blk.1=CUDA0")}
+        "extra_args": ("--mmproj", "m.gguf", "--no-mmap"), "override_tensors": ("blk.1=CUDA0",)}
     assert plan_fields_from_args("llama.cpp", ["-fa", "off", "-ub", "256"]) == {"flash_attn": False, "ubatch": 256}
     assert plan_fields_from_args("vllm", ["--cpu-offload-gb", "8", "--enforce-eager", "--seed=3"]) == {
         "cpu_offload_gb": 8.0, "eager": True, "extra_args": ("--seed=3",)}
@@ -40,6 +42,17 @@ def test_counted_flags_become_plan_fields_and_the_rest_pass_through() -> None:
     ("llama.cpp", ["--port=8080"], "the endpoint"),
     ("vllm", ["--max-model-len", "9"], "--ctx"),
     ("vllm", ["--tool-call-parser", "hermes"], "--tool-parser"),
+    # the spellings each engine's parser reads as the same flag: llama-server `_` for `-` in a `--` name
+    # (common/arg.cpp); vLLM's FlexibleArgumentParser the same, `-x=V` and `-xV`, and argparse's abbreviations
+    ("llama.cpp", ["--ctx_size", "9"], "--ctx"),
+    ("llama.cpp", ["--n_gpu_layers=5"], "--gpu-layers"),
+    ("vllm", ["--max_model_len", "9"], "--ctx"),
+    ("vllm", ["--gpu_memory_utilization=0.99"], "--util"),
+    ("vllm", ["--max-model", "9"], "--ctx"),
+    ("vllm", ["--served_model_name", "x"], "the endpoint's model name"),
+    ("vllm", ["-tp=2"], "--tp"),
+    ("vllm", ["-qfp8"], "the plan's quantization"),
+    ("vllm", ["--no-enable-auto-tool-choice"], "--tool-parser"),
 ])
 def test_flags_the_plan_owns_are_refused_naming_what_sets_them(engine: str, args: list[str], instead: str) -> None:
     with pytest.raises(SwitchyardError) as refused:
@@ -48,9 +61,46 @@ def test_flags_the_plan_owns_are_refused_naming_what_sets_them(engine: str, args
     assert (refused.value.hint or "").startswith(f"use {instead}")
 
 
+def test_a_refusal_names_the_spelling_typed_and_the_flag_it_is() -> None:
+    with pytest.raises(SwitchyardError) as refused:
+        plan_fields_from_args("vllm", ["--gpu_memory_utilization=0.99"])
+    assert refused.value.message.startswith("--gpu_memory_utilization (read as --gpu-memory-utilization) is set by")
+    with pytest.raises(SwitchyardError) as abbreviated:
+        plan_fields_from_args("vllm", ["--max_model", "9"])
+    assert abbreviated.value.message.startswith("--max_model (vLLM's abbreviation of --max-model-len) is set by")
+    with pytest.raises(SwitchyardError, match="abbreviation vLLM would read as any of"):
+        plan_fields_from_args("vllm", ["--enable", "x"])
+
+
+def test_counted_flags_are_counted_under_every_spelling_the_engine_reads() -> None:
+    assert plan_fields_from_args("vllm", ["--cpu_offload_gb", "8"]) == {"cpu_offload_gb": 8.0}
+    assert plan_fields_from_args("vllm", ["--cpu_offload_gb=8", "--kv_cache_dtype", "fp8", "--enforce_eager"]) == {
+        "cpu_offload_gb": 8.0, "kv_cache_type": "fp8", "eager": True}
+    assert plan_fields_from_args("vllm", ["--no-enforce-eager"]) == {"eager": False}
+    assert plan_fields_from_args("llama.cpp", ["--n_cpu_moe", "2", "--override_tensor", "exps=CPU", "--cpu_moe"]) \
+        == {"n_cpu_moe": ALL_LAYERS, "override_tensors": ("exps=CPU",)}
+    # what is passed through stays as typed (the engine reads its own spelling); vLLM's dotted keys keep theirs
+    assert plan_fields_from_args("vllm", ["--compilation_config.mode", "3", "--seed=3"]) == {
+        "extra_args": ("--compilation_config.mode", "3", "--seed=3")}
+    assert plan_fields_from_args("llama.cpp", ["--no_mmap"]) == {"extra_args": ("--no_mmap",)}
+
+
+def test_vllm_cpu_offload_under_its_underscore_name_reaches_the_fit_and_the_argv() -> None:
+    model = str(Path(__file__).parent / "fixtures" / "models" / "llama8b-bf16")
+    result = run_cli("serve", "--engine", "vllm", "--model", model, "--hardware", str(SNAPDIR / "h100_80gb.json"),
+                     "--dry-run", "--json", "--", "--cpu_offload_gb", "8")
+    assert result.returncode == 0, result.stderr
+    described = json.loads(result.stdout)
+    argv = described["argv"]
+    assert argv[argv.index("--cpu-offload-gb") + 1] == "8" and "--cpu_offload_gb" not in argv
+    assert any(note.startswith("--cpu-offload-gb 8: 8.00 GiB of weights per GPU stay in RAM")
+               for note in described["fit"]["notes"])
+    assert "not accounted" not in json.dumps(described["fit"]["notes"])
+
+
 def test_differing_k_and_v_types_and_bad_values_are_refused() -> None:
     for args in (["-ctk", "q8_0", "-ctv", "q4_0"], ["--n-cpu-moe", "many"], ["--n-cpu-moe"], ["model.gguf"],
-                 ["-fa", "maybe"]):
+                 ["-fa", "maybe"], ["-ot", "exps"], ["-ot", "exps=CPU,token_embd"], ["-ot"]):
         with pytest.raises(SwitchyardError):
             plan_fields_from_args("llama.cpp", args)
     with pytest.raises(SwitchyardError, match="--cpu-offload-gb takes a number of GiB"):
@@ -73,6 +123,9 @@ def test_serve_passes_n_cpu_moe_to_the_argv_and_the_fit() -> None:
     fit = json.dumps(described)
     assert "--n-cpu-moe has no effect here" in fit and "not accounted by the fit: --no-mmap" in fit
     assert "--n-cpu-moe" not in argv
+    ruled = dry_run("--", "-ot", "exps=CPU")  # no expert tensor in a dense model: said, and kept as typed
+    assert ruled["argv"][ruled["argv"].index("-ot") + 1] == "exps=CPU"  # type: ignore[union-attr,index]
+    assert "-ot exps=CPU matches no tensor of this model" in json.dumps(ruled)
 
 
 def test_serve_refuses_an_owned_flag_naming_the_option() -> None:
@@ -95,6 +148,9 @@ def test_a_moe_gets_the_asked_experts_in_ram(tmp_path: Path) -> None:
     assert everything.plan.n_cpu_moe == 4  # --cpu-moe: every one of the model's 4 layers
     other = replan(checked.plan, hardware, engine="vllm", model="demo")
     assert other.plan.n_cpu_moe is None and "--no-mmap" not in other.plan.extra_args  # no flags carried over
+    ruled = plan_launch("llama.cpp", str(model), hardware, plan_fields_from_args("llama.cpp", ["-ot", "exps=CPU"]))
+    assert replan(ruled.plan, hardware).plan.override_tensors == ("exps=CPU",)  # a reload keeps the rule
+    assert replan(ruled.plan, hardware, model="demo").plan.override_tensors == ()  # another model's tensors differ
 
 
 def test_models_yaml_args_are_read_and_owned_flags_refused() -> None:

@@ -156,3 +156,123 @@ def test_a_hub_listing_tags_a_moe_that_fits_with_experts_in_ram() -> None:
                          HardwareSnapshot.load(SNAPDIR / "h100_80gb.json")) == "yes"
     dense = json.loads((HERE / "fixtures" / "models" / "llama70b-bf16" / "config.json").read_text())
     assert quick_verdict("llama.cpp", int(42e9), dense, HardwareSnapshot.load(SNAPDIR / "rtx4090.json")) == "partial"
+
+
+# --- -ot rules: read as llama-server reads them, counted per tensor, kept verbatim ---------------------------
+def hand_expert_bytes(path: Path, layers: set[int], kinds: tuple[str, ...] = ("gate", "up", "down")) -> int:
+    """The bytes of the named layers' expert tensors, straight from the GGUF with gguf-py (not through facts)."""
+    import gguf
+
+    wanted = {f"blk.{layer}.ffn_{kind}_exps.weight" for layer in layers for kind in kinds}
+    found = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if t.name in wanted}
+    assert len(found) == len(wanted)
+    return sum(found.values())
+
+
+def checked_with(moe_gguf: Path, snapshot: str, *flags: str) -> Any:
+    from desktop.core.engines.engine_args import plan_fields_from_args
+    from desktop.core.planning.planner import plan_launch
+
+    return plan_launch("llama.cpp", str(moe_gguf), HardwareSnapshot.load(SNAPDIR / f"{snapshot}.json"),
+                       plan_fields_from_args("llama.cpp", list(flags)))
+
+
+def argv_of(plan: Any) -> list[str]:
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.base import EngineInstall
+
+    return get_adapter("llama.cpp").build_command(plan, EngineInstall("llama.cpp", "x", "p", Path("/x/s"))).argv
+
+
+def test_a_per_layer_ot_rule_puts_exactly_those_layers_experts_in_ram_and_stays_in_the_argv(moe_gguf: Path) -> None:
+    rule = r"blk\.(0|1)\.ffn_.*_exps\.weight=CPU"
+    whole = checked_with(moe_gguf, "rtx4090")
+    assert whole.fit.fits == "yes" and "experts_in_ram" not in whole.fit.breakdown  # it fits whole unasked
+    checked = checked_with(moe_gguf, "rtx4090", "-ot", rule)
+    fit = checked.fit
+    assert fit.settings["experts_in_ram_layers"] == [0, 1]
+    assert fit.breakdown["bytes.experts_in_ram"] == hand_expert_bytes(moe_gguf, {0, 1}) == 6 * 1_114_112
+    assert fit.fits == "partial" and fit.gpu_layers == 5  # every layer on the GPU, those experts in RAM
+    assert fit.notes[0].startswith(f"partial: experts of layers 0-1 in RAM (-ot {rule},")
+    assert checked.plan.n_cpu_moe is None  # no hidden translation: the rule is the one source
+    argv = argv_of(checked.plan)
+    assert argv[argv.index("-ot") + 1] == rule and "--n-cpu-moe" not in argv
+    assert not any(note.startswith("not accounted") for note in fit.notes)
+
+
+def test_every_expert_is_counted_and_token_embd_named_not_accounted(moe_gguf: Path) -> None:
+    checked = checked_with(moe_gguf, "rtx4090", "-ot", "exps=CPU,token_embd=CPU")
+    fit = checked.fit
+    assert fit.breakdown["bytes.experts_in_ram"] == hand_expert_bytes(moe_gguf, {0, 1, 2, 3})
+    assert fit.settings["experts_in_ram_layers"] == [0, 1, 2, 3]
+    assert any(note.startswith("not accounted by the fit: -ot token_embd=CPU") for note in fit.notes)
+    argv = argv_of(checked.plan)
+    assert argv[argv.index("-ot") + 1] == "exps=CPU,token_embd=CPU"
+
+
+def test_layers_that_are_no_prefix_single_tensors_and_n_cpu_moe_add_up(moe_gguf: Path) -> None:
+    facts = facts_from_gguf(moe_gguf)
+    plan = sizing_plan("llama.cpp", ctx_per_request=2048, slots=1)
+    hardware = HardwareSnapshot.load(SNAPDIR / "rtx4090.json")
+    skipping = estimate(facts, hardware, replace(plan, override_tensors=(r"blk\.(1|3)\.ffn_.*_exps=CPU",)))
+    assert skipping.settings["experts_in_ram_layers"] == [1, 3]
+    assert skipping.breakdown["bytes.experts_in_ram"] == hand_expert_bytes(moe_gguf, {1, 3})
+    # --n-cpu-moe 1 (layer 0) and the down projection of layer 2 by a rule: llama-server applies both
+    both = estimate(facts, hardware, replace(plan, n_cpu_moe=1, override_tensors=(r"blk\.2\.ffn_down_exps=CPU",)))
+    assert both.breakdown["bytes.experts_in_ram"] == \
+        hand_expert_bytes(moe_gguf, {0}) + hand_expert_bytes(moe_gguf, {2}, ("down",))
+    assert both.notes[0].startswith("partial: experts of layer 0 and some experts of layer 2 in RAM "
+                                    r"(--n-cpu-moe 1, -ot blk\.2\.ffn_down_exps=CPU")
+    # -ngl 2 puts layers 2 and 3 on the GPU: of layers 1 and 3's experts only layer 3's leave it
+    split = estimate(facts, hardware, replace(plan, gpu_layers=2, override_tensors=(r"blk\.(1|3)\.ffn_.*_exps=CPU",)))
+    assert split.breakdown["bytes.experts_in_ram"] == hand_expert_bytes(moe_gguf, {3})
+    # a what-if quantization: the same layers' experts, at that size (what --n-cpu-moe 2 keeps there too)
+    rule = replace(plan, override_tensors=(r"blk\.(0|1)\.ffn_.*_exps=CPU",))
+    what_if = estimate(facts, hardware, rule, quant="Q4_K_M").breakdown["bytes.experts_in_ram"]
+    assert what_if == estimate(facts, hardware, replace(plan, n_cpu_moe=2), quant="Q4_K_M").breakdown[
+        "bytes.experts_in_ram"] != hand_expert_bytes(moe_gguf, {0, 1})
+
+
+def test_rules_the_fit_does_not_count_are_named(moe_gguf: Path) -> None:
+    facts = facts_from_gguf(moe_gguf)
+    plan = sizing_plan("llama.cpp", ctx_per_request=2048, slots=1,
+                       override_tensors=(r"blk\.1\.=CPU,blk\.2\.ffn_down_exps=CUDA0,nothing=CPU",))
+    result = estimate(facts, HardwareSnapshot.load(SNAPDIR / "rtx4090.json"), plan)
+    assert result.breakdown["bytes.experts_in_ram"] == hand_expert_bytes(moe_gguf, {1})  # layer 1's experts only
+    assert "-ot nothing=CPU matches no tensor of this model that an earlier rule has not taken" in result.notes
+    unaccounted = next(note for note in result.notes if note.startswith("not accounted by the fit: "))
+    assert r"-ot blk\.1\.=CPU (it also sends blk.1.attn_norm.weight" in unaccounted
+    assert r"-ot blk\.2\.ffn_down_exps=CUDA0 (tensors to CUDA0" in unaccounted
+
+
+def test_n_cpu_moe_and_rules_on_a_cpu_plan_are_said_to_do_nothing(moe_gguf: Path) -> None:
+    checked = checked_with(moe_gguf, "cpu_laptop", "--n-cpu-moe", "2", "-ot", "exps=CPU")
+    notes = checked.fit.notes
+    assert "--n-cpu-moe has no effect here: the plan runs on the CPU, where every expert is already" in notes
+    assert "-ot exps=CPU has no effect here: the plan runs on the CPU" in notes
+    assert checked.plan.n_cpu_moe is None and "--n-cpu-moe" not in argv_of(checked.plan)
+
+
+def test_a_rule_on_config_only_facts_counts_those_layers_at_the_what_if_size() -> None:
+    """gpt-oss-120b at MXFP4 from its config (no file): each layer's experts are E = 1,692,057,600 bytes (the
+    golden test above); a rule for layers 0, 1 and 35 keeps 3 E in RAM."""
+    facts = facts_from_config(GPT_OSS_120B)
+    plan = sizing_plan("llama.cpp", ctx_per_request=8192, slots=1,
+                       override_tensors=(r"blk\.(0|1|35)\.ffn_(up|down|gate)_exps=CPU",))
+    result = estimate(facts, HardwareSnapshot.load(SNAPDIR / "h100_80gb.json"), plan, quant="MXFP4")
+    assert result.settings["experts_in_ram_layers"] == [0, 1, 35]
+    assert result.breakdown["bytes.experts_in_ram"] == pytest.approx(3 * 1_692_057_600, abs=3)
+
+
+def test_the_first_rule_that_matches_a_tensor_wins_as_in_llama_server(moe_gguf: Path) -> None:
+    """llama-model-loader.cpp stops at the first override whose pattern regex_search finds: layer 0's experts
+    stay on CUDA0 by the first part, the other layers' go to the CPU by the second."""
+    facts = facts_from_gguf(moe_gguf)
+    plan = sizing_plan("llama.cpp", ctx_per_request=2048, slots=1,
+                       override_tensors=(r"blk\.0\.ffn_.*_exps=CUDA0,exps=CPU",))
+    result = estimate(facts, HardwareSnapshot.load(SNAPDIR / "rtx4090.json"), plan)
+    assert result.settings["experts_in_ram_layers"] == [1, 2, 3]
+    assert result.breakdown["bytes.experts_in_ram"] == hand_expert_bytes(moe_gguf, {1, 2, 3})
+    # --n-cpu-moe's own rules come first in the argv: with it, layer 0's experts are in RAM after all
+    first = estimate(facts, HardwareSnapshot.load(SNAPDIR / "rtx4090.json"), replace(plan, n_cpu_moe=1))
+    assert first.breakdown["bytes.experts_in_ram"] == hand_expert_bytes(moe_gguf, {0, 1, 2, 3})

@@ -82,6 +82,9 @@ class LaunchPlan:
     quantization: str | None = None  # vLLM --quantization (fp8 on the fly); llama.cpp: the file's own
     gpu_layers: int | None = None  # llama.cpp --n-gpu-layers
     n_cpu_moe: int | None = None  # llama.cpp --n-cpu-moe: the MoE experts of the first N layers stay in RAM
+    # llama.cpp -ot rules, each as typed (`PATTERN=BUFFER,...`): in the argv verbatim, read by the fit
+    # (planning/moe.py counts the expert tensors a rule sends to the CPU, and names what it does not count)
+    override_tensors: tuple[str, ...] = ()
     kv_cache_type: str | None = None  # llama.cpp --cache-type-k/v (f16, q8_0 ...); vLLM --kv-cache-dtype (auto, fp8)
     flash_attn: bool | None = None  # llama.cpp -fa on/off
     ubatch: int | None = None  # llama.cpp --ubatch-size
@@ -127,6 +130,7 @@ class LaunchPlan:
         data["model_path"] = str(self.model_path)
         data["tokenizer_path"] = str(self.tokenizer_path) if self.tokenizer_path else None
         data["extra_args"] = list(self.extra_args)
+        data["override_tensors"] = list(self.override_tensors)
         data["pinned"] = list(self.pinned)
         data["env"] = dict(self.env)
         if self.api_key:
@@ -150,6 +154,7 @@ class LaunchPlan:
         if values.get("tokenizer_path"):
             values["tokenizer_path"] = Path(str(values["tokenizer_path"]))
         values["extra_args"] = tuple(str(a) for a in values.get("extra_args") or ())
+        values["override_tensors"] = tuple(str(a) for a in values.get("override_tensors") or ())
         values["pinned"] = tuple(str(a) for a in values.get("pinned") or ())
         values["env"] = {str(k): str(v) for k, v in dict(values.get("env") or {}).items()}
         if values.get("api_key") == "***":
@@ -248,10 +253,13 @@ class EngineAdapter(ABC):
     plan_fields: frozenset[str] = frozenset()
     # Its own flags as a person may pass them through (engines.engine_args): those the plan sets, each with what
     # sets it instead (refused); those the fit counts, each with (plan field, how its value reads: count,
-    # all_layers, experts_to_cpu, kv, switch, true, text, gib); and the ones that take no value.
+    # all_layers, rules, kv, switch, true, false, text, gib, mib); and the ones that take no value. Named as the
+    # engine's own parser reads a name (`flag_syntax`): "llama.cpp" (common/arg.cpp: `_` in a `--` name is `-`) or
+    # "argparse" (vLLM's FlexibleArgumentParser: the same before the first `.`, `-x=V`, `-xV`, and abbreviations).
     owned_flags: Mapping[str, str] = {}
     counted_flags: Mapping[str, tuple[str, str]] = {}
     valueless_flags: frozenset[str] = frozenset()
+    flag_syntax: str = "llama.cpp"
     # Which memory accounting of the fit sizes it (planning.fit): "llama.cpp" or "vllm"; default its name.
     sizing: str = ""
     # The flag that lets it free its GPU memory and wake without a cold start (vLLM sleep mode, CUDA only).

@@ -4,10 +4,18 @@ GPUStack, Lemonade and Docker Model Runner, without letting it undo the checked 
 Three kinds of flag, from each engine's adapter (`owned_flags`, `counted_flags`, `valueless_flags`):
 - the plan owns it (context, slots, layers, ports, the model, parsers ...): refused, naming the flag or the
   models.yaml key that sets it, because a second value in the argv would silently win over what the fit checked;
-- the fit counts it: it becomes a plan field (llama.cpp `--n-cpu-moe N`, `--cpu-moe`, `-ot <exps>=CPU`,
-  `-ctk/-ctv`, `-fa`, `-ub`, `--cache-ram N`; vLLM `--cpu-offload-gb N`, `--kv-cache-dtype`, `--enforce-eager`), so the memory
+- the fit counts it: it becomes a plan field (llama.cpp `--n-cpu-moe N`, `--cpu-moe`, `-ot RULES` (kept as typed:
+  the fit counts the expert tensors a rule sends to the CPU and names the rest, planning/moe.py), `-ctk/-ctv`,
+  `-fa`, `-ub`, `--cache-ram N`; vLLM `--cpu-offload-gb N`, `--kv-cache-dtype`, `--enforce-eager`), so the memory
   check and the argv agree;
 - anything else passes through untouched in `extra_args`, and the fit says it did not account for it.
+
+A flag is looked up under the name the engine's own parser reads (the adapter's `flag_syntax`), so another
+spelling of an owned flag cannot slip past: llama-server (common/arg.cpp) reads `_` in a `--` name as `-`; vLLM's
+FlexibleArgumentParser does the same up to the first `.`, splits `-x=value` as well as `--x=value`, reads `-qfp8` as
+`-q fp8`, and (argparse's allow_abbrev) takes a `--` prefix of one option for that option: `--max_model 9` is
+`--max-model-len 9`. No vLLM 0.32 option is itself a strict prefix of one in the tables, so a prefix of a table's
+flag is that flag or an error in vLLM too.
 
 Hand-written rather than argparse because it must see every flag in order, keep unknown ones verbatim (with their
 values) and tell "owned" from "unknown", which `parse_known_args` cannot.
@@ -21,14 +29,51 @@ from typing import Any
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines import get_adapter
+from desktop.core.engines.base import EngineAdapter
 
 ALL_LAYERS = 1 << 16  # --cpu-moe: the experts of every layer (the fit resolves it to the model's layer count)
-_EXPERTS_TO_CPU = re.compile(r"exps.*=\s*CPU$", re.I)
 
 
 def _split(token: str) -> tuple[str, str | None]:
     flag, sep, value = token.partition("=")
     return (flag, value) if sep and flag.startswith("--") else (token, None)
+
+
+def flag_name(adapter: EngineAdapter, token: str) -> tuple[str, str | None]:
+    """The flag `token` is to its engine's parser, and the value written into the token (`--flag=value`, `-qfp8`),
+    so that the tables are looked up under the name the engine will act on, whatever the spelling."""
+    if adapter.flag_syntax != "argparse":  # llama-server: `_` is `-` in a `--` name (common/arg.cpp)
+        flag, value = _split(token)
+        return (flag.replace("_", "-") if flag.startswith("--") else flag), value
+    known = {*adapter.owned_flags, *adapter.counted_flags, *adapter.valueless_flags}
+    if token.startswith("--") and token != "--":
+        flag, value = _split(token)
+        name, dot, rest = flag.partition(".")
+        flag = name.replace("_", "-") + dot + rest  # vLLM: up to the first `.` (its dotted config keys keep theirs)
+        if flag in known or dot:
+            return flag, value
+        prefixed = sorted({f for f in known if f.startswith(flag) and f.startswith("--")})
+        if len(prefixed) > 1:
+            raise SwitchyardError(f"{token} is an abbreviation {adapter.display_name} would read as any of "
+                                  f"{', '.join(prefixed)}", "write the flag out in full")
+        return (prefixed[0] if prefixed else flag), value
+    if token.startswith("-") and len(token) > 2 and not _number(token):
+        flag, sep, value = token.partition("=")
+        if sep:
+            return flag, value
+        if token not in known and token[:2] in known:  # a one-letter option with its value attached: -qfp8
+            return token[:2], token[2:]
+    return token, None
+
+
+def _as_read(adapter: EngineAdapter, typed: str, flag: str) -> str:
+    """`typed` in a message, with the flag its engine reads it as when that is another spelling."""
+    if typed == flag:
+        return flag
+    dashed = typed.replace("_", "-")
+    if dashed != flag and dashed.startswith("--") and flag.startswith(dashed):
+        return f"{typed} ({adapter.display_name}'s abbreviation of {flag})"
+    return f"{typed} (read as {flag})"
 
 
 def plan_fields_from_args(engine: str, args: Sequence[str]) -> dict[str, Any]:
@@ -44,20 +89,22 @@ def plan_fields_from_args(engine: str, args: Sequence[str]) -> dict[str, Any]:
     kv: dict[str, str] = {}
     index = 0
     while index < len(tokens):
-        flag, inline = _split(tokens[index])
+        flag, inline = flag_name(adapter, tokens[index])
         takes_value = flag not in adapter.valueless_flags and inline is None and index + 1 < len(tokens) \
             and not (tokens[index + 1].startswith("-") and not _number(tokens[index + 1]))
         value = inline if inline is not None else (tokens[index + 1] if takes_value else None)
         step = 2 if takes_value else 1
         instead = adapter.owned_flags.get(flag)
         if instead is not None:
-            raise SwitchyardError(f"{flag} is set by the plan the fit checked, not by engine flags",
+            typed = tokens[index].partition("=")[0] if inline is not None else tokens[index]
+            raise SwitchyardError(f"{_as_read(adapter, typed, flag)} is set by the plan the fit checked, not by "
+                                  "engine flags",
                                   f"use {instead}")
         name, kind = adapter.counted_flags.get(flag, ("", ""))
-        if kind == "experts_to_cpu" and not (value and _EXPERTS_TO_CPU.search(value)):
-            kind = ""  # an -ot rule other than "every expert to the CPU": passed through, not counted
         if kind == "kv":
             kv[flag] = _text(flag, value)
+        elif kind == "rules":
+            fields[name] = (*fields.get(name, ()), _rules(flag, value))
         elif kind:
             fields[name] = _READ[kind](flag, value)
         else:
@@ -81,6 +128,16 @@ def _text(flag: str, value: str | None) -> str:
     if not value:
         raise SwitchyardError(f"{flag} needs a value")
     return value
+
+
+def _rules(flag: str, value: str | None) -> str:
+    """An -ot value as typed, once llama-server would take it: every comma-separated part `PATTERN=BUFFER`."""
+    text = _text(flag, value)
+    bad = [part for part in text.split(",") if "=" not in part]
+    if bad:
+        raise SwitchyardError(f"{flag} {text}: {bad[0]!r} is not PATTERN=BUFFER (llama-server refuses it)",
+                              r"e.g. -ot 'blk\.(0|1)\.ffn_.*_exps\.weight=CPU'")
+    return text
 
 
 def _switch(flag: str, value: str | None) -> bool | None:
@@ -120,9 +177,9 @@ def _gib(flag: str, value: str | None) -> float:
 _READ: dict[str, Callable[[str, str | None], Any]] = {
     "count": lambda flag, value: _count(flag, value),
     "all_layers": lambda _flag, _value: ALL_LAYERS,
-    "experts_to_cpu": lambda _flag, _value: ALL_LAYERS,  # every expert tensor to the CPU: what --cpu-moe does
     "switch": lambda flag, value: _switch(flag, value),
     "true": lambda _flag, _value: True,
+    "false": lambda _flag, _value: False,
     "text": lambda flag, value: _text(flag, value),
     "gib": lambda flag, value: _gib(flag, value),
     "mib": lambda flag, value: _mib(flag, value),

@@ -75,8 +75,8 @@ class LlamaCppAdapter(EngineAdapter):
     model_format = "gguf"
     aliases = ("llamacpp", "llama-cpp", "llama", "llama-server")
     dry_run_executable = "llama-server"
-    plan_fields = frozenset({"gpu_layers", "n_cpu_moe", "kv_cache_type", "flash_attn", "ubatch", "cache_ram_mib",
-                             "env", "extra_args"})
+    plan_fields = frozenset({"gpu_layers", "n_cpu_moe", "override_tensors", "kv_cache_type", "flash_attn", "ubatch",
+                             "cache_ram_mib", "env", "extra_args"})
     owned_flags = {
         **dict.fromkeys(("-c", "--ctx-size"), "--ctx (models.yaml `ctx:`), per request"),
         **dict.fromkeys(("-np", "--parallel"), "--parallel (models.yaml `parallel:`)"),
@@ -91,7 +91,7 @@ class LlamaCppAdapter(EngineAdapter):
     counted_flags = {
         **dict.fromkeys(("--n-cpu-moe", "-ncmoe"), ("n_cpu_moe", "count")),
         **dict.fromkeys(("--cpu-moe", "-cmoe"), ("n_cpu_moe", "all_layers")),
-        **dict.fromkeys(("-ot", "--override-tensor"), ("n_cpu_moe", "experts_to_cpu")),
+        **dict.fromkeys(("-ot", "--override-tensor"), ("override_tensors", "rules")),
         **dict.fromkeys(("-ctk", "--cache-type-k", "-ctv", "--cache-type-v"), ("kv_cache_type", "kv")),
         **dict.fromkeys(("-fa", "--flash-attn"), ("flash_attn", "switch")),
         **dict.fromkeys(("-ub", "--ubatch-size"), ("ubatch", "count")),
@@ -454,6 +454,8 @@ def plan_args(plan: LaunchPlan) -> list[str]:
         args += ["--n-gpu-layers", str(plan.gpu_layers)]
     if plan.n_cpu_moe:
         args += ["--n-cpu-moe", str(plan.n_cpu_moe)]
+    for rule in plan.override_tensors:  # after --n-cpu-moe, whose rules llama-server then tries first (planning/moe)
+        args += ["-ot", rule]
     if plan.kv_cache_type is not None and plan.kv_cache_type != "f16":
         args += ["--cache-type-k", plan.kv_cache_type, "--cache-type-v", plan.kv_cache_type]
     if plan.flash_attn is not None:

@@ -133,15 +133,18 @@ class VllmAdapter(EngineAdapter):
         "--gpu-memory-utilization": "--util",
         **dict.fromkeys(("-tp", "--tensor-parallel-size"), "--tp"),
         "--dtype": "--dtype",
-        **dict.fromkeys(("--tool-call-parser", "--enable-auto-tool-choice"), "--tool-parser (models.yaml `tool_parser:`)"),
+        **dict.fromkeys(("--tool-call-parser", "--enable-auto-tool-choice", "--no-enable-auto-tool-choice"),
+                        "--tool-parser (models.yaml `tool_parser:`)"),
         "--reasoning-parser": "--reasoning-parser (models.yaml `reasoning_parser:`)",
         **dict.fromkeys(("--quantization", "-q"), "the plan's quantization (`fit --quant` to compare)"),
         **dict.fromkeys(("--enable-prefix-caching", "--no-enable-prefix-caching"),
                         "--no-prefix-cache (models.yaml `prefix_cache: false`)"),
     }
-    counted_flags = {"--enforce-eager": ("eager", "true"), "--kv-cache-dtype": ("kv_cache_type", "text"),
-                     "--cpu-offload-gb": ("cpu_offload_gb", "gib")}
-    valueless_flags = frozenset({"--enable-auto-tool-choice", "--enforce-eager"})
+    counted_flags = {"--enforce-eager": ("eager", "true"), "--no-enforce-eager": ("eager", "false"),
+                     "--kv-cache-dtype": ("kv_cache_type", "text"), "--cpu-offload-gb": ("cpu_offload_gb", "gib")}
+    valueless_flags = frozenset({"--enable-auto-tool-choice", "--no-enable-auto-tool-choice", "--enforce-eager",
+                                 "--no-enforce-eager", "--enable-prefix-caching", "--no-enable-prefix-caching"})
+    flag_syntax = "argparse"  # FlexibleArgumentParser (vllm/utils/argparse_utils.py), allow_abbrev on
     sleep_mode_flag = SLEEP_MODE_FLAG
     anthropic_messages = True  # vLLM's /v1/messages (vllm/entrypoints/anthropic, 0.32)
     # VLLM_API_KEY guards /v1, /v2, /inference and /cohere only (0.32); these answer anyone who reaches the port,

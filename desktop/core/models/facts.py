@@ -66,6 +66,8 @@ class ModelFacts:
     # GGUF: bytes of the MoE expert tensors of each layer (llama.cpp's LLM_FFN_EXPS_REGEX): what --n-cpu-moe K
     # keeps in RAM for the first K layers. Empty for dense models and config-only facts.
     expert_layer_bytes: tuple[int, ...] = ()
+    # GGUF: every tensor's (name, bytes) in file order: what llama-server searches -ot patterns in (planning/moe.py)
+    tensor_sizes: tuple[tuple[str, int], ...] = ()
     has_output_tensor: bool = True  # False when the head is tied to the embedding (llama.cpp then copies it)
     tensor_types: dict[str, int] = field(default_factory=dict)  # GGUF: type -> tensor count
     tensor_type_bytes: dict[str, int] = field(default_factory=dict)  # GGUF: type -> bytes
@@ -139,8 +141,10 @@ def facts_from_gguf(path: str | Path) -> ModelFacts:
     vocab = as_int(get("vocab_size"))
     experts = [0] * n_layers
     named: list[tuple[str, tuple[int, ...], str]] = []
+    sizes: list[tuple[str, int]] = []
     for name, shape, ggml_type in model.tensors:
         nbytes = tensor_bytes(shape, ggml_type)
+        sizes.append((name, nbytes))
         if (expert := EXPERT_TENSOR.search(name)) is not None and int(expert.group(1)) < n_layers:
             experts[int(expert.group(1))] += nbytes
         label = GGMLQuantizationType(ggml_type).name
@@ -188,7 +192,7 @@ def facts_from_gguf(path: str | Path) -> ModelFacts:
         tensor_types=type_counts, tensor_type_bytes=type_bytes, matmuls=grouped(weights_of(named)),
         mapped_edges=tuple(edges_of([(n, tuple(int(d) for d in shape), GGMLQuantizationType(kind).name)
                                      for n, shape, kind in file]) for file in model.files()), path=os.path.abspath(model.path),
-        expert_layer_bytes=tuple(experts) if any(experts) else (),
+        expert_layer_bytes=tuple(experts) if any(experts) else (), tensor_sizes=tuple(sizes),
         shards=len(model.shards), notes=[f"a split GGUF: {len(model.shards)} shards, sized together; llama-server "
                                          f"is given the first, {model.path.name}"] if len(model.shards) > 1 else [],
     )

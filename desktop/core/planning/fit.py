@@ -92,6 +92,7 @@ class FitSettings:
     kv_type: str = "f16"  # llama.cpp --cache-type-k/v
     gpu_layers: int | None = None  # llama.cpp -ngl; None = as many as fit
     n_cpu_moe: int | None = None  # llama.cpp --n-cpu-moe; None = as few as fit (MoE models that do not fit whole)
+    override_tensors: tuple[str, ...] = ()  # llama.cpp -ot rules as typed (planning/moe.py reads them)
     ubatch: int = LLAMA_DEFAULT_UBATCH
     flash_attn: bool | None = None  # None = llama-server's auto, which turns it on (CPU, CUDA, Metal, Vulkan)
     quant: str | None = None  # "what if" quantization: a GGUF type (Q4_K_M) or a vLLM one (fp8, awq)
@@ -116,7 +117,7 @@ class FitSettings:
         return cls(
             ctx=plan.llama_ctx_size if llama else plan.ctx_per_request, parallel=plan.slots,
             kv_type=(plan.kv_cache_type or "f16") if llama else "f16", gpu_layers=plan.gpu_layers,
-            n_cpu_moe=plan.n_cpu_moe if llama else None,
+            n_cpu_moe=plan.n_cpu_moe if llama else None, override_tensors=plan.override_tensors if llama else (),
             ubatch=plan.ubatch or LLAMA_DEFAULT_UBATCH, flash_attn=plan.flash_attn, quant=quant, dtype=plan.dtype,
             gpu_memory_utilization=plan.gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION,
             max_num_batched_tokens=plan.max_num_batched_tokens, tensor_parallel=plan.tensor_parallel,
@@ -360,6 +361,7 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         verdict: Verdict = "yes" if need <= ram else "no"
         if not gpus:
             notes.append("no GPU: runs on the CPU (memory-bandwidth bound; smaller quantizations are faster)")
+        notes += experts_in_ram.cpu_plan_notes(s.n_cpu_moe, s.override_tensors)
         if verdict == "no":
             notes.append("not enough free RAM: pick a smaller quantization or a shorter context")
         return FitResult("llama.cpp", verdict, _gib(weights), _gib(kv), _gib(compute), _gib(need), _gib(ram),
@@ -382,8 +384,9 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         return max(0, min(n_layers, math.floor(room / (per_layer_w + per_layer_kv)))) if room > 0 else 0
 
     # a MoE keeps the experts of some layers in RAM, every layer on the GPU (planning/moe.py)
-    moe = experts_in_ram.place(facts, hw, weights, quant, n_cpu_moe=s.n_cpu_moe, gpu_layers=s.gpu_layers,
-                               full_gpu=full_gpu, gpu_free=gpu_free, layers_that_fit=layers_that_fit, notes=notes)
+    moe = experts_in_ram.place(facts, hw, weights, quant, n_cpu_moe=s.n_cpu_moe, rules=s.override_tensors,
+                               gpu_layers=s.gpu_layers, full_gpu=full_gpu, gpu_free=gpu_free,
+                               layers_that_fit=layers_that_fit, notes=notes)
     layers = moe.gpu_layers
     on_gpu_layers = min(layers, n_layers)
     moved = moe.moved(on_gpu_layers)
@@ -401,7 +404,10 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         notes.append(repacking.note(copy, rep))
     if moe.n_cpu_moe:
         settings["n_cpu_moe"] = moe.n_cpu_moe
-        breakdown["experts_in_ram"] = _gib(moved)
+    if moe.rules:
+        settings["experts_in_ram_layers"] = moe.layers_in_ram()
+    if moe.any_in_ram:
+        breakdown.update({"experts_in_ram": _gib(moved), "bytes.experts_in_ram": float(moved)})
     if gpu_used > gpu_free:
         verdict = "no"
         notes.append(f"-ngl {layers} needs {_gib(gpu_used):.2f} GiB of GPU memory but {_gib(gpu_free):.2f} GiB is "

@@ -39,8 +39,8 @@ from desktop.core.planning.launch import PlanRefused, describe, require_fit
 _DEFAULTS = LaunchPlan(engine="", model_path=Path("model"))
 ASKABLE = frozenset(f.name for f in fields(LaunchPlan)) - PLANNER_FIELDS
 # Asks that belong to one model file: planning for another model drops them (its layers, its quantization).
-MODEL_FIELDS = frozenset({"gpu_layers", "n_cpu_moe", "cpu_offload_gb", "extra_args", "quantization",
-                          "tokenizer_path", "tool_parser", "reasoning_parser"})
+MODEL_FIELDS = frozenset({"gpu_layers", "n_cpu_moe", "override_tensors", "cpu_offload_gb", "extra_args",
+                          "quantization", "tokenizer_path", "tool_parser", "reasoning_parser"})
 PARSER_FIELDS = {"tool_parser": "tool", "reasoning_parser": "reasoning"}
 # Asks that name one process: another engine or model gets its own port and key.
 PROCESS_FIELDS = frozenset({"port", "api_key"})
