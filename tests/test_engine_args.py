@@ -5,7 +5,9 @@ count them; a switch never carries them to the other engine."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run_cli
@@ -193,3 +195,49 @@ def test_serve_config_args_reach_the_argv_and_an_owned_flag_is_refused(tmp_path:
     refused = run_cli("serve", "--config", str(bad), "--hardware", snapshot, "--dry-run")
     assert refused.returncode != 0
     assert "args: --ctx-size is set by the plan" in refused.stderr and "`ctx:`" in refused.stderr
+
+
+# vLLM's own `serve` parser, built as `vllm serve` builds it, reporting its option names and what each argv parses to
+_VLLM_PARSE = """
+import json, sys
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = make_arg_parser(FlexibleArgumentParser())
+def parsed(argv):
+    try:
+        return {k: repr(v) for k, v in vars(parser.parse_args(argv)).items()}
+    except SystemExit:
+        return None
+cases = json.loads(sys.argv[1])
+print(json.dumps({"options": [s for a in parser._actions for s in a.option_strings],
+                  "parsed": [[parsed(typed), parsed(read)] for typed, read in cases]}))
+"""
+
+
+@pytest.mark.engine
+@pytest.mark.vllm
+def test_vllm_reads_each_spelling_as_the_flag_the_tables_read_it_as(vllm_install: Any) -> None:
+    """The pinned vLLM's FlexibleArgumentParser parses every other spelling exactly as the flag engine_args reads it
+    as; each flag of the tables is one of its options, and none of its options is a strict prefix of one (so a
+    prefix of a table's flag is that flag, or vLLM's "ambiguous option")."""
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.engine_args import flag_name
+
+    adapter = get_adapter("vllm")
+    spellings = [["--max_model_len", "9"], ["--gpu_memory_utilization=0.99"], ["--cpu_offload_gb", "8"],
+                 ["--max-model", "9"], ["--max_model", "9"], ["-qfp8"], ["-tp=2"], ["--kv_cache_dtype", "fp8"],
+                 ["--enforce_eager"], ["--served_model_name", "x"], ["--no_enforce_eager"]]
+    cases = []
+    for typed in spellings:
+        flag, inline = flag_name(adapter, typed[0])
+        cases.append((typed, [flag, *([inline] if inline is not None else typed[1:])]))
+    run = subprocess.run([str(vllm_install.executable), "-c", _VLLM_PARSE, json.dumps(cases)],  # noqa: S603
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    for (typed, read), (as_typed, as_read) in zip(cases, answer["parsed"], strict=True):
+        assert as_read is not None and as_typed == as_read, (typed, read)
+    options = set(answer["options"])
+    tables = {*adapter.owned_flags, *adapter.counted_flags, *adapter.valueless_flags}
+    assert tables <= options
+    assert not [(o, f) for o in options for f in tables if f != o and f.startswith(o) and o.startswith("--")]

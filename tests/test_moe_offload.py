@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -16,6 +19,7 @@ import psutil
 import pytest
 from conftest import _running
 
+from desktop.core.engines import get_adapter
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import facts_from_config, facts_from_gguf, read_gguf_header, tensor_bytes
 from desktop.core.planning.fit import estimate, sizing_plan
@@ -276,3 +280,45 @@ def test_the_first_rule_that_matches_a_tensor_wins_as_in_llama_server(moe_gguf: 
     # --n-cpu-moe's own rules come first in the argv: with it, layer 0's experts are in RAM after all
     first = estimate(facts, HardwareSnapshot.load(SNAPDIR / "rtx4090.json"), replace(plan, n_cpu_moe=1))
     assert first.breakdown["bytes.experts_in_ram"] == hand_expert_bytes(moe_gguf, {0, 1, 2, 3})
+
+
+_OVERRIDDEN = re.compile(r"tensor (\S+) \(.*\) buffer type overridden to CPU")
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_the_real_llama_server_overrides_the_tensors_the_fit_counts(moe_gguf: Path, llama_install: Any) -> None:
+    """The plan's argv (--n-cpu-moe 1, two -ot values joined into one) given to the real llama-server at -v: the
+    tensors its loader says it sent to the CPU are, by their bytes per layer, what the fit counts in RAM, and the
+    one that is no expert is the one the fit names as not accounted."""
+    rules = (r"blk\.(0|1)\.ffn_.*_exps\.weight=CPU,token_embd=CPU", r"blk\.3\.ffn_(up|down)_exps=CPU")
+    plan = sizing_plan("llama.cpp", model_path=moe_gguf, ctx_per_request=256, slots=1, n_cpu_moe=1,
+                       override_tensors=rules)
+    fit = estimate(facts_from_gguf(moe_gguf), HardwareSnapshot.load(SNAPDIR / "rtx4090.json"), plan)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = get_adapter("llama.cpp").build_command(replace(plan, port=port), llama_install)
+    argv = command.argv
+    assert argv[argv.index("-ot") + 1] == ",".join(rules) and argv.count("-ot") == 1
+    server = subprocess.Popen([*argv, "-v"], env={**os.environ, **command.env}, stdout=subprocess.PIPE,  # noqa: S603
+                              stderr=subprocess.STDOUT, text=True)
+    overridden: set[str] = set()
+    try:
+        assert server.stdout is not None
+        for line in server.stdout:
+            if (found := _OVERRIDDEN.search(line)) is not None:
+                overridden.add(found.group(1))
+            assert "error" not in line.lower() or "DEPRECATED" in line, line
+            if "listening on" in line:
+                break
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    experts = {name for name in overridden if "_exps." in name}
+    assert overridden - experts == {"token_embd.weight"}
+    assert experts == {f"blk.{layer}.ffn_{kind}_exps.weight" for layer in (0, 1) for kind in ("gate", "up", "down")} \
+        | {"blk.3.ffn_up_exps.weight", "blk.3.ffn_down_exps.weight"}
+    assert fit.breakdown["bytes.experts_in_ram"] == \
+        hand_expert_bytes(moe_gguf, {0, 1}) + hand_expert_bytes(moe_gguf, {3}, ("up", "down"))
+    assert any(note.startswith("not accounted by the fit: -ot token_embd=CPU") for note in fit.notes)

@@ -454,8 +454,8 @@ def plan_args(plan: LaunchPlan) -> list[str]:
         args += ["--n-gpu-layers", str(plan.gpu_layers)]
     if plan.n_cpu_moe:
         args += ["--n-cpu-moe", str(plan.n_cpu_moe)]
-    for rule in plan.override_tensors:  # after --n-cpu-moe, whose rules llama-server then tries first (planning/moe)
-        args += ["-ot", rule]
+    if plan.override_tensors:  # after --n-cpu-moe, whose rules llama-server then tries first (planning/moe); one
+        args += ["-ot", ",".join(plan.override_tensors)]  # -ot: it warns that a repeated flag is deprecated
     if plan.kv_cache_type is not None and plan.kv_cache_type != "f16":
         args += ["--cache-type-k", plan.kv_cache_type, "--cache-type-v", plan.kv_cache_type]
     if plan.flash_attn is not None:

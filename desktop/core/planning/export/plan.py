@@ -160,8 +160,8 @@ class ExportPlan:
             extra += ["--flash-attn", "on" if plan.flash_attn else "off"]
         if not vllm and plan.n_cpu_moe:
             extra += ["--n-cpu-moe", str(plan.n_cpu_moe)]
-        if not vllm:
-            extra += [arg for rule in plan.override_tensors for arg in ("-ot", rule)]  # as typed, as launched here
+        if not vllm and plan.override_tensors:
+            extra += ["-ot", ",".join(plan.override_tensors)]  # as typed, as launched here (engines.llamacpp)
         if vllm and plan.max_num_batched_tokens is not None:
             extra += ["--max-num-batched-tokens", str(plan.max_num_batched_tokens)]
         extra += get_adapter(plan.engine).chat_args(plan)  # tools and reasoning work there as they do here
