@@ -54,10 +54,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                              "model, ctx, parallel, ttl (seconds idle before unloading), loading_status")
     parser.add_argument("--port", type=N.port_or_free, default=0, help="engine port (default: a free one)")
     parser.add_argument("engine_args", nargs="*", metavar="-- ENGINE_ARGS",
-                        help="after `--`: the engine's own flags. The fit counts --n-cpu-moe/--cpu-moe/-ot "
-                             "exps=CPU/-ctk/-ctv (llama.cpp) and --cpu-offload-gb/--kv-cache-dtype (vLLM); flags "
-                             "the plan owns (-c, -ngl, --port, --max-model-len ...) are refused naming the option "
-                             "to use; the rest pass through, unaccounted")
+                        help="after `--`: the engine's own flags, read as the engine reads them (vLLM and "
+                             "llama-server take `_` for `-`). The fit counts --n-cpu-moe/--cpu-moe/-ctk/-ctv and the "
+                             "expert tensors an -ot rule sends to the CPU (llama.cpp; the rule stays as typed), "
+                             "--cpu-offload-gb/--kv-cache-dtype (vLLM); flags the plan owns (-c, -ngl, --port, "
+                             "--max-model-len ...) are refused naming the option to use; the rest pass through, "
+                             "named in the fit's notes as not accounted")
     parser.add_argument("--no-key", action="store_true",
                         help="plain serve: start the engine without its per-launch API key (any local process and "
                              "web page that finds the port can then use it)")
