@@ -86,7 +86,8 @@ def test_llama_server_behind_the_endpoint_has_no_tcp_port(llama_install: Any, de
     proxy.start()
     manager = EndpointManager(proxy, ready_timeout=600)
     try:
-        manager.start(ask("llama.cpp", str(demo_model.gguf_path), {"slots": 1}))
+        # a plan that carries a port (a form, a models.yaml entry, an old pin) still gets the private socket
+        manager.start(ask("llama.cpp", str(demo_model.gguf_path), {"slots": 1, "port": find_free_port()}))
         _check_private_engine(manager, proxy)
     finally:
         manager.close()
@@ -292,3 +293,38 @@ def test_plain_serve_of_vllm_refuses_capture_bodies_with_its_key() -> None:
     refused = run_cli("serve", "--engine", "vllm", "--model", "demo", "--capture-bodies")
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "--capture-bodies is not available on an endpoint with an API key" in refused.stderr
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_endpoint_serve_gives_port_to_the_endpoint_and_the_engine_a_socket(llama_install: Any,
+                                                                           demo_model: Any) -> None:
+    """`serve --endpoint --port N` used to put llama-server (or vLLM, with /invocations, /tokenize, /pause open)
+    itself on TCP port N: now N is the endpoint's, and the engine listens on its private socket only; --port with
+    --proxy-port is refused before anything starts."""
+    import json
+
+    from conftest import run_cli, serve_until_ready
+
+    port = find_free_port()
+    both = run_cli("serve", "--engine", "llama.cpp", "--model", "demo", "--endpoint", "--port", str(port),
+                   "--proxy-port", str(find_free_port()))
+    assert both.returncode != 0 and "both name a port for the endpoint" in both.stderr, both.stderr
+    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--parallel", "1", "--ctx", "2048",
+                                    "--endpoint", "--port", str(port))
+    try:
+        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
+        status = json.loads(run_cli("status", "--json", "--port", str(port)).stdout)
+        engine_pid = status["active"]["pid"]
+        assert unixhttp.socket_of(status["active"]["base_url"]), status["active"]["base_url"]
+        assert "--port" not in psutil.Process(engine_pid).cmdline()
+        assert _tcp_listeners(engine_pid) == []  # llama-server: no TCP socket at all
+        served = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                            trust_env=False, timeout=120)
+        assert served.status_code == 200, served.text
+        assert run_cli("stop", "--port", str(port)).returncode == 0
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=60)

@@ -52,7 +52,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--config", metavar="MODELS_YAML",
                         help="serve several models behind the endpoint: a YAML list of entries name, engine, "
                              "model, ctx, parallel, ttl (seconds idle before unloading), loading_status")
-    parser.add_argument("--port", type=N.port_or_free, default=0, help="engine port (default: a free one)")
+    parser.add_argument("--port", type=N.port_or_free, default=0,
+                        help="the port clients use (default: a free one; with --endpoint, the endpoint's default): "
+                             "with --endpoint, or a plain serve of vLLM, the endpoint's, and the engine listens on "
+                             "a private socket")
     parser.add_argument("engine_args", nargs="*", metavar="-- ENGINE_ARGS",
                         help="after `--`: the engine's own flags, read as the engine reads them (vLLM and "
                              "llama-server take `_` for `-`). The fit counts --n-cpu-moe/--cpu-moe/-ctk/-ctv and the "
@@ -472,22 +475,31 @@ class _Endpoint:
             host.close()
 
 
+def _endpoint_ports(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` for an endpoint serve: the engines behind it listen on private sockets (never a TCP port, where their
+    own routes answer anyone), so `--port` names the endpoint's port, unless `--proxy-port` does."""
+    if args.port and args.proxy_port is not None:
+        raise SwitchyardError(f"--port {args.port} and --proxy-port {args.proxy_port} both name a port for the "
+                              "endpoint: the engines behind it listen on private sockets, not on a port",
+                              "give one of them")
+    proxy_port = args.proxy_port if args.proxy_port is not None else (args.port or None)
+    return argparse.Namespace(**{**vars(args), "port": 0, "proxy_port": proxy_port})
+
+
 def _serve_endpoint(args: argparse.Namespace, adapter: Any, keyed_port: bool = False) -> int:
     """The endpoint in front of the engine. `keyed_port`: a plain `serve` of an engine whose own key leaves routes
     open (vLLM): the engine stays on its private socket, and the endpoint takes the plain serve's port with a
     per-launch key, printed once and kept in the 0600 discovery file, as a plain serve's engine key is."""
     from desktop.core.machine.hardware import detect
     from desktop.core.planning.planner import replan
-    from desktop.core.runtime.ports import ensure_port_free
     from desktop.core.runtime.supervisor import reap_orphans
     from desktop.core.serving.control import EndpointControl
     from desktop.core.serving.endpoint import EndpointManager, machine_budget
 
+    if not keyed_port:
+        args = _endpoint_ports(args)
     endpoint = _Endpoint(args, keyed_port=keyed_port)
-    if keyed_port:  # --port is the endpoint's: the engine gets its socket
-        args = argparse.Namespace(**{**vars(args), "port": 0})
-    if args.port:
-        ensure_port_free(args.port)
+    args = argparse.Namespace(**{**vars(args), "port": 0})  # the endpoint has the port; the engine its socket
     hardware = _hardware(args)
     plan = checked_plan(args, hardware).plan  # a bad model or a plan that does not fit fails here
     _ensure_engine(adapter, args)
@@ -549,7 +561,6 @@ def _serve_auto(args: argparse.Namespace) -> int:
     requests); the autopilot loop (serving.autopilot) brings vLLM in when the policy says the load makes it pay,
     hands over with drain and retires it after the idle window. Both plans are checked before anything starts."""
     from desktop.core.engines import get_adapter
-    from desktop.core.runtime.ports import ensure_port_free
     from desktop.core.runtime.supervisor import reap_orphans
     from desktop.core.serving.autopilot import AutopilotSettings, build_autopilot, plan_hybrid, ram_budget
     from desktop.core.serving.control import EndpointControl
@@ -558,6 +569,7 @@ def _serve_auto(args: argparse.Namespace) -> int:
     if args.prompt is not None or args.standby:
         raise SwitchyardError("--engine auto serves through the stable endpoint and manages both engines itself",
                               "drop --prompt/--standby")
+    args = _endpoint_ports(args)
     plan_asks(args)  # an unknown setting fails before the model resolves
     hardware = _hardware(args)
     plans = plan_hybrid(args.model, hardware, plan_asks(args), progress=stderr_progress,
@@ -575,8 +587,6 @@ def _serve_auto(args: argparse.Namespace) -> int:
                 print(f"{name}: refused: {why}")
         return 0
     endpoint = _Endpoint(args)
-    if args.port:
-        ensure_port_free(args.port)
     first = plans.first
     _ensure_engine(get_adapter(first.plan.engine), args)
     if plans.other is not None:
@@ -633,6 +643,7 @@ def _serve_fleet(args: argparse.Namespace) -> int:
     from desktop.core.serving.endpoint import machine_budget
     from desktop.core.serving.fleet import Fleet, load_models_config, plan_models
 
+    args = _endpoint_ports(args)
     config = load_models_config(args.config)
     hardware = _hardware(args)
     plans = plan_models(config, hardware, stderr_progress)  # a bad model or a plan that does not fit fails here

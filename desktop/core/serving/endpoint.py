@@ -292,6 +292,9 @@ class EndpointManager:
             plan = replace(plan, extra_args=tuple(a for a in plan.extra_args if a != sleep_flag))
         if not plan.api_key:  # a per-launch key only the endpoint holds: the engine's own port is no side door
             plan = replace(plan, api_key=secrets.token_urlsafe(32))
+        # behind the endpoint an engine listens on its private socket, whatever port a plan carries (a TCP port
+        # only where the platform has no Unix sockets, then with the key above)
+        plan = replace(plan, port=0)
         process = EngineProcess(adapter, plan, install)
         process.start()
         window, system_first = normalize.engine_rules(checked)
