@@ -51,13 +51,14 @@ class Hybrid:
                  crossover_at: float | None = 2.0, vllm_options: list[str] | None = None) -> None:
         self.hold = tmp_path / "hold"
         self.launched: list[LaunchPlan] = []
+        self.llama_options: list[str] = []  # read at each llama.cpp launch (a hand-back's engine may differ)
         self.proxy = ProxyServer(port=find_free_port(), wait_timeout=60)
         self.log = RequestLog()
         self.log.attach(self.proxy)
         self.proxy.start()
 
         def options(plan: LaunchPlan) -> list[str]:
-            return ["--hold-file", str(self.hold)] if plan.engine == "llama.cpp" else \
+            return ["--hold-file", str(self.hold), *self.llama_options] if plan.engine == "llama.cpp" else \
                 ["--load-seconds", "0.3", *(vllm_options or [])]
 
         self.manager = EndpointManager(self.proxy, hardware=CPU, ready_timeout=60, budget=budget,

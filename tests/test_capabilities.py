@@ -294,6 +294,35 @@ def test_the_autopilot_stays_on_llamacpp_and_says_why_when_vllm_refuses_the_tool
     assert [p["capabilities"] for p in probes if p["user"] == PROBE_USER] == [[TOOLS]]  # one probe in all
 
 
+def test_a_hand_back_the_probe_refuses_is_tried_once_per_retry_period_not_once_per_tick(tmp_path: Path) -> None:
+    """On vLLM with tools in the traffic, the load ends and the autopilot hands back to a llama.cpp that refuses
+    tools (the realistic case: images, which llama.cpp plans carry no projector for): one llama.cpp is started,
+    probed and stopped, vLLM keeps serving, and the hand-back waits out the retry period instead of starting a
+    fresh llama-server every tick."""
+    h = Hybrid(tmp_path, BOTH_FIT)
+    try:
+        load = _held(h, 4)  # above the crossover: vLLM starts and takes over
+        assert _until(lambda: h.active_engine() == "vllm"), h.actions()
+        h.llama_options = ["--refuse", "tools"]  # the next llama.cpp cannot do what the traffic does
+        answer = httpx.post(h.proxy.url + "/v1/chat/completions", content=body(tools=[TOOL], max_tokens=2),
+                            headers={"Content-Type": "application/json"}, timeout=30, trust_env=False)
+        assert answer.status_code == 200, answer.text  # vLLM answers tools
+        h.hold.unlink()
+        load.__exit__()
+        refused = _until(lambda: next((d for d in h.autopilot.status()["decisions"]
+                                       if "handing back to llama.cpp failed" in d["reason"]), None))
+        assert refused and refused["action"] == "stay" and "vLLM keeps serving" in refused["reason"], \
+            h.autopilot.status()["decisions"]
+        launched = h.engines().count("llama.cpp")
+        steps = h.autopilot.steps
+        assert _until(lambda: h.autopilot.steps >= steps + 20)  # 20 more ticks: none starts a llama.cpp
+        assert h.engines().count("llama.cpp") == launched == 2, h.engines()  # the first, and the refused one
+        assert h.active_engine() == "vllm"
+        assert "is not tried again" in h.autopilot.status()["last"]["reason"], h.autopilot.status()["last"]
+    finally:
+        h.close()
+
+
 @pytest.fixture
 def hybrid_refusing(tmp_path: Path) -> Iterator[Hybrid]:
     requests = tmp_path / "vllm-requests.jsonl"

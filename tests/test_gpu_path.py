@@ -590,17 +590,18 @@ def proxy() -> Iterator[Any]:
 
 
 def _sleep_switch_manager(gpu: LiveGpu, tmp_path: Path, proxy: Any, frees: dict[str, tuple[int, int]],
-                          launched: list[LaunchPlan]) -> Any:
+                          launched: list[LaunchPlan], extra: dict[str, list[str]] | None = None) -> Any:
     """An endpoint on the stand-in GPU as `serve` builds it on a live machine (its budget from detect, NVML read
     again after a sleep), with stand-in engines; `frees`: engine -> (MiB free while it runs, while it sleeps)."""
     from desktop.core.serving.endpoint import EndpointManager, machine_budget
 
     def options(plan: LaunchPlan) -> list[str]:
+        more = (extra or {}).get(plan.engine, [])
         if plan.engine not in frees:
-            return ["--calls", str(gpu.calls)]
+            return ["--calls", str(gpu.calls), *more]
         awake, asleep = frees[plan.engine]
         return ["--calls", str(gpu.calls), "--gpu-file", str(gpu.free_file), "--free-awake", str(awake),
-                "--free-asleep", str(asleep)]
+                "--free-asleep", str(asleep), *more]
 
     machine = hw_module.detect()
     assert machine.gpus[0].name == "NVIDIA GeForce RTX 4090" and machine.gpus[0].memory_free_bytes == 20 * GIB
@@ -642,6 +643,37 @@ def test_after_a_sleep_the_next_engine_is_planned_on_the_memory_nvml_reports_the
         back = manager.switch("vllm", "demo")  # the sleeper wakes (its plan is not started again)
         assert back.woke and manager.active is vllm and live_gpu.calls_made() == ["/sleep?level=1", "/wake_up"]
         assert launched[-1] is started
+    finally:
+        manager.close()
+
+
+def test_a_woken_vllm_the_capability_check_refuses_goes_back_to_sleep(live_gpu: LiveGpu, tmp_path: Path,
+                                                                     proxy: Any) -> None:
+    """The traffic on llama.cpp calls tools; the switch back wakes the sleeping vLLM, which answers 400 to tools:
+    it is put back to sleep at its level (a later switch still wakes it in a second), not stopped, and llama.cpp
+    serves again."""
+    import httpx
+
+    from desktop.core.planning.planner import ask as ask_plan
+
+    launched: list[LaunchPlan] = []
+    manager = _sleep_switch_manager(live_gpu, tmp_path, proxy, {"vllm": (1024, 4 * 1024)}, launched,
+                                    extra={"vllm": ["--refuse", "tools"]})
+    try:
+        manager.start(ask_plan("vllm", "demo"))
+        vllm = manager.active
+        assert vllm is not None and vllm.can_sleep
+        assert manager.switch("llama.cpp", GGUF_8B).old_sleeping and manager.sleeping is vllm
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+        answer = httpx.post(proxy.url + "/v1/chat/completions", trust_env=False, timeout=30, json={
+            "model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tools": [tool]})
+        assert answer.status_code == 200, answer.text
+        with pytest.raises(SwitchyardError, match="answered 400 to a tools request"):
+            manager.switch("vllm", "demo")
+        assert live_gpu.calls_made() == ["/sleep?level=1", "/wake_up", "/sleep?level=1"]
+        assert manager.sleeping is vllm and vllm.process.state.name == "READY"  # asleep again, not stopped
+        assert manager.active is not None and manager.active.plan.engine == "llama.cpp"
+        assert served_by(ask(proxy, "x")).startswith("llama.cpp:")
     finally:
         manager.close()
 

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("switchyard.autopilot")
 
 BASE, OTHER = "llama.cpp", "vllm"
+# the engine each switching action moves toward: a failure waits out the retry period in that direction only
+TOWARD = {"start_standby": OTHER, "switch_stop_first": OTHER, "hand_over": OTHER, "retire": BASE}
 DEFAULT_TICK_S = 1.0
 DEFAULT_RETRY_AFTER_S = 600.0  # a vLLM that failed to start is not tried again for this long
 KEEP_DECISIONS = 50
@@ -132,8 +134,10 @@ class Autopilot:
         self._thread: threading.Thread | None = None
         self._action: threading.Thread | None = None
         self._acting: str | None = None
-        self._not_before = 0.0  # a failed vLLM start or refused hand-over is not tried again before this
-        self._setback = ""  # what failed then, for the decisions that wait
+        # per direction (toward vLLM, back to llama.cpp): a failed or refused switch is not tried again before
+        # this, and what failed then, for the decisions that wait (a refusal is not asked again every tick)
+        self._not_before = {OTHER: 0.0, BASE: 0.0}
+        self._setback = {OTHER: "", BASE: ""}
         self.steps = 0  # decisions made so far (tests wait on it)
         manager.proxy.subscribe_started(self._arrived)
         manager.proxy.subscribe(self._finished)
@@ -201,9 +205,10 @@ class Autopilot:
             return None
         now = self.clock()
         decision = decide(self._inputs(now))
-        if decision.action in ("start_standby", "switch_stop_first", "hand_over") and now < self._not_before:
-            decision = Decision("stay", f"{decision.reason} — but {self._setback} and is not tried again before "
-                                        f"{time.strftime('%H:%M:%S', time.localtime(self._not_before))}",
+        toward = TOWARD.get(decision.action)
+        if toward is not None and now < self._not_before[toward]:
+            decision = Decision("stay", f"{decision.reason} — but {self._setback[toward]} and is not tried again "
+                                        f"before {time.strftime('%H:%M:%S', time.localtime(self._not_before[toward]))}",
                                 now, decision.numbers)
         self._record(decision)
         self.steps += 1
@@ -267,14 +272,16 @@ class Autopilot:
         self._action = threading.Thread(target=run, name=f"switchyard-autopilot-{action}", daemon=True)
         self._action.start()
 
-    def _failed(self, what: str, exc: SwitchyardError) -> None:
-        """A vLLM start or hand-over failed (a refused capability too: serving.capabilities): llama.cpp keeps
-        serving, and neither is tried again for retry_after_s (a refusal is not asked again every tick)."""
+    def _failed(self, what: str, exc: SwitchyardError, toward: str = OTHER) -> None:
+        """A switch toward `toward` failed (a vLLM start, a hand-over, a hand-back; a refused capability too:
+        serving.capabilities): the engine serving keeps serving, and that direction is not tried again for
+        retry_after_s (a refusal is not asked again every tick, nor a fresh engine started to be refused)."""
         now = self.clock()
-        self._not_before = now + self.settings.retry_after_s
-        self._setback = f"{what} failed at {time.strftime('%H:%M:%S', time.localtime(now))} ({exc.message})"
-        self._record(Decision("stay", f"{what} failed ({exc.message}): llama.cpp keeps serving; vLLM is not tried "
-                                      f"again for {self.settings.retry_after_s:g} s", now))
+        self._not_before[toward] = now + self.settings.retry_after_s
+        self._setback[toward] = f"{what} failed at {time.strftime('%H:%M:%S', time.localtime(now))} ({exc.message})"
+        serving, target = ("llama.cpp", "vLLM") if toward == OTHER else ("vLLM", "llama.cpp")
+        self._record(Decision("stay", f"{what} failed ({exc.message}): {serving} keeps serving; {target} is not "
+                                      f"tried again for {self.settings.retry_after_s:g} s", now))
 
     def _start_standby(self) -> None:
         m = self.manager
@@ -287,11 +294,8 @@ class Autopilot:
         try:
             result = self.manager.switch(engine)
         except SwitchyardError as exc:
-            if engine == OTHER:
-                self._failed("the hand-over to vLLM", exc)
-            else:
-                self._record(Decision("stay", f"handing back to llama.cpp failed ({exc.message}); vLLM keeps "
-                                              "serving", self.clock()))
+            self._failed("the hand-over to vLLM" if engine == OTHER else "handing back to llama.cpp", exc,
+                         toward=engine)
             return
         last = self.last
         if last is not None:  # what the switch did, next to why

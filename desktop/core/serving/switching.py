@@ -156,6 +156,7 @@ def stop_first(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan, started
     m.slots.release(old)
     drained, cut = drain_or_cut(m, old)
     slept = put_away(m, old, None if sleeping is not None else plan)
+    level = sleeping.sleep_level if sleeping is not None else None  # how it slept: how it goes back if refused
     try:
         new = wake(m, sleeping) if sleeping is not None else None
         if new is None:
@@ -168,7 +169,8 @@ def stop_first(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan, started
         raise
     probed, refusal = capability_check(m, new)
     if refusal is not None:  # requests still wait: the old engine comes back before any moves
-        m.retire(new)
+        if not (level and back_to_sleep(m, new, level)):  # a woken sleeper sleeps again, as it was
+            m.retire(new)
         raise refused(m, old if restore(m, old, slept) else None, plan, refusal)
     promote(m, new)
     gap = round(time.monotonic() - gap_started, 3)
@@ -319,6 +321,16 @@ def wake(m: EndpointManager, sleeping: ManagedEngine) -> ManagedEngine | None:
         return sleeping
     m.retire(sleeping)
     return None
+
+
+def back_to_sleep(m: EndpointManager, engine: ManagedEngine, level: int) -> bool:
+    """Put a woken vLLM the capability check refused back to sleep at the level it slept (its wake stays about a
+    second for a later switch); False when it does not go to sleep (then it is stopped)."""
+    if engine.process.state != EngineState.READY or not engine_post(engine, f"/sleep?level={level}"):
+        return False
+    engine.sleep_level = level
+    park(m, engine, "sleeping")
+    return True
 
 
 def restore(m: EndpointManager, old: ManagedEngine, slept: bool) -> bool:
