@@ -16,19 +16,25 @@ pytestmark = [pytest.mark.engine, pytest.mark.llamacpp]
 SWITCHYARD = [sys.executable, "-m", "desktop"]
 
 
+def pull(tmp_path: Path, repo: str, files: dict[str, bytes | Path], selector: str = "") -> tuple[Path, dict[str, str]]:
+    """`switchyard pull REPO[SELECTOR]` from a stand-in Hub holding `files` into a Hub cache under `tmp_path`: the
+    path it printed, and the environment the later commands of the test run with."""
+    with FakeHub() as hub:
+        hub.add_repo(repo, files, tags=["gguf"])
+        env = dict(os.environ, HF_ENDPOINT=hub.endpoint, HF_HUB_CACHE=str(tmp_path / "hf-cache"),
+                   SWITCHYARD_HOME=str(tmp_path / "home"), SWITCHYARD_NO_KEYRING="1",
+                   HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
+        pulled = subprocess.run([*SWITCHYARD, "pull", repo + selector], env=env, capture_output=True, text=True,
+                                timeout=120)
+        assert pulled.returncode == 0, pulled.stderr
+    return Path(pulled.stdout.strip()), env
+
+
 def test_pull_then_serve(tmp_path: Path, llama_install, demo_model) -> None:  # type: ignore[no-untyped-def]
     """No skip guards: `serve`, the demo model and llama-server are all part of the product now, so a regression in
     any of them fails here (the conftest fixtures provision the engine and generate the demo model)."""
     demo_gguf = Path(demo_model.gguf_path)
-    with FakeHub() as hub:
-        hub.add_repo("demo/switchyard-demo-GGUF", {"demo-Q8_0.gguf": demo_gguf}, tags=["gguf"])
-        env = dict(os.environ, HF_ENDPOINT=hub.endpoint, HF_HUB_CACHE=str(tmp_path / "hf-cache"),
-                   SWITCHYARD_HOME=str(tmp_path / "home"), SWITCHYARD_NO_KEYRING="1",
-                   HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
-        pulled = subprocess.run([*SWITCHYARD, "pull", "demo/switchyard-demo-GGUF:Q8_0"], env=env,
-                                capture_output=True, text=True, timeout=120)
-        assert pulled.returncode == 0, pulled.stderr
-    model = Path(pulled.stdout.strip())
+    model, env = pull(tmp_path, "demo/switchyard-demo-GGUF", {"demo-Q8_0.gguf": demo_gguf}, ":Q8_0")
     assert model.read_bytes() == demo_gguf.read_bytes()
     served = subprocess.run(
         [*SWITCHYARD, "serve", "--engine", "llama.cpp", "--model", str(model), "--prompt", "Hi", "--json",
@@ -54,15 +60,7 @@ def test_a_split_set_pulled_into_the_cache_is_sized_whole_and_served_from_the_sn
     tensors = len(read_gguf_header(whole).tensors)
     shards = split_gguf(whole, tmp_path / "split", max_tensors=-(-tensors // 3))
     assert len(shards) == 3
-    with FakeHub() as hub:
-        hub.add_repo("demo/switchyard-demo-split-GGUF", {f"Q8_0/{s.name}": s for s in shards}, tags=["gguf"])
-        env = dict(os.environ, HF_ENDPOINT=hub.endpoint, HF_HUB_CACHE=str(tmp_path / "hf-cache"),
-                   SWITCHYARD_HOME=str(tmp_path / "home"), SWITCHYARD_NO_KEYRING="1",
-                   HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
-        pulled = subprocess.run([*SWITCHYARD, "pull", "demo/switchyard-demo-split-GGUF"], env=env,
-                                capture_output=True, text=True, timeout=120)
-        assert pulled.returncode == 0, pulled.stderr
-    model = Path(pulled.stdout.strip())
+    model, env = pull(tmp_path, "demo/switchyard-demo-split-GGUF", {f"Q8_0/{s.name}": s for s in shards})
     snapshot = model.parent.parent
     assert snapshot.parent.name == "snapshots" and model.is_symlink(), model  # the layout users have
     assert sorted(p.name for p in model.parent.iterdir()) == [s.name for s in shards]
