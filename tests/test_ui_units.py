@@ -397,3 +397,49 @@ def test_cycles_dropped_on_a_worker_thread_are_collected_on_the_gui_thread(qtbot
     assert died_on_main == []  # nothing collected on the worker
     qtbot.waitUntil(lambda: bool(died_on_main), timeout=10_000)  # the GUI timer's next check
     assert died_on_main == [True]
+
+
+# The app's own start path (`switchyard gui`) in a process of its own: no test configuration installs the policy
+# there. A worker thread stands in for the app's (engine logs, telemetry, the thread pool): once the app exists it
+# allocates twenty generations' worth of containers, so CPython would collect on it if automatic collection were on.
+_GC_PROBE = r"""
+import gc, json, sys, threading
+
+starts = []
+gc.callbacks.append(lambda phase, info: starts.append(threading.current_thread().name) if phase == "start" else None)
+from desktop.ui import app
+
+create = app.create_app
+
+
+def create_then_allocate(*args, **kwargs):
+    made = create(*args, **kwargs)
+    worker = threading.Thread(target=lambda: [[] for _ in range(20 * gc.get_threshold()[0])], name="allocates")
+    worker.start()
+    worker.join()
+    return made
+
+
+app.create_app = create_then_allocate
+from desktop.cli import main
+
+code = main(["gui", "--quit-when-ready"])
+with open(sys.argv[1], "w") as out:
+    json.dump({"code": code, "starts": starts, "main": threading.main_thread().name}, out)
+"""
+
+
+def test_the_apps_own_start_collects_garbage_on_the_gui_thread_only(tmp_path: Path) -> None:
+    """desktop/ui/app.py installs gc_policy itself (the suite's conftest installs it too, so only a process of its
+    own shows the app's call doing it): every collection in `switchyard gui` starts on the GUI (main) thread."""
+    import subprocess
+    import sys
+
+    result = tmp_path / "collections.json"
+    done = subprocess.run([sys.executable, "-c", _GC_PROBE, str(result)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(result.read_text())
+    assert seen["code"] == 0 and "interactive after" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert seen["starts"], "no collection at all: the hook saw nothing"  # imports collect before the app exists
+    assert set(seen["starts"]) == {seen["main"]}, seen["starts"]
