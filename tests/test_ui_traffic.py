@@ -44,8 +44,9 @@ def _traffic(store: Store, now: float) -> None:
 def test_traffic_panel_fills_the_questions_and_draws_the_crossover(qtbot, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWITCHYARD_HOME", str(tmp_path / "home"))
+    now = time.time()
     with Store() as store:
-        _traffic(store, time.time())
+        _traffic(store, now)
     from desktop.ui.pages.recommend import RecommendPage
 
     page = RecommendPage()
@@ -60,7 +61,11 @@ def test_traffic_panel_fills_the_questions_and_draws_the_crossover(qtbot, tmp_pa
     # the chart: both engines' measured curves, tagged, the operating point at p95 4 and the crossover between 1, 8
     assert set(panel.series) == {"llama.cpp", "vllm"} and panel.series["vllm"] == [(1.0, 30.0), (8.0, 160.0)]
     assert panel.marks["operating"] == 4.0 and 1.0 < panel.marks["crossover"] < 8.0
-    assert panel.legend.text().count("measured here on") == 2 and "default" not in panel.legend.text()
+    day = time.strftime("%Y-%m-%d", time.localtime(now - 60.0))  # the A/B's: both curves and both cold starts
+    legend = panel.legend.text()
+    assert f"llama.cpp: measured here on {day}; cold start 2.0 s measured here on {day}" in legend
+    assert f"vllm: measured here on {day}; cold start 50.0 s measured here on {day}" in legend
+    assert "default" not in legend
     assert "overtakes llama.cpp at concurrency" in panel.verdict.text()
     assert page._traffic_line() and "from 140 requests" in page._traffic_line()[0]
     page.concurrency.setValue(9)  # a typed number overrides: the recommendation no longer claims the traffic

@@ -99,6 +99,7 @@ class TrafficPanel(QGroupBox):
         self.picture: dict[str, Any] | None = None
         self.loading = False
         self._auto = True  # with enough traffic the questions are filled from it once; edits override
+        self.auto_filling = False  # while that first fill runs (nobody pressed "Use my traffic")
         self.summary = QLabel("Reading the endpoint's request log…")
         self.summary.setWordWrap(True)
         self.summary.setAccessibleName("traffic profile")
@@ -174,7 +175,11 @@ class TrafficPanel(QGroupBox):
         self.draw(x)
         if profile.enough and self._auto:
             self._auto = False
-            self.use()
+            self.auto_filling = True
+            try:
+                self.use()
+            finally:
+                self.auto_filling = False
 
     def draw_rate(self, profile: Any) -> None:
         """Requests per minute per bucket over the profile's span (steps: each bucket's rate holds for its width)."""
@@ -198,7 +203,7 @@ class TrafficPanel(QGroupBox):
         """Both engines' curves on log2 concurrency (throughput and TTFT p95), the operating point and the
         crossover as vertical lines on both."""
         self.series, self.ttft_series, self.marks = {}, {}, {}
-        from desktop.core.planning.basis import curve_basis
+        from desktop.core.planning.basis import curve_basis, named_basis
 
         legend = []
         plots = (self.plot.getPlotItem(), self.ttft_plot.getPlotItem())
@@ -218,8 +223,7 @@ class TrafficPanel(QGroupBox):
                 plots[1].plot([math.log2(c) for c, _ in ttft], [v for _, v in ttft], pen=pen, symbol="o",
                               symbolSize=6, symbolBrush=color, name=curve.engine)
             unit = " (relative to llama.cpp = 1)" if curve.relative else ""
-            cold = (f"; cold start {curve.cold_start_s:.1f} s "
-                    f"({'default' if curve.cold_start_tag == 'default' else 'measured here'})"
+            cold = (f"; {named_basis(f'cold start {curve.cold_start_s:.1f} s', curve.cold_start_tag)}"
                     if curve.cold_start_s is not None else "")
             legend.append(f'<span style="color:{color}">■</span> {curve.engine}: {curve_basis(curve.tag)}{unit}{cold}')
         text = QApplication.palette().color(QPalette.ColorRole.Text)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from desktop.core.planning.basis import curve_basis, faster_everywhere
+from desktop.core.planning.basis import crossover_at, ends_with_action, faster_everywhere, named_basis
 from desktop.core.planning.crossover import Crossover
 
 Action = Literal["stay", "watch", "start_standby", "switch_stop_first", "hand_over", "retire"]
@@ -106,56 +106,62 @@ def decide(inputs: PolicyInputs) -> Decision:
                                "crossover": x.crossover_concurrency, "both_fit": inputs.both_fit,
                                "expected_remaining_s": inputs.expected_remaining_s}
     window = _minutes(inputs.window_s)
+    tags = [(c.engine, c.tag) for c in x.curves]  # where the curves, and so the crossover, come from
 
     def made(action: Action, reason: str, **extra: Any) -> Decision:
         return Decision(action, reason, inputs.now, {**numbers, **extra})
 
     if x.crossover_concurrency is None or vllm is None or llama is None:
         levels = [p.concurrency for p in (llama.points if llama else ())]
-        tags = [(c.engine, c.tag) for c in x.curves]
         if inputs.active != "llama.cpp":
             return made("retire", faster_everywhere("llama.cpp", "vLLM", levels, tags, "handing back to llama.cpp"))
         return made("stay", faster_everywhere("llama.cpp", "vLLM", levels, tags,
                                               "vLLM never pays back on this machine, staying on llama.cpp"))
     cross = x.crossover_concurrency
+    crossing = crossover_at(cross, tags)  # "crossover 4 (measured here on DATE)": the figure and its basis
     on_vllm = inputs.active == "vllm"
     if on_vllm:
         idle, idle_cov = sustained_load(inputs.inflight, inputs.now, inputs.idle_s)
         numbers["idle_window_p95"] = idle
         if idle_cov >= inputs.idle_s - COVERED_SLACK_S and idle <= cross * RETIRE_BELOW:
             return made("retire", f"in-flight p95 {idle:g} over {_minutes(inputs.idle_s)} <= {RETIRE_BELOW:g} x "
-                                  f"crossover {cross:g}: retiring vLLM, llama.cpp serves")
+                                  f"{crossing}: retiring vLLM, llama.cpp serves")
         return made("stay", f"in-flight p95 {idle:g} over {_minutes(inputs.idle_s)}: vLLM keeps serving")
     if inputs.vllm_state == "ready":
         return made("hand_over", f"vLLM is ready: handing over (in-flight requests on llama.cpp drain), in-flight "
-                                 f"p95 {load:g} over {window} > crossover {cross:g}")
+                                 f"p95 {load:g} over {window} > {crossing}")
     if inputs.vllm_state == "starting":
         return made("watch", "vLLM is starting in the background; llama.cpp serves meanwhile")
     if covered < inputs.window_s - COVERED_SLACK_S:
         return made("watch", f"watching the load: {_minutes(covered)} of the {window} window seen, in-flight p95 "
-                             f"{load:g} so far (crossover {cross:g})")
+                             f"{load:g} so far ({crossing})")
     if load <= cross:
-        return made("stay", f"in-flight p95 {load:g} over {window} <= crossover {cross:g} "
-                            f"({curve_basis(vllm.tag)}): llama.cpp serves this load at least as fast")
+        return made("stay", ends_with_action(f"in-flight p95 {load:g} over {window} <= {crossing}: llama.cpp "
+                                             "serves this load at least as fast", tags))
     ta, tb = llama.at(load), vllm.at(load)
     cold = vllm.cold_start_s
     numbers.update(llama_tok_s=ta, vllm_tok_s=tb, vllm_cold_start_s=cold, cold_start_tag=vllm.cold_start_tag)
     if ta is None or tb is None or tb <= ta or cold is None:
-        return made("stay", f"in-flight p95 {load:g} over {window} > crossover {cross:g}, but vLLM is not faster "
+        return made("stay", f"in-flight p95 {load:g} over {window} > {crossing}, but vLLM is not faster "
                             "at this load by the curves: staying on llama.cpp")
     lost_share = inputs.co_resident_cost if inputs.both_fit else 1.0
     payback = cold + ta * cold * lost_share / (tb - ta)
     numbers.update(payback_s=round(payback, 1), lost_share=lost_share)
-    head = f"in-flight p95 {load:g} over {window} > crossover {cross:g}"
+    head = f"in-flight p95 {load:g} over {window} > {crossing}"
+    cold_basis = named_basis("its cold start", vllm.cold_start_tag)  # "its cold start measured here on DATE"
+    figures = [*tags, ("vllm cold start", vllm.cold_start_tag)]
     remaining = inputs.expected_remaining_s
     if remaining is not None and remaining < payback:
-        return made("stay", f"{head}, but the service is expected to end in {_minutes(remaining)}, before vLLM's "
-                            f"cold start {cold:.0f} s pays back ({_minutes(payback)}): staying on llama.cpp")
-    pays = f"vLLM cold start {cold:.0f} s pays back in {_minutes(payback)}"
+        return made("stay", ends_with_action(
+            f"{head}, but the service is expected to end in {_minutes(remaining)}, before vLLM's cold start "
+            f"{cold:.0f} s pays back ({_minutes(payback)}; {cold_basis}): staying on llama.cpp", figures))
+    pays = f"vLLM cold start {cold:.0f} s pays back in {_minutes(payback)} ({cold_basis})"
     if inputs.both_fit:
-        return made("start_standby", f"{head}; {pays}: starting vLLM in the background (both fit)")
-    return made("switch_stop_first", f"{head}; {pays}; only one engine fits: stop-first, no engine serves for "
-                                     f"about {cold:.0f} s (requests wait at the endpoint)", expected_gap_s=cold)
+        return made("start_standby", ends_with_action(f"{head}; {pays}: starting vLLM in the background (both fit)",
+                                                      figures))
+    return made("switch_stop_first", ends_with_action(
+        f"{head}; {pays}; only one engine fits: stop-first, no engine serves for about {cold:.0f} s (requests wait "
+        "at the endpoint)", figures), expected_gap_s=cold)
 
 
 __all__ = ["Decision", "PolicyInputs", "decide", "sustained_load"]

@@ -5,7 +5,9 @@ and ends with the action that would measure it.
 
 A curve's tag is DEFAULT_TAG, `measured_tag(when)` (an A/B or bench run in this machine's history), or a tag of
 its own (a forced crossover). The workload's operating point comes from the user's traffic or from the numbers
-they typed (`workload_basis`).
+they typed (`workload_basis`). The recommender's single figures (a cold start, a throughput, vLLM's gain) are
+worded by `figure_basis`, and what a partial history measured and what it did not by `history_basis`; the hybrid
+endpoint's crossover and cold start by `crossover_at` and `named_basis`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Iterable, Sequence
 DEFAULT_TAG = "default"
 MEASURED_PREFIX = "as measured on this machine on "
 NOT_MEASURED = "by default figures, not measured here"
+FIGURE_DEFAULT = "default figure, not measured here"
 MEASURE_IT = "run a short A/B on the Compare page (or `switchyard ab`) to measure it here"
 WORKLOAD_SOURCES = {"traffic": "from your traffic", "typed": "from the numbers you typed"}
 
@@ -54,8 +57,7 @@ def workload_basis(source: str | None) -> str:
 
 def qualified(sentence: str, tags: Sequence[tuple[str, str]]) -> str:
     """`sentence` with where its figures come from; when any of them is a default, ending with how to measure it."""
-    text = f"{sentence} ({curves_basis(tags)})"
-    return f"{text}; {MEASURE_IT}" if any(tag == DEFAULT_TAG for _, tag in tags) else text
+    return ends_with_action(f"{sentence} ({curves_basis(tags)})", tags)
 
 
 def faster_everywhere(winner: str, loser: str, levels: Iterable[int], tags: Sequence[tuple[str, str]],
@@ -65,9 +67,69 @@ def faster_everywhere(winner: str, loser: str, levels: Iterable[int], tags: Sequ
     shown = "; ".join(part for part in (", ".join(str(level) for level in levels), curves_basis(tags)) if part)
     if tags and all(is_measured(tag) for _, tag in tags):
         return f"{winner} measures faster at every concurrency ({shown}): {consequence}"
-    text = f"{winner} is faster at every concurrency ({shown}): {consequence}"
+    return ends_with_action(f"{winner} is faster at every concurrency ({shown}): {consequence}", tags)
+
+
+def ends_with_action(text: str, tags: Sequence[tuple[str, str]]) -> str:
+    """`text`, ending with how to measure its figures when any of them is a default."""
     return f"{text}; {MEASURE_IT}" if any(tag == DEFAULT_TAG for _, tag in tags) else text
 
 
-__all__ = ["DEFAULT_TAG", "MEASURED_PREFIX", "MEASURE_IT", "NOT_MEASURED", "curve_basis", "curves_basis",
-           "faster_everywhere", "is_measured", "measured_tag", "qualified", "workload_basis"]
+def named_basis(name: str, tag: str) -> str:
+    """One named figure and where it comes from: "its cold start measured here on DATE", "vLLM's cold start by
+    default figures, not measured here"."""
+    return f"{name} {curve_basis(tag)}"
+
+
+def crossover_at(concurrency: float, tags: Sequence[tuple[str, str]]) -> str:
+    """The crossover concurrency with its curves' basis: "crossover 4 (measured here on DATE)"."""
+    return f"crossover {concurrency:g} ({curves_basis(tags)})"
+
+
+# --- the recommender's figures (planning.evidence.Figure, or its JSON on the page) -------------------------------
+def figure_basis(measured: bool, run_date: str | None = None, run_id: int | None = None,
+                 note: str | None = None) -> str:
+    """One figure's source: "measured here on DATE, run #N", "measured" (a caller's own figure, said in its note),
+    or "default figure, not measured here"; its note (interpolated, nearest model, typical on a CPU) after it."""
+    if measured and run_date:
+        text = f"measured here on {run_date}" + (f", run #{run_id}" if run_id is not None else "")
+    else:
+        text = "measured" if measured else FIGURE_DEFAULT
+    return f"{text}; {note}" if note else text
+
+
+def history_basis(figures: Sequence[tuple[str, bool, str | None]]) -> str:
+    """What this machine's history measured of the figures a verdict used and what it did not, from (name,
+    measured, run date) triples: "llama.cpp's cold start was measured here on DATE; vLLM's cold start and ... are
+    default figures, not measured here; run a short A/B ..."."""
+    measured = [(name, date) for name, is_it, date in figures if is_it and date]
+    given = [name for name, is_it, date in figures if is_it and not date]  # a caller's own measurements
+    defaults = [name for name, is_it, _ in figures if not is_it]
+    parts = []
+    if given:
+        parts.append(f"{_and(given)} {'was' if len(given) == 1 else 'were'} given as measured by the caller")
+    if measured:
+        dates = {date for _, date in measured}
+        if len(dates) == 1:
+            date = next(iter(dates))
+            when = f" on {date}"
+            names = _and([name for name, _ in measured])
+        else:
+            when = ""
+            names = _and([f"{name} (on {date})" for name, date in measured])
+        parts.append(f"{names} {'was' if len(measured) == 1 else 'were'} measured here{when}")
+    if defaults:
+        what = "is a default figure" if len(defaults) == 1 else "are default figures"
+        lead = "nothing was measured here for this model: " if not (measured or given) else ""
+        parts.append(f"{lead}{_and(defaults)} {what}, not measured here")
+        parts.append(MEASURE_IT)
+    return "; ".join(parts)
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+__all__ = ["DEFAULT_TAG", "FIGURE_DEFAULT", "MEASURED_PREFIX", "MEASURE_IT", "NOT_MEASURED", "crossover_at",
+           "curve_basis", "curves_basis", "ends_with_action", "faster_everywhere", "figure_basis", "history_basis",
+           "is_measured", "measured_tag", "named_basis", "qualified", "workload_basis"]

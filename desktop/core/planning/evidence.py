@@ -30,6 +30,7 @@ from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts
+from desktop.core.planning.basis import figure_basis
 from desktop.core.planning.fit import FitResult, estimate, normalise_engine, sizing_plan
 from desktop.core.storage.history import RunRecord, Store, machine_name
 
@@ -54,9 +55,9 @@ class Figure:
         return self.source == MEASURED
 
     def tag(self) -> str:
-        """A short provenance label for reasons: "measured, run #12 on 2026-12-01" or "default"."""
-        text = f"measured, run #{self.run_id} on {self.run_date}" if self.measured else "default"
-        return f"{text}; {self.note}" if self.note else text
+        """Where the figure came from, worded by planning.basis: "measured here on 2026-12-01, run #12" or
+        "default figure, not measured here", with its note."""
+        return figure_basis(self.measured, self.run_date, self.run_id, self.note)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

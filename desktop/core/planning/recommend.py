@@ -35,6 +35,7 @@ from desktop.core.engines.runtimes import engine_supported
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts
 from desktop.core.models.quants import vllm_capability_refusal
+from desktop.core.planning.basis import history_basis
 from desktop.core.planning.evidence import Evidence, Figure, corrected_fit, default, memory_checks
 from desktop.core.planning.fit import FitResult, estimate, size_vllm, vllm_utilization
 from desktop.core.planning.weights import gguf_ladder
@@ -350,7 +351,7 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
                            f"throughput ({gain_tag}); cold start llama.cpp {cold_tag['llama.cpp']}, vLLM "
                            f"{cold_tag['vllm']}")
         elif gain <= margin:
-            reasons.append(f"with {work.concurrency} request(s) in flight vLLM is no clearly faster (~{gain:.2f}x, "
+            reasons.append(f"with {work.concurrency} request(s) in flight vLLM is not clearly faster (~{gain:.2f}x, "
                            f"{gain_tag}), so its cold start of {cold_tag['vllm']} buys nothing over llama.cpp's "
                            f"{cold_tag['llama.cpp']}")
         else:
@@ -377,11 +378,9 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
         reasons.extend(llama_notes)
         if not facts.is_gguf:
             reasons.append(f"download a {llama.quant} GGUF of this model for llama.cpp (the Hub search lists them)")
-    if any(s == "measured" for s in sources.values()) or gain_source == "measured":
-        reasons.append("measured history from this machine replaced the default cold-start/throughput figures")
-    elif evidence is not None and evidence.consulted:
-        reasons.append("nothing measured on this machine for this model: default figures (an A/B here would "
-                       "replace them)")
+    if any(s == "measured" for s in sources.values()) or gain_source == "measured" or \
+            (evidence is not None and evidence.consulted):
+        reasons.append(history_basis(_named_figures(figures)))
     chosen = _learned(facts, hardware, chosen, evidence, numbers)
     assert chosen.plan is not None
     numbers["fit"] = {"weights_gib": chosen.weights_gib, "kv_cache_gib": chosen.kv_cache_gib,
@@ -409,6 +408,20 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
 
 def _secs(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+ENGINE_NAMES = {"llama.cpp": "llama.cpp", "vllm": "vLLM"}
+
+
+def _named_figures(figures: dict[str, Any]) -> list[tuple[str, bool, str | None]]:
+    """The figures the verdict rests on, named for `basis.history_basis`: both cold starts and vLLM's gain."""
+    named: list[tuple[str, bool, str | None]] = []
+    for engine, fig in figures["cold_start_s"].items():
+        named.append((f"{ENGINE_NAMES.get(engine, engine)}'s cold start", fig.measured, fig.run_date))
+    gain: Figure = figures["vllm_throughput_gain"]
+    nearest = " (of the nearest model run here)" if "nearest measured model" in (gain.note or "") else ""
+    named.append((f"the vLLM / llama.cpp throughput ratio{nearest}", gain.measured, gain.run_date))
+    return named
 
 
 def _figures(concurrency: int, cpu_vllm: bool, measured: dict[str, EngineMeasurement],

@@ -70,16 +70,17 @@ class AutopilotSettings:
         return asdict(self)
 
 
-def forced_crossover(at: float, cold_start_s: float | None) -> Crossover:
+def forced_crossover(at: float, cold_start_s: float | None, cold_start_tag: str | None = None) -> Crossover:
     """A crossover at concurrency `at` by construction (--auto-crossover): llama.cpp flat, vLLM half as fast at 1,
-    level at `at`, 4x at the top; vLLM's cold start as measured (or the default)."""
+    level at `at`, 4x at the top; vLLM's cold start as measured (or the default), tagged as its curve was (None:
+    the forced tag, a figure the caller chose)."""
     tag = f"forced (--auto-crossover {at:g})"
     level = max(1, round(at))
     top = max(64, 2 * level)
     llama = EngineCurve(BASE, (CurvePoint(1, 1.0), CurvePoint(top, 1.0)), tag, relative=True)
     points = (CurvePoint(1, 1.01), CurvePoint(top, 4.0)) if level <= 1 else \
         (CurvePoint(1, 0.5), CurvePoint(level, 1.0), CurvePoint(top, 4.0))
-    vllm = EngineCurve(OTHER, points, tag, cold_start_s, tag, relative=True)
+    vllm = EngineCurve(OTHER, points, tag, cold_start_s, cold_start_tag or tag, relative=True)
     return crossover([llama, vllm])
 
 
@@ -89,7 +90,8 @@ def machine_crossover(runs: Iterable[Any], model: str, hardware: HardwareSnapsho
     (keeping vLLM's measured or default cold start)."""
     curves = curves_from_history(list(runs), model, cpu=not hardware.cuda_gpus)
     if forced is not None:
-        return forced_crossover(forced, next((c.cold_start_s for c in curves if c.engine == OTHER), None))
+        vllm = next((c for c in curves if c.engine == OTHER), None)
+        return forced_crossover(forced, vllm.cold_start_s if vllm else None, vllm.cold_start_tag if vllm else None)
     return crossover(curves)
 
 

@@ -53,6 +53,11 @@ def compute_recommendation(model: str, concurrency: int, prompt_len: int, output
     return recommend(facts, detect(), workload, evidence=evidence)
 
 
+def _numbered(ask: int, *args: Any) -> tuple[int, Any]:
+    """`compute_recommendation(*args)` with the number of the ask it answers (worker thread)."""
+    return ask, compute_recommendation(*args)
+
+
 def figure_lines(rec: Any) -> list[str]:
     """The figures the decision used, each with where it came from (measured run or default)."""
     figures = rec.numbers.get("figures") or {}
@@ -74,8 +79,9 @@ def figure_lines(rec: Any) -> list[str]:
 
 
 def _tag(fig: dict[str, Any]) -> str:
-    text = f"measured, run #{fig['run_id']} on {fig['run_date']}" if fig.get("source") == "measured" else "default"
-    return f"{text}; {fig['note']}" if fig.get("note") else text
+    from desktop.core.planning.basis import figure_basis
+
+    return figure_basis(fig.get("source") == "measured", fig.get("run_date"), fig.get("run_id"), fig.get("note"))
 
 
 class RecommendPage(QWidget):
@@ -86,6 +92,7 @@ class RecommendPage(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.recommendation: Any = None
+        self.asks = 0  # Recommend presses (and recomputations); the answer shown is the newest one's
         self.model_edit = QLineEdit("demo")
         self.model_edit.setToolTip("`demo`, a GGUF file, a Hugging Face folder, or a Hub repo id")
         self.concurrency = QSpinBox()
@@ -196,7 +203,9 @@ class RecommendPage(QWidget):
         self.output_len.setValue(output)
 
     def use_traffic(self, workload: Any) -> None:
-        """Fill the questions from the profile; any number changed afterwards overrides it."""
+        """Fill the questions from the profile and answer for them (the answer shown, or the one being computed,
+        was for the old numbers); any number changed afterwards overrides it. The first automatic fill, before
+        anything was asked, only fills the questions."""
         self.concurrency.setValue(workload.concurrency)
         self.prompt_len.setValue(workload.prompt_len)
         self.output_len.setValue(workload.output_len)
@@ -204,15 +213,23 @@ class RecommendPage(QWidget):
         self.restarts.setValue(workload.restarts_per_day)
         self.traffic_workload = (self.concurrency.value(), self.prompt_len.value(), self.output_len.value(),
                                  self.lifetime.value(), self.restarts.value())
+        if self.asks or not self.traffic.auto_filling:
+            self.compute()
 
     def compute(self) -> None:
         self.recommend_button.setEnabled(False)
         self.launch_button.setEnabled(False)
         self.export_button.setEnabled(False)
         self.notice.show_message("Looking at the model and this machine…")
-        submit(compute_recommendation, self.model_edit.text().strip() or "demo", self.concurrency.value(),
+        self.asks += 1  # only the newest ask's answer is shown: an older one still computing was for old numbers
+        submit(_numbered, self.asks, self.model_edit.text().strip() or "demo", self.concurrency.value(),
                self.prompt_len.value(), self.output_len.value(), self.lifetime.value(), self.restarts.value(),
-               on_finished=self.show_recommendation, on_error=self.show_error)
+               on_finished=self._answered, on_error=self.show_error)
+
+    def _answered(self, numbered: tuple[int, Any]) -> None:
+        ask, rec = numbered
+        if ask == self.asks:
+            self.show_recommendation(rec)
 
     def show_error(self, message: str) -> None:
         self.recommend_button.setEnabled(True)
