@@ -7,12 +7,16 @@ the real engines in test_real_engines_switch_after_tool_calls_keeps_answering_th
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from conftest import run_cli
 from test_autopilot_live import BOTH_FIT, ONE_FITS, Hybrid, _held, _until
 from test_fleet import CPU, standin_launcher, two_models
 
@@ -31,7 +35,7 @@ from desktop.core.serving.capabilities import (
     TrafficCapabilities,
     probe,
 )
-from desktop.core.serving.endpoint import EndpointManager, MemoryBudget
+from desktop.core.serving.endpoint import EndpointEvent, EndpointManager, MemoryBudget
 from desktop.core.serving.fleet import Fleet
 from desktop.core.serving.proxy import ProxyServer
 from desktop.core.serving.requestinfo import scan
@@ -119,7 +123,8 @@ class Endpoint:
     """A stand-in llama.cpp behind a real proxy and manager; the stand-in vLLM a switch starts gets `vllm_flags`,
     and every engine writes its requests to `requests/<engine>.jsonl`."""
 
-    def __init__(self, tmp_path: Path, vllm_flags: list[str], budget: MemoryBudget | None = None) -> None:
+    def __init__(self, tmp_path: Path, vllm_flags: list[str], budget: MemoryBudget | None = None,
+                 failover: bool = False) -> None:
         self.dir = tmp_path / "requests"
         self.dir.mkdir()
         self.launched: list[LaunchPlan] = []
@@ -131,7 +136,8 @@ class Endpoint:
         self.proxy = ProxyServer(port=find_free_port(), wait_timeout=60)
         self.proxy.start()
         self.manager = EndpointManager(self.proxy, hardware=CPU, ready_timeout=60, budget=budget,
-                                       launcher=standin_launcher(tmp_path, options, self.launched))
+                                       launcher=standin_launcher(tmp_path, options, self.launched),
+                                       keep_standby=failover, failover=failover)
         self.manager.start(ask_plan("llama.cpp", "demo", {"ctx_per_request": 512}))
 
     def chat(self, **fields: Any) -> httpx.Response:
@@ -153,8 +159,9 @@ class Endpoint:
 def endpoint(tmp_path: Path) -> Iterator[Callable[..., Endpoint]]:
     made: list[Endpoint] = []
 
-    def make(vllm_flags: list[str] | None = None, budget: MemoryBudget | None = None) -> Endpoint:
-        made.append(Endpoint(tmp_path, vllm_flags or [], budget))
+    def make(vllm_flags: list[str] | None = None, budget: MemoryBudget | None = None,
+             failover: bool = False) -> Endpoint:
+        made.append(Endpoint(tmp_path, vllm_flags or [], budget, failover))
         return made[-1]
 
     yield make
@@ -170,7 +177,11 @@ def test_a_switch_to_an_engine_that_refuses_the_tools_in_use_is_refused_and_noth
     preview = e.manager.switch_preview("vllm")
     rows = {row["capability"]: row for row in preview["capabilities"]}
     assert rows[TOOLS]["traffic_s_ago"] is not None and rows[IMAGES]["traffic_s_ago"] is None
-    assert rows[TOOLS]["active"] == "yes" and rows[TOOLS]["target"] in ("yes", "no")
+    # the demo's chat template renders tools the Hermes way (models/demo.py, DEMO_VERSION 2): its vLLM plan carries
+    # the hermes parser, so the table says "yes"; this stand-in vLLM refuses tools all the same, as a build without
+    # the parser does, which only the probe finds out
+    assert rows[TOOLS]["active"] == "yes" and rows[TOOLS]["target"] == "yes"
+    assert preview["plan"]["tool_parser"] == "hermes"
     with pytest.raises(SwitchyardError) as refused:
         e.manager.switch("vllm")
     assert "vLLM answered 400 to a tools request: set tool_parser for this model" in refused.value.message
@@ -198,6 +209,79 @@ def test_a_stop_first_switch_that_is_refused_brings_the_old_engine_back_before_a
     assert active is not None and active.plan.engine == "llama.cpp"  # started again: it had stopped
     assert [p.engine for p in e.launched] == ["llama.cpp", "vllm", "llama.cpp"]
     assert e.chat(messages=image).status_code == 200 and e.proxy.counters["failed"] == 0
+
+
+TOOLS_REFUSED = ('vLLM answered 400 to a tools request: set tool_parser for this model (models.yaml `tool_parser:`) '
+                 '(it said: "auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set)')
+
+
+def test_a_switch_while_nothing_serves_probes_the_next_engine_and_refuses_one_that_drops_the_tools_in_use(
+        endpoint: Callable[..., Endpoint]) -> None:
+    """Nothing serves (the engine was unloaded, as an idle model's is): no request waits on the switch, so there is
+    time to probe; an engine that refuses what the traffic used is refused and stopped, as beside a serving one."""
+    e = endpoint(["--refuse", "tools"])
+    assert e.chat(tools=[TOOL]).status_code == 200
+    assert e.manager.unload("unloaded by the test") and e.manager.active is None
+    events: list[str] = []
+    e.manager.subscribe(lambda event: events.append(event.message))
+    with pytest.raises(SwitchyardError) as refused:
+        e.manager.switch("vllm")
+    assert e.probes("vllm") == [[TOOLS]]
+    assert refused.value.message == TOOLS_REFUSED
+    assert events[-1] == "switch to vllm refused, nothing serves, as before: " + TOOLS_REFUSED
+    assert e.manager.active is None and e.manager.standby is None
+    assert [p.engine for p in e.launched] == ["llama.cpp", "vllm"]
+
+
+def test_a_crash_failover_moves_at_once_then_probes_the_standby_and_says_what_it_refuses(
+        endpoint: Callable[..., Endpoint]) -> None:
+    """The active engine dies: its warm standby takes over at once (requests do not wait for a probe: the engine
+    that answered them is gone), then is probed off the engine's log thread; what it refuses is said in status
+    (the CLI's `status` prints it), the endpoint's events (the serve log, the Serve page's notice) and the Serve
+    page's capability lines."""
+    from desktop.core.serving.control import (
+        EndpointControl,
+        control_routes,
+        new_token,
+        remove_discovery,
+        write_discovery,
+    )
+    from desktop.ui.pages.serve import capabilities_text
+
+    e = endpoint(["--refuse", "tools"], failover=True)
+    e.manager.prepare_standby(e.manager.target("vllm"))
+    first, standby = e.manager.active, e.manager.standby
+    assert first is not None and standby is not None and first.process.pid is not None
+    assert e.chat(tools=[TOOL]).status_code == 200  # llama.cpp answers tool calls
+    events: list[tuple[str, str]] = []
+    checked = threading.Event()
+
+    def heard(event: EndpointEvent) -> None:
+        events.append((event.state, event.message))
+        if "after the crash failover" in event.message:
+            checked.set()
+
+    e.manager.subscribe(heard)
+    os.kill(first.process.pid, signal.SIGKILL)
+    assert checked.wait(30), events
+    said = (f"capability check after the crash failover: {TOOLS_REFUSED}; {standby.upstream.name} serves on, and "
+            "requests that use it fail until a switch to an engine that answers them")
+    assert events[0] == ("failover", f"{first.upstream.name} died ({first.process.failure().message}); "
+                                     f"{standby.upstream.name} took over (capability check: not checked before the "
+                                     "crash failover; checking tools now)")
+    assert events[-1] == ("failover", said)
+    assert e.manager.active is standby and e.probes("vllm") == [[TOOLS]]
+    assert e.manager.status()["capability_check"] == said
+    assert capabilities_text(e.manager.capability_table(), e.manager.capability_note).endswith("\nC" + said[1:])
+    assert e.chat().status_code == 200  # plain text still served, by the standby
+    token = new_token()
+    e.proxy.add_routes(control_routes(EndpointControl(e.manager), token))
+    discovery = write_discovery(e.proxy.port, e.proxy.url, token)
+    try:
+        shown = run_cli("status", "--port", str(e.proxy.port))
+    finally:
+        remove_discovery(discovery)
+    assert shown.returncode == 0 and f"\n  {said}\n" in shown.stdout, shown.stdout + shown.stderr
 
 
 def test_without_tool_traffic_the_same_switch_goes_through_and_probes_nothing(

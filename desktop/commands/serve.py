@@ -714,6 +714,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  requests {requests['requests']} total, {requests['failed']} failed, {requests['inflight']} in flight")
     if data.get("last_error"):
         print(f"  last error: {cell(data['last_error'])}")  # it can quote an engine's log line
+    if data.get("capability_check"):  # a crash failover's: not checked yet, or what the standby answered
+        print(f"  {cell(data['capability_check'])}")
     for line in capability_lines(data.get("capabilities") or [], {"active": "active", "other": "other"}):
         print(line)
     return 0

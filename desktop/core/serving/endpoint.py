@@ -116,6 +116,7 @@ class EndpointManager:
         self.engine_overrides: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (engine_overrides or {}).items()}
         self.state = "starting"
         self.last_error: str | None = None
+        self.capability_note: str | None = None  # a crash failover's capability check: pending, or what it found
         self.plan: LaunchPlan | None = None  # what this endpoint (or model) serves, also while it is unloaded
         self.slots = EngineSlots()  # the one state: which engine is active, standby, starting, sleeping
         self.cold_starts: dict[str, float] = {}  # engine -> seconds its last cold start took (switch previews)
@@ -170,6 +171,7 @@ class EndpointManager:
                 if self.telemetry and self.telemetry.gpu else "off",
                 "autopilot": self.autopilot.status() if self.autopilot is not None else None,
                 "capabilities": self.capability_table(),
+                "capability_check": self.capability_note,
             }
 
     def capability_table(self) -> list[dict[str, Any]]:

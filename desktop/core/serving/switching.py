@@ -98,6 +98,7 @@ def promote(m: EndpointManager, new: ManagedEngine) -> None:
         m.plan = new.plan
     m.set_upstream(new.upstream)
     m.down.clear()  # a switch also revives an endpoint whose engine had died
+    m.capability_note = None  # what a crash failover's check said is about the engine that served then
 
 
 def warm(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, kind: str, started: float
@@ -118,13 +119,13 @@ def warm(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, kind: 
             m.emit("serving" if old else "down", f"switch to {plan.engine} failed, "
                    f"{old.upstream.name if old else 'nothing'} keeps serving: {exc.message}")
             raise
-    probed, why = capability_check(m, new) if old is not None else ((), None)
-    if why is not None:  # the old engine keeps serving; a warm standby stays one
+    probed, why = capability_check(m, new)  # also when nothing serves: no request waits on it then either
+    if why is not None:  # the old engine keeps serving (or nothing does, as before); a warm standby stays one
         if reused:
             park(m, new, "standby")
         else:
             m.retire(new)
-        raise refused(m, old, plan, why)
+        raise refused(m, old, plan, why, served=old is not None)
     promote(m, new)  # from here on, new requests go to the new engine
     drained, kept, cut = True, False, 0
     if old is not None:
@@ -252,12 +253,14 @@ def capability_check(m: EndpointManager, new: ManagedEngine) -> tuple[tuple[str,
     return tuple(used), refusal.message(new.plan.engine)
 
 
-def refused(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, why: str) -> CapabilityRefused:
+def refused(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, why: str, served: bool = True
+            ) -> CapabilityRefused:
     """Say that the switch to `plan` was refused and why (`old`: the engine that serves on; None when it did not
-    come back); the error to raise."""
+    come back, or, with `served` False, when nothing served before the switch either); the error to raise."""
     m.last_error = why
-    m.emit("serving" if old else "down", f"switch to {plan.engine} refused, "
-           f"{f'{old.upstream.name} keeps serving' if old else 'and the old engine did not come back'}: {why}")
+    after = f"{old.upstream.name} keeps serving" if old else \
+        "and the old engine did not come back" if served else "nothing serves, as before"
+    m.emit("serving" if old else "down", f"switch to {plan.engine} refused, {after}: {why}")
     return CapabilityRefused(why, "the traffic of the last hour used it: a switch must not break those clients")
 
 
@@ -383,6 +386,7 @@ def on_crash(m: EndpointManager, managed: ManagedEngine) -> None:
             m.slots.retired.append(managed)
         else:
             standby = None
+            m.capability_note = None  # about an engine that no longer serves
             if m.route is not None:  # a model of several: the next request for it loads it again
                 m.active = None
                 m.slots.retired.append(managed)
@@ -390,8 +394,32 @@ def on_crash(m: EndpointManager, managed: ManagedEngine) -> None:
         threading.Thread(target=m.telemetry.unwatch, args=(managed.upstream.name,), daemon=True).start()
     if standby is not None:
         m.set_upstream(standby.upstream)
-        m.emit("failover", f"{managed.upstream.name} died ({reason.message}); {standby.upstream.name} took over")
+        used = m.proxy.capabilities.recent(traffic_key(m))
+        m.capability_note = f"capability check: not checked before the crash failover; checking " \
+                            f"{', '.join(used)} now" if used else None
+        m.emit("failover", f"{managed.upstream.name} died ({reason.message}); {standby.upstream.name} took over"
+               + (f" ({m.capability_note})" if used else ""))
+        if used:  # probed off this (the dead engine's log) thread: its requests already go to the standby
+            threading.Thread(target=check_after_failover, args=(m, standby), name="switchyard-failover-check",
+                             daemon=True).start()
         return
     m.set_upstream(None, down_reason=reason.message, idle=m.route is not None)
     m.emit("down", f"{reason.message} ({reason.hint})")
     m.down.set()
+
+
+def check_after_failover(m: EndpointManager, new: ManagedEngine) -> None:
+    """The capability check of a crash failover, after the standby took over: the engine that answered the traffic
+    is gone, so requests go on to the standby at once rather than wait for a probe (and then for nothing better).
+    What the probe finds is said in status, the endpoint's log and the Serve page; nothing when a switch or a close
+    came first (the engine then no longer serves)."""
+    probed, why = capability_check(m, new)
+    found = f"{new.upstream.name} answers {', '.join(probed)}" if why is None else \
+        f"{why}; {new.upstream.name} serves on, and requests that use it fail until a switch to an engine that " \
+        "answers them"
+    note = f"capability check after the crash failover: {found}"
+    with m.lock:
+        if m.active is not new:  # switched away, died or closed meanwhile (close() empties every role)
+            return
+        m.capability_note = note
+    m.emit("serving" if why is None else "failover", note)  # a refusal: a warning, as the failover was

@@ -80,9 +80,10 @@ def autopilot_text(status: dict[str, Any]) -> str:
     return text
 
 
-def capabilities_text(rows: list[dict[str, Any]]) -> str:
+def capabilities_text(rows: list[dict[str, Any]], check: str | None = None) -> str:
     """The capability table (serving.capabilities.table) in a line per capability the traffic used: when, and what
-    the serving plan and the one a switch would go to were launched to support."""
+    the serving plan and the one a switch would go to were launched to support; then `check`, a crash failover's
+    capability check (the manager's `capability_note`), when there is one."""
     used = [r for r in rows if r.get("traffic_s_ago") is not None]
     if not used:
         return "Capabilities: the traffic used none of tools, JSON schemas, images, reasoning so far"
@@ -91,6 +92,8 @@ def capabilities_text(rows: list[dict[str, Any]]) -> str:
         other = f", other engine: {row['other']}" if row.get("other") else ""
         lines.append(f"  {row['capability']} ({row['traffic_s_ago']:.0f} s ago) — serving: {row.get('active') or '-'}"
                      f"{other}")
+    if check:
+        lines.append(check[0].upper() + check[1:])
     return "\n".join(lines)
 
 
@@ -562,7 +565,7 @@ class ServePage(QWidget):
         table = getattr(manager, "capability_table", None) if manager is not None else None
         self.capabilities_label.setVisible(table is not None)
         if table is not None:
-            self.capabilities_label.setText(capabilities_text(table()))
+            self.capabilities_label.setText(capabilities_text(table(), getattr(manager, "capability_note", None)))
         ready = serving is not None and serving.state.value == "ready"
         self.chat.show_engine_state(engine_short(serving) if ready else None,
                                     line.split(" · ")[-1] if starting is not None else None)
