@@ -80,6 +80,24 @@ def test_recommend_cli_says_only_llamacpps_cold_start_was_measured(tmp_path: Pat
                                f"llama.cpp's cold start was measured here on {day}"]))
 
 
+def test_the_memory_a_launch_measured_says_where_and_when(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SWITCHYARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("desktop.core.machine.hardware.detect", lambda *a, **k: CPU)
+    when = time.time() - 3600.0
+    with Store() as store:
+        run = store.add_run(RunRecord(kind="launch", engine="llama.cpp", model="demo", created_at=when,
+                                      settings={"ctx": 1024, "parallel": 1},
+                                      summary={"cold_start": {"t3_first_request_s": 2.0},
+                                               "load_memory": {"rss_gib": 1.25}}))
+    from desktop.cli import main
+
+    assert main(["recommend", "demo", "--concurrency", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\n  memory, total \(process RSS\): predicted \d+\.\d\d GiB, measured 1\.25 GiB here on "
+                     + re.escape(f"{_date(when)} (launch #{run})\n"), out), out
+
+
 # --- the Recommend page -----------------------------------------------------------------------------------------
 def _shown(page: Any) -> str:
     """Every text the page shows: labels (rich text as plain), buttons, group box titles, and the charts' titles,

@@ -246,6 +246,7 @@ def _print_engine_check(check: dict[str, Any]) -> None:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     from desktop.core.models.facts import facts_for
+    from desktop.core.planning.basis import memory_check
     from desktop.core.planning.launch import describe
     from desktop.core.planning.recommend import Workload, recommend
 
@@ -277,8 +278,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     for reason in rec.reasons:
         print(f"  - {reason}")
     for check in rec.numbers.get("memory_checks") or []:
-        print(f"  memory, {check['what']}: predicted {check['predicted_gib']:.2f} GiB, measured "
-              f"{check['measured_gib']:.2f} GiB (launch #{check['run_id']}, {check['run_date']})")
+        print(f"  {memory_check(check)}")
     if rec.runner_up:
         print(f"Runner-up: {rec.runner_up['engine']} ({rec.runner_up.get('quant') or '-'}): {rec.runner_up['why_lost']}")
     return 0

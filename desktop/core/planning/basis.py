@@ -13,7 +13,8 @@ endpoint's crossover and cold start by `crossover_at` and `named_basis`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 DEFAULT_TAG = "default"
 MEASURED_PREFIX = "as measured on this machine on "
@@ -98,6 +99,13 @@ def figure_basis(measured: bool, run_date: str | None = None, run_id: int | None
     return f"{text}; {note}" if note else text
 
 
+def memory_check(check: Mapping[str, Any]) -> str:
+    """The fit's prediction beside what the newest launch here measured (`evidence.MemoryCheck.to_json()`):
+    "memory, KV cache: predicted 1.00 GiB, measured 1.10 GiB here on DATE (launch #N)"."""
+    return (f"memory, {check['what']}: predicted {check['predicted_gib']:.2f} GiB, measured "
+            f"{check['measured_gib']:.2f} GiB here on {check['run_date']} (launch #{check['run_id']})")
+
+
 def history_basis(figures: Sequence[tuple[str, bool, str | None]]) -> str:
     """What this machine's history measured of the figures a verdict used and what it did not, from (name,
     measured, run date) triples: "llama.cpp's cold start was measured here on DATE; vLLM's cold start and ... are
@@ -132,4 +140,4 @@ def _and(names: Sequence[str]) -> str:
 
 __all__ = ["DEFAULT_TAG", "FIGURE_DEFAULT", "MEASURED_PREFIX", "MEASURE_IT", "NOT_MEASURED", "crossover_at",
            "curve_basis", "curves_basis", "ends_with_action", "faster_everywhere", "figure_basis", "history_basis",
-           "is_measured", "measured_tag", "named_basis", "qualified", "workload_basis"]
+           "is_measured", "measured_tag", "memory_check", "named_basis", "qualified", "workload_basis"]

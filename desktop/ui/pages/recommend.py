@@ -59,7 +59,9 @@ def _numbered(ask: int, *args: Any) -> tuple[int, Any]:
 
 
 def figure_lines(rec: Any) -> list[str]:
-    """The figures the decision used, each with where it came from (measured run or default)."""
+    """The figures the decision used, each with where it came from (measured run or default, planning.basis)."""
+    from desktop.core.planning.basis import memory_check
+
     figures = rec.numbers.get("figures") or {}
     lines = []
     for engine, fig in (figures.get("cold_start_s") or {}).items():
@@ -73,8 +75,7 @@ def figure_lines(rec: Any) -> list[str]:
     if gain:
         lines.append(f"vLLM / llama.cpp throughput: {gain['value']:.2f}x ({_tag(gain)})")
     for check in rec.numbers.get("memory_checks") or []:
-        lines.append(f"memory, {check['what']}: predicted {check['predicted_gib']:.2f} GiB, measured "
-                     f"{check['measured_gib']:.2f} GiB (launch #{check['run_id']}, {check['run_date']})")
+        lines.append(memory_check(check))
     return lines
 
 
