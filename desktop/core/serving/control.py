@@ -257,9 +257,9 @@ def control_routes(target: ControlTarget, token: str) -> list[LocalRoute]:
         return LocalResponse.json({"stopping": True, "exits": exits is not False})
 
     return [
-        LocalRoute("GET", f"{PREFIX}/status", status),
-        LocalRoute("POST", f"{PREFIX}/switch", switch),
-        LocalRoute("POST", f"{PREFIX}/stop", stop),
+        LocalRoute("GET", f"{PREFIX}/status", status, token),
+        LocalRoute("POST", f"{PREFIX}/switch", switch, token),
+        LocalRoute("POST", f"{PREFIX}/stop", stop, token),
     ]
 
 
@@ -312,7 +312,7 @@ def request_routes(request_log: RequestLog, token: str, capture: Any = None,
 
     from desktop.core.serving.metrics import metrics_routes  # GET /metrics (Prometheus), fed by the same log
 
-    return [LocalRoute("GET", f"{PREFIX}/requests", requests),
+    return [LocalRoute("GET", f"{PREFIX}/requests", requests, token),
             *metrics_routes(request_log, getattr(request_log, "_sink", None), model_names)]
 
 

@@ -53,8 +53,9 @@ class Limits:
     bodies held across all connections too. Both carry Retry-After: `retry_after_s`.
 
     A request head must arrive whole within `head_timeout_s` of its first byte; a body, once `body_grace_s` has
-    passed, must have arrived at `body_min_rate` bytes a second on average since (a whole-body rule: a byte now
-    and then does not keep a connection); a kept-alive connection may wait `idle_timeout_s` for its next request.
+    passed, must have arrived at `body_min_rate` bytes a second on average since (a byte now and then does not
+    keep a connection) and within every `body_grace_s` since (bytes sent first buy no stalling later), and whole
+    within `body_timeout_s`; a kept-alive connection may wait `idle_timeout_s` for its next request.
     Bodies are reserved in the budget as their bytes arrive, not as declared.
 
     Answers wait in a connection's write buffer up to `write_buffer_bytes`; past it the endpoint stops reading
@@ -76,6 +77,7 @@ class Limits:
     per_peer: int = 512
     body_grace_s: float = 10.0
     body_min_rate: int = 16 << 10
+    body_timeout_s: float = 300.0
     write_buffer_bytes: int = 64 << 10
     drain_s: float = 5.0
 
@@ -144,6 +146,7 @@ class LocalRoute:
     method: str
     path: str
     handler: LocalHandler
+    token: str | None = None  # the control token its requests must show in their head (checked by the screen)
 
 
 def json_error(status: int, message: str, kind: str = "switchyard_error",
@@ -224,9 +227,10 @@ class RequestHandler(Protocol):
     guard: Guard
     queued: int  # requests read ahead on every connection (not answered in advance), plus those waiting for an engine
 
-    def screen(self, method: str, path: str, headers: Headers) -> tuple[LocalResponse | None, bytes]:
+    def screen(self, method: str, path: str, headers: Headers) -> tuple[LocalResponse | None, bytes, bool]:
         """Judge a request by its head, before any body is read: (an answer that ends it here, or None;
-        CORS head lines for its answer). A refused request's body is read and dropped, never kept."""
+        CORS head lines for its answer; whether it showed a credential, which makes its connection trusted).
+        A refused request's body is never kept."""
 
     def dispatch(self, request: Incoming, client: ClientConnection) -> None:
         """Answer `request`; call client.request_done() when finished, now or later."""
@@ -273,7 +277,7 @@ class RequestReader(asyncio.Protocol):
         self.reading_paused = False  # read-ahead is full: TCP holds the client back
         self.write_paused = False  # the client has not read its answers (write buffer over its mark)
         self.lingering = False  # refused from its head: a few KiB of its body are dropped, then it closes
-        self.trusted = False  # a request of it passed screening (its key, where one is set): evicted last
+        self.trusted = False  # a request of it showed its credential (the key, where one is set): evicted last
         self._reading_off = False  # the transport's reading is paused (for read-ahead or for writes)
         self._paused_since = 0.0
         self._write_since = 0.0  # when the client stopped reading its answers
@@ -300,6 +304,8 @@ class RequestReader(asyncio.Protocol):
         self._body_size = 0
         self._held = 0  # budget reserved for the body being read (as its bytes arrive)
         self._body_start = 0.0  # when the body began (moved on by time the endpoint held reading back)
+        self._window_at = 0.0  # when the body's current rate window began (0: not yet, during its grace)
+        self._window_size = 0  # the body's size then
         self._declared = 0  # the Content-Length of the message being read
 
     def data_received(self, data: bytes) -> None:
@@ -436,6 +442,7 @@ class RequestReader(asyncio.Protocol):
             transport.pause_reading()
         else:
             self._body_start += now - self._paused_since
+            self._window_at = 0.0  # a fresh rate window: the endpoint held this body back
             transport.resume_reading()
 
     def _pop(self) -> Incoming:
@@ -570,9 +577,11 @@ class ClientConnection(RequestReader):
             self._next()
 
     def evictable(self) -> bool:
-        """Nothing is being answered or held for it (a refused request's lingering body is not): closing it loses
-        no request."""
-        return not self.busy and not self.pending and not self.closed and self.phase != "body"
+        """Nothing is being answered or held for it (a refused request's lingering body is not; a body from a
+        connection that never showed its credential is not worth keeping): closing it loses no request of a
+        client who showed one."""
+        return not self.busy and not self.pending and not self.closed and \
+            (self.phase != "body" or not self.trusted)
 
     def check_time(self, now: float) -> None:
         """Close a connection whose head, body, keep-alive wait or unread answers ran past its timeout."""
@@ -591,12 +600,31 @@ class ClientConnection(RequestReader):
             return
         if self.phase == "head" and now - self.since >= limits.head_timeout_s:
             self._reject(408, f"the request head did not arrive within {limits.head_timeout_s:g} s")
-        elif self.phase == "body" and now - self._body_start >= limits.body_grace_s and \
-                self._body_size < limits.body_min_rate * (now - self._body_start - limits.body_grace_s):
-            self._reject(408, f"the request body arrived slower than {limits.body_min_rate / 1024:g} KiB/s")
+        elif self.phase == "body":
+            self._check_body(now)
         elif self.phase == "idle" and not self.busy and not self.pending and \
                 now - self.since >= limits.idle_timeout_s:
             self.close_quietly()
+
+    def _check_body(self, now: float) -> None:
+        """A body past its grace must arrive at the minimum rate on average since its head and within each grace
+        period since (so bytes sent first buy no stalling later), and all of it within `body_timeout_s`."""
+        limits = self.limits
+        elapsed = now - self._body_start
+        slow = f"the request body arrived slower than {limits.body_min_rate / 1024:g} KiB/s"
+        if elapsed >= limits.body_timeout_s:
+            self._reject(408, f"the request body did not arrive within {limits.body_timeout_s:g} s")
+        elif elapsed < limits.body_grace_s:
+            return
+        elif self._body_size < limits.body_min_rate * (elapsed - limits.body_grace_s):
+            self._reject(408, slow)
+        elif not self._window_at:
+            self._window_at, self._window_size = now, self._body_size
+        elif now - self._window_at >= limits.body_grace_s:
+            if self._body_size - self._window_size < limits.body_min_rate * (now - self._window_at):
+                self._reject(408, slow + " (it stalled)")
+            else:
+                self._window_at, self._window_size = now, self._body_size
 
     def on_headers_complete(self) -> None:
         """The head is complete: judge it now (conformance, origin, API key, room), before any body is kept."""
@@ -605,7 +633,7 @@ class ClientConnection(RequestReader):
         self._seen += len(method) + 14
         self._in_head, self._overhead = False, 0
         self.phase, self.since = "body", time.monotonic()
-        self._body_start = self.since
+        self._body_start, self._window_at = self.since, 0.0
         head = self._head = Headers(self._headers)
         self._chunked = "chunked" in head.get("Transfer-Encoding").lower()
         refusal = conformance(method, self._url, self._headers, parser.get_http_version() == "1.0",
@@ -617,7 +645,8 @@ class ClientConnection(RequestReader):
         except ValueError:
             length = 0
         self._declared = length
-        answer, self._cors = self.handler.screen(method, self._url.decode("latin-1").partition("?")[0], head)
+        answer, self._cors, credentialed = self.handler.screen(method, self._url.decode("latin-1").partition("?")[0],
+                                                               head)
         if length > MAX_BODY_BYTES:  # refused, and never drained: the connection ends with the answer
             self._refuse(413, f"request body over {MAX_BODY_BYTES >> 20} MiB", answer)
         if len(self.pending) + self.busy >= self.limits.pipelined:
@@ -628,7 +657,7 @@ class ClientConnection(RequestReader):
         if answer is None and length and not self.guard.has_room(length):
             answer = overloaded(self.limits, f"the endpoint holds {self.limits.body_budget >> 20} MiB of request "
                                              "bodies already")
-        self.trusted = self.trusted or answer is None
+        self.trusted = self.trusted or (answer is None and credentialed)
         self._answer = answer
         self._answered_early = False
         idle = not self.busy and not self.pending and not self.write_paused and self.transport is not None

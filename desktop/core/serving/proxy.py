@@ -40,6 +40,7 @@ from desktop.core.engines.model_path import model_label
 from desktop.core.runtime.ports import holder_of
 from desktop.core.serving import normalize
 from desktop.core.serving.capabilities import TrafficCapabilities
+from desktop.core.serving.control import TOKEN_HEADER
 from desktop.core.serving.defaults import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
 from desktop.core.serving.forward import MESSAGES_PATH, Forwarder
 from desktop.core.serving.guard import Guard, raise_fd_limit
@@ -147,8 +148,11 @@ class ProxyServer:
 
     def add_routes(self, routes: Iterable[LocalRoute]) -> None:
         """Extra routes served on the same port by the endpoint itself (the control channel under /switchyard/,
-        which checks its own token; any other path needs the API key like inference); call before start()."""
+        whose token the screen checks from the head; any other path needs the API key like inference); call
+        before start()."""
         for route in routes:
+            if route.token is not None:
+                self.screening.control_token = route.token
             self._routes.setdefault(route.path, {})[route.method.upper()] = route.handler
 
     @property
@@ -291,7 +295,7 @@ class ProxyServer:
         return self.call(self.router.drain(upstream.name, timeout), timeout=timeout + 10)
 
     # --- requests ---
-    def screen(self, method: str, path: str, headers: Headers) -> tuple[LocalResponse | None, bytes]:
+    def screen(self, method: str, path: str, headers: Headers) -> tuple[LocalResponse | None, bytes, bool]:
         """Judge a request by its head (ClientConnection calls this before reading the body); see Screen."""
         return self.screening.judge(method, path, headers)
 
@@ -442,35 +446,48 @@ class RequestEvents:
 
 
 class Screen:
-    """Judging a request by its head alone: refuse a foreign Host or Origin (403) and a missing API key (401),
-    answer a CORS preflight; otherwise the CORS lines the answer will carry (none without an Origin)."""
+    """Judging a request by its head alone: refuse a foreign Host or Origin (403), a missing API key (401), a
+    control request without the control token (403) and a body sent to `/health` (400), answer a CORS preflight;
+    otherwise the CORS lines the answer will carry (none without an Origin).
+
+    Whether the request showed its credential (the API key where one is set, the control token under
+    /switchyard/) is part of the verdict: only such a request makes its connection one the guard evicts last, so
+    keyless `/health` checks never hold what a keyed client needs, and no keyless request is ever read a body."""
 
     def __init__(self, api_key: str | None, allowed_origins: Iterable[str]) -> None:
         self.api_key = api_key
         self.allowed_origins = frozenset(allowed_origins)
+        self.control_token: str | None = None  # the control routes' token (ProxyServer.add_routes)
         self._hosts: dict[str, bool] = {}
 
-    def judge(self, method: str, path: str, headers: Headers) -> tuple[LocalResponse | None, bytes]:
+    def judge(self, method: str, path: str, headers: Headers) -> tuple[LocalResponse | None, bytes, bool]:
+        """(an answer that ends the request here, or None; CORS head lines; whether it showed its credential)."""
         error = anthropic_error if path.startswith(MESSAGES_PATH) else json_error  # each API's own error shape
         host = headers.get("Host")
         if host and not self._local_host(host):
             return error(403, f"the endpoint answers only requests addressed to this machine, not to "
-                              f"'{host[:100]}'", "permission_error"), b""
+                              f"'{host[:100]}'", "permission_error"), b"", False
         origin = headers.get("Origin")
         cors = b""
         if origin:
             if not self._origin_allowed(origin):
                 return error(403, f"requests from web pages at '{origin[:100]}' are refused; allow the origin with "
                                   "`switchyard serve --allowed-origins ORIGIN` or the allowed_origins setting",
-                             "permission_error"), b""
+                             "permission_error"), b"", False
             cors = f"Access-Control-Allow-Origin: {origin}\r\nVary: Origin\r\n".encode("latin-1")
             if method == "OPTIONS" and "Access-Control-Request-Method" in headers:
-                return self._preflight(origin, headers), b""
-        if path.startswith(CONTROL_PREFIX) or path == "/health":
-            return None, cors  # the control routes check their own token
+                return self._preflight(origin, headers), b"", False
+        if path == "/health":
+            if _has_body(headers):
+                return json_error(400, "/health takes no request body: GET it", "invalid_request_error"), cors, False
+            return None, cors, self._authorized(headers)  # open to anyone, but a credential only with the key
+        if path.startswith(CONTROL_PREFIX) and self.control_token is not None:
+            if not hmac.compare_digest(headers.get(TOKEN_HEADER).encode(), self.control_token.encode()):
+                return LocalResponse.json({"error": "missing or wrong control token"}, status=403), cors, False
+            return None, cors, True
         if not self._authorized(headers):
-            return error(401, "invalid or missing API key", "authentication_error"), cors
-        return None, cors
+            return error(401, "invalid or missing API key", "authentication_error"), cors, False
+        return None, cors, True
 
     def _authorized(self, headers: Headers) -> bool:
         if not self.api_key:
@@ -503,6 +520,14 @@ class Screen:
             ("Access-Control-Allow-Methods", "GET, POST, OPTIONS"),
             ("Access-Control-Allow-Headers", allow_headers),
             ("Access-Control-Max-Age", str(CORS_MAX_AGE_S))))
+
+
+def _has_body(headers: Headers) -> bool:
+    """Whether the head announces a body (llhttp has checked that Content-Length is one plain number)."""
+    if "chunked" in headers.get("Transfer-Encoding").lower():
+        return True
+    length = headers.get("Content-Length").strip()
+    return bool(length) and length.strip("0") != ""
 
 
 def health_answer(router: Router) -> LocalResponse:
