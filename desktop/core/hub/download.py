@@ -27,10 +27,9 @@ import shutil
 import stat
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -39,6 +38,11 @@ import httpx
 
 from desktop.core.common.errors import ModelError, SwitchyardError
 from desktop.core.hub import cache
+
+# DownloadProgress and FileProgress live in hub.progress; re-exported here, where callers import them
+from desktop.core.hub.progress import DownloadProgress as DownloadProgress
+from desktop.core.hub.progress import FileProgress as FileProgress
+from desktop.core.hub.progress import ProgressBook, ProgressCallback
 from desktop.core.hub.search import gated_message, repo_listing
 from desktop.core.hub.tokens import get_token, redact
 from desktop.core.hub.variants import FitTagger, RemoteFile, Variant, default_tagger, group_variants
@@ -128,43 +132,6 @@ class DownloadControl:
         """A backoff that a cancel cuts short."""
         if self._cancelled.wait(seconds):
             raise DownloadCancelled("Download cancelled.", "run the same pull again to resume")
-
-
-@dataclass
-class FileProgress:
-    path: str
-    total: int
-    done: int = 0
-    state: str = "queued"  # queued|downloading|retrying|paused|verifying|complete|reused|failed
-    attempts: int = 0
-    error: str | None = None
-
-
-@dataclass
-class DownloadProgress:
-    """One snapshot of a pull, emitted ~10 times a second and on every state change."""
-
-    repo_id: str
-    variant: str | None
-    state: str  # downloading|paused|retrying|verifying|complete|failed|cancelled
-    done_bytes: int
-    total_bytes: int
-    speed_bps: float
-    eta_s: float | None
-    message: str
-    files: list[FileProgress] = field(default_factory=list)
-
-    @property
-    def fraction(self) -> float:
-        return self.done_bytes / self.total_bytes if self.total_bytes else 1.0
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["fraction"] = self.fraction
-        return out
-
-
-ProgressCallback = Callable[[DownloadProgress], None]
 
 
 class FreeBytes(Protocol):
@@ -364,62 +331,12 @@ class _Transfer:
         self.token = token
         self.policy = policy
         self.control = control
-        self.on_progress = on_progress
         self.workers = max(1, workers)
         self.endpoint = cache.hf_endpoint()
-        self.files = {f.path: FileProgress(f.path, f.size) for f in selection.files}
+        self.progress = ProgressBook(selection.repo_id, selection.variant, selection.files, on_progress)
         self._lock = threading.Lock()
-        self._samples: deque[tuple[float, int]] = deque(maxlen=64)
-        self._last_emit = 0.0
-        self.downloaded = 0
-        self.reused = 0
         self._abort = threading.Event()
         self._client: httpx.Client | None = None
-
-    # ------------------------------------------------------------- progress
-    def _done(self) -> int:
-        return sum(p.done for p in self.files.values())
-
-    def _emit(self, state: str, message: str, force: bool = False) -> None:
-        now = time.monotonic()
-        with self._lock:
-            done = self._done()
-            self._samples.append((now, done))
-            if not force and now - self._last_emit < 0.1:
-                return
-            self._last_emit = now
-            while len(self._samples) > 2 and now - self._samples[0][0] > 3.0:
-                self._samples.popleft()
-            t0, d0 = self._samples[0]
-            speed = (done - d0) / (now - t0) if now - t0 > 0.05 else 0.0
-            total = sum(p.total for p in self.files.values())
-            eta = (total - done) / speed if speed > 0 else None
-            event = DownloadProgress(
-                repo_id=self.sel.repo_id,
-                variant=self.sel.variant,
-                state=state,
-                done_bytes=done,
-                total_bytes=total,
-                speed_bps=speed,
-                eta_s=eta,
-                message=message,
-                files=[FileProgress(**asdict(p)) for p in self.files.values()],
-            )
-        if self.on_progress is not None:
-            self.on_progress(event)
-
-    def _advance(self, path: str, n: int) -> None:
-        with self._lock:
-            self.files[path].done += n
-            self.downloaded += n
-        if time.monotonic() - self._last_emit >= 0.1:
-            self._emit("downloading", f"{self.sel.repo_id}: {path}")
-
-    def _set_state(self, path: str, state: str, message: str, error: str | None = None) -> None:
-        with self._lock:
-            self.files[path].state = state
-            self.files[path].error = error
-        self._emit(state, message, force=True)
 
     # ------------------------------------------------------------- http
     def _url(self, f: RemoteFile) -> str:
@@ -472,10 +389,8 @@ class _Transfer:
         blob.parent.mkdir(parents=True, exist_ok=True)
         with WeakFileLock(lock):
             if blob.exists() and blob.stat().st_size == f.size:
-                with self._lock:
-                    self.files[f.path].done = f.size
-                    self.reused += f.size
-                self._set_state(f.path, "reused", f"{f.path}: already in the cache")
+                self.progress.reuse(f.path, f.size)
+                self.progress.set_state(f.path, "reused", f"{f.path}: already in the cache")
                 return blob
             restarted = False
             while True:
@@ -489,24 +404,23 @@ class _Transfer:
                     break
                 part = cache.incomplete_path(self.sel.repo_id, f.etag, self.cache_dir)
                 part.unlink(missing_ok=True)
-                with self._lock:
-                    self.files[f.path].done = 0
+                self.progress.set_done(f.path, 0)
                 if restarted:
-                    self._set_state(f.path, "failed", f"{f.path}: checksum mismatch", "checksum mismatch")
+                    self.progress.set_state(f.path, "failed", f"{f.path}: checksum mismatch", "checksum mismatch")
                     raise ChecksumMismatch(
                         f"{f.path} from {self.sel.repo_id} failed its sha256 check twice "
                         f"(expected {_expected_digest(f)[:16]}…, got {digest[:16]}…); nothing was kept.",
                         "the server or a proxy is sending wrong bytes: retry later or try another HF_ENDPOINT",
                     )
                 log.warning("checksum mismatch for %s; downloading it again from the start", f.path)
-                self._set_state(f.path, "retrying", f"{f.path}: checksum mismatch, downloading again")
+                self.progress.set_state(f.path, "retrying", f"{f.path}: checksum mismatch, downloading again")
                 restarted = True
             part = cache.incomplete_path(self.sel.repo_id, f.etag, self.cache_dir)
             with _open_part(part) as fh:
                 if hasattr(os, "fchmod"):  # the mode of a finished blob, set through the file we checked
                     os.fchmod(fh.fileno(), 0o644)
             os.replace(part, blob)
-        self._set_state(f.path, "complete", f"{f.path}: verified")
+        self.progress.set_state(f.path, "complete", f"{f.path}: verified")
         return blob
 
     def _download_to_partial(self, f: RemoteFile) -> str:
@@ -517,41 +431,39 @@ class _Transfer:
         if state.have > f.size:
             state.have = 0
         if state.have:
-            self._set_state(f.path, "verifying", f"{f.path}: checking {state.have} bytes already here")
+            self.progress.set_state(f.path, "verifying", f"{f.path}: checking {state.have} bytes already here")
             with _open_part(part) as fh:
                 left = state.have
                 while left and (block := fh.read(min(HASH_BLOCK, left))):
                     state.hasher.update(block)
                     left -= len(block)
-        with self._lock:
-            self.files[f.path].done = state.have
+        self.progress.set_done(f.path, state.have)
         failures = 0
         while state.have < f.size:
             if self._abort.is_set():
                 raise DownloadCancelled("Stopped because another file of the set failed.")
             self.control.wait_while_paused()
             before = state.have
-            self._set_state(f.path, "downloading", f"{f.path}: from byte {state.have}")
+            self.progress.set_state(f.path, "downloading", f"{f.path}: from byte {state.have}")
             try:
                 self._transfer(f, part, state)
             except _Paused:
-                self._set_state(f.path, "paused", f"{f.path}: paused at byte {state.have}")
+                self.progress.set_state(f.path, "paused", f"{f.path}: paused at byte {state.have}")
                 continue
             except _Retryable as exc:
                 failures = 0 if state.have > before else failures + 1
-                with self._lock:
-                    self.files[f.path].attempts += 1
+                self.progress.count_attempt(f.path)
                 reason = redact(str(exc), self.token)
                 if failures >= self.policy.attempts:
-                    self._set_state(f.path, "failed", f"{f.path}: {reason}", reason)
+                    self.progress.set_state(f.path, "failed", f"{f.path}: {reason}", reason)
                     raise SwitchyardError(
                         f"Downloading {f.path} from {self.sel.repo_id} failed {failures} times in a row: {reason}.",
                         f"{state.have} of {f.size} bytes are kept; run the same pull again to resume",
                     ) from None
                 delay = self.policy.delay(max(failures, 1))
-                self._set_state(f.path, "retrying", f"{f.path}: {reason}; retrying in {delay:.1f}s", reason)
+                self.progress.set_state(f.path, "retrying", f"{f.path}: {reason}; retrying in {delay:.1f}s", reason)
                 self.control.sleep(delay)
-        self._set_state(f.path, "verifying", f"{f.path}: verifying")
+        self.progress.set_state(f.path, "verifying", f"{f.path}: verifying")
         return str(state.hasher.hexdigest())
 
     def _transfer(self, f: RemoteFile, part: Path, state: _PartState) -> None:
@@ -574,8 +486,7 @@ class _Transfer:
             if state.have > 0 and status == 200:
                 log.info("server ignored Range for %s; starting over", f.path)
                 state.restart(f)
-                with self._lock:
-                    self.files[f.path].done = 0
+                self.progress.set_done(f.path, 0)
             elif status == 206:
                 content_range = resp.headers.get("Content-Range") or ""
                 if not content_range.startswith(f"bytes {state.have}-"):
@@ -583,7 +494,7 @@ class _Transfer:
             with _open_part(part) as fh:
                 fh.seek(state.have)
                 fh.truncate()
-                writer = _HashingWriter(fh, state.hasher, lambda n: self._advance(f.path, n))
+                writer = _HashingWriter(fh, state.hasher, lambda n: self.progress.advance(f.path, n))
                 try:
                     self._pump(resp, writer, f.size - state.have)
                 finally:
@@ -600,7 +511,7 @@ class _Transfer:
             resp.close()
 
     def _disk_full(self, f: RemoteFile) -> DiskFull:
-        self._set_state(f.path, "failed", f"{f.path}: disk full", "disk full")
+        self.progress.set_state(f.path, "failed", f"{f.path}: disk full", "disk full")
         return DiskFull(
             f"The disk filled up while writing {f.path} into {self.cache_dir}.",
             "free some space (or set HF_HUB_CACHE to a bigger disk) and run the same pull again: "
@@ -634,7 +545,7 @@ class _Transfer:
             self.close()
 
     def _run(self) -> list[Path]:
-        self._emit("downloading", f"{self.sel.repo_id}: starting", force=True)
+        self.progress.emit("downloading", f"{self.sel.repo_id}: starting", force=True)
         paths: dict[str, Path] = {}
         errors: list[BaseException] = []
         if self.workers == 1 or len(self.sel.files) == 1:
@@ -722,10 +633,10 @@ def pull(
     try:
         blobs = transfer.run()
     except DownloadCancelled:
-        transfer._emit("cancelled", f"{selection.repo_id}: cancelled (partial files kept)", force=True)
+        transfer.progress.emit("cancelled", f"{selection.repo_id}: cancelled (partial files kept)", force=True)
         raise
     except SwitchyardError as exc:
-        transfer._emit("failed", exc.message, force=True)
+        transfer.progress.emit("failed", exc.message, force=True)
         raise
     # Every file verified: only now does the set appear in the snapshot (a sharded set is one unit).
     pointers = []
@@ -736,7 +647,7 @@ def pull(
     cache.write_ref(selection.repo_id, selection.revision, selection.commit, cache_dir)
     snapshot = cache.storage_folder(selection.repo_id, cache_dir) / "snapshots" / selection.commit
     primary = snapshot / Path(*selection.primary.split("/")) if selection.primary else snapshot
-    transfer._emit("complete", f"{selection.repo_id}: done -> {primary}", force=True)
+    transfer.progress.emit("complete", f"{selection.repo_id}: done -> {primary}", force=True)
     return PullResult(
         repo_id=selection.repo_id,
         revision=selection.revision,
@@ -745,8 +656,8 @@ def pull(
         path=primary,
         files=pointers,
         total_bytes=sum(f.size for f in selection.files),
-        downloaded_bytes=transfer.downloaded,
-        reused_bytes=transfer.reused,
+        downloaded_bytes=transfer.progress.downloaded,
+        reused_bytes=transfer.progress.reused,
         seconds=time.monotonic() - started,
     )
 
