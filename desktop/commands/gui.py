@@ -8,6 +8,7 @@ CLI stays fast and works without a display.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -28,6 +29,11 @@ def cmd_gui(args: argparse.Namespace) -> int:
         return main(args.run_job)
     from desktop.ui.app import run
 
-    if args.screenshots is not None:
-        args.screenshots.mkdir(parents=True, exist_ok=True)
-    return run(screenshots=args.screenshots, quit_when_ready=args.quit_when_ready)
+    if args.screenshots is None:
+        return run(quit_when_ready=args.quit_when_ready)
+    out: Path = args.screenshots
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from desktop.ui.screenshots import take_screenshots  # the driver: desktop.ui.app does not import it
+
+    return run(quit_when_ready=args.quit_when_ready, with_window=lambda window: take_screenshots(window, out))

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
 from desktop.ui import gc_policy, resources
+
+if TYPE_CHECKING:
+    from desktop.ui.main_window import MainWindow
 
 
 def seconds_since_process_start() -> float:
@@ -52,9 +55,10 @@ def apply_chart_theme(app: QApplication) -> None:
                 widget.getPlotItem().getAxis(axis).setTextPen(foreground)
 
 
-def run(screenshots: Path | None = None, quit_when_ready: bool = False) -> int:
-    if screenshots is not None:
-        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+def run(quit_when_ready: bool = False, with_window: Callable[[MainWindow], object] | None = None) -> int:
+    """Show the main window and run the event loop. `with_window` is called with the window once the loop runs
+    (`switchyard gui --screenshots` passes the screenshot driver, which closes the window when done: this module
+    does not import the driver, which imports this one)."""
     app = create_app()
     from desktop.ui.main_window import MainWindow
 
@@ -66,8 +70,6 @@ def run(screenshots: Path | None = None, quit_when_ready: bool = False) -> int:
             print(f"interactive after {seconds_since_process_start():.3f} s", flush=True)
             window.close()
         QTimer.singleShot(0, report)
-    if screenshots is not None:
-        from desktop.ui.screenshots import take_screenshots
-
-        QTimer.singleShot(0, lambda: take_screenshots(window, screenshots))
+    if with_window is not None:
+        QTimer.singleShot(0, lambda: with_window(window))
     return app.exec()

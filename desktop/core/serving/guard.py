@@ -12,15 +12,31 @@ import ipaddress
 import logging
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from desktop.core.serving.http1 import ClientConnection, Limits
+from desktop.core.serving.limits import Limits
 
 log = logging.getLogger("switchyard.proxy")
 
 FD_RESERVE = 64  # descriptors kept for everything else: engine logs, the history database, telemetry
 SWEEP_EVERY_S = 1.0  # at most; a quarter of the shortest timeout when that is shorter
+
+
+class GuardedConnection(Protocol):
+    """What the guard needs of a client connection (http1.ClientConnection is one): who it counts against, how
+    long it has waited in which phase, and the means to time it out or drop it. A protocol rather than the class,
+    so that this module does not import the transport that imports it."""
+
+    peer_host: str  # peer_class() of its address
+    trusted: bool  # a request of it showed its credential: evicted last
+    phase: str  # "idle", "head", "body" (or "linger"): what check_time() times
+    since: float  # time.monotonic() when that phase began
+
+    def evictable(self) -> bool: ...
+
+    def abort(self) -> None: ...
+
+    def check_time(self, now: float) -> None: ...
 
 
 def raise_fd_limit() -> int:
@@ -69,15 +85,15 @@ class Guard:
         self.limits = limits
         self.max_connections = connection_cap(limits.connections, fd_limit)
         self.max_per_peer = min(limits.per_peer, self.max_connections)
-        self.open: set[ClientConnection] = set()  # every socket held, until its connection_lost
-        self.dying: set[ClientConnection] = set()  # evicted (aborted): gone within this loop iteration
+        self.open: set[GuardedConnection] = set()  # every socket held, until its connection_lost
+        self.dying: set[GuardedConnection] = set()  # evicted (aborted): gone within this loop iteration
         self.per_peer: dict[str, int] = {}
         self.buffered = 0  # request-body bytes held (reserved) across all connections
         self._sweep: asyncio.TimerHandle | None = None
         self._every = SWEEP_EVERY_S
 
     # --- connections ---
-    def admit(self, connection: ClientConnection) -> bool:
+    def admit(self, connection: GuardedConnection) -> bool:
         """Take a new connection: at a cap, the longest-idle connection (of that peer, for the per-peer cap) makes
         room, one that never passed screening (showed the key) first; when none can, the newcomer is refused."""
         host = connection.peer_host
@@ -91,7 +107,7 @@ class Guard:
         self.per_peer[host] = self.per_peer.get(host, 0) + 1
         return True
 
-    def forget(self, connection: ClientConnection) -> None:
+    def forget(self, connection: GuardedConnection) -> None:
         """The connection's socket is gone (connection_lost): only now does it stop counting."""
         self.dying.discard(connection)
         if connection in self.open:
@@ -102,7 +118,7 @@ class Guard:
             else:
                 self.per_peer.pop(connection.peer_host, None)
 
-    def _evict(self, candidates: Iterable[ClientConnection]) -> bool:
+    def _evict(self, candidates: Iterable[GuardedConnection]) -> bool:
         """Drop the connection that never passed screening and has waited longest between requests (then:
         longest in a head, then the trusted ones alike). Aborted, not closed: its socket is gone within this
         loop iteration whatever its client reads (it still counts until then: `dying`)."""
