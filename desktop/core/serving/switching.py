@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 import psutil
@@ -26,14 +27,61 @@ from desktop.core.planning.sleep import plan_after_sleep
 from desktop.core.planning.swap import engine_need, plan_facts
 from desktop.core.runtime.proctree import tree_rss
 from desktop.core.runtime.supervisor import EngineState
+from desktop.core.runtime.telemetry import Telemetry
 from desktop.core.serving import capabilities
-from desktop.core.serving.budget import memory_allows_standby
-from desktop.core.serving.managed import ManagedEngine, SwitchResult
-
-if TYPE_CHECKING:
-    from desktop.core.serving.endpoint import EndpointManager
+from desktop.core.serving.budget import MemoryBudget, memory_allows_standby
+from desktop.core.serving.managed import EngineSlots, ManagedEngine, SwitchResult
+from desktop.core.serving.proxy import ProxyServer
+from desktop.core.serving.router import Upstream
 
 log = logging.getLogger("switchyard.endpoint")
+
+
+class SwitchHost(Protocol):
+    """What the switch steps need of the engine manager (serving.endpoint.EndpointManager, the one implementation):
+    its roles and their lock, its proxy and settings, and its own ways to check, launch and retire an engine and to
+    say what happened. Described here so that this module does not import the manager that calls it."""
+
+    active: ManagedEngine | None
+    standby: ManagedEngine | None
+    sleeping: ManagedEngine | None
+    plan: LaunchPlan | None
+    last_error: str | None
+    capability_note: str | None
+
+    @property
+    def slots(self) -> EngineSlots: ...
+    @property
+    def lock(self) -> threading.RLock: ...
+    @property
+    def down(self) -> threading.Event: ...
+    @property
+    def proxy(self) -> ProxyServer: ...
+    @property
+    def route(self) -> str | None: ...
+    @property
+    def budget(self) -> MemoryBudget | None: ...
+    @property
+    def cold_starts(self) -> dict[str, float]: ...
+    @property
+    def drain_timeout(self) -> float: ...
+    @property
+    def keep_standby(self) -> bool: ...
+    @property
+    def failover(self) -> bool: ...
+    @property
+    def telemetry(self) -> Telemetry | None: ...
+    @property
+    def redetect(self) -> Callable[[], HardwareSnapshot] | None: ...
+
+    def emit(self, state: str, message: str) -> None: ...
+    def set_upstream(self, upstream: Upstream | None, down_reason: str | None = None, idle: bool = False) -> None: ...
+    def machine(self) -> HardwareSnapshot: ...
+    def check(self, plan: LaunchPlan, *, engine: str | None = None, model: str | None = None,
+              changes: Mapping[str, Any] | None = None, hardware: HardwareSnapshot | None = None) -> LaunchPlan: ...
+    def launch(self, plan: LaunchPlan) -> ManagedEngine: ...
+    def retire(self, managed: ManagedEngine, drain: bool = False) -> None: ...
+    def beside_sleeper(self, sleeper: ManagedEngine, modelled: HardwareSnapshot) -> HardwareSnapshot: ...
 
 
 class CapabilityRefused(SwitchyardError):
@@ -51,7 +99,7 @@ def same(managed: ManagedEngine | None, plan: LaunchPlan) -> bool:
         managed.process.state == EngineState.READY
 
 
-def kind_of(m: EndpointManager, plan: LaunchPlan) -> str:
+def kind_of(m: SwitchHost, plan: LaunchPlan) -> str:
     """standby (a warm one takes over) | wake (a sleeping vLLM) | stop-first (both do not fit) | warm."""
     with m.lock:
         old, standby, sleeping = m.active, m.standby, m.sleeping
@@ -64,7 +112,7 @@ def kind_of(m: EndpointManager, plan: LaunchPlan) -> str:
     return "warm"
 
 
-def preview(m: EndpointManager, plan: LaunchPlan) -> dict[str, Any]:
+def preview(m: SwitchHost, plan: LaunchPlan) -> dict[str, Any]:
     """The kind of switch to `plan`, about how long it takes, and the exact argv and env it starts."""
     kind = kind_of(m, plan)
     old = m.active
@@ -91,7 +139,7 @@ def preview(m: EndpointManager, plan: LaunchPlan) -> dict[str, Any]:
     return result
 
 
-def promote(m: EndpointManager, new: ManagedEngine) -> None:
+def promote(m: SwitchHost, new: ManagedEngine) -> None:
     """`new` serves from now on: the active role, the proxy's upstream, an endpoint that is no longer down."""
     with m.lock:
         m.active = new
@@ -101,7 +149,7 @@ def promote(m: EndpointManager, new: ManagedEngine) -> None:
     m.capability_note = None  # what a crash failover's check said is about the engine that served then
 
 
-def warm(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, kind: str, started: float
+def warm(m: SwitchHost, old: ManagedEngine | None, plan: LaunchPlan, kind: str, started: float
          ) -> SwitchResult:
     """The new engine starts (or the warm standby takes over) while the old one serves; then the old one drains
     and stops, or stays warm when memory allows."""
@@ -139,7 +187,7 @@ def warm(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, kind: 
                         cut_requests=cut, retried_smaller=new.retried, probed=probed)
 
 
-def stop_first(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan, started: float,
+def stop_first(m: SwitchHost, old: ManagedEngine, plan: LaunchPlan, started: float,
                sleeping: ManagedEngine | None) -> SwitchResult:
     """New requests wait at the endpoint, the old engine drains and stops (or sleeps), the new one starts (or the
     sleeping one wakes), requests flow. When the new one fails, the old one comes back. A new engine beside a
@@ -183,7 +231,7 @@ def stop_first(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan, started
                         old_sleeping=slept, retried_smaller=new.retried, probed=probed)
 
 
-def launch_beside(m: EndpointManager, plan: LaunchPlan, sleeper: ManagedEngine | None) -> tuple[ManagedEngine, bool]:
+def launch_beside(m: SwitchHost, plan: LaunchPlan, sleeper: ManagedEngine | None) -> tuple[ManagedEngine, bool]:
     """Start `plan`, checked against the memory free now (beside `sleeper`, when one sleeps). When the memory read
     after the sleep leaves no room after all (the sleeper holds more than the fit modelled), the sleeper is stopped
     and the plan checked again. Returns the engine and whether `sleeper` still sleeps."""
@@ -198,7 +246,7 @@ def launch_beside(m: EndpointManager, plan: LaunchPlan, sleeper: ManagedEngine |
         return m.launch(plan), False
 
 
-def drain_or_cut(m: EndpointManager, old: ManagedEngine) -> tuple[bool, int]:
+def drain_or_cut(m: SwitchHost, old: ManagedEngine) -> tuple[bool, int]:
     """Let in-flight requests on `old` finish until the drain deadline; end the rest with a retryable error."""
     if m.proxy.drain(old.upstream, m.drain_timeout):
         return True, 0
@@ -233,12 +281,12 @@ def engine_post(managed: ManagedEngine, path: str, timeout: float = 120.0, body:
     return status is not None and status < 300
 
 
-def traffic_key(m: EndpointManager) -> str:
+def traffic_key(m: SwitchHost) -> str:
     """The name the endpoint notes this manager's traffic under (its route, or the served name)."""
     return m.route or m.proxy.model_name
 
 
-def capability_check(m: EndpointManager, new: ManagedEngine) -> tuple[tuple[str, ...], str | None]:
+def capability_check(m: SwitchHost, new: ManagedEngine) -> tuple[tuple[str, ...], str | None]:
     """The capabilities this model's traffic used in the last hour, and why `new` cannot take that traffic over
     (serving.capabilities: one short request per capability), or None."""
     used = m.proxy.capabilities.recent(traffic_key(m))
@@ -253,7 +301,7 @@ def capability_check(m: EndpointManager, new: ManagedEngine) -> tuple[tuple[str,
     return tuple(used), refusal.message(new.plan.engine)
 
 
-def refused(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, why: str, served: bool = True
+def refused(m: SwitchHost, old: ManagedEngine | None, plan: LaunchPlan, why: str, served: bool = True
             ) -> CapabilityRefused:
     """Say that the switch to `plan` was refused and why (`old`: the engine that serves on; None when it did not
     come back, or, with `served` False, when nothing served before the switch either); the error to raise."""
@@ -264,7 +312,7 @@ def refused(m: EndpointManager, old: ManagedEngine | None, plan: LaunchPlan, why
     return CapabilityRefused(why, "the traffic of the last hour used it: a switch must not break those clients")
 
 
-def sleep_choice(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan | None
+def sleep_choice(m: SwitchHost, old: ManagedEngine, plan: LaunchPlan | None
                  ) -> tuple[int | None, HardwareSnapshot | None]:
     """How to put `old` away before `plan` starts: the vLLM sleep level and the machine the next engine would find
     beside the sleeper (the fit's model of it), or (None, None) to stop it. Level 1 pins the weights in host RAM:
@@ -287,7 +335,7 @@ def sleep_choice(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan | None
     return level, beside
 
 
-def put_away(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan | None = None) -> bool:
+def put_away(m: SwitchHost, old: ManagedEngine, plan: LaunchPlan | None = None) -> bool:
     """Free the old engine's memory before `plan` starts: sleep a vLLM that has sleep mode (at the level
     `sleep_choice` finds, then read the memory again for the next plan), stop anything else. True when it
     sleeps."""
@@ -301,7 +349,7 @@ def put_away(m: EndpointManager, old: ManagedEngine, plan: LaunchPlan | None = N
     return False
 
 
-def park(m: EndpointManager, engine: ManagedEngine, slot: str) -> None:
+def park(m: SwitchHost, engine: ManagedEngine, slot: str) -> None:
     """Put `engine` in the manager's `slot` ("sleeping" or "standby"); the one it replaces there is stopped."""
     with m.lock:
         previous = getattr(m, slot)
@@ -310,7 +358,7 @@ def park(m: EndpointManager, engine: ManagedEngine, slot: str) -> None:
         m.retire(previous)
 
 
-def wake(m: EndpointManager, sleeping: ManagedEngine) -> ManagedEngine | None:
+def wake(m: SwitchHost, sleeping: ManagedEngine) -> ManagedEngine | None:
     """Wake a sleeping vLLM (POST /wake_up; after a level-2 sleep: its weights' memory, vLLM's reload_weights,
     then its KV cache, as vLLM's sleep-mode docs say); None (and it is stopped) when it does not wake."""
     with m.lock:
@@ -326,7 +374,7 @@ def wake(m: EndpointManager, sleeping: ManagedEngine) -> ManagedEngine | None:
     return None
 
 
-def back_to_sleep(m: EndpointManager, engine: ManagedEngine, level: int) -> bool:
+def back_to_sleep(m: SwitchHost, engine: ManagedEngine, level: int) -> bool:
     """Put a woken vLLM the capability check refused back to sleep at the level it slept (its wake stays about a
     second for a later switch); False when it does not go to sleep (then it is stopped)."""
     if engine.process.state != EngineState.READY or not engine_post(engine, f"/sleep?level={level}"):
@@ -336,7 +384,7 @@ def back_to_sleep(m: EndpointManager, engine: ManagedEngine, level: int) -> bool
     return True
 
 
-def restore(m: EndpointManager, old: ManagedEngine, slept: bool) -> bool:
+def restore(m: SwitchHost, old: ManagedEngine, slept: bool) -> bool:
     """After a failed stop-first switch: bring the old engine back (wake it, or start it again)."""
     try:
         back = wake(m, old) if slept else None
@@ -354,7 +402,7 @@ def restore(m: EndpointManager, old: ManagedEngine, slept: bool) -> bool:
     return True
 
 
-def keep_or_stop(m: EndpointManager, old: ManagedEngine) -> bool:
+def keep_or_stop(m: SwitchHost, old: ManagedEngine) -> bool:
     """After a warm switch: keep the old engine as the warm standby when asked and memory allows, else stop it."""
     available = float(psutil.virtual_memory().available)
     if m.keep_standby and old.process.state == EngineState.READY and \
@@ -365,7 +413,7 @@ def keep_or_stop(m: EndpointManager, old: ManagedEngine) -> bool:
     return False
 
 
-def on_crash(m: EndpointManager, managed: ManagedEngine) -> None:
+def on_crash(m: SwitchHost, managed: ManagedEngine) -> None:
     """An engine died (called on its log thread: it must not be stopped here). A standby or sleeping one is just
     dropped; the active one is replaced by the warm standby with failover, else the endpoint is down (one model of
     several: it loads again on its next request)."""
@@ -408,7 +456,7 @@ def on_crash(m: EndpointManager, managed: ManagedEngine) -> None:
     m.down.set()
 
 
-def check_after_failover(m: EndpointManager, new: ManagedEngine) -> None:
+def check_after_failover(m: SwitchHost, new: ManagedEngine) -> None:
     """The capability check of a crash failover, after the standby took over: the engine that answered the traffic
     is gone, so requests go on to the standby at once rather than wait for a probe (and then for nothing better).
     What the probe finds is said in status, the endpoint's log and the Serve page; nothing when a switch or a close
