@@ -513,7 +513,7 @@ def test_a_57_mib_body_of_empty_arrays_is_read_off_the_loop(make_proxy: Callable
                for _ in range(2)]
     for thread in uploads:
         thread.start()
-    eventually(lambda: proxy._scanner is not None, "a scan to start in the worker thread", timeout=60)
+    eventually(lambda: proxy.dispatcher.scanner is not None, "a scan to start in the worker thread", timeout=60)
     slowest = 0.0
     while any(thread.is_alive() for thread in uploads):
         started = time.monotonic()

@@ -5,10 +5,11 @@ The parts, each in its own module (after llama-swap's split of process managemen
 `http1` reads and answers client connections within the bounds of `guard`; `requestinfo` reads a body's model and
 stream once; `router` decides which engine takes a request and counts what is in flight (drain); `forward` takes
 a request to an engine (waiting and retrying); `upstream` pools engine connections and streams each exchange
-back; `metering` measures TTFT and tokens on the way. This module joins them: the server's lifecycle on its own
-asyncio loop in a thread (so synchronous code, the endpoint manager and the CLI, drives it through thread-safe
-methods), screening by head (Host, Origin, API key), the routes it answers itself (/health, /v1/models, the
-control channel) and which paths reach an engine at all.
+back; `metering` measures TTFT and tokens on the way; `dispatch` answers the routes the endpoint answers itself
+(/health, /v1/models, the control channel), decides which paths reach an engine at all and hands the rest to the
+forwarder. This module joins them: the server's lifecycle on its own asyncio loop in a thread (so synchronous
+code, the endpoint manager and the CLI, drives it through thread-safe methods) and screening by head (Host,
+Origin, API key).
 
 Streams pass through chunk by chunk as they arrive (no buffering). While no engine is ready, requests wait
 (bounded) instead of failing.
@@ -30,18 +31,15 @@ import re
 import threading
 import time
 from collections.abc import Container, Coroutine, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from desktop.core.common.errors import PortBusy, SwitchyardError
 from desktop.core.common.origins import ANY_ORIGIN, is_local_origin, is_loopback_host, normalize_origin
-from desktop.core.common.text import bounded
-from desktop.core.engines.model_path import model_label
 from desktop.core.runtime.ports import holder_of
-from desktop.core.serving import normalize
 from desktop.core.serving.capabilities import TrafficCapabilities
 from desktop.core.serving.control import TOKEN_HEADER
 from desktop.core.serving.defaults import DEFAULT_PROXY_PORT, DEFAULT_WAIT_TIMEOUT
+from desktop.core.serving.dispatch import CONTROL_PREFIX, INFERENCE_ROUTES, Dispatcher, RequestEvents
 from desktop.core.serving.forward import MESSAGES_PATH, Forwarder
 from desktop.core.serving.guard import Guard, raise_fd_limit
 from desktop.core.serving.http1 import (
@@ -49,8 +47,6 @@ from desktop.core.serving.http1 import (
     Headers,
     Incoming,
     Limits,
-    LocalHandler,
-    LocalRequest,
     LocalResponse,
     LocalRoute,
     anthropic_error,
@@ -58,7 +54,6 @@ from desktop.core.serving.http1 import (
     new_event_loop,
 )
 from desktop.core.serving.metering import RequestListener, RequestRecord
-from desktop.core.serving.requestinfo import LOOP_TOKENS, BadBody, RequestInfo, scan
 from desktop.core.serving.router import OnDemand, Route, Router, Upstream
 from desktop.core.serving.upstream import Exchange, Target, Timeouts, UpstreamPool
 
@@ -67,12 +62,6 @@ __all__ = ["CONTROL_PREFIX", "DEFAULT_PROXY_PORT", "DEFAULT_WAIT_TIMEOUT", "INFE
 
 log = logging.getLogger("switchyard.proxy")
 
-CONTROL_PREFIX = "/switchyard/"
-# The only paths forwarded to an engine (POST): inference. Everything else an engine serves (llama.cpp's /slots,
-# /props, /lora-adapters, /metrics; vLLM's /invocations, /tokenize, /pause, dev-mode RPC) is a 404 here, unless a
-# model opts a path in (models.yaml `extra_routes`, ProxyServer(extra_routes=...)).
-INFERENCE_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
-                              "/v1/rerank", "/v1/messages", "/v1/messages/count_tokens"})
 CORS_MAX_AGE_S = 600
 _TOKEN_LIST = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*")
 T = TypeVar("T")
@@ -112,11 +101,9 @@ class ProxyServer:
         self.events = RequestEvents()
         self.capture_bodies = False
         self.set_capture_bodies(capture_bodies)
-        self._routes: dict[str, dict[str, LocalHandler]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.AbstractServer | None = None
-        self._scanner: ThreadPoolExecutor | None = None  # reads bodies too large to read on the loop
         self.connections: set[ClientConnection] = set()
         self.upstreams = UpstreamPool(timeouts)
         self.counters = self.events.counters
@@ -124,6 +111,8 @@ class ProxyServer:
         self.router.default.extra_routes = frozenset(extra_routes)
         self.forwarder = Forwarder(self, self.router, self.upstreams)
         self.capabilities = TrafficCapabilities()  # what each model's traffic used: a switch keeps it working
+        self.dispatcher = Dispatcher(self.router, self.events, self.forwarder, self.capabilities, model_name,
+                                     self.started_at)
 
     def served_names(self) -> Container[str]:
         """The model names this endpoint serves: the configured models, or the one served name (read on the
@@ -153,7 +142,7 @@ class ProxyServer:
         for route in routes:
             if route.token is not None:
                 self.screening.control_token = route.token
-            self._routes.setdefault(route.path, {})[route.method.upper()] = route.handler
+            self.dispatcher.local_routes.setdefault(route.path, {})[route.method.upper()] = route.handler
 
     @property
     def url(self) -> str:
@@ -220,8 +209,7 @@ class ProxyServer:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._scanner is not None:
-            self._scanner.shutdown(wait=False, cancel_futures=True)
+        self.dispatcher.close()
 
     def stop(self) -> None:
         loop, thread = self._loop, self._thread
@@ -301,148 +289,11 @@ class ProxyServer:
 
     def dispatch(self, request: Incoming, client: ClientConnection) -> None:
         """Answer one request that passed screen(); calls client.request_done() when finished, now or later."""
-        path, method = request.path, request.method
-        routes = self._routes.get(path)
-        if routes is not None or path.startswith(CONTROL_PREFIX):
-            handler = routes.get(method) if routes else None
-            if handler is None:
-                self._answer(request, client, json_error(404 if not routes else 405, f"no route {method} {bounded(path)}"))
-            else:
-                client.wait_in(self._local(handler, request, client))
-        elif path == "/health":
-            self._answer(request, client, health_answer(self.router), counted=False)
-        elif path == "/v1/models":
-            listed = method in ("GET", "HEAD")
-            self._answer(request, client, models_answer(self.router, self.model_name, self.started_at) if listed
-                         else json_error(405, f"{method} {path} is not allowed; GET it"), counted=not listed)
-        elif (path in INFERENCE_ROUTES and method == "POST") or self.router.extra_route(path):
-            try:
-                info = scan(request.body, LOOP_TOKENS)
-            except BadBody as exc:
-                self._answer(request, client, error_answer(path, 400, str(exc)))
-                return
-            if info is None:  # too many tokens to read on the loop: read it in a worker thread
-                self._scan_off_loop(request, client)
-            else:
-                request.shape = normalize.parse(path, request.body)
-                self._route(request, client, info)
-        else:
-            what = "POST it" if path in INFERENCE_ROUTES else \
-                f"the endpoint forwards only {', '.join(sorted(INFERENCE_ROUTES))} (and GET /v1/models)"
-            self._answer(request, client, error_answer(path, 404 if path not in INFERENCE_ROUTES else 405,
-                                                      f"no route {method} {bounded(path)}: {what}"))
-
-    def _route(self, request: Incoming, client: ClientConnection, info: RequestInfo) -> None:
-        """The body is read: pick the route by its model and forward."""
-        request.info = info
-        name = info.model
-        if name is None and self.router.multi and request.path not in INFERENCE_ROUTES:
-            name = self.router.opted_in(request.path)  # e.g. GET /props: to the one model that opted it in
-        route = self.router.route(name)
-        if route is None:
-            self._answer(request, client, unknown_model(self.router, name))
-            return
-        if request.path not in INFERENCE_ROUTES and request.path not in route.extra_routes:
-            self._answer(request, client, error_answer(request.path, 404, f"no route {request.method} "
-                                                      f"{bounded(request.path)} for this model"))
-            return
-        self.counters["requests"] += 1
-        request.seq = self.counters["requests"]
-        self.events.started(request, client)
-        model = None
-        if self.router.multi:
-            model = name if name in self.router.routes else next(iter(self.router.routes))
-        self.capabilities.note(model or self.model_name, info.capabilities)
-        self.forwarder.forward(request, client, route, model)
-
-    def _scan_off_loop(self, request: Incoming, client: ClientConnection) -> None:
-        """Read a body with many JSON tokens in a worker thread (the loop serves others meanwhile), then route."""
-        if self._scanner is None:
-            self._scanner = ThreadPoolExecutor(max_workers=2, thread_name_prefix="switchyard-scan")
-        scanned = asyncio.get_running_loop().run_in_executor(self._scanner, read_body, request)
-
-        def read(done: asyncio.Future[RequestInfo | None]) -> None:
-            try:
-                info = done.result()
-            except BadBody as exc:
-                self._answer(request, client, error_answer(request.path, 400, str(exc)))
-                return
-            except asyncio.CancelledError:  # the endpoint is stopping
-                client.request_done(False)
-                return
-            except Exception:
-                log.exception("the endpoint could not read a request body")
-                client.request_done(False)
-                return
-            assert info is not None
-            self._route(request, client, info)
-
-        scanned.add_done_callback(read)
-
-    def _answer(self, request: Incoming, client: ClientConnection, response: LocalResponse, *,
-                counted: bool = True) -> None:
-        """Answer from the endpoint itself (a refusal counts as a client error)."""
-        if counted and 400 <= response.status < 500:
-            self.counters["client_errors"] += 1
-        client.write_response(response, request=request)
-        client.request_done(True)
-
-    async def _local(self, handler: LocalHandler, request: Incoming, client: ClientConnection) -> bool:
-        try:
-            response = await handler(LocalRequest(request.method, request.path, request.query, request.headers,
-                                                  request.body))
-        except Exception as exc:
-            log.exception("control route %s failed", request.path)
-            response = json_error(500, f"the endpoint failed: {exc}")
-        client.write_response(response, request=request)
-        return True
+        self.dispatcher.dispatch(request, client)
 
     def record(self, record: RequestRecord) -> None:
         """A forwarded request finished (answered by its engine or by the endpoint): count it and publish it."""
         self.events.finished(record)
-
-
-def read_body(request: Incoming) -> RequestInfo | None:
-    """The scan of a body with many JSON tokens, and its parse for the request rules (serving.normalize), in the
-    scan's worker thread."""
-    info = scan(request.body, None)
-    request.shape = normalize.parse(request.path, request.body)
-    return info
-
-
-class RequestEvents:
-    """The endpoint's counters, and who hears of each forwarded request as it arrives and as it finishes.
-
-    "failed": the endpoint or an engine failed the request (5xx, a cut or broken stream); "client_errors": it was
-    refused as the client's fault (4xx, including a client that left before its answer: 499)."""
-
-    def __init__(self) -> None:
-        self.counters = {"requests": 0, "failed": 0, "client_errors": 0, "waited": 0}
-        self.listeners: list[RequestListener] = []
-        self.started_listeners: list[RequestListener] = []
-
-    def started(self, request: Incoming, client: ClientConnection) -> None:
-        """A request that just arrived (a record with status 0; built only when someone listens)."""
-        if not self.started_listeners:
-            return
-        record = RequestRecord(time.time(), request.method, request.path, None, 0, False, None, 0.0, None,
-                               model=request.info.model, client=client.peer, seq=request.seq)
-        self._tell(self.started_listeners, record)
-
-    def finished(self, record: RequestRecord) -> None:
-        if record.failed:
-            self.counters["failed"] += 1
-        elif record.client_error:
-            self.counters["client_errors"] += 1
-        self._tell(self.listeners, record)
-
-    @staticmethod
-    def _tell(listeners: list[RequestListener], record: RequestRecord) -> None:
-        for listener in list(listeners):
-            try:
-                listener(record)
-            except Exception:
-                log.exception("request listener failed")
 
 
 class Screen:
@@ -528,47 +379,3 @@ def _has_body(headers: Headers) -> bool:
         return True
     length = headers.get("Content-Length").strip()
     return bool(length) and length.strip("0") != ""
-
-
-def health_answer(router: Router) -> LocalResponse:
-    if router.multi:  # serving: every model is loaded, or loads on its next request
-        models = {name: "loaded" if route.active else route.down_reason or "unloaded"
-                  for name, route in router.routes.items()}
-        return LocalResponse.json({"status": "ok", "models": models})
-    if router.active is not None:
-        return LocalResponse.json({"status": "ok", "engine": router.active.engine})
-    return LocalResponse.json({"status": "unavailable", "reason": router.down_reason or "starting"}, status=503)
-
-def models_answer(router: Router, model_name: str, started_at: float) -> LocalResponse:
-    if router.multi:
-        data = []
-        for name, route in router.routes.items():
-            state = "loaded" if route.active else "loading" if route.loading_since else \
-                "down" if route.down_reason else "unloaded"
-            info = {**route.info, "state": state}
-            if isinstance(info.get("model"), str):
-                info["model"] = model_label(info["model"])  # a name, never the user's path
-            data.append({"id": name, "object": "model", "created": int(started_at),
-                         "owned_by": "switchyard", "switchyard": info})
-        return LocalResponse.json({"object": "list", "data": data})
-    active = router.active
-    entry: dict[str, Any] = {"id": model_name, "object": "model", "created": int(started_at),
-                             "owned_by": "switchyard"}
-    if active is not None:
-        entry["switchyard"] = {"engine": active.engine, "model": model_label(active.model)}
-    return LocalResponse.json({"object": "list", "data": [entry]})
-
-def unknown_model(router: Router, name: str | None) -> LocalResponse:
-    """OpenAI's answer for a model it does not have, naming the ones this endpoint does have."""
-    names = ", ".join(router.routes)
-    message = (f"The model '{bounded(name)}' does not exist on this endpoint; available: {names}" if name is not None
-               else f"the request names no model; this endpoint serves several: {names}")
-    return LocalResponse.json({"error": {"message": message, "type": "invalid_request_error", "param": "model",
-                                         "code": "model_not_found" if name is not None else "model_required"}},
-                              status=404 if name is not None else 400)
-
-
-def error_answer(path: str, status: int, message: str) -> LocalResponse:
-    kind = "not_found_error" if status == 404 else "invalid_request_error"
-    return anthropic_error(status, message, kind) if path.startswith(MESSAGES_PATH) else \
-        json_error(status, message, kind)

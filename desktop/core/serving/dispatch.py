@@ -1,0 +1,250 @@
+"""Which answer a request that passed the endpoint's screen gets, and who hears of it: a route the endpoint answers
+itself (the control channel, /health, /v1/models), a refusal (a path that reaches no engine, an unknown model), or,
+once its body's model is read (on the loop, or in a worker thread for a body with many JSON tokens), the engine
+route the forwarder takes it to.
+
+Apart from the proxy module (ProxyServer: the server's lifecycle, its thread-safe methods, the screen by head) so
+that each holds one concern; ProxyServer.dispatch hands every request here (once per request, never per chunk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from desktop.core.common.text import bounded
+from desktop.core.engines.model_path import model_label
+from desktop.core.serving import normalize
+from desktop.core.serving.capabilities import TrafficCapabilities
+from desktop.core.serving.forward import MESSAGES_PATH, Forwarder
+from desktop.core.serving.http1 import (
+    ClientConnection,
+    Incoming,
+    LocalHandler,
+    LocalRequest,
+    LocalResponse,
+    anthropic_error,
+    json_error,
+)
+from desktop.core.serving.metering import RequestListener, RequestRecord
+from desktop.core.serving.requestinfo import LOOP_TOKENS, BadBody, RequestInfo, scan
+from desktop.core.serving.router import Router
+
+log = logging.getLogger("switchyard.proxy")
+
+CONTROL_PREFIX = "/switchyard/"
+# The only paths forwarded to an engine (POST): inference. Everything else an engine serves (llama.cpp's /slots,
+# /props, /lora-adapters, /metrics; vLLM's /invocations, /tokenize, /pause, dev-mode RPC) is a 404 here, unless a
+# model opts a path in (models.yaml `extra_routes`, ProxyServer(extra_routes=...)).
+INFERENCE_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
+                              "/v1/rerank", "/v1/messages", "/v1/messages/count_tokens"})
+
+
+class Dispatcher:
+    """Answers the requests of one endpoint (ProxyServer) on its loop: its own routes, refusals, and the requests
+    it forwards (counted, announced to the request listeners, their capabilities noted, then to the forwarder)."""
+
+    def __init__(self, router: Router, events: RequestEvents, forwarder: Forwarder,
+                 capabilities: TrafficCapabilities, model_name: str, started_at: float) -> None:
+        self.router = router
+        self.events = events
+        self.counters = events.counters
+        self.forwarder = forwarder
+        self.capabilities = capabilities
+        self.model_name = model_name  # the served name when one model is served (/v1/models)
+        self.started_at = started_at
+        self.local_routes: dict[str, dict[str, LocalHandler]] = {}  # path -> method -> handler (add_routes)
+        self.scanner: ThreadPoolExecutor | None = None  # reads bodies too large to read on the loop
+
+    def close(self) -> None:
+        """The endpoint stops: no more bodies are read in the worker thread."""
+        if self.scanner is not None:
+            self.scanner.shutdown(wait=False, cancel_futures=True)
+
+    def dispatch(self, request: Incoming, client: ClientConnection) -> None:
+        """Answer one request that passed the screen; calls client.request_done() when finished, now or later."""
+        path, method = request.path, request.method
+        routes = self.local_routes.get(path)
+        if routes is not None or path.startswith(CONTROL_PREFIX):
+            handler = routes.get(method) if routes else None
+            if handler is None:
+                self._answer(request, client, json_error(404 if not routes else 405, f"no route {method} {bounded(path)}"))
+            else:
+                client.wait_in(self._local(handler, request, client))
+        elif path == "/health":
+            self._answer(request, client, health_answer(self.router), counted=False)
+        elif path == "/v1/models":
+            listed = method in ("GET", "HEAD")
+            self._answer(request, client, models_answer(self.router, self.model_name, self.started_at) if listed
+                         else json_error(405, f"{method} {path} is not allowed; GET it"), counted=not listed)
+        elif (path in INFERENCE_ROUTES and method == "POST") or self.router.extra_route(path):
+            try:
+                info = scan(request.body, LOOP_TOKENS)
+            except BadBody as exc:
+                self._answer(request, client, error_answer(path, 400, str(exc)))
+                return
+            if info is None:  # too many tokens to read on the loop: read it in a worker thread
+                self._scan_off_loop(request, client)
+            else:
+                request.shape = normalize.parse(path, request.body)
+                self._route(request, client, info)
+        else:
+            what = "POST it" if path in INFERENCE_ROUTES else \
+                f"the endpoint forwards only {', '.join(sorted(INFERENCE_ROUTES))} (and GET /v1/models)"
+            self._answer(request, client, error_answer(path, 404 if path not in INFERENCE_ROUTES else 405,
+                                                      f"no route {method} {bounded(path)}: {what}"))
+
+    def _route(self, request: Incoming, client: ClientConnection, info: RequestInfo) -> None:
+        """The body is read: pick the route by its model and forward."""
+        request.info = info
+        name = info.model
+        if name is None and self.router.multi and request.path not in INFERENCE_ROUTES:
+            name = self.router.opted_in(request.path)  # e.g. GET /props: to the one model that opted it in
+        route = self.router.route(name)
+        if route is None:
+            self._answer(request, client, unknown_model(self.router, name))
+            return
+        if request.path not in INFERENCE_ROUTES and request.path not in route.extra_routes:
+            self._answer(request, client, error_answer(request.path, 404, f"no route {request.method} "
+                                                      f"{bounded(request.path)} for this model"))
+            return
+        self.counters["requests"] += 1
+        request.seq = self.counters["requests"]
+        self.events.started(request, client)
+        model = None
+        if self.router.multi:
+            model = name if name in self.router.routes else next(iter(self.router.routes))
+        self.capabilities.note(model or self.model_name, info.capabilities)
+        self.forwarder.forward(request, client, route, model)
+
+    def _scan_off_loop(self, request: Incoming, client: ClientConnection) -> None:
+        """Read a body with many JSON tokens in a worker thread (the loop serves others meanwhile), then route."""
+        if self.scanner is None:
+            self.scanner = ThreadPoolExecutor(max_workers=2, thread_name_prefix="switchyard-scan")
+        scanned = asyncio.get_running_loop().run_in_executor(self.scanner, read_body, request)
+
+        def read(done: asyncio.Future[RequestInfo | None]) -> None:
+            try:
+                info = done.result()
+            except BadBody as exc:
+                self._answer(request, client, error_answer(request.path, 400, str(exc)))
+                return
+            except asyncio.CancelledError:  # the endpoint is stopping
+                client.request_done(False)
+                return
+            except Exception:
+                log.exception("the endpoint could not read a request body")
+                client.request_done(False)
+                return
+            assert info is not None
+            self._route(request, client, info)
+
+        scanned.add_done_callback(read)
+
+    def _answer(self, request: Incoming, client: ClientConnection, response: LocalResponse, *,
+                counted: bool = True) -> None:
+        """Answer from the endpoint itself (a refusal counts as a client error)."""
+        if counted and 400 <= response.status < 500:
+            self.counters["client_errors"] += 1
+        client.write_response(response, request=request)
+        client.request_done(True)
+
+    async def _local(self, handler: LocalHandler, request: Incoming, client: ClientConnection) -> bool:
+        try:
+            response = await handler(LocalRequest(request.method, request.path, request.query, request.headers,
+                                                  request.body))
+        except Exception as exc:
+            log.exception("control route %s failed", request.path)
+            response = json_error(500, f"the endpoint failed: {exc}")
+        client.write_response(response, request=request)
+        return True
+
+
+def read_body(request: Incoming) -> RequestInfo | None:
+    """The scan of a body with many JSON tokens, and its parse for the request rules (serving.normalize), in the
+    scan's worker thread."""
+    info = scan(request.body, None)
+    request.shape = normalize.parse(request.path, request.body)
+    return info
+
+
+class RequestEvents:
+    """The endpoint's counters, and who hears of each forwarded request as it arrives and as it finishes.
+
+    "failed": the endpoint or an engine failed the request (5xx, a cut or broken stream); "client_errors": it was
+    refused as the client's fault (4xx, including a client that left before its answer: 499)."""
+
+    def __init__(self) -> None:
+        self.counters = {"requests": 0, "failed": 0, "client_errors": 0, "waited": 0}
+        self.listeners: list[RequestListener] = []
+        self.started_listeners: list[RequestListener] = []
+
+    def started(self, request: Incoming, client: ClientConnection) -> None:
+        """A request that just arrived (a record with status 0; built only when someone listens)."""
+        if not self.started_listeners:
+            return
+        record = RequestRecord(time.time(), request.method, request.path, None, 0, False, None, 0.0, None,
+                               model=request.info.model, client=client.peer, seq=request.seq)
+        self._tell(self.started_listeners, record)
+
+    def finished(self, record: RequestRecord) -> None:
+        if record.failed:
+            self.counters["failed"] += 1
+        elif record.client_error:
+            self.counters["client_errors"] += 1
+        self._tell(self.listeners, record)
+
+    @staticmethod
+    def _tell(listeners: list[RequestListener], record: RequestRecord) -> None:
+        for listener in list(listeners):
+            try:
+                listener(record)
+            except Exception:
+                log.exception("request listener failed")
+
+
+def health_answer(router: Router) -> LocalResponse:
+    if router.multi:  # serving: every model is loaded, or loads on its next request
+        models = {name: "loaded" if route.active else route.down_reason or "unloaded"
+                  for name, route in router.routes.items()}
+        return LocalResponse.json({"status": "ok", "models": models})
+    if router.active is not None:
+        return LocalResponse.json({"status": "ok", "engine": router.active.engine})
+    return LocalResponse.json({"status": "unavailable", "reason": router.down_reason or "starting"}, status=503)
+
+def models_answer(router: Router, model_name: str, started_at: float) -> LocalResponse:
+    if router.multi:
+        data = []
+        for name, route in router.routes.items():
+            state = "loaded" if route.active else "loading" if route.loading_since else \
+                "down" if route.down_reason else "unloaded"
+            info = {**route.info, "state": state}
+            if isinstance(info.get("model"), str):
+                info["model"] = model_label(info["model"])  # a name, never the user's path
+            data.append({"id": name, "object": "model", "created": int(started_at),
+                         "owned_by": "switchyard", "switchyard": info})
+        return LocalResponse.json({"object": "list", "data": data})
+    active = router.active
+    entry: dict[str, Any] = {"id": model_name, "object": "model", "created": int(started_at),
+                             "owned_by": "switchyard"}
+    if active is not None:
+        entry["switchyard"] = {"engine": active.engine, "model": model_label(active.model)}
+    return LocalResponse.json({"object": "list", "data": [entry]})
+
+def unknown_model(router: Router, name: str | None) -> LocalResponse:
+    """OpenAI's answer for a model it does not have, naming the ones this endpoint does have."""
+    names = ", ".join(router.routes)
+    message = (f"The model '{bounded(name)}' does not exist on this endpoint; available: {names}" if name is not None
+               else f"the request names no model; this endpoint serves several: {names}")
+    return LocalResponse.json({"error": {"message": message, "type": "invalid_request_error", "param": "model",
+                                         "code": "model_not_found" if name is not None else "model_required"}},
+                              status=404 if name is not None else 400)
+
+
+def error_answer(path: str, status: int, message: str) -> LocalResponse:
+    kind = "not_found_error" if status == 404 else "invalid_request_error"
+    return anthropic_error(status, message, kind) if path.startswith(MESSAGES_PATH) else \
+        json_error(status, message, kind)
