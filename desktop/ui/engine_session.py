@@ -9,7 +9,6 @@ the event loop.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -17,12 +16,11 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QObject, QTimer, Signal
 from shiboken6 import isValid
 
+from desktop.ui.session_endpoint import open_endpoint
 from desktop.ui.workers import submit
 
 if TYPE_CHECKING:
     from desktop.core.engines.base import LaunchPlan
-
-log = logging.getLogger("switchyard.ui.engine")
 
 LOG_DRAIN_MS = 100
 
@@ -102,40 +100,13 @@ class EngineSession(QObject):
         with self._setup_lock:
             if self.manager is not None:
                 return
-            from desktop.core.machine.hardware import detect
-            from desktop.core.runtime.telemetry import Telemetry
-            from desktop.core.serving.endpoint import EndpointManager, machine_budget, make_launcher
-            from desktop.core.serving.host import EndpointHost
-            from desktop.core.storage import settings as core_settings
-
-            saved = core_settings.load()
-            port = self.endpoint_port if self.endpoint_port is not None else saved.endpoint_port
-            host = EndpointHost(port=port, allowed_origins=saved.allowed_origins, capture_bodies=self.capture_bodies,
-                                store=self._open_history(), telemetry=Telemetry(interval=self.telemetry_interval), kind="app")
-            host.request_log.subscribe(self._on_request)
-            host.telemetry.subscribe(self._on_samples)
-            host.control(self.remote)
-            host.start()  # PortBusy (a readable SwitchyardError) when the port is taken; the host closed its parts
-            budget = machine_budget()
-            manager = EndpointManager(host.proxy, telemetry=host.telemetry, budget=budget,
-                                      hardware=budget.hardware if budget else None, redetect=detect,
-                                      launcher=self.launcher or make_launcher(self._progress, install_missing=True))
-            manager.subscribe(self._on_endpoint_event)
-            host.serve(manager)
+            host, manager = open_endpoint(
+                self.endpoint_port, capture_bodies=self.capture_bodies, telemetry_interval=self.telemetry_interval,
+                launcher=self.launcher, progress=self._progress, control=self.remote, on_request=self._on_request,
+                on_samples=self._on_samples, on_event=self._on_endpoint_event)
             self.host = host
             self.proxy, self.telemetry, self.manager, self.request_log = \
                 host.proxy, host.telemetry, manager, host.request_log
-
-    def _open_history(self) -> Any:
-        """The request log's history (serving goes on without it if it cannot open)."""
-        from desktop.core.common.errors import SwitchyardError
-        from desktop.core.storage.history import Store
-
-        try:
-            return Store()
-        except SwitchyardError as exc:
-            log.warning("request history disabled: %s", exc)
-            return None
 
     def set_capture_bodies(self, on: bool) -> None:
         """Keep request/response bodies in the request log from now on (the GUI's endpoint has no API key)."""
