@@ -17,197 +17,35 @@ from typing import Any
 from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
-    QButtonGroup,
-    QCheckBox,
-    QComboBox,
-    QDoubleSpinBox,
     QFileDialog,
-    QFormLayout,
     QGroupBox,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
     QProgressBar,
     QPushButton,
-    QRadioButton,
-    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
 from desktop.ui.charts import ChartBoard, LiveChart
-from desktop.ui.engine_session import engine_choices
+from desktop.ui.pages.compare_form import CompareForm, parse_levels
+from desktop.ui.pages.compare_tables import (
+    ab_rows,
+    engine_label,
+    replay_rows,
+    replay_summary,
+    sweep_rows,
+    verdict_text,
+)
 from desktop.ui.pages.models import _fill, _table
 from desktop.ui.widgets import Notice
-from desktop.ui.workers import BenchJob, submit
+from desktop.ui.workers import BenchJob
 
-
-def engine_label(name: str) -> str:
-    """An engine's display name, from the adapter registry."""
-    return dict(engine_choices()).get(name, name)
+__all__ = ["ComparePage", "parse_levels", "replay_rows"]  # parse_levels lives with the form now
 
 LIVE_CHARTS = (("output_tokens", "Output tokens/s (live)", "tokens/s"),
                ("ttft_p50_ms", "TTFT p50 (live)", "ms"),
                ("in_flight", "Requests in flight (live)", "requests"))
-COLD_PHASES = (("t1_health_s", "Cold start T1: health OK (s)"),
-               ("t2_first_token_s", "Cold start T2: first token (s)"),
-               ("t3_first_request_s", "Cold start T3: first request done (s)"))
-LEVEL_METRICS = (("output_throughput", "output tok/s", 1), ("median_ttft_ms", "TTFT p50 (ms)", 0),
-                 ("p95_ttft_ms", "TTFT p95 (ms)", 0), ("request_throughput", "requests/s", 2))
-
-
-def parse_levels(text: str) -> list[int]:
-    """'1, 4, 16' → [1, 4, 16]; anything else is a readable SwitchyardError."""
-    from desktop.core.common.errors import SwitchyardError
-
-    try:
-        levels = [int(part) for part in text.replace(";", ",").split(",") if part.strip()]
-    except ValueError:
-        raise SwitchyardError(f"the sweep must be whole numbers separated by commas, not '{text}'",
-                              "for example: 1, 4, 16, 64") from None
-    if not levels or any(level < 1 or level > 4096 for level in levels):
-        raise SwitchyardError("each concurrency level must be between 1 and 4096", "for example: 1, 4, 16, 64")
-    return levels
-
-
-def _number(value: Any, digits: int) -> str:
-    return "–" if value is None else f"{float(value):.{digits}f}"
-
-
-def _spread(cell: dict[str, Any] | None, digits: int) -> str:
-    """mean, with the range over repetitions when there were several."""
-    if not cell or cell.get("mean") is None:
-        return "–"
-    text = _number(cell["mean"], digits)
-    if cell.get("n", 0) > 1:
-        text += f" ({_number(cell['low'], digits)}–{_number(cell['high'], digits)})"
-    return text
-
-
-def phase_table_rows(result: dict[str, Any], a: str, b: str) -> list[list[str]]:
-    """Each cold-start phase's seconds (first repetition) per engine, named as on the Serve page's bar."""
-    from desktop.core.runtime.supervisor import COLD_START_PHASES, phases_of
-
-    seconds: dict[str, dict[str, float]] = {}
-    for engine in result.get("engines", []):
-        reps = engine.get("repetitions") or []
-        cold = reps[0].get("cold_start") if reps else None
-        if isinstance(cold, dict) and not cold.get("attached"):
-            seconds[engine["engine"]] = {p["phase"]: float(p["seconds"]) for p in phases_of(cold)}
-    rows = []
-    for phase in COLD_START_PHASES:
-        va, vb = seconds.get(a, {}).get(phase.key), seconds.get(b, {}).get(phase.key)
-        if va is None and vb is None:
-            continue
-        rows.append([f"Cold-start phase: {phase.label} (s)", _number(va, 2), _number(vb, 2),
-                     _number(vb / va if va and vb else None, 2)])
-    return rows
-
-
-def ab_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The side-by-side table of an A/B result (its JSON): the engines as columns, B/A as the last one."""
-    a, b = (engine["engine"] for engine in result["engines"])
-    headers = ["Metric", engine_label(a), engine_label(b), f"{engine_label(b)} / {engine_label(a)}"]
-    rows: list[list[str]] = []
-    cold = result.get("cold_start", {})
-    for key, label in COLD_PHASES:
-        cell = cold.get(key, {})
-        rows.append([label, _spread(cell.get(a), 2), _spread(cell.get(b), 2), _spread(cell.get("ratio"), 2)])
-    rows += phase_table_rows(result, a, b)
-    rss = cold.get("peak_rss_mib", {})
-    ratio = rss[b] / rss[a] if rss.get(a) and rss.get(b) else None
-    rows.append(["Peak memory (MiB, process tree)", _number(rss.get(a), 0), _number(rss.get(b), 0),
-                 _number(ratio, 2)])
-    for row in result.get("comparison", []):
-        for key, label, digits in LEVEL_METRICS:
-            cell = row.get(key, {})
-            rows.append([f"concurrency {row['concurrency']}: {label}", _spread(cell.get(a), digits),
-                         _spread(cell.get(b), digits), _spread(cell.get("ratio"), 2)])
-    return headers, rows
-
-
-def sweep_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    headers = ["Level", "Completed", "Failed", "Req/s", "Output tok/s", "TTFT p50 ms", "TTFT p95 ms",
-               "TPOT p50 ms", "E2E p99 ms"]
-    rows = [[str(level.get("label")), str(level.get("completed")), str(level.get("failed")),
-             _number(level.get("request_throughput"), 2), _number(level.get("output_throughput"), 1),
-             _number(level.get("median_ttft_ms"), 0), _number(level.get("p95_ttft_ms"), 0),
-             _number(level.get("median_tpot_ms"), 1), _number(level.get("p99_e2el_ms"), 0)]
-            for level in result.get("levels", [])]
-    return headers, rows
-
-
-REPLAY_SPANS = (("last hour", "1h"), ("last day", "1d"), ("last 7 days", "7d"))
-REPLAY_METRICS = (("completed", "completed", 0), ("failed", "failed", 0), ("output_throughput", "output tok/s", 1),
-                  ("request_throughput", "requests/s", 2), ("median_ttft_ms", "TTFT p50 (ms)", 0),
-                  ("p95_ttft_ms", "TTFT p95 (ms)", 0), ("p95_e2el_ms", "E2E p95 (ms)", 0),
-                  ("send_lag_p95_ms", "send lag p95 (ms, late vs the schedule)", 1))
-
-
-def replay_preview(since: str, max_requests: int | None) -> dict[str, Any]:
-    """What a replay of the request log since `since` would send (worker thread): the schedule's summary, or why
-    there is nothing to send, with the span and limit it answers (a later question may be pending)."""
-    from desktop.core.common.errors import SwitchyardError
-    from desktop.core.measure.loadgen.replay import schedule_from_log
-
-    key = (since, max_requests or 0)
-    try:
-        return {"key": key, "schedule": schedule_from_log(since, max_requests=max_requests).to_json(), "error": ""}
-    except SwitchyardError as exc:
-        return {"key": key, "schedule": None, "error": exc.message + (f"\nHint: {exc.hint}" if exc.hint else "")}
-
-
-def replay_summary(schedule: dict[str, Any], speed: float) -> str:
-    """'12 recorded requests over 5.5 s (none with a captured body): 1.4 s per engine at 4x'."""
-    bodies = schedule.get("captured_bodies") or 0
-    span = float(schedule.get("span_s") or 0.0)
-    return (f"{schedule['requests']} recorded requests over {span:.1f} s "
-            f"({bodies if bodies else 'none'} with a captured body; prompts "
-            f"{_number(schedule.get('prompt_tokens_mean'), 0)} / outputs {_number(schedule.get('output_tokens_mean'), 0)}"
-            f" tokens on average): sent in {span / speed:.1f} s per engine at {speed:g}x")
-
-
-def replay_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Both engines on the replayed traffic (the A/B result's `replay`), B/A as the last column."""
-    replay = result.get("replay") or {}
-    a, b = (engine["engine"] for engine in result["engines"])
-    headers = ["Replayed traffic", engine_label(a), engine_label(b), f"{engine_label(b)} / {engine_label(a)}"]
-    cells = replay.get("engines") or {}
-    rows = []
-    for key, label, digits in REPLAY_METRICS:
-        va, vb = ((cells.get(e) or {}).get(key) for e in (a, b))
-        ratio = vb / va if key not in ("completed", "failed") and va and vb is not None else None
-        rows.append([label, _number(va, digits), _number(vb, digits), _number(ratio, 2)])
-    return headers, rows
-
-
-def verdict_text(result: dict[str, Any]) -> str:
-    lines = []
-    verdict = result.get("amortization", {}).get("verdict")
-    if verdict:
-        lines.append(f"Verdict: {verdict}")
-    for scenario in result.get("scenarios", []):
-        winner = scenario.get("winner")
-        if winner:
-            lines.append(f"• {scenario['scenario']} (concurrency {scenario['concurrency']}): "
-                         f"{engine_label(winner)}")
-    lines += replay_verdict(result)
-    return "\n".join(lines)
-
-
-def replay_verdict(result: dict[str, Any]) -> list[str]:
-    """Open loop, both engines get the same arrivals: the one that keeps TTFT p95 lower serves the traffic better."""
-    replay = result.get("replay") or {}
-    cells = {e: c for e, c in (replay.get("engines") or {}).items() if c and c.get("p95_ttft_ms") is not None}
-    if len(cells) != 2:
-        return []
-    (a, ca), (b, cb) = cells.items()
-    best, other = (a, b) if ca["p95_ttft_ms"] <= cb["p95_ttft_ms"] else (b, a)
-    lines = [f"• your replayed traffic ({replay['schedule']['requests']} requests at {float(replay['speed']):g}x): "
-             f"{engine_label(best)}, TTFT p95 {cells[best]['p95_ttft_ms']:.0f} ms vs "
-             f"{cells[other]['p95_ttft_ms']:.0f} ms"]
-    lines += [f"  {engine_label(e)}: {w}" for e, c in cells.items() for w in c.get("warnings") or []]
-    return lines
 
 
 class ComparePage(QWidget):
@@ -225,99 +63,16 @@ class ComparePage(QWidget):
         self._engine_started: dict[str, float] = {}  # engine → wall time of its first bucket
 
         # --- what to run ---
-        self.ab_radio = QRadioButton("Engine &A/B on one model (starts each engine in turn)")
-        self.endpoint_radio = QRadioButton("The &endpoint serving now")
-        self.ab_radio.setChecked(True)
-        self.mode_group = QButtonGroup(self)
-        self.mode_group.addButton(self.ab_radio)
-        self.mode_group.addButton(self.endpoint_radio)
-        self.ab_radio.toggled.connect(self._mode_changed)
-        self.engine_a = QComboBox()
-        self.engine_b = QComboBox()
-        for box, default in ((self.engine_a, 0), (self.engine_b, 1)):
-            for key, label in engine_choices():
-                box.addItem(label, key)
-            box.setCurrentIndex(default)
-        self.engine_a.setAccessibleName("Engine A")
-        self.engine_b.setAccessibleName("Engine B")
-        self.model_edit = QLineEdit("demo")
-        self.model_edit.setAccessibleName("Model")
-        self.model_edit.setToolTip("`demo` (the same weights for both engines), or a model both engines can load")
-        self.repetitions_spin = QSpinBox()
-        self.repetitions_spin.setRange(1, 20)
-        self.repetitions_spin.setValue(1)
-        self.repetitions_spin.setToolTip("Cold starts and sweeps per engine; more repetitions show the spread")
-        engines_row = QHBoxLayout()
-        engines_row.addWidget(self.engine_a)
-        engines_row.addWidget(QLabel("vs"))
-        engines_row.addWidget(self.engine_b)
-        engines_row.addWidget(QLabel("on"))
-        engines_row.addWidget(self.model_edit, 1)
-        engines_row.addWidget(QLabel("repetitions:"))
-        engines_row.addWidget(self.repetitions_spin)
-        self.ab_options = QWidget()
-        self.ab_options.setLayout(engines_row)
-        engines_row.setContentsMargins(0, 0, 0, 0)
-        mode_row = QHBoxLayout()
-        mode_row.addWidget(self.ab_radio)
-        mode_row.addWidget(self.endpoint_radio)
-        mode_row.addStretch(1)
-        self.levels_edit = QLineEdit("1, 4, 16")
-        self.levels_edit.setAccessibleName("Concurrency sweep")
-        self.requests_spin = QSpinBox()
-        self.requests_spin.setRange(1, 100_000)
-        self.requests_spin.setValue(32)
-        self.output_spin = QSpinBox()
-        self.output_spin.setRange(1, 32_768)
-        self.output_spin.setValue(32)
-        self.replay_check = QCheckBox("&Replay it open loop after each sweep")
-        self.replay_check.setToolTip("Send the endpoint's logged requests again - their arrival times and token "
-                                     "lengths, bodies where captured - to both engines (`switchyard ab --replay`)")
-        self.replay_since = QComboBox()
-        for label, span in REPLAY_SPANS:
-            self.replay_since.addItem(label, span)
-        self.replay_since.setCurrentIndex(1)
-        self.replay_since.setAccessibleName("Replay span")
-        self.replay_speed = QDoubleSpinBox()
-        self.replay_speed.setRange(0.1, 100.0)
-        self.replay_speed.setValue(1.0)
-        self.replay_speed.setSuffix("x")
-        self.replay_speed.setAccessibleName("Replay speed")
-        self.replay_speed.setToolTip("2x sends twice as fast as recorded")
-        self.replay_max = QSpinBox()
-        self.replay_max.setRange(0, 1_000_000)
-        self.replay_max.setSpecialValueText("all")
-        self.replay_max.setAccessibleName("Replay at most")
-        self.replay_max.setToolTip("At most this many requests, oldest first (all: the whole span)")
-        replay_row = QHBoxLayout()
-        replay_row.setContentsMargins(0, 0, 0, 0)
-        replay_row.addWidget(self.replay_check)
-        for caption, option in (("from the", self.replay_since), ("speed", self.replay_speed),
-                                ("at most", self.replay_max)):
-            replay_row.addWidget(QLabel(caption))
-            replay_row.addWidget(option)
-        replay_row.addStretch(1)
-        self.replay_options = QWidget()
-        self.replay_options.setLayout(replay_row)
-        self.replay_info = QLabel("")
-        self.replay_info.setWordWrap(True)
-        self.replay_info.setAccessibleName("Replay schedule")
-        self.replay_schedule: dict[str, Any] | None = None  # the preview of what the replay sends
-        self.replay_error = ""  # why there is nothing to replay (an empty log in that span)
-        self._preview_key: tuple[str, int] | None = None
-        self.replay_check.toggled.connect(self.refresh_replay)
-        self.replay_since.currentIndexChanged.connect(self.refresh_replay)
-        self.replay_max.valueChanged.connect(self.refresh_replay)
-        self.replay_speed.valueChanged.connect(self._show_replay_schedule)
-        self._replay_widgets(False)
-        form = QFormLayout()
-        form.addRow("Compare:", mode_row)
-        form.addRow("Engines:", self.ab_options)
-        form.addRow("&Concurrency sweep:", self.levels_edit)
-        form.addRow("&Requests per level:", self.requests_spin)
-        form.addRow("&Output tokens per request:", self.output_spin)
-        form.addRow("Recorded traffic:", self.replay_options)
-        form.addRow("", self.replay_info)
+        self.form = CompareForm(self.endpoint_url)
+        form = self.form
+        # the form's inputs, on the page where tests and the screenshot driver reach them
+        self.ab_radio, self.endpoint_radio, self.mode_group = form.ab_radio, form.endpoint_radio, form.mode_group
+        self.engine_a, self.engine_b, self.model_edit = form.engine_a, form.engine_b, form.model_edit
+        self.repetitions_spin, self.ab_options = form.repetitions_spin, form.ab_options
+        self.levels_edit, self.requests_spin, self.output_spin = form.levels_edit, form.requests_spin, form.output_spin
+        self.replay_check, self.replay_since = form.replay_check, form.replay_since
+        self.replay_speed, self.replay_max = form.replay_speed, form.replay_max
+        self.replay_options, self.replay_info = form.replay_options, form.replay_info
 
         # --- actions ---
         self.run_button = QPushButton("&Run")
@@ -368,7 +123,7 @@ class ComparePage(QWidget):
         results_layout.addWidget(self.verdict_label)
 
         layout = QVBoxLayout(self)
-        layout.addLayout(form)
+        layout.addWidget(form)
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
         layout.addWidget(self.notice)
@@ -376,77 +131,25 @@ class ComparePage(QWidget):
         layout.addWidget(results_box, 3)
         self.board.start()
 
-    # --- setup ---
-    def _mode_changed(self) -> None:
-        self.ab_options.setEnabled(self.ab_radio.isChecked())
-        self.replay_options.setEnabled(self.ab_radio.isChecked())  # a replay needs engines the A/B starts
-        self.refresh_replay()
-
-    def _replay_widgets(self, on: bool) -> None:
-        for widget in (self.replay_since, self.replay_speed, self.replay_max):
-            widget.setEnabled(on)
-        self.replay_info.setVisible(on)
-
+    # --- the form's answers ---
     def replaying(self) -> bool:
-        return self.replay_check.isChecked() and self.ab_radio.isChecked()
-
-    def _replay_key(self) -> tuple[str, int]:
-        return str(self.replay_since.currentData()), self.replay_max.value()
+        return self.form.replaying()
 
     def refresh_replay(self) -> None:
-        """Read what the replay would send from the request log (worker thread) and say it under the form."""
-        on = self.replaying()
-        self._replay_widgets(on)
-        if not on:
-            return
-        key = self._replay_key()
-        self._preview_key = key
-        self.replay_schedule, self.replay_error = None, ""
-        self.replay_info.setText("Reading the endpoint's request log…")
-        submit(replay_preview, key[0], key[1] or None, on_finished=self._replay_read, on_error=self._replay_failed)
-
-    def _replay_read(self, answer: dict[str, Any]) -> None:
-        if tuple(answer["key"]) != self._preview_key:  # a later span or limit was asked for meanwhile
-            return
-        self.replay_schedule, self.replay_error = answer["schedule"], answer["error"]
-        self._show_replay_schedule()
-
-    def _replay_failed(self, message: str) -> None:  # an unreadable history file, say
-        self.replay_error = message
-        self._show_replay_schedule()
-
-    def _show_replay_schedule(self) -> None:
-        if self.replay_schedule is not None:
-            self.replay_info.setText("Replays " + replay_summary(self.replay_schedule, self.replay_speed.value()))
-        elif self.replay_error:
-            self.replay_info.setText(self.replay_error)
+        self.form.refresh_replay()
 
     def job_for_inputs(self) -> dict[str, Any]:
         """The child-process job for what the form says (raises SwitchyardError on bad input)."""
-        from desktop.core.common.errors import SwitchyardError
+        return self.form.job_for_inputs()
 
-        levels = parse_levels(self.levels_edit.text())
-        if self.endpoint_radio.isChecked():
-            url = self.endpoint_url()
-            if not url:
-                raise SwitchyardError("Nothing is being served: start an engine on the Serve page first.",
-                                      "or compare two engines with Engine A/B")
-            return {"kind": "sweep", "base_url": url.removesuffix("/v1"), "levels": levels,
-                    "requests": self.requests_spin.value(), "output_len": self.output_spin.value()}
-        engines = (self.engine_a.currentData(), self.engine_b.currentData())
-        if engines[0] == engines[1]:
-            raise SwitchyardError("an A/B needs two different engines", "pick llama.cpp and vLLM")
-        config: dict[str, Any] = {
-            "model": self.model_edit.text().strip() or "demo", "engines": list(engines), "concurrency": levels,
-            "repetitions": self.repetitions_spin.value(), "requests_per_level": self.requests_spin.value(),
-            "output_len": self.output_spin.value()}
-        if self.replaying():
-            if self.replay_schedule is None and self.replay_error:
-                first, _, hint = self.replay_error.partition("\nHint: ")
-                raise SwitchyardError(first, hint or None)
-            config["replay"] = {"since": self._replay_key()[0], "max_requests": self._replay_key()[1] or None}
-            config["replay_speed"] = self.replay_speed.value()
-        return {"kind": "ab", "config": config}
+    @property
+    def replay_schedule(self) -> dict[str, Any] | None:
+        """What the replay would send (the form's preview), None until read or when there is nothing."""
+        return self.form.replay_schedule
+
+    @property
+    def replay_error(self) -> str:
+        return self.form.replay_error
 
     # --- running ---
     def start(self, job: dict[str, Any] | None = None) -> bool:
