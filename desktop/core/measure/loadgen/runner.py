@@ -231,6 +231,230 @@ async def calibrating_counter(target: Target, workload: Workload, counter: Token
     return await asyncio.to_thread(server_token_counter, target, target.model)
 
 
+class _LoadRun:
+    """One load level in flight: the clocks, counters and tasks its steps share. `dispatch` sends the requests
+    (each phased warm-up, measure or cool-down), `drain` waits for the measured ones, `close` flushes the last
+    part-second and `outcome` summarizes it."""
+
+    def __init__(self, target: Target, config: LoadConfig, *, on_bucket: BucketCallback | None,
+                 progress: ProgressCallback, abort_check: AbortCheck | None, stop: asyncio.Event | None) -> None:
+        self.target = target
+        self.config = config
+        self.on_bucket = on_bucket
+        self.progress = progress
+        self.abort_check = abort_check
+        self.stop = stop
+        self.live = _Live()
+        self.results: list[RequestResult] = []
+        self.measured_tasks: set[asyncio.Task[RequestResult]] = set()
+        self.other_tasks: set[asyncio.Task[RequestResult]] = set()
+        self.measured_done = asyncio.Event()
+        self.measuring_over = False
+        self.abort_reason: list[str] = []
+        self.consecutive_refused = 0
+        self.limit = config.concurrency  # closed loop: the level; open loop: an optional cap on requests in flight
+        self.slots = asyncio.Semaphore(self.limit) if self.limit else None
+        self.started_at = time.time()
+        self.clock_zero = time.perf_counter()
+        self.cpu_zero = time.thread_time()
+        self.buckets: list[LiveBucket] = []
+        self.count_mode = config.duration_s is None
+        self.total = (config.warmup_requests + (config.num_requests or 0) + config.cooldown_requests) \
+            if self.count_mode else None
+
+    def phase_of(self, index: int, now: float) -> str:
+        config = self.config
+        if self.count_mode:
+            if index < config.warmup_requests:
+                return "warmup"
+            if index < config.warmup_requests + (config.num_requests or 0):
+                return "measure"
+            return "cooldown"
+        assert config.duration_s is not None
+        if now < config.warmup_s:
+            return "warmup"
+        return "measure" if now < config.warmup_s + config.duration_s else "cooldown"
+
+    async def send_one(self, client: httpx.AsyncClient, spec: RequestSpec, index: int, phase: str,
+                       model: str | None) -> RequestResult:
+        config, live = self.config, self.live
+        live.in_flight += 1
+        try:
+            result = await send_request(client, self.target, spec, index=index, model=model,
+                                        clock_zero=self.clock_zero, timeout=config.request_timeout_s, phase=phase,
+                                        on_chunk=live.on_chunk)
+        finally:
+            live.in_flight -= 1
+            if self.slots:
+                self.slots.release()
+        self.results.append(result)
+        self._count(result)
+        done = sum(1 for r in self.results if r.phase == "measure")
+        if self.total:
+            self.progress(ProgressEvent(f"{config.label}: {done}/{config.num_requests} requests",
+                                        done / max(1, config.num_requests or 1)))
+        return result
+
+    def _count(self, result: RequestResult) -> None:
+        """Tally a finished request; enough refused connections in a row abort the run."""
+        if result.success:
+            self.live.completed += 1
+            self.consecutive_refused = 0
+            return
+        self.live.failed += 1
+        if (result.error or "").startswith(CONNECT_ERROR):
+            self.consecutive_refused += 1
+            if self.consecutive_refused >= self.config.abort_after_connect_errors and not self.abort_reason:
+                self.abort_reason.append(f"the server at {self.target.base_url} stopped accepting connections "
+                                         f"({result.error})")
+
+    def _emit(self, bucket: LiveBucket) -> None:
+        self.buckets.append(bucket)
+        if self.on_bucket:
+            self.on_bucket(bucket)
+
+    async def ticker(self) -> None:
+        second = 0
+        last_cpu, last_wall = time.thread_time(), time.perf_counter()
+        while True:
+            await asyncio.sleep(max(0.0, self.clock_zero + second + 1 - time.perf_counter()))
+            second += 1
+            cpu, wall = time.thread_time(), time.perf_counter()
+            bucket = self.live.take(second, (cpu - last_cpu) / max(1e-6, wall - last_wall))
+            last_cpu, last_wall = cpu, wall
+            self._emit(bucket)
+
+    def should_stop(self, now: float) -> bool:
+        if self.stop is not None and self.stop.is_set():
+            if not self.abort_reason:
+                self.abort_reason.append("stopped by the user")
+            return True
+        if self.abort_reason:
+            return True
+        if self.abort_check is not None:
+            reason = self.abort_check()
+            if reason:
+                self.abort_reason.append(reason)
+                return True
+        if not self.count_mode:
+            assert self.config.duration_s is not None
+            end = self.config.warmup_s + self.config.duration_s + self.config.cooldown_s
+            if now >= end:
+                return True
+        return False
+
+    def check_measured_done(self) -> None:
+        if self.measuring_over and all(task.done() for task in self.measured_tasks):
+            self.measured_done.set()
+
+    async def dispatch(self, client: httpx.AsyncClient, specs: list[RequestSpec], model: str | None) -> None:
+        """Send the run's requests at its arrival times (or as slots free up) until it ends or must stop."""
+        config, slots = self.config, self.slots
+        gaps = _arrival_gaps(config) if config.rate is not None else None
+        next_send = 0.0
+        for index, spec in enumerate(_spec_stream(specs, config)):
+            if gaps is not None:
+                next_send += next(gaps)
+                delay = self.clock_zero + next_send - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            phase = self.phase_of(index, time.perf_counter() - self.clock_zero)
+            if phase == "cooldown" and not self.measuring_over:
+                self.measuring_over = True
+                self.check_measured_done()
+            if slots and not await _acquire_unless(slots, self.measured_done if phase == "cooldown" else None):
+                break
+            now = time.perf_counter() - self.clock_zero
+            phase = self.phase_of(index, now)
+            if self.should_stop(now) or (phase == "cooldown" and self.measured_done.is_set()):
+                if slots:
+                    slots.release()
+                break
+            task = asyncio.create_task(self.send_one(client, spec, index, phase, model))
+            if phase == "measure":
+                self.measured_tasks.add(task)
+                task.add_done_callback(lambda _task: self.check_measured_done())
+            else:
+                self.other_tasks.add(task)
+
+    async def drain(self) -> None:
+        """Wait for every measured request; cancel the warm-up and cool-down ones still running."""
+        if self.measured_tasks:
+            await asyncio.wait(self.measured_tasks)
+        warmups = [t for t in self.other_tasks if not t.done()]
+        for task in warmups:
+            task.cancel()
+        for task in warmups:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def close(self, tick: asyncio.Task[None]) -> None:
+        """Stop the ticker, bucket the level's last part-second, cancel whatever is left."""
+        tick.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tick
+        if self.live.completed or self.live.failed:  # the level's last part-second: every request lands in a bucket
+            cpu, wall = time.thread_time(), time.perf_counter()
+            self._emit(self.live.take(len(self.buckets) + 1, (cpu - self.cpu_zero) / max(1e-6, wall - self.clock_zero)))
+        for task in self.measured_tasks | self.other_tasks:
+            task.cancel()
+
+    async def execute(self, specs: list[RequestSpec]) -> str | None:
+        """Run the level against the target; the model it served."""
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(64, (self.limit or 0) * 2))
+        timeout = httpx.Timeout(self.config.request_timeout_s, connect=10.0)
+        async with self.target.async_client(limits=limits, timeout=timeout) as client:
+            model = self.target.model or await discover_model(client, self.target)
+            tick = asyncio.create_task(self.ticker())
+            try:
+                await self.dispatch(client, specs, model)
+                await self.drain()
+            finally:
+                await self.close(tick)
+        return model
+
+
+def _client_warnings(client_cpu: float, summary: BenchmarkSummary) -> list[str]:
+    warnings = []
+    if client_cpu >= CPU_SATURATION:
+        warnings.append(f"the load generator used {client_cpu:.0%} of a CPU core: the client may be the "
+                        "bottleneck; lower the concurrency or run the client on another machine")
+    if summary.tokens_estimated:
+        warnings.append("the server sent no usage: output tokens are counted from stream chunks (estimated)")
+    if summary.not_streamed:
+        warnings.append(f"{summary.not_streamed} responses were not streamed: their TTFT equals their E2E latency")
+    return warnings
+
+
+def _abort_reason(run: _LoadRun, measured: list[RequestResult], summary: BenchmarkSummary) -> str | None:
+    """Why the level stopped early, or that every measured request failed; None when it ran."""
+    aborted = run.abort_reason[0] if run.abort_reason else None
+    if not aborted and measured and summary.completed == 0:
+        first = next((r.error for r in measured if r.error), "unknown error")
+        aborted = f"all {len(measured)} requests failed; first error: {first}"
+    return aborted
+
+
+def _sent_prompt_tokens(specs: list[RequestSpec], config: LoadConfig) -> float | None:
+    """Mean prompt tokens of the measured requests as sized before sending."""
+    sized = [s.input_tokens for s in specs[config.warmup_requests:][: config.num_requests or len(specs)]] \
+        or [s.input_tokens for s in specs]
+    return round(sum(sized) / len(sized), 2) if sized else None
+
+
+async def _sized_specs(target: Target, workload: Workload, config: LoadConfig, token_counter: TokenCounter | None
+                       ) -> tuple[list[RequestSpec], TokenCounter | None]:
+    """The run's distinct requests, sized by the given counter or the server's /tokenize (closed once used)."""
+    own_counter = token_counter is None
+    token_counter = await calibrating_counter(target, workload, token_counter)
+    try:
+        specs = await asyncio.to_thread(_specs, workload, config, token_counter)
+    finally:
+        if own_counter and isinstance(token_counter, ServerTokenCounter):
+            token_counter.close()
+    return specs, token_counter
+
+
 async def run_load(
     target: Target,
     workload: Workload,
@@ -244,160 +468,12 @@ async def run_load(
     stop: asyncio.Event | None = None,
 ) -> LoadResult:
     """Run one load level and summarize it. Never raises for server failures: see `aborted` and `failed`."""
-    own_counter = token_counter is None
-    token_counter = await calibrating_counter(target, workload, token_counter)
-    try:
-        specs = await asyncio.to_thread(_specs, workload, config, token_counter)
-    finally:
-        if own_counter and isinstance(token_counter, ServerTokenCounter):
-            token_counter.close()
-    live = _Live()
-    results: list[RequestResult] = []
-    measured_tasks: set[asyncio.Task[RequestResult]] = set()
-    other_tasks: set[asyncio.Task[RequestResult]] = set()
-    measured_done = asyncio.Event()
-    abort_reason: list[str] = []
-    consecutive_refused = 0
-    limit = config.concurrency  # closed loop: the level; open loop: an optional cap on requests in flight
-    slots = asyncio.Semaphore(limit) if limit else None
-    started_at = time.time()
-    clock_zero = time.perf_counter()
-    cpu_zero = time.thread_time()
-    buckets: list[LiveBucket] = []
-    count_mode = config.duration_s is None
-    total = (config.warmup_requests + (config.num_requests or 0) + config.cooldown_requests) if count_mode else None
-
-    def phase_of(index: int, now: float) -> str:
-        if count_mode:
-            if index < config.warmup_requests:
-                return "warmup"
-            if index < config.warmup_requests + (config.num_requests or 0):
-                return "measure"
-            return "cooldown"
-        assert config.duration_s is not None
-        if now < config.warmup_s:
-            return "warmup"
-        return "measure" if now < config.warmup_s + config.duration_s else "cooldown"
-
-    async def one(client: httpx.AsyncClient, spec: RequestSpec, index: int, phase: str, model: str | None
-                  ) -> RequestResult:
-        nonlocal consecutive_refused
-        live.in_flight += 1
-        try:
-            result = await send_request(client, target, spec, index=index, model=model, clock_zero=clock_zero,
-                                        timeout=config.request_timeout_s, phase=phase, on_chunk=live.on_chunk)
-        finally:
-            live.in_flight -= 1
-            if slots:
-                slots.release()
-        results.append(result)
-        if result.success:
-            live.completed += 1
-            consecutive_refused = 0
-        else:
-            live.failed += 1
-            if (result.error or "").startswith(CONNECT_ERROR):
-                consecutive_refused += 1
-                if consecutive_refused >= config.abort_after_connect_errors and not abort_reason:
-                    abort_reason.append(f"the server at {target.base_url} stopped accepting connections "
-                                        f"({result.error})")
-        done = sum(1 for r in results if r.phase == "measure")
-        if total:
-            progress(ProgressEvent(f"{config.label}: {done}/{config.num_requests} requests", done / max(1, config.num_requests or 1)))
-        return result
-
-    async def ticker() -> None:
-        second = 0
-        last_cpu, last_wall = time.thread_time(), time.perf_counter()
-        while True:
-            await asyncio.sleep(max(0.0, clock_zero + second + 1 - time.perf_counter()))
-            second += 1
-            cpu, wall = time.thread_time(), time.perf_counter()
-            bucket = live.take(second, (cpu - last_cpu) / max(1e-6, wall - last_wall))
-            last_cpu, last_wall = cpu, wall
-            buckets.append(bucket)
-            if on_bucket:
-                on_bucket(bucket)
-
-    def should_stop(now: float) -> bool:
-        if stop is not None and stop.is_set():
-            if not abort_reason:
-                abort_reason.append("stopped by the user")
-            return True
-        if abort_reason:
-            return True
-        if abort_check is not None:
-            reason = abort_check()
-            if reason:
-                abort_reason.append(reason)
-                return True
-        if not count_mode:
-            assert config.duration_s is not None
-            end = config.warmup_s + config.duration_s + config.cooldown_s
-            if now >= end:
-                return True
-        return False
-
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(64, (limit or 0) * 2))
-    timeout = httpx.Timeout(config.request_timeout_s, connect=10.0)
-    async with target.async_client(limits=limits, timeout=timeout) as client:
-        model = target.model or await discover_model(client, target)
-        measuring_over = False
-
-        def check_measured_done() -> None:
-            if measuring_over and all(task.done() for task in measured_tasks):
-                measured_done.set()
-
-        tick = asyncio.create_task(ticker())
-        gaps = _arrival_gaps(config) if config.rate is not None else None
-        next_send = 0.0
-        try:
-            for index, spec in enumerate(_spec_stream(specs, config)):
-                if gaps is not None:
-                    next_send += next(gaps)
-                    delay = clock_zero + next_send - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                phase = phase_of(index, time.perf_counter() - clock_zero)
-                if phase == "cooldown" and not measuring_over:
-                    measuring_over = True
-                    check_measured_done()
-                if slots and not await _acquire_unless(slots, measured_done if phase == "cooldown" else None):
-                    break
-                now = time.perf_counter() - clock_zero
-                phase = phase_of(index, now)
-                if should_stop(now) or (phase == "cooldown" and measured_done.is_set()):
-                    if slots:
-                        slots.release()
-                    break
-                task = asyncio.create_task(one(client, spec, index, phase, model))
-                if phase == "measure":
-                    measured_tasks.add(task)
-                    task.add_done_callback(lambda _task: check_measured_done())
-                else:
-                    other_tasks.add(task)
-            if measured_tasks:
-                await asyncio.wait(measured_tasks)
-            warmups = [t for t in other_tasks if not t.done()]
-            for task in warmups:
-                task.cancel()
-            for task in warmups:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        finally:
-            tick.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await tick
-            if live.completed or live.failed:  # the level's last part-second: every request lands in a bucket
-                cpu, wall = time.thread_time(), time.perf_counter()
-                bucket = live.take(len(buckets) + 1, (cpu - cpu_zero) / max(1e-6, wall - clock_zero))
-                buckets.append(bucket)
-                if on_bucket:
-                    on_bucket(bucket)
-            for task in measured_tasks | other_tasks:
-                task.cancel()
-    wall = time.perf_counter() - clock_zero
-    client_cpu = (time.thread_time() - cpu_zero) / max(1e-6, wall)
+    specs, token_counter = await _sized_specs(target, workload, config, token_counter)
+    run = _LoadRun(target, config, on_bucket=on_bucket, progress=progress, abort_check=abort_check, stop=stop)
+    model = await run.execute(specs)
+    wall = time.perf_counter() - run.clock_zero
+    client_cpu = (time.thread_time() - run.cpu_zero) / max(1e-6, wall)
+    results = run.results
     measured = [r for r in results if r.phase == "measure"]
     if measured:
         window = max(r.start + r.elapsed for r in measured) - min(r.start for r in measured)
@@ -405,23 +481,9 @@ async def run_load(
         window = wall
     results.sort(key=lambda r: r.index)
     summary = summarize(results, window, slo)
-    warnings = []
-    if client_cpu >= CPU_SATURATION:
-        warnings.append(f"the load generator used {client_cpu:.0%} of a CPU core: the client may be the "
-                        "bottleneck; lower the concurrency or run the client on another machine")
-    if summary.tokens_estimated:
-        warnings.append("the server sent no usage: output tokens are counted from stream chunks (estimated)")
-    if summary.not_streamed:
-        warnings.append(f"{summary.not_streamed} responses were not streamed: their TTFT equals their E2E latency")
-    aborted = abort_reason[0] if abort_reason else None
-    if not aborted and measured and summary.completed == 0:
-        first = next((r.error for r in measured if r.error), "unknown error")
-        aborted = f"all {len(measured)} requests failed; first error: {first}"
-    sized = [s.input_tokens for s in specs[config.warmup_requests:][: config.num_requests or len(specs)]] \
-        or [s.input_tokens for s in specs]
-    return LoadResult(config, target, workload.to_json(), model, summary, results, buckets,
-                      round(client_cpu, 3), warnings, aborted, started_at, token_source(token_counter),
-                      round(sum(sized) / len(sized), 2) if sized else None)
+    return LoadResult(config, target, workload.to_json(), model, summary, results, run.buckets,
+                      round(client_cpu, 3), _client_warnings(client_cpu, summary), _abort_reason(run, measured, summary),
+                      run.started_at, token_source(token_counter), _sent_prompt_tokens(specs, config))
 
 
 async def run_sweep(
