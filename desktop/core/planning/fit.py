@@ -38,6 +38,7 @@ from desktop.core.planning import moe as experts_in_ram
 from desktop.core.planning import promptcache
 from desktop.core.planning import repack as repacking
 from desktop.core.planning.devices import pin_devices
+from desktop.core.planning.llama_offload import offload_verdict, split_layers
 from desktop.core.planning.weights import (
     CHECKPOINT_QUANTS,
     DTYPE_BYTES,
@@ -318,6 +319,28 @@ def llama_gpus(hw: HardwareSnapshot) -> list[GpuInfo]:
     return gpus
 
 
+def _llama_on_cpu(hw: HardwareSnapshot, s: FitSettings, weights: int, kv: int, compute: int, rep: repacking.Repacked,
+                  quant: str, has_gpu: bool, per_request: int, n_layers: int, breakdown: dict[str, float],
+                  settings: dict[str, Any], notes: list[str]) -> FitResult:
+    """llama.cpp with no layer on a GPU: everything in RAM; `weights` is what stays mapped of the file (its
+    repacked edges are released)."""
+    ram = hw.ram_available_bytes
+    need = weights + kv + compute + rep.total
+    breakdown.update({"weights": _gib(weights), "bytes.weights": float(weights), "repacked": _gib(rep.total),
+                      "bytes.repacked": float(rep.total)})
+    if rep.total:
+        notes.append(repacking.note(rep.total, rep))
+    verdict: Verdict = "yes" if need <= ram else "no"
+    if not has_gpu:
+        notes.append("no GPU: runs on the CPU (memory-bandwidth bound; smaller quantizations are faster)")
+    notes += experts_in_ram.cpu_plan_notes(s.n_cpu_moe, s.override_tensors)
+    if verdict == "no":
+        notes.append("not enough free RAM: pick a smaller quantization or a shorter context")
+    return FitResult("llama.cpp", verdict, _gib(weights), _gib(kv), _gib(compute), _gib(need), _gib(ram),
+                     _gib(ram - need), "CPU", per_request, gpu_layers=0, total_layers=n_layers + 1,
+                     cpu_ram_gib=_gib(need), quant=quant, breakdown=breakdown, settings=settings, notes=notes)
+
+
 def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> FitResult:
     notes: list[str] = []
     ctx = s.ctx  # the total -c, shared by the slots
@@ -351,22 +374,8 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
                  "bytes.weights": float(weights), "bytes.kv_cache": float(kv), "bytes.compute": float(compute)}
 
     if not use_gpu:
-        ram = hw.ram_available_bytes
-        weights -= rep.unmapped  # what stays mapped of the file: its repacked edges are released
-        need = weights + kv + compute + rep.total
-        breakdown.update({"weights": _gib(weights), "bytes.weights": float(weights), "repacked": _gib(rep.total),
-                          "bytes.repacked": float(rep.total)})
-        if rep.total:
-            notes.append(repacking.note(rep.total, rep))
-        verdict: Verdict = "yes" if need <= ram else "no"
-        if not gpus:
-            notes.append("no GPU: runs on the CPU (memory-bandwidth bound; smaller quantizations are faster)")
-        notes += experts_in_ram.cpu_plan_notes(s.n_cpu_moe, s.override_tensors)
-        if verdict == "no":
-            notes.append("not enough free RAM: pick a smaller quantization or a shorter context")
-        return FitResult("llama.cpp", verdict, _gib(weights), _gib(kv), _gib(compute), _gib(need), _gib(ram),
-                         _gib(ram - need), "CPU", per_request, gpu_layers=0, total_layers=n_layers + 1,
-                         cpu_ram_gib=_gib(need), quant=quant, breakdown=breakdown, settings=settings, notes=notes)
+        return _llama_on_cpu(hw, s, weights - rep.unmapped, kv, compute, rep, quant, bool(gpus), per_request,
+                             n_layers, breakdown, settings, notes)
 
     context = sum(_context_bytes(g) for g in gpus)
     fixed = compute * len(gpus) + context  # with -sm layer every GPU allocates its own compute buffer
@@ -387,17 +396,9 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
     moe = experts_in_ram.place(facts, hw, weights, quant, n_cpu_moe=s.n_cpu_moe, rules=s.override_tensors,
                                gpu_layers=s.gpu_layers, full_gpu=full_gpu, gpu_free=gpu_free,
                                layers_that_fit=layers_that_fit, notes=notes)
-    layers = moe.gpu_layers
-    on_gpu_layers = min(layers, n_layers)
-    moved = moe.moved(on_gpu_layers)
-    gpu_used = int(on_gpu_layers * (per_layer_w + per_layer_kv) + fixed + (output if layers > n_layers else 0)) - moved
-    cpu_part = int((n_layers - on_gpu_layers) * (per_layer_w + per_layer_kv) + embed
-                   + (output if layers <= n_layers else 0)) + moved
-    cpu_layers = n_layers - on_gpu_layers
-    expert_share = moe.expert_share(cpu_layers, moved)
-    copy = rep.on_cpu(cpu_layers / n_layers, cpu_layers / n_layers if expert_share is None else expert_share,
-                      head=layers <= n_layers)
-    cpu_part += copy
+    split = split_layers(moe, rep, n_layers=n_layers, per_layer=per_layer_w + per_layer_kv, fixed=fixed,
+                         output=output, embed=embed)
+    layers, gpu_used, cpu_part, moved, copy = split.layers, split.gpu_used, split.cpu_part, split.moved, split.copy
     breakdown.update({"gpu_used": _gib(gpu_used), "cpu_ram": _gib(cpu_part), "repacked": _gib(copy),
                       "bytes.repacked": float(copy)})
     if copy:
@@ -408,33 +409,8 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
         settings["experts_in_ram_layers"] = moe.layers_in_ram()
     if moe.any_in_ram:
         breakdown.update({"experts_in_ram": _gib(moved), "bytes.experts_in_ram": float(moved)})
-    if gpu_used > gpu_free:
-        verdict = "no"
-        notes.append(f"-ngl {layers} needs {_gib(gpu_used):.2f} GiB of GPU memory but {_gib(gpu_free):.2f} GiB is "
-                     f"free: at most {layers_that_fit()} layers fit")
-    elif hw.has_unified_memory and gpu_used + cpu_part > hw.ram_available_bytes:
-        # Apple Silicon: the GPU's working set and the CPU's part come from the same RAM, counted once
-        verdict = "no"
-        notes.append(f"unified memory: {_gib(gpu_used):.2f} GiB on the GPU + {_gib(cpu_part):.2f} GiB for the CPU "
-                     f"part is more than the {_gib(hw.ram_available_bytes):.2f} GiB of RAM available (one pool)")
-    elif moe.any_in_ram and cpu_part > hw.ram_available_bytes:
-        verdict = "no"
-        notes.append(moe.no_room_note(moved))
-    elif layers > n_layers and moe.any_in_ram:
-        verdict = "partial"
-        notes.insert(0, moe.partial_note(moved))
-    elif layers > n_layers:
-        verdict = "yes"
-    elif cpu_part > hw.ram_available_bytes:
-        verdict = "no"
-        notes.append("the layers left on the CPU do not fit in free RAM either")
-    elif layers == 0:
-        verdict = "partial"
-        notes.append("no layer fits on the GPU: runs on the CPU (the GPU still speeds up prompt processing)")
-    else:
-        verdict = "partial"
-        notes.append(f"{on_gpu_layers}/{n_layers} layers fit on the GPU (-ngl {on_gpu_layers}); the rest run on the "
-                     "CPU, so generation is much slower than fully offloaded")
+    verdict = offload_verdict(split, moe, hw, n_layers=n_layers, gpu_free=gpu_free, layers_that_fit=layers_that_fit,
+                              notes=notes)
     return FitResult("llama.cpp", verdict, _gib(weights), _gib(kv), _gib(fixed), _gib(weights + kv + fixed),
                      _gib(gpu_free), _gib(gpu_free - gpu_used), _device_label(gpus), per_request, gpu_layers=layers,
                      total_layers=n_layers + 1, cpu_ram_gib=_gib(cpu_part), quant=quant, breakdown=breakdown,
