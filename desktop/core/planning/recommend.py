@@ -255,13 +255,48 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
     if need > facts.context_length * 4:
         raise SwitchyardError(f"prompt + output ({need:,} tokens) is far beyond the model's "
                               f"{facts.context_length:,}-token context", "shorten the prompt or pick another model")
+    llama_notes: list[str] = []
+    llama = _best_llama(facts, hardware, _llama_base(facts, work, need), llama_notes)
+    vllm, vllm_notes, blocker = _vllm_choice(facts, hardware, work, need)
+    scores = _scores(hardware, work, measured, evidence, llama, vllm)
+    numbers = _numbers(scores, work, need, llama, vllm)
+    if llama is None and vllm is None:
+        raise SwitchyardError(f"{facts.name} does not fit on this machine with either engine",
+                              "pick a smaller model or a shorter context, or free GPU memory/RAM")
+    vllm_wins = vllm is not None and scores.score_vllm > scores.score_llama * scores.margin
+    chosen: FitResult
+    loser: FitResult | None
+    if vllm is not None and (vllm_wins or llama is None):
+        chosen, loser = vllm, llama
+        reasons = _vllm_reasons(facts, work, scores, vllm, llama, vllm_notes)
+    else:
+        assert llama is not None
+        chosen, loser = llama, vllm
+        reasons = _llama_reasons(facts, hardware, work, scores, llama, llama_notes, blocker)
+    if any(s == "measured" for s in scores.sources.values()) or scores.gain_source == "measured" or \
+            (evidence is not None and evidence.consulted):
+        reasons.append(history_basis(_named_figures(scores.figures)))
+    chosen = _learned(facts, hardware, chosen, evidence, numbers)
+    assert chosen.plan is not None
+    numbers["fit"] = {"weights_gib": chosen.weights_gib, "kv_cache_gib": chosen.kv_cache_gib,
+                      "total_gib": chosen.total_gib, "available_gib": chosen.available_gib,
+                      "headroom_gib": chosen.headroom_gib}
+    return Recommendation(engine=chosen.engine, quant=chosen.quant or "", plan=chosen.plan, reasons=reasons,
+                          numbers=numbers, runner_up=_runner_up(chosen, loser, blocker, work, scores), fit=chosen,
+                          key_settings=_key_settings(chosen))
+
+
+def _llama_base(facts: ModelFacts, work: Workload, need: int) -> LaunchPlan:
+    """The llama.cpp plan the quantization ladder is tried on: one slot per concurrent request (at most 32)."""
     per_request = _round_ctx(need, facts.context_length)
     slots = max(1, min(work.concurrency, MAX_SLOTS))
-    llama_notes: list[str] = []
-    llama_base = LaunchPlan(engine="llama.cpp", model_path=Path(_model_ref(facts, "llama.cpp")),
-                            ctx_per_request=per_request, slots=slots)
-    llama = _best_llama(facts, hardware, llama_base, llama_notes)
+    return LaunchPlan(engine="llama.cpp", model_path=Path(_model_ref(facts, "llama.cpp")),
+                      ctx_per_request=per_request, slots=slots)
 
+
+def _vllm_choice(facts: ModelFacts, hardware: HardwareSnapshot, work: Workload, need: int
+                 ) -> tuple[FitResult | None, list[str], str | None]:
+    """vLLM's sized plan (None when it cannot run or fit here), notes on it, and what blocks it."""
     blocker = _vllm_blocker(facts, hardware)
     vllm: FitResult | None = None
     vllm_notes: list[str] = []
@@ -279,131 +314,169 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
                        "KV cache")
         elif (vllm.max_concurrency or 0) < work.concurrency:
             vllm_notes.append(f"vLLM's KV cache holds only {vllm.max_concurrency:.1f} of the {work.concurrency} "
-                               f"concurrent {max_len:,}-token requests asked for on this hardware")
+                              f"concurrent {max_len:,}-token requests asked for on this hardware")
+    return vllm, vllm_notes, blocker
 
+
+def _experts_in_ram(llama: FitResult | None) -> bool:
+    return llama is not None and bool(llama.settings.get("n_cpu_moe"))
+
+
+@dataclass(frozen=True)
+class _Scores:
+    """What the verdict weighs: each engine's cold start and vLLM's throughput gain (measured or default), and
+    each engine's useful output over one run."""
+
+    figures: dict[str, Any]
+    cold: dict[str, float]
+    sources: dict[str, str]
+    gain: float
+    gain_source: str
+    run_s: float
+    score_llama: float
+    score_vllm: float
+    payback_s: float | None
+    margin: float  # what vLLM must win by: 10% on a default gain, nothing on a measured one
+
+    @property
+    def gain_tag(self) -> str:
+        return str(self.figures["vllm_throughput_gain"].tag())
+
+    @property
+    def cold_tag(self) -> dict[str, str]:
+        return {e: f"{_secs(self.cold[e])} ({self.figures['cold_start_s'][e].tag()})" for e in self.cold}
+
+
+def _scores(hardware: HardwareSnapshot, work: Workload, measured: dict[str, EngineMeasurement],
+            evidence: Evidence | None, llama: FitResult | None, vllm: FitResult | None) -> _Scores:
+    """The amortization rule's numbers: throughput x (run - cold start) for each engine, vLLM's relative."""
     cpu_vllm = not hardware.cuda_gpus
     figures = _figures(work.concurrency, cpu_vllm, measured, evidence, (work.prompt_len, work.output_len))
     cold = {e: figures["cold_start_s"][e].value for e in DEFAULT_COLD_START_S}
     sources = {e: figures["cold_start_s"][e].source for e in cold}
     gain = figures["vllm_throughput_gain"].value
     gain_source = figures["vllm_throughput_gain"].source
-    experts_in_ram = llama is not None and bool(llama.settings.get("n_cpu_moe"))
-    if llama is not None and llama.fits == "partial" and not experts_in_ram and vllm is not None \
+    if llama is not None and llama.fits == "partial" and not _experts_in_ram(llama) and vllm is not None \
             and gain_source == "default":
         gain *= 2.0  # llama.cpp with layers on the CPU is several times slower than fully on the GPU
         figures["vllm_throughput_gain"] = default(gain, "x2: llama.cpp with layers in RAM")
     run_s = work.run_seconds
     useful_llama = max(0.0, run_s - cold["llama.cpp"]) / run_s
     useful_vllm = max(0.0, run_s - cold["vllm"]) / run_s
-    score_llama = useful_llama
-    score_vllm = gain * useful_vllm
     payback_s = (cold["vllm"] - cold["llama.cpp"]) / (gain - 1.0) if gain > 1.0 else None
+    margin = VLLM_WIN_MARGIN if gain_source == "default" else 1.0
+    return _Scores(figures, cold, sources, gain, gain_source, run_s, useful_llama, gain * useful_vllm, payback_s,
+                   margin)
+
+
+def _numbers(scores: _Scores, work: Workload, need: int, llama: FitResult | None,
+             vllm: FitResult | None) -> dict[str, Any]:
+    """The recommendation's numbers: the figures, the scores, and whether the call is close or rests on defaults."""
+    score_llama, score_vllm, payback_s = scores.score_llama, scores.score_vllm, scores.payback_s
     numbers: dict[str, Any] = {
-        "cold_start_s": cold, "cold_start_source": sources, "vllm_throughput_gain": round(gain, 2),
-        "throughput_gain_source": gain_source, "run_seconds": round(run_s), "payback_seconds":
+        "cold_start_s": scores.cold, "cold_start_source": scores.sources, "vllm_throughput_gain": round(scores.gain, 2),
+        "throughput_gain_source": scores.gain_source, "run_seconds": round(scores.run_s), "payback_seconds":
         round(payback_s, 1) if payback_s is not None else None, "score_llama_cpp": round(score_llama, 3),
         "score_vllm": round(score_vllm, 3) if vllm else None, "concurrency": work.concurrency,
         "request_tokens": need,
         "figures": {k: ({e: f.to_json() for e, f in v.items()} if isinstance(v, dict) else v.to_json())
-                    for k, v in figures.items()},
+                    for k, v in scores.figures.items()},
     }
-
-    reasons: list[str] = []
-    margin = VLLM_WIN_MARGIN if gain_source == "default" else 1.0
-    vllm_wins = vllm is not None and score_vllm > score_llama * margin
     numbers["close_call"] = bool(vllm is not None and llama is not None
                                  and max(score_vllm, score_llama) <= CLOSE_SCORES * max(min(score_vllm, score_llama),
                                                                                        1e-9))
-    numbers["rests_on_defaults"] = gain_source == "default" or "default" in sources.values()
-    if llama is None and vllm is None:
-        raise SwitchyardError(f"{facts.name} does not fit on this machine with either engine",
-                              "pick a smaller model or a shorter context, or free GPU memory/RAM")
-    gain_tag = figures["vllm_throughput_gain"].tag()
-    cold_tag = {e: f"{_secs(cold[e])} ({figures['cold_start_s'][e].tag()})" for e in cold}
-    if vllm is not None and (vllm_wins or llama is None):
-        chosen, loser = vllm, llama
-        reasons.append(f"{work.concurrency} concurrent requests: vLLM gives ~{gain:.2f}x llama.cpp's throughput "
-                       f"({gain_tag})")
-        reasons.append(f"its cold start of {cold_tag['vllm']} is repaid after {payback_s or 0:.0f} s of a "
-                       f"{run_s / 3600:.1f} h run" if payback_s is not None else
-                       f"its cold start: {cold_tag['vllm']}; llama.cpp's: {cold_tag['llama.cpp']}")
-        if vllm.kv_cache_tokens is not None and vllm.max_concurrency is not None:
-            reasons.append(f"{vllm.quant} weights leave {vllm.kv_cache_gib:.1f} GiB of KV cache: "
-                           f"{vllm.kv_cache_tokens:,} tokens, {vllm.max_concurrency:.1f} full {vllm.ctx:,}-token "
-                           f"requests at once")
-        tp = vllm.plan.tensor_parallel if vllm.plan else 1
-        if tp > 1:
-            reasons.append(f"tensor parallel {tp} over {vllm.device.split('x ', 1)[-1]} keeps {vllm.quant} weights "
-                           f"({vllm.weights_gib:.1f} GiB per GPU) instead of quantizing further")
-        reasons.extend(vllm_notes)
-        if vllm.plan is not None and vllm.plan.quantization == "fp8" and not facts.quantization:
-            reasons.append("fp8: vLLM quantizes these weights while loading, so the plan runs on this checkpoint "
-                           "as it is (no download)")
-        if llama is None:
-            reasons.append("llama.cpp does not fit this model here")
+    numbers["rests_on_defaults"] = scores.gain_source == "default" or "default" in scores.sources.values()
+    return numbers
+
+
+def _vllm_reasons(facts: ModelFacts, work: Workload, scores: _Scores, vllm: FitResult, llama: FitResult | None,
+                  vllm_notes: list[str]) -> list[str]:
+    """Why vLLM: its gain, when its cold start is repaid, its KV cache, tensor parallel and fp8."""
+    gain, cold_tag, payback_s = scores.gain, scores.cold_tag, scores.payback_s
+    reasons = [f"{work.concurrency} concurrent requests: vLLM gives ~{gain:.2f}x llama.cpp's throughput "
+               f"({scores.gain_tag})"]
+    reasons.append(f"its cold start of {cold_tag['vllm']} is repaid after {payback_s or 0:.0f} s of a "
+                   f"{scores.run_s / 3600:.1f} h run" if payback_s is not None else
+                   f"its cold start: {cold_tag['vllm']}; llama.cpp's: {cold_tag['llama.cpp']}")
+    if vllm.kv_cache_tokens is not None and vllm.max_concurrency is not None:
+        reasons.append(f"{vllm.quant} weights leave {vllm.kv_cache_gib:.1f} GiB of KV cache: "
+                       f"{vllm.kv_cache_tokens:,} tokens, {vllm.max_concurrency:.1f} full {vllm.ctx:,}-token "
+                       f"requests at once")
+    tp = vllm.plan.tensor_parallel if vllm.plan else 1
+    if tp > 1:
+        reasons.append(f"tensor parallel {tp} over {vllm.device.split('x ', 1)[-1]} keeps {vllm.quant} weights "
+                       f"({vllm.weights_gib:.1f} GiB per GPU) instead of quantizing further")
+    reasons.extend(vllm_notes)
+    if vllm.plan is not None and vllm.plan.quantization == "fp8" and not facts.quantization:
+        reasons.append("fp8: vLLM quantizes these weights while loading, so the plan runs on this checkpoint "
+                       "as it is (no download)")
+    if llama is None:
+        reasons.append("llama.cpp does not fit this model here")
+    return reasons
+
+
+def _llama_reasons(facts: ModelFacts, hardware: HardwareSnapshot, work: Workload, scores: _Scores,
+                   llama: FitResult, llama_notes: list[str], blocker: str | None) -> list[str]:
+    """Why llama.cpp: what keeps vLLM out or slower, then where and how llama.cpp's pick runs."""
+    reasons = [_why_not_vllm(work, scores, blocker)]
+    if llama.device == "CPU":
+        reasons.append(f"runs on the CPU ({hardware.cpu.model}, {hardware.cpu.physical_cores} cores"
+                       f"{', AVX-512' if hardware.cpu.avx512 else ', AVX2' if hardware.cpu.avx2 else ''}) "
+                       f"in {llama.total_gib:.1f} GiB of RAM")
+    elif llama.fits == "partial" and _experts_in_ram(llama):
+        reasons.append(f"{llama.quant} does not fit whole: every layer on the GPU with the experts of "
+                       f"{llama.settings['n_cpu_moe']} layers in RAM ({llama.breakdown.get('experts_in_ram', 0):.1f}"
+                       " GiB, --n-cpu-moe); only their sparse expert matmuls run on the CPU")
+    elif llama.fits == "partial":
+        reasons.append(f"{llama.quant} does not fit fully: {llama.gpu_layers}/{(llama.total_layers or 1) - 1} "
+                       f"layers on the GPU, the rest in RAM ({llama.cpu_ram_gib:.1f} GiB); expect slower generation")
     else:
-        assert llama is not None
-        chosen, loser = llama, vllm
-        if blocker:
-            reasons.append(f"llama.cpp: {blocker}")
-        elif gain < 1.0:
-            reasons.append(f"with {work.concurrency} request(s) in flight llama.cpp serves ~{1 / gain:.2f}x vLLM's "
-                           f"throughput ({gain_tag}); cold start llama.cpp {cold_tag['llama.cpp']}, vLLM "
-                           f"{cold_tag['vllm']}")
-        elif gain <= margin:
-            reasons.append(f"with {work.concurrency} request(s) in flight vLLM is not clearly faster (~{gain:.2f}x, "
-                           f"{gain_tag}), so its cold start of {cold_tag['vllm']} buys nothing over llama.cpp's "
-                           f"{cold_tag['llama.cpp']}")
-        else:
-            reasons.append(f"restarting every {run_s / 60:.0f} min, vLLM's cold start of {cold_tag['vllm']} eats its "
-                           f"~{gain:.2f}x throughput gain ({gain_tag}; score {score_vllm:.2f} vs {score_llama:.2f})")
-        if llama.device == "CPU":
-            reasons.append(f"runs on the CPU ({hardware.cpu.model}, {hardware.cpu.physical_cores} cores"
-                           f"{', AVX-512' if hardware.cpu.avx512 else ', AVX2' if hardware.cpu.avx2 else ''}) "
-                           f"in {llama.total_gib:.1f} GiB of RAM")
-        elif llama.fits == "partial" and experts_in_ram:
-            reasons.append(f"{llama.quant} does not fit whole: every layer on the GPU with the experts of "
-                           f"{llama.settings['n_cpu_moe']} layers in RAM ({llama.breakdown.get('experts_in_ram', 0):.1f}"
-                           " GiB, --n-cpu-moe); only their sparse expert matmuls run on the CPU")
-        elif llama.fits == "partial":
-            reasons.append(f"{llama.quant} does not fit fully: {llama.gpu_layers}/{(llama.total_layers or 1) - 1} "
-                           f"layers on the GPU, the rest in RAM ({llama.cpu_ram_gib:.1f} GiB); expect slower generation")
-        else:
-            reasons.append(f"{llama.quant} fits fully on the GPU with {llama.headroom_gib:.1f} GiB to spare")
-            if llama.headroom_gib < SAFETY_GIB:
-                reasons.append("that is tight: close other GPU apps, or lower ctx if loading fails")
-        kv_type = (llama.plan.kv_cache_type if llama.plan else None) or "f16"
-        if kv_type != "f16" and not any("q8_0" in n for n in llama_notes):
-            reasons.append(f"KV cache quantized to {kv_type} (with flash attention) to keep every layer on the GPU")
-        reasons.extend(llama_notes)
-        if not facts.is_gguf:
-            reasons.append(f"download a {llama.quant} GGUF of this model for llama.cpp (the Hub search lists them)")
-    if any(s == "measured" for s in sources.values()) or gain_source == "measured" or \
-            (evidence is not None and evidence.consulted):
-        reasons.append(history_basis(_named_figures(figures)))
-    chosen = _learned(facts, hardware, chosen, evidence, numbers)
-    assert chosen.plan is not None
-    numbers["fit"] = {"weights_gib": chosen.weights_gib, "kv_cache_gib": chosen.kv_cache_gib,
-                      "total_gib": chosen.total_gib, "available_gib": chosen.available_gib,
-                      "headroom_gib": chosen.headroom_gib}
-    runner_up: dict[str, Any] | None
+        reasons.append(f"{llama.quant} fits fully on the GPU with {llama.headroom_gib:.1f} GiB to spare")
+        if llama.headroom_gib < SAFETY_GIB:
+            reasons.append("that is tight: close other GPU apps, or lower ctx if loading fails")
+    kv_type = (llama.plan.kv_cache_type if llama.plan else None) or "f16"
+    if kv_type != "f16" and not any("q8_0" in n for n in llama_notes):
+        reasons.append(f"KV cache quantized to {kv_type} (with flash attention) to keep every layer on the GPU")
+    reasons.extend(llama_notes)
+    if not facts.is_gguf:
+        reasons.append(f"download a {llama.quant} GGUF of this model for llama.cpp (the Hub search lists them)")
+    return reasons
+
+
+def _why_not_vllm(work: Workload, scores: _Scores, blocker: str | None) -> str:
+    """The first reason for llama.cpp: what blocks vLLM, or why its gain does not repay its cold start."""
+    gain, gain_tag, cold_tag = scores.gain, scores.gain_tag, scores.cold_tag
+    if blocker:
+        return f"llama.cpp: {blocker}"
+    if gain < 1.0:
+        return (f"with {work.concurrency} request(s) in flight llama.cpp serves ~{1 / gain:.2f}x vLLM's "
+                f"throughput ({gain_tag}); cold start llama.cpp {cold_tag['llama.cpp']}, vLLM "
+                f"{cold_tag['vllm']}")
+    if gain <= scores.margin:
+        return (f"with {work.concurrency} request(s) in flight vLLM is not clearly faster (~{gain:.2f}x, "
+                f"{gain_tag}), so its cold start of {cold_tag['vllm']} buys nothing over llama.cpp's "
+                f"{cold_tag['llama.cpp']}")
+    return (f"restarting every {scores.run_s / 60:.0f} min, vLLM's cold start of {cold_tag['vllm']} eats its "
+            f"~{gain:.2f}x throughput gain ({gain_tag}; score {scores.score_vllm:.2f} vs {scores.score_llama:.2f})")
+
+
+def _runner_up(chosen: FitResult, loser: FitResult | None, blocker: str | None, work: Workload,
+               scores: _Scores) -> dict[str, Any]:
+    """The engine not chosen: its plan and why it lost, or why it was never a candidate."""
+    gain, gain_tag, cold_tag, run_s = scores.gain, scores.gain_tag, scores.cold_tag, scores.run_s
     if loser is not None:
         if loser.engine == "vllm":
             why = (f"~{gain:.2f}x llama.cpp's throughput at concurrency {work.concurrency} ({gain_tag}) does not "
                    f"repay a cold start of {cold_tag['vllm']} over {run_s / 60:.0f} min runs (score "
-                   f"{score_vllm:.2f} vs {score_llama:.2f})")
+                   f"{scores.score_vllm:.2f} vs {scores.score_llama:.2f})")
         else:
             why = (f"~{gain:.2f}x less throughput at concurrency {work.concurrency} ({gain_tag}); its faster start "
                    f"({cold_tag['llama.cpp']}) matters little over {run_s / 3600:.1f} h runs")
-        runner_up = {"engine": loser.engine, "quant": loser.quant,
-                     "plan": loser.plan.to_json() if loser.plan else None,
-                     "key_settings": _key_settings(loser), "fits": loser.fits, "why_lost": why}
-    else:
-        other = "vllm" if chosen.engine == "llama.cpp" else "llama.cpp"
-        runner_up = {"engine": other, "quant": None, "plan": None, "fits": "no",
-                     "why_lost": blocker or "it does not fit this model here"}
-    return Recommendation(engine=chosen.engine, quant=chosen.quant or "", plan=chosen.plan, reasons=reasons,
-                          numbers=numbers, runner_up=runner_up, fit=chosen, key_settings=_key_settings(chosen))
+        return {"engine": loser.engine, "quant": loser.quant, "plan": loser.plan.to_json() if loser.plan else None,
+                "key_settings": _key_settings(loser), "fits": loser.fits, "why_lost": why}
+    other = "vllm" if chosen.engine == "llama.cpp" else "llama.cpp"
+    return {"engine": other, "quant": None, "plan": None, "fits": "no",
+            "why_lost": blocker or "it does not fit this model here"}
 
 
 def _secs(seconds: float) -> str:
