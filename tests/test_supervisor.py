@@ -211,9 +211,9 @@ def test_a_log_reader_behind_the_health_poll_still_puts_load_markers_before_t1(
         llama_install: EngineInstall, demo_model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader thread can fall behind the health poll (a loaded CI box): the load markers it reads after T1 were
     printed before it, so they are stamped no later than T1 and their phase events come before T1's."""
-    from desktop.core.runtime import supervisor as sup
+    from desktop.core.runtime.enginelog import EngineLog
 
-    original = sup.EngineProcess._line
+    original = EngineLog._line
     behind = {"model_loaded": False}
 
     def lagging(self: Any, raw: bytes) -> None:
@@ -222,7 +222,7 @@ def test_a_log_reader_behind_the_health_poll_still_puts_load_markers_before_t1(
             time.sleep(0.3)  # simulates the lag itself (not a wait for anything): the poll answers meanwhile
         original(self, raw)
 
-    monkeypatch.setattr(sup.EngineProcess, "_line", lagging)
+    monkeypatch.setattr(EngineLog, "_line", lagging)
     events: list[EngineEvent] = []
     with EngineProcess(llama, LaunchPlan("llama.cpp", demo_model.gguf_path, slots=1), llama_install,
                        log_dir=tmp_path) as engine:
@@ -347,10 +347,10 @@ def _free_port() -> int:
 
 
 def test_engine_log_rotates_and_keeps_the_newest_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from desktop.core.runtime import supervisor
+    from desktop.core.runtime import enginelog
 
-    monkeypatch.setattr(supervisor, "LOG_MAX_BYTES", 1000)
-    log = supervisor._RotatingLog(tmp_path / "engine.log")
+    monkeypatch.setattr(enginelog, "LOG_MAX_BYTES", 1000)
+    log = enginelog.RotatingLog(tmp_path / "engine.log")
     for index in range(60):  # 60 lines of 100 bytes: six files' worth
         log.write(f"line {index:03d} ".ljust(99, ".").encode() + b"\n")
     log.close()
@@ -365,8 +365,8 @@ def test_engine_log_rotates_and_keeps_the_newest_lines(tmp_path: Path, monkeypat
 _APP_WITH_A_WATCHED_ENGINE = """
 import os, sys
 os.environ["SWITCHYARD_ORPHAN_GUARD"] = "watchdog"
-from desktop.core.runtime.supervisor import _spawn
-engine, watcher = _spawn([sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ), None)
+from desktop.core.runtime.spawning import spawn
+engine, watcher = spawn([sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ), None)
 print(engine.pid, watcher.pid, flush=True)
 sys.stdin.readline()
 """
@@ -408,16 +408,16 @@ def test_watchdog_ends_quietly_when_the_engine_exits_first() -> None:
 
 
 def test_each_platform_gets_its_orphan_guard(monkeypatch: pytest.MonkeyPatch) -> None:
-    from desktop.core.runtime import supervisor
+    from desktop.core.runtime import spawning
 
     monkeypatch.delenv("SWITCHYARD_ORPHAN_GUARD", raising=False)
     for platform, guard in (("linux", "pdeathsig"), ("darwin", "watchdog"), ("freebsd14", "watchdog"),
                             ("win32", "job")):
-        monkeypatch.setattr(supervisor.sys, "platform", platform)
-        assert supervisor.orphan_guard() == guard
-    monkeypatch.setattr(supervisor.sys, "platform", "linux")
+        monkeypatch.setattr(spawning.sys, "platform", platform)
+        assert spawning.orphan_guard() == guard
+    monkeypatch.setattr(spawning.sys, "platform", "linux")
     monkeypatch.setenv("SWITCHYARD_ORPHAN_GUARD", "watchdog")
-    assert supervisor.orphan_guard() == "watchdog"
+    assert spawning.orphan_guard() == "watchdog"
 
 
 def _running(proc: psutil.Process) -> bool:

@@ -6,38 +6,36 @@ system a watchdog process (`desktop.core.runtime.watchdog`) stops its whole proc
 (PDEATHSIG reaches the engine's first process only; vLLM's EngineCore and workers share its group); Windows uses
 a kill-on-close Job Object. Every engine we start is recorded in a pidfile with its process group, and
 `reap_orphans()` at the next start stops leftovers whose owner is gone, by group, even when the recorded pid is
-already dead. `stop()` and all of these stop a tree the one way `desktop.core.runtime.proctree` knows."""
+already dead. `stop()` and all of these stop a tree the one way `desktop.core.runtime.proctree` knows.
+
+`EngineProcess` stays the one object the rest of the app holds per engine process; it delegates each concern to
+a collaborator: starting the process and the orphan guard, pidfiles and reaping (`runtime.spawning`), reading
+its log and matching cold-start markers (`runtime.enginelog`), where it listens and whether the listener is its
+own (`runtime.address`). Its vocabulary (states, events, phases) lives in `runtime.lifecycle`."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import itertools
-import json
 import logging
 import os
-import secrets
-import signal
 import subprocess
-import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
-from desktop.core.common import paths, private, unixhttp
+from desktop.core.common import paths, unixhttp
 from desktop.core.common.errors import EngineFailed, SwitchyardError
 from desktop.core.common.sse import iter_deltas
 from desktop.core.engines.base import CrashRetry, EngineAdapter, EngineInstall, FailureReason, LaunchPlan
-from desktop.core.runtime import enginefix, pagecache, proctree, watchdog, winjob
+from desktop.core.runtime import enginefix, pagecache
+from desktop.core.runtime.address import choose_address, listener_holds
+from desktop.core.runtime.enginelog import LOG_TAIL_LINES as LOG_TAIL_LINES  # re-exported (runtime.launches)
+from desktop.core.runtime.enginelog import EngineLog
 
 # An engine's vocabulary (states, events, cold-start phases) lives in runtime.lifecycle; re-exported from here,
 # where the app imports it.
@@ -52,193 +50,13 @@ from desktop.core.runtime.lifecycle import EngineState as EngineState
 from desktop.core.runtime.lifecycle import Listener as Listener
 from desktop.core.runtime.lifecycle import Phase as Phase
 from desktop.core.runtime.lifecycle import phases_of as phases_of
-from desktop.core.runtime.ports import ensure_port_free, find_free_port
+from desktop.core.runtime.spawning import SpawnedEngine, spawn
+from desktop.core.runtime.spawning import orphan_guard as orphan_guard  # re-exported, as is reap_orphans
+from desktop.core.runtime.spawning import reap_orphans as reap_orphans
 
 log = logging.getLogger("switchyard.supervisor")
 
-LOG_TAIL_LINES = 2000
-LOG_MAX_BYTES = 20 * 1024 * 1024  # per file; then it rotates to .1, .2, .3 (llama-server -lv 4 writes ~7 kB/request)
-LOG_BACKUPS = 3
 MARKER_CATCH_UP_S = 0.5  # how long wait_ready lets the log reader catch up on pre-serving markers
-
-
-# --- spawning: from one long-lived thread, because PDEATHSIG fires when the *thread* that forked exits -------
-_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="switchyard-spawner")
-_PR_SET_PDEATHSIG = 1
-
-
-def orphan_guard() -> str:
-    """How engines die with the app here: "pdeathsig" (Linux), "job" (Windows: a kill-on-close Job Object) or
-    "watchdog" (macOS and other POSIX systems). SWITCHYARD_ORPHAN_GUARD picks a POSIX one explicitly (tests use
-    it to run the watchdog on Linux)."""
-    if sys.platform == "win32":
-        return "job"
-    chosen = os.environ.get("SWITCHYARD_ORPHAN_GUARD", "")
-    if chosen in ("pdeathsig", "watchdog"):
-        return chosen
-    return "pdeathsig" if sys.platform.startswith("linux") else "watchdog"
-
-
-def _new_session() -> None:  # runs in the child between fork and exec
-    os.setsid()
-
-
-def _new_session_dying_with_parent() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _spawn(argv: list[str], env: dict[str, str], cwd: Path | None
-           ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes] | None]:
-    """Start the engine in its own session, tied to this process's life. Returns (engine, watchdog or None).
-
-    On POSIX a watchdog always watches it: PDEATHSIG (Linux) kills only the engine's first process, while vLLM's
-    EngineCore and workers share its group and would outlive a SIGKILLed app."""
-    guard = orphan_guard()
-    if guard == "job":
-        engine = subprocess.Popen(  # noqa: S603 - argument list from an adapter, never a shell
-            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0), close_fds=True)
-        try:
-            winjob.assign_kill_on_close_job(engine)
-        except OSError as exc:  # the engine still runs; the pidfile lets the next start reap it if we die
-            log.warning("could not tie the engine to the app (%s): an orphan is reaped at the next start", exc)
-        return engine, None
-
-    def run() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(  # noqa: S603 - argument list from an adapter, never a shell
-            argv,
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_new_session_dying_with_parent if guard == "pdeathsig" else _new_session,  # noqa: PLW1509
-            close_fds=True,
-        )
-
-    engine = _SPAWNER.submit(run).result()
-    try:  # PDEATHSIG reaches the engine's first process only; the watchdog stops its whole group
-
-        watcher = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            watchdog.command(os.getpid(), engine.pid), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
-    except OSError as exc:  # the engine still runs; the pidfile lets the next start reap it if we die
-        log.warning("could not start the engine watchdog (%s): an orphaned engine is reaped at the next start", exc)
-        return engine, None
-    return engine, watcher
-
-
-# --- pidfiles and reaping ------------------------------------------------------------------------------------
-def _pidfile(pid: int) -> Path:
-    return paths.run_dir() / f"engine-{pid}.json"
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
-
-
-def _recorded(record: dict[str, Any]) -> proctree.Recorded:
-    pgid = record.get("pgid")
-    return proctree.Recorded(int(record.get("pid", 0)), record.get("created"),
-                             int(pgid) if isinstance(pgid, int) else None)
-
-
-def _engine_programs(record: dict[str, Any]) -> list[Path]:
-    """What an orphan's processes may run to be killed: something under the engines folder, or the very program
-    the pidfile says the engine was started as (a configured llama-server elsewhere)."""
-    programs = [paths.engines_dir()]
-    program = record.get("program")
-    if isinstance(program, str) and os.path.isabs(program):
-        programs.append(Path(program))
-    return programs
-
-
-def reap_orphans() -> list[int]:
-    """Kill engines (their whole process group and tree) recorded by a Switchyard process that no longer runs.
-    Returns the recorded engine pids whose leftovers were stopped.
-
-    A pidfile is only a hint: one from before the last boot names pids and groups that now belong to others (it
-    is dropped), and only processes running an engine program (`_engine_programs`) are touched, so a new
-    leaderless process group that happens to reuse a dead engine's group id is left alone."""
-    killed: list[int] = []
-    boot = psutil.boot_time()
-    for file in paths.run_dir().glob("engine-*.json"):
-        record = private.read_record(file)
-        try:
-            if record is None:
-                raise ValueError("not a pidfile")
-            engine = _recorded(record)
-            created = float(record.get("created") or 0)
-            owner = proctree.same_process(int(record.get("owner_pid", 0)), record.get("owner_created"))
-        except (ValueError, TypeError, OverflowError):
-            private.remove_record(file)
-            continue
-        if created < boot:
-            private.remove_record(file)  # recorded before this boot: its pids and group ids mean nothing now
-            continue
-        if owner is not None:
-            continue  # its owner is alive: not an orphan
-        if proctree.stop(engine, grace=5.0, programs=_engine_programs(record)):
-            log.warning("reaped orphaned %s engine pid %s (owner gone)", record.get("engine"), engine.pid)
-            killed.append(engine.pid)
-        private.remove_record(file)
-    return killed
-
-
-class _RotatingLog:
-    """An engine's log file that rotates at LOG_MAX_BYTES (keeping LOG_BACKUPS older files), so a server that
-    runs for days keeps its latest lines on disk without filling it."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._sink = self._open()
-        self._size = self._sink.tell()
-
-    def _open(self) -> Any:
-        """Append, 0600: logs hold what the engine prints (llama-server shows part of its key)."""
-        return os.fdopen(private.open_private(self.path), "ab")
-
-    def write(self, block: bytes) -> None:
-        if self._size + len(block) > LOG_MAX_BYTES and self._size > 0:
-            self._rotate()
-        self._sink.write(block)
-        self._sink.flush()
-        self._size += len(block)
-
-    def _rotate(self) -> None:
-        self._sink.close()
-        for index in range(LOG_BACKUPS - 1, 0, -1):
-            older = self.path.with_name(f"{self.path.name}.{index}")
-            if older.exists():
-                older.replace(self.path.with_name(f"{self.path.name}.{index + 1}"))
-        self.path.replace(self.path.with_name(f"{self.path.name}.1"))
-        self._sink = self._open()
-        self._size = 0
-
-    def close(self) -> None:
-        self._sink.close()
-
-
-# --- the engine process ---------------------------------------------------------------------------------------
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-_SOCKETS = itertools.count()
-
-
-def _listens_on(pids: set[int], port: int) -> bool:
-    """Whether one of `pids` holds a listening TCP socket on `port` (psutil, per process: cheap, and it sees
-    only what those processes hold, so another user's listener can never count)."""
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            connections = proc.net_connections("inet") if hasattr(proc, "net_connections") else proc.connections("inet")
-            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections):
-                return True
-    return False
 
 
 class EngineProcess:
@@ -267,13 +85,11 @@ class EngineProcess:
         self.outcome: EngineOutcome | None = None
         self._log_dir = log_dir or paths.logs_dir()
         self.log_path = self._log_dir / f"{adapter.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-        self._tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self._log = EngineLog(adapter, self.cold_start, self.log_path, elapsed=self.elapsed, emit=self._emit,
+                              loading=lambda: self.state in (EngineState.STARTING, EngineState.LOADING))
         self._listeners: list[Listener] = []
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._watchdog: subprocess.Popen[bytes] | None = None
-        self._created: float | None = None
-        self._pgid: int | None = None
+        self._spawned: SpawnedEngine | None = None  # the process, its group and watchdog (runtime.spawning)
         self._program: str | None = None
         self._t0 = 0.0
         self._exited = threading.Event()
@@ -281,8 +97,6 @@ class EngineProcess:
         self._stop_requested = False
         self._final = False  # CRASHED or STOPPED was reached: no later state (a late READY) overwrites it
         self._listener_checked = False
-        self._marker_lines_left = 2000
-        self._marker_seen = threading.Condition()  # the reader matched a marker: wait_ready's catch-up waits on it
         self.cold_start.expected = tuple(adapter.cold_start_phases(plan))
         cache_dir = adapter.compile_cache_dir(plan)
         self.cold_start.compile_cache_dir = str(cache_dir) if cache_dir is not None else None
@@ -311,11 +125,11 @@ class EngineProcess:
         self._emit(EngineEvent("state", state=state))
 
     def log_tail(self, lines: int = 200) -> list[str]:
-        return list(self._tail)[-lines:]
+        return self._log.tail(lines)
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        return self._spawned.proc.pid if self._spawned else None
 
     @property
     def base_url(self) -> str:
@@ -338,7 +152,7 @@ class EngineProcess:
     # --- lifecycle ---
     def start(self) -> None:
         """Validate the port, spawn the engine and start streaming its log. Returns immediately."""
-        if self._proc is not None:
+        if self._spawned is not None:
             raise SwitchyardError("this engine process was already started")
         self._choose_address()
         self._apply_learned_fix()
@@ -351,14 +165,16 @@ class EngineProcess:
         self._t0 = time.monotonic()
         self.cold_start.spawned_at = time.time()
         try:
-            self._proc, self._watchdog = _spawn(command.argv, env, None)
+            proc, watcher = spawn(command.argv, env, None)
         except OSError as exc:
             self._set_state(EngineState.CRASHED)
             raise EngineFailed(f"could not start {self.adapter.display_name}: {exc}",
                                "check the engine install: switchyard engines doctor") from exc
-        self._created = _create_time(self._proc.pid)
-        self._pgid = proctree.process_group(self._proc.pid)
-        self._write_pidfile()
+        self._spawned = SpawnedEngine.of(proc, watcher)
+        self._spawned.write_pidfile(
+            engine=self.adapter.name, port=self.plan.port, socket=self.socket_path,
+            program=self._program,  # the reaper kills only processes running this or from the engines folder
+            log=str(self.log_path))
         self._reader = threading.Thread(target=self._read_output, name=f"{self.adapter.name}-log", daemon=True)
         self._reader.start()
         self._set_state(EngineState.LOADING)
@@ -366,24 +182,7 @@ class EngineProcess:
     def _choose_address(self) -> None:
         """Where the engine listens: a fresh socket in the user's 0700 socket folder unless the user asked for a
         TCP port (or the platform has no Unix sockets); a TCP port is checked free (or picked) here."""
-        host = self.plan.host
-        if unixhttp.is_socket_host(host):
-            Path(host).unlink(missing_ok=True)  # a stale socket of ours: the engine's bind would fail on it
-            return
-        if self.plan.port == 0 and not self._tcp and unixhttp.supported() and host in _LOOPBACK:
-            name = f"{self.adapter.name.replace('.', '')}-{os.getpid()}-{next(_SOCKETS)}.sock"
-            path = unixhttp.socket_dir(paths.run_dir()) / name
-            path.unlink(missing_ok=True)
-            self.plan = replace(self.plan, host=str(path))
-            return
-        if host not in _LOOPBACK:
-            log.warning("binding %s to non-loopback host %s at the user's request", self.adapter.name, host)
-        if not self._tcp and self.plan.api_key is None:  # TCP only because the platform has no sockets: a key
-            self.plan = replace(self.plan, api_key=secrets.token_urlsafe(32))
-        if self.plan.port == 0:
-            self.plan = replace(self.plan, port=find_free_port(host))
-        else:
-            ensure_port_free(self.plan.port, host)
+        self.plan = choose_address(self.plan, self.adapter.name, tcp=self._tcp)
 
     def _apply_learned_fix(self) -> None:
         """Start with the arguments an earlier crash of this build on this model taught (runtime.enginefix): a
@@ -421,17 +220,7 @@ class EngineProcess:
     def listener_holds(self) -> bool:
         """Whether the engine's address is held by its own process tree now (not cached: the endpoint asks it
         for every new connection to an engine on TCP; the engine's own process first, where the listener is)."""
-        if self._proc is None or self._proc.poll() is not None:  # exited: its port is anybody's
-            return False
-        path = self.socket_path
-        if path is None and _listens_on({self._proc.pid}, self.plan.port):
-            return True
-        tree = {p.pid for p in proctree.members_of(proctree.Recorded(self._proc.pid, self._created, self._pgid))}
-        if path is not None:
-            pid = unixhttp.peer_pid(path)
-            return pid in tree if pid is not None else (
-                sys.platform not in ("linux", "darwin") and os.path.exists(path))
-        return _listens_on(tree, self.plan.port)
+        return listener_holds(self._spawned, self.plan)
 
     def _remove_socket(self) -> None:
         path = self.socket_path
@@ -439,49 +228,16 @@ class EngineProcess:
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
-    def _write_pidfile(self) -> None:
-        assert self._proc is not None
-        record = {
-            "pid": self._proc.pid,
-            "created": self._created,
-            "pgid": self._pgid,  # vLLM's EngineCore and workers live in it: the next start reaps them by group
-            "owner_pid": os.getpid(),
-            "owner_created": _create_time(os.getpid()),
-            "engine": self.adapter.name,
-            "port": self.plan.port,
-            "socket": self.socket_path,
-            "program": self._program,  # the reaper kills only processes running this or from the engines folder
-            "log": str(self.log_path),
-        }
-        private.write_private_text(_pidfile(self._proc.pid), json.dumps(record))
-
     def _read_output(self) -> None:
-        """Copy the engine's output to the log file and subscribers. Reads whole blocks: under load an engine
-        writes thousands of lines a second, and one write per block (not per line) keeps that cheap."""
-        assert self._proc is not None and self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        log_file = _RotatingLog(self.log_path)
-        pending = b""
-        try:
-            while block := os.read(fd, 65536):
-                log_file.write(block)
-                *lines, pending = (pending + block).split(b"\n")
-                for raw in lines:
-                    self._line(raw)
-            if pending:
-                self._line(pending)
-        finally:
-            log_file.close()
-        code = self._proc.wait()
+        """The log thread: copy the engine's output (runtime.enginelog) until it exits, then say how it ended."""
+        assert self._spawned is not None and self._spawned.proc.stdout is not None
+        self._log.copy(self._spawned.proc.stdout.fileno())
+        code = self._spawned.proc.wait()
         # what the engine forked may outlive it (vLLM's EngineCore after its API server crashed): stop its group
-        self._stop_tree(5.0)
-        if self._watchdog is not None:  # the engine is gone and the app lives: the watchdog has nothing to do
-            with contextlib.suppress(OSError):
-                self._watchdog.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._watchdog.wait(10)
+        self._spawned.stop_tree(5.0)
+        self._spawned.end_watchdog()
         self._exited.set()
-        _pidfile(self._proc.pid).unlink(missing_ok=True)
+        self._spawned.remove_pidfile()
         self._remove_socket()
         if self._stop_requested:
             self.outcome = EngineOutcome(EngineState.STOPPED, code, None, str(self.log_path))
@@ -496,63 +252,12 @@ class EngineProcess:
                     code, reason.reason)
             self._set_state(EngineState.CRASHED)
 
-    def _line(self, raw: bytes) -> None:
-        line = raw.decode("utf-8", "replace").rstrip()
-        if self.adapter.is_polling_line(line):
-            return  # the app's own /health, /metrics, /slots polls: kept in the file, not in the pane or tail
-        self._tail.append(line)
-        # Cold-start markers come before the engine serves; this thread may still be catching up on them when
-        # health says ready, so it keeps looking for a while (at most a pipe buffer's worth of lines).
-        if self.state in (EngineState.STARTING, EngineState.LOADING):
-            self._match_markers(line)
-        elif self._marker_lines_left > 0:
-            self._marker_lines_left -= 1
-            self._match_markers(line)
-        self._emit(EngineEvent("log", line=line))
-
-    def _catch_up_markers(self, deadline: float) -> None:
-        """Health answered; the reader thread may still hold the log lines printed before it (their markers
-        stamped late, their phase events after T1). Wait, briefly and on the reader's own signal, until every
-        phase this plan expects before serving has ended; a marker that never comes costs MARKER_CATCH_UP_S."""
-        before_serving = [key for key in self.cold_start.expected if key not in SERVING_PHASES]
-        with self._marker_seen:
-            while any(key not in self.cold_start.phase_ends for key in before_serving):
-                left = deadline - time.monotonic()
-                if left <= 0 or self._exited.is_set():
-                    return
-                self._marker_seen.wait(left)
-
-    def _match_markers(self, line: str) -> None:
-        for marker in self.adapter.log_markers:
-            match = marker.match(line)
-            if not match:
-                continue
-            seconds = round(self.elapsed(), 3)
-            if self.cold_start.t1_health_s is not None:  # printed before health answered, read after it
-                seconds = min(seconds, self.cold_start.t1_health_s)
-            first = marker.name not in self.cold_start.markers
-            self.cold_start.markers.setdefault(marker.name, seconds)
-            if marker.ends and first:
-                self.cold_start.end_phase(marker.ends, seconds)
-            for key, value in match.groupdict().items():
-                if value is not None:
-                    self.cold_start.facts[f"{marker.name}.{key}"] = value
-            self._emit(EngineEvent("phase", phase=marker.name, seconds=seconds))
-            with self._marker_seen:
-                self._marker_seen.notify_all()
-
-    def _stop_tree(self, grace: float) -> None:
-        """Stop the engine, its descendants and its process group (desktop.core.runtime.proctree)."""
-        assert self._proc is not None
-        proctree.stop(proctree.Recorded(self._proc.pid, self._created, self._pgid), grace)
-        winjob.release(self._proc.pid)
-
     def _join_reader(self) -> None:
         if self._reader is not None:
             self._reader.join(timeout=5)
 
     def is_running(self) -> bool:
-        return self._proc is not None and not self._exited.is_set()
+        return self._spawned is not None and not self._exited.is_set()
 
     def failure(self) -> EngineFailed:
         reason = self.outcome.reason if self.outcome else None
@@ -592,7 +297,7 @@ class EngineProcess:
                     break
                 self._exited.wait(0.1)  # wakes at once if the engine dies
         self.cold_start.t1_health_s = round(self.elapsed(), 3)
-        self._catch_up_markers(time.monotonic() + MARKER_CATCH_UP_S)
+        self._log.catch_up(time.monotonic() + MARKER_CATCH_UP_S, self._exited)
         self._emit(EngineEvent("phase", phase=PHASE_NAMES["t1_health_s"], seconds=self.cold_start.t1_health_s))
         if first_request:
             self._first_request(deadline)
@@ -630,20 +335,21 @@ class EngineProcess:
 
     def stop(self, grace: float = 15.0) -> EngineOutcome | None:
         """Stop the engine and everything it forked; idempotent."""
-        if self._proc is None:
+        spawned = self._spawned
+        if spawned is None:
             return self.outcome
         if not self._exited.is_set():
             self._stop_requested = True
             self._set_state(EngineState.STOPPING)
-            self._stop_tree(grace)
+            spawned.stop_tree(grace)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(timeout=10)
+            spawned.proc.wait(timeout=10)
         if self._reader:
             self._reader.join(timeout=10)
-        _pidfile(self._proc.pid).unlink(missing_ok=True)
+        spawned.remove_pidfile()
         self._remove_socket()
-        if self._proc.stdout:
-            self._proc.stdout.close()
+        if spawned.proc.stdout:
+            spawned.proc.stdout.close()
         return self.outcome
 
     def __enter__(self) -> EngineProcess:
