@@ -44,13 +44,13 @@ def plan_for_form(engine: str, model: str, ctx: int, parallel: int, flags: str =
     return replan(form_plan(engine, model, ctx, parallel, flags), detect()).plan
 
 
-
 def prepared_text(done: Any) -> str:
     """"Prepare vLLM" done (serving.prepare's answer), in words: the compile cache and how long that start took."""
     cold = done.cold_start
     return (f"vLLM prepared on {done.model}: compile cache {done.compile_cache or 'not reported'} "
             f"({'was already warm' if done.was_warm else 'filled now'}); that start took "
             f"{(cold.get('t3_first_request_s') or 0):.1f} s. The next start of this plan loads compiled graphs.")
+
 
 class LaunchForm(QWidget):
     """One row: the launch settings and the buttons that act on them."""

@@ -72,7 +72,6 @@ def engines_line(serving: Any, starting: Any, shown: Any = None) -> str:
     return " · ".join(parts) or "stopped"
 
 
-
 def switched_text(result: Any) -> str:
     """A finished switch (endpoint.SwitchResult + .failed_requests) in words: what moved, how long it took, what
     the clients saw; for a stop-first switch also how long nothing served."""
@@ -86,6 +85,7 @@ def switched_text(result: Any) -> str:
             f"clients saw {failed} failed request{'s' if failed != 1 else ''} "
             f"(requests kept going to {result.from_engine} until {result.to_engine} served"
             + ("; in-flight requests drained)" if result.drained else ")"))
+
 
 class ServeState(QWidget):
     """State, endpoint, switch, hybrid and capability lines; the notice; the cold-start bar."""
