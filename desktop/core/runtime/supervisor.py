@@ -11,7 +11,8 @@ already dead. `stop()` and all of these stop a tree the one way `desktop.core.ru
 `EngineProcess` stays the one object the rest of the app holds per engine process; it delegates each concern to
 a collaborator: starting the process and the orphan guard, pidfiles and reaping (`runtime.spawning`), reading
 its log and matching cold-start markers (`runtime.enginelog`), where it listens and whether the listener is its
-own (`runtime.address`). Its vocabulary (states, events, phases) lives in `runtime.lifecycle`."""
+own (`runtime.address`), why it died and what its crashes taught (`runtime.crashes`). Its vocabulary (states,
+events, phases) lives in `runtime.lifecycle`."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,8 @@ import httpx
 from desktop.core.common import paths, unixhttp
 from desktop.core.common.errors import EngineFailed, SwitchyardError
 from desktop.core.common.sse import iter_deltas
-from desktop.core.engines.base import CrashRetry, EngineAdapter, EngineInstall, FailureReason, LaunchPlan
-from desktop.core.runtime import enginefix, pagecache
+from desktop.core.engines.base import CrashRetry, EngineAdapter, EngineInstall, LaunchPlan
+from desktop.core.runtime import crashes, enginefix, pagecache
 from desktop.core.runtime.address import choose_address, listener_holds
 from desktop.core.runtime.enginelog import LOG_TAIL_LINES as LOG_TAIL_LINES  # re-exported (runtime.launches)
 from desktop.core.runtime.enginelog import EngineLog
@@ -90,7 +90,6 @@ class EngineProcess:
         self._listeners: list[Listener] = []
         self._lock = threading.Lock()
         self._spawned: SpawnedEngine | None = None  # the process, its group and watchdog (runtime.spawning)
-        self._program: str | None = None
         self._t0 = 0.0
         self._exited = threading.Event()
         self._reader: threading.Thread | None = None
@@ -155,9 +154,9 @@ class EngineProcess:
         if self._spawned is not None:
             raise SwitchyardError("this engine process was already started")
         self._choose_address()
-        self._apply_learned_fix()
+        self.plan, self.learned_fix = crashes.with_learned_fix(self.adapter, self.install, self.plan)
         command = self.adapter.build_command(self.plan, self.install)
-        self._program = command.argv[0] if command.argv and os.path.isabs(command.argv[0]) else None
+        program = command.argv[0] if command.argv and os.path.isabs(command.argv[0]) else None
         env = {**os.environ, **command.env}
         self.cold_start.page_cache_resident = pagecache.resident_fraction(self.plan.model_path)
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -173,7 +172,7 @@ class EngineProcess:
         self._spawned = SpawnedEngine.of(proc, watcher)
         self._spawned.write_pidfile(
             engine=self.adapter.name, port=self.plan.port, socket=self.socket_path,
-            program=self._program,  # the reaper kills only processes running this or from the engines folder
+            program=program,  # the reaper kills only processes running this or from the engines folder
             log=str(self.log_path))
         self._reader = threading.Thread(target=self._read_output, name=f"{self.adapter.name}-log", daemon=True)
         self._reader.start()
@@ -183,28 +182,6 @@ class EngineProcess:
         """Where the engine listens: a fresh socket in the user's 0700 socket folder unless the user asked for a
         TCP port (or the platform has no Unix sockets); a TCP port is checked free (or picked) here."""
         self.plan = choose_address(self.plan, self.adapter.name, tcp=self._tcp)
-
-    def _apply_learned_fix(self) -> None:
-        """Start with the arguments an earlier crash of this build on this model taught (runtime.enginefix): a
-        llama-server that died of SIGILL in its weight repack here starts with --no-repack from then on."""
-        fix = enginefix.learned(self.adapter.name, self.install, self.plan.model_path)
-        missing = tuple(a for a in fix.args if a not in self.plan.extra_args) if fix else ()
-        if fix is None or not missing:
-            return
-        self.plan = replace(self.plan, extra_args=(*self.plan.extra_args, *missing))
-        self.learned_fix = fix
-        log.info("%s starts with %s (learned here: %s)", self.adapter.name, " ".join(missing), fix.why)
-
-    def _learn_from_crash(self, code: int | None, reason: FailureReason) -> FailureReason:
-        """A crash while loading that the adapter knows arguments avoid (`crash_retry`): remember them for this
-        build and model (the next start here begins with them; the endpoint retries at once) and say so."""
-        fix = self.adapter.crash_retry(code, self.log_tail(400), self.plan)
-        if fix is None:
-            return reason
-        self.crash_fix = fix
-        enginefix.remember(self.adapter.name, self.install, self.plan.model_path, fix, code)
-        return replace(reason, suggestion=f"the next start of this model adds {' '.join(fix.args)} (remembered "
-                                          "for this engine build here): start it again")
 
     def _listener_is_ours(self) -> bool:
         """Whether what listens at the engine's address belongs to the engine's process tree, checked before
@@ -243,9 +220,9 @@ class EngineProcess:
             self.outcome = EngineOutcome(EngineState.STOPPED, code, None, str(self.log_path))
             self._set_state(EngineState.STOPPED)
         else:
-            reason = self.adapter.explain_failure(code, self.log_tail(self.adapter.failure_tail_lines))
-            if self.state in (EngineState.STARTING, EngineState.LOADING):
-                reason = self._learn_from_crash(code, reason)
+            reason, self.crash_fix = crashes.explain_crash(
+                self.adapter, self.install, self.plan, code, self.log_tail,
+                loading=self.state in (EngineState.STARTING, EngineState.LOADING))
             self.outcome = EngineOutcome(EngineState.CRASHED, code, reason, str(self.log_path))
             # a crash with a known fix is the caller's one line to tell (the endpoint retries with it)
             log.log(logging.INFO if self.crash_fix else logging.ERROR, "%s exited (code %s): %s", self.adapter.name,
@@ -260,13 +237,7 @@ class EngineProcess:
         return self._spawned is not None and not self._exited.is_set()
 
     def failure(self) -> EngineFailed:
-        reason = self.outcome.reason if self.outcome else None
-        code = self.outcome.exit_code if self.outcome else None
-        message = f"{self.adapter.display_name} stopped before it was ready"
-        if reason:
-            message = f"{self.adapter.display_name} failed: {reason.reason}"
-        hint = f"{reason.suggestion}; log: {self.log_path}" if reason else f"exit code {code}; log: {self.log_path}"
-        return EngineFailed(message, hint)
+        return crashes.failure(self.adapter, self.outcome, self.log_path)
 
     def wait_ready(self, timeout: float = 600.0, first_request: bool = True) -> ColdStart:
         """Block until health says ready (T1) and, by default, a real first request streams (T2) and ends (T3).
