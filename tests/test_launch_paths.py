@@ -27,7 +27,7 @@ from desktop.core.planning.launch import PlanRefused
 from desktop.core.planning.planner import ask, asks_of, plan_launch, replan
 from desktop.core.runtime.ports import find_free_port
 from desktop.core.runtime.supervisor import ColdStart, EngineOutcome, EngineState
-from desktop.core.serving import endpoint as endpoint_module
+from desktop.core.serving import loading as loading_module
 from desktop.core.serving.endpoint import EndpointManager, LoadOutOfMemory, MemoryBudget, machine_budget
 from desktop.core.serving.fleet import Fleet, parse_models_config, plan_models
 from desktop.core.serving.proxy import ProxyServer
@@ -122,11 +122,11 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     Recorded.launched = []
     Recorded.fail_ctx_above = None
     Recorded.refuse_start = False
-    for where in (supervisor, endpoint_module, ab_module):
+    for where in (supervisor, loading_module, ab_module):
         monkeypatch.setattr(where, "EngineProcess", Recorded)
     monkeypatch.setattr(supervisor, "reap_orphans", lambda: [])
-    monkeypatch.setattr(endpoint_module, "reap_orphans", lambda: [])
-    monkeypatch.setattr(endpoint_module, "record_launch", lambda *a, **k: None)
+    monkeypatch.setattr(loading_module, "reap_orphans", lambda: [])
+    monkeypatch.setattr(loading_module, "record_launch", lambda *a, **k: None)
     monkeypatch.setattr(LlamaCppAdapter, "find_install", lambda self: INSTALLS["llama.cpp"])
     monkeypatch.setattr(VllmAdapter, "find_install", lambda self: INSTALLS["vllm"])
     yield

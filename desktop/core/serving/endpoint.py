@@ -4,33 +4,32 @@ switch happens without failing a request, and what happens when the active engin
 A switch: start the other engine (or take the warm standby), wait until it really serves (health + a first real
 completion), point the proxy at it in one step, let in-flight requests on the old one finish (drain), then stop
 the old one or keep it warm when memory allows. If the new engine fails to start, the old one keeps serving.
+
+The manager holds the state and the entry points; the steps live beside it, each taking what it needs of the
+manager as a Protocol: one engine's load and its retry (serving.loading), each kind of switch (serving.switching),
+and what the control surface shows (serving.endpoint_status).
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from desktop.core.common.defaults import DEFAULT_READY_TIMEOUT
-from desktop.core.common.errors import EngineFailed, SwitchyardError
-from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
-from desktop.core.engines import get_adapter, require_install
-from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
-from desktop.core.engines.vllm import sleep_mode_supported
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines import get_adapter
+from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.planning.planner import plan_launch, replan
-from desktop.core.planning.swap import SmallerPlan, plan_facts, smaller_plan
-from desktop.core.runtime.launches import record_launch
-from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineProcess, EngineState, reap_orphans
-from desktop.core.runtime.telemetry import EngineScraper, Telemetry
-from desktop.core.serving import capabilities, normalize, switching
+from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineState
+from desktop.core.runtime.telemetry import Telemetry
+from desktop.core.serving import endpoint_status, loading, switching
 from desktop.core.serving.budget import MemoryBudget, machine_budget, memory_allows_standby
 from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT
+from desktop.core.serving.loading import Launcher, default_launcher, make_launcher
 from desktop.core.serving.managed import (
     EndpointEvent,
     EndpointListener,
@@ -45,26 +44,6 @@ from desktop.core.serving.proxy import ProxyServer
 from desktop.core.serving.router import Upstream
 
 log = logging.getLogger("switchyard.endpoint")
-
-Launcher = Callable[[LaunchPlan], tuple[EngineAdapter, LaunchPlan, EngineInstall]]
-
-
-def make_launcher(progress: ProgressCallback = no_progress, *, install_missing: bool = False) -> Launcher:
-    """The one way a checked plan becomes what the supervisor needs: the engine's install (the CLI wants a missing
-    engine to be an error with the install command; the GUI installs it once, cached, with progress) and no
-    orphans of earlier runs. The plan is launched exactly as the planner checked it."""
-
-    def launch(plan: LaunchPlan) -> tuple[EngineAdapter, LaunchPlan, EngineInstall]:
-        adapter = get_adapter(plan.engine)
-        install = require_install(adapter, install_missing=install_missing, progress=progress)
-        reap_orphans()
-        progress(ProgressEvent(f"Starting {adapter.display_name} on {plan.model_path.name}; waiting until it serves"))
-        return adapter, plan, install
-
-    return launch
-
-
-default_launcher = make_launcher()
 
 
 class EndpointManager:
@@ -124,7 +103,7 @@ class EndpointManager:
         self._switch_lock = threading.Lock()
         self.lock = threading.RLock()
         self._listeners: list[EndpointListener] = []
-        self._closed = False
+        self.closed = False  # set by close(): an engine that finishes loading afterwards is stopped at once
         self.autopilot: Any = None  # serve --engine auto: the hybrid loop (serving.autopilot), shown in status
         if telemetry is not None and meter:
             proxy.subscribe(lambda record: telemetry.publish(record.to_samples()))
@@ -149,45 +128,12 @@ class EndpointManager:
                 log.exception("endpoint listener failed")
 
     def status(self) -> dict[str, Any]:
-        with self.lock:
-            engines = [e for e in (self.active, self.standby, self.starting) if e is not None]
-            return {
-                "url": self.proxy.url,
-                "openai_base_url": self.proxy.url + "/v1",
-                "model_name": self.route or self.proxy.model_name,
-                "state": self.state,
-                "last_error": self.last_error,
-                "active": self.active.to_json() if self.active else None,
-                "standby": self.standby.to_json() if self.standby else None,
-                "starting": self.starting.to_json() if self.starting else None,
-                "sleeping": self.sleeping.to_json() if self.sleeping else None,
-                "engines": len(engines),
-                "requests": {**self.proxy.counters, "inflight": self.proxy.inflight()},
-                "keep_standby": self.keep_standby,
-                "failover": self.failover,
-                "auto_fit": self.auto_fit,
-                "budget_gib": round(self.budget.free_bytes / 2**30, 2) if self.budget else None,
-                "gpu_telemetry": (self.telemetry.gpu.unavailable or "ok")
-                if self.telemetry and self.telemetry.gpu else "off",
-                "autopilot": self.autopilot.status() if self.autopilot is not None else None,
-                "capabilities": self.capability_table(),
-                "capability_check": self.capability_note,
-            }
+        """What the control channel, `serve --json` and the GUI show (serving.endpoint_status)."""
+        return endpoint_status.status(self)
 
     def capability_table(self) -> list[dict[str, Any]]:
-        """What the traffic used, and what the serving plan and the one a switch would go to (the standby, or the
-        hybrid mode's other engine) were launched to support (serving.capabilities.table). Reads each role once,
-        without the lock: status() calls it holding it, the Serve page every tick."""
-        active_engine, standby = self.active, self.standby
-        active = active_engine.plan if active_engine else None
-        other = standby.plan if standby else None
-        pilot = self.autopilot
-        for hybrid in (pilot.other_plan, pilot.first_plan) if pilot is not None and other is None else ():
-            if hybrid is not None and (active is None or hybrid.engine != active.engine):
-                other = hybrid  # the hybrid pair's engine that does not serve now
-                break
-        return capabilities.table(self.proxy.capabilities.ago(switching.traffic_key(self)), active=active,
-                                  other=other)
+        """What the traffic used, and what the serving plan and a switch's target were launched to support."""
+        return endpoint_status.capability_table(self)
 
     def set_upstream(self, upstream: Upstream | None, down_reason: str | None = None, idle: bool = False) -> None:
         self.proxy.set_upstream(upstream, down_reason, model=self.route, idle=idle)
@@ -199,7 +145,7 @@ class EndpointManager:
             self.hardware = detect()
         return self.hardware
 
-    def _hardware(self) -> HardwareSnapshot:
+    def planning_hardware(self) -> HardwareSnapshot:
         """The machine the plans are checked against: while a vLLM sleeps, as it was read after it went to sleep
         (its CUDA context and graph pool stay on the GPU, level 1 pins its weights in RAM); else `machine()`."""
         with self.lock:
@@ -225,136 +171,22 @@ class EndpointManager:
               changes: Mapping[str, Any] | None = None, hardware: HardwareSnapshot | None = None) -> LaunchPlan:
         """The planner's checked plan for `plan`'s asks (for `engine`/`model` when given), with this endpoint's
         per-engine asks (the GUI's eager vLLM): what every launch of this endpoint runs, on `hardware` (default:
-        the memory free now, see `_hardware`). Raises PlanRefused."""
+        the memory free now, see `planning_hardware`). Raises PlanRefused."""
         target = get_adapter(engine or plan.engine).name
         extra = {**self.engine_overrides.get(target, {}), **(changes or {})}
-        return replan(plan, hardware or self._hardware(), engine=engine, model=model, changes=extra).plan
+        return replan(plan, hardware or self.planning_hardware(), engine=engine, model=model, changes=extra).plan
 
     def launch(self, plan: LaunchPlan) -> ManagedEngine:
-        """Check `plan` with the planner, start it and wait until it serves. When it fails for lack of memory: with
-        auto_fit, retry once with the fit's next smaller plan (checked again) and say what changed; without, say
-        what that plan would be."""
-        plan = self.check(plan)
-        try:
-            return self._launch_once(plan)
-        except LoadCrashed as exc:
-            return self._after_crash(plan, exc)
-        except LoadOutOfMemory as exc:
-            told = get_adapter(plan.engine).memory_retry(exc.log_text, plan)
-            if told is not None:  # the engine said what would start: retry with exactly that
-                said, why = told
-                if not self.auto_fit:
-                    raise LoadOutOfMemory(exc.message, f"{exc.hint}. The engine says this would start: {why} "
-                                                       "(serve with --auto-fit to retry with it by itself)") from exc
-                retry = self.check(plan, changes=said)
-                self.emit("retrying", f"{exc.message}; retrying once as the engine said: {why}")
-                managed = self._launch_once(retry)
-                managed.retried = why
-                return managed
-            smaller = self._smaller(plan)
-            if smaller is None:
-                raise
-            if not self.auto_fit:
-                raise LoadOutOfMemory(exc.message, f"{exc.hint}. The next smaller plan: {smaller.describe()} "
-                                                   "(serve with --auto-fit to retry with it by itself)") from exc
-            changes: dict[str, Any] = {"ctx_per_request": smaller.ctx}
-            if smaller.kv_type != plan.kv_cache_type:
-                changes["kv_cache_type"] = smaller.kv_type
-            if smaller.gpu_layers != plan.gpu_layers:
-                changes["gpu_layers"] = smaller.gpu_layers
-            retry = self.check(plan, changes=changes)
-            self.emit("retrying", f"{exc.message}; retrying once with a smaller plan: {smaller.describe()}")
-            managed = self._launch_once(retry)
-            managed.retried = smaller.describe()
-            return managed
-
-    def _after_crash(self, plan: LaunchPlan, exc: LoadCrashed) -> ManagedEngine:
-        """A load that crashed in a way the adapter knows arguments avoid (llama-server's SIGILL in its weight
-        repack; the supervisor remembered them for later starts): retry once with them, and say why."""
-        if exc.fix is None or all(arg in plan.extra_args for arg in exc.fix.args):
-            raise exc
-        retry = self.check(plan, changes={"extra_args": (*plan.extra_args, *exc.fix.args)})
-        self.emit("retrying", f"{exc.message}; retrying once with {' '.join(exc.fix.args)}")
-        return self._launch_once(retry)
-
-    def _smaller(self, plan: LaunchPlan) -> SmallerPlan | None:
-        try:
-            return smaller_plan(plan.engine, plan_facts(plan), plan.ctx_per_request, plan.slots, self._hardware(),
-                                gpu_layers=plan.gpu_layers, kv_type=plan.kv_cache_type)
-        except SwitchyardError as exc:  # e.g. a model whose facts cannot be read: no retry, the OOM is reported
-            log.warning("no smaller plan for %s: %s", switching.shown(plan), exc)
-            return None
-
-    def _launch_once(self, checked: LaunchPlan) -> ManagedEngine:
-        """Start an engine for the checked plan and wait until it really serves; stop it again if it does not."""
-        adapter, plan, install = self.launcher(checked)
-        sleep_flag = adapter.sleep_mode_flag
-        if sleep_flag and sleep_flag in plan.extra_args and not sleep_mode_supported(install):
-            # vLLM's CPU build rejects --enable-sleep-mode (an NVIDIA box can run it all the same)
-            plan = replace(plan, extra_args=tuple(a for a in plan.extra_args if a != sleep_flag))
-        if not plan.api_key:  # a per-launch key only the endpoint holds: the engine's own port is no side door
-            plan = replace(plan, api_key=secrets.token_urlsafe(32))
-        # behind the endpoint an engine listens on its private socket, whatever port a plan carries (a TCP port
-        # only where the platform has no Unix sockets, then with the key above)
-        plan = replace(plan, port=0)
-        process = EngineProcess(adapter, plan, install)
-        process.start()
-        window, system_first = normalize.engine_rules(checked)
-        upstream = Upstream(name=f"{adapter.name}@{process.address_tag}", engine=adapter.name,
-                            base_url=process.base_url, served_model_name=process.plan.served_model_name,
-                            api_key=process.plan.api_key, model=str(process.plan.model_path),
-                            messages_api=adapter.anthropic_messages,
-                            closes_after_stream=adapter.closes_after_stream,
-                            context=plan.ctx_per_request, window=window, system_first=system_first,
-                            listener_check=None if process.socket_path else process.listener_holds)
-        managed = ManagedEngine(checked, process, upstream, "starting")
-        with self.lock:
-            self.starting = managed
-        try:
-            process.wait_ready(timeout=self.ready_timeout, first_request=True)
-        except EngineFailed as exc:
-            process.stop()
-            reason = process.outcome.reason if process.outcome else None
-            if reason is not None and reason.memory:
-                oom = LoadOutOfMemory(exc.message, exc.hint)
-                oom.log_text = "\n".join(process.log_tail(400))
-                raise oom from exc
-            if process.crash_fix is not None:  # a crash the adapter knows arguments avoid
-                crashed = LoadCrashed(exc.message, exc.hint)
-                crashed.fix = process.crash_fix
-                raise crashed from exc
-            raise
-        except BaseException:
-            process.stop()
-            raise
-        finally:
-            with self.lock:
-                self.starting = None
-        def on_event(event: EngineEvent) -> None:
-            self._on_engine_event(managed, event)
-
-        process.subscribe(on_event)
-        if process.state != EngineState.READY:  # died between ready and subscribe
-            process.stop()
-            raise process.failure()
-        if self._closed:  # the endpoint was closed while this engine loaded
-            process.stop()
-            raise SwitchyardError("the endpoint was stopped while the engine was starting")
-        if self.record_launches:
-            record_launch(process, checked.model or str(checked.model_path), source="endpoint")
-        if process.cold_start.t1_health_s is not None:
-            self.cold_starts[adapter.name] = process.cold_start.t1_health_s
-        if self.telemetry is not None:
-            self.telemetry.watch(EngineScraper(upstream.name, adapter, process.base_url, process.pid,
-                                               api_key=process.plan.api_key))
-        return managed
+        """Check `plan` with the planner, start it and wait until it serves, retrying once after a load that ran
+        out of memory or crashed in a known way (serving.loading.launch)."""
+        return loading.launch(self, plan)
 
     def start(self, plan: LaunchPlan) -> ColdStart:
         """Start the first engine and make it active (the plan checked again by the planner). Requests that arrive
         meanwhile wait in the proxy."""
         with self._switch_lock:
             with self.lock:
-                self._closed = False  # a start after close() (the GUI's Stop, then Start) serves again
+                self.closed = False  # a start after close() (the GUI's Stop, then Start) serves again
             self.plan = plan
             self.emit("starting", f"starting {plan.engine} on {switching.shown(plan)}")
             self.proxy.mark_loading(self.route)
@@ -425,7 +257,7 @@ class EndpointManager:
         if base is None:
             if model is None:
                 raise SwitchyardError("nothing is running to switch from; give --model")
-            return plan_launch(engine, model, self._hardware(), self.engine_overrides.get(get_adapter(engine).name))\
+            return plan_launch(engine, model, self.planning_hardware(), self.engine_overrides.get(get_adapter(engine).name))\
                 .plan
         with self.lock:
             sleeper = self.sleeping
@@ -474,7 +306,7 @@ class EndpointManager:
         managed.process.stop()
         managed.role = "stopped"
 
-    def _on_engine_event(self, managed: ManagedEngine, event: EngineEvent) -> None:
+    def on_engine_event(self, managed: ManagedEngine, event: EngineEvent) -> None:
         """Runs on the engine's log thread: never stop() that engine here (it would join its own thread)."""
         if event.kind == "state" and event.state == EngineState.CRASHED:
             switching.on_crash(self, managed)
@@ -484,7 +316,7 @@ class EndpointManager:
         if self.autopilot is not None:  # it acts through this manager: it stops first
             self.autopilot.stop()
         with self.lock:
-            self._closed = True
+            self.closed = True
             engines = self.slots.take_all()
         if self.telemetry is not None:
             for managed in engines:
