@@ -159,6 +159,7 @@ def reap_orphans() -> list[int]:
     return killed
 
 
+# --- one started engine -------------------------------------------------------------------------------------
 @dataclass
 class SpawnedEngine:
     """One started engine: its first process, when it was created and its process group (what the pidfile
