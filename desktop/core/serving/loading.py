@@ -11,7 +11,7 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from desktop.core.common.errors import EngineFailed, SwitchyardError
@@ -83,55 +83,63 @@ class LoadHost(Protocol):
 
 
 def launch(m: LoadHost, plan: LaunchPlan) -> ManagedEngine:
-    """Check `plan` with the planner, start it and wait until it serves. When it fails for lack of memory: with
-    auto_fit, retry once with the fit's next smaller plan (checked again) and say what changed; without, say
-    what that plan would be."""
+    """Check `plan` with the planner, start it and wait until it serves. A load that crashed in a way the adapter
+    knows arguments avoid, or ran out of memory, goes back through the planner once with what `retry_for` changes
+    (with auto_fit for the memory; without, the error says what the retry would be) and starts once more."""
     plan = m.check(plan)
     try:
         return launch_once(m, plan)
-    except LoadCrashed as exc:
-        return after_crash(m, plan, exc)
-    except LoadOutOfMemory as exc:
-        told = get_adapter(plan.engine).memory_retry(exc.log_text, plan)
-        if told is not None:  # the engine said what would start: retry with exactly that
-            said, why = told
-            if not m.auto_fit:
-                raise LoadOutOfMemory(exc.message, f"{exc.hint}. The engine says this would start: {why} "
-                                                   "(serve with --auto-fit to retry with it by itself)") from exc
-            retry = m.check(plan, changes=said)
-            m.emit("retrying", f"{exc.message}; retrying once as the engine said: {why}")
-            managed = launch_once(m, retry)
-            managed.retried = why
-            return managed
-        smaller = next_smaller(m, plan)
-        if smaller is None:
-            raise
-        if not m.auto_fit:
-            raise LoadOutOfMemory(exc.message, f"{exc.hint}. The next smaller plan: {smaller.describe()} "
-                                               "(serve with --auto-fit to retry with it by itself)") from exc
-        changes: dict[str, Any] = {"ctx_per_request": smaller.ctx}
-        if smaller.kv_type != plan.kv_cache_type:
-            changes["kv_cache_type"] = smaller.kv_type
-        if smaller.gpu_layers != plan.gpu_layers:
-            changes["gpu_layers"] = smaller.gpu_layers
-        retry = m.check(plan, changes=changes)
-        m.emit("retrying", f"{exc.message}; retrying once with a smaller plan: {smaller.describe()}")
-        managed = launch_once(m, retry)
-        managed.retried = smaller.describe()
+    except (LoadCrashed, LoadOutOfMemory) as exc:
+        retry = retry_for(m, plan, exc)
+        checked = m.check(plan, changes=retry.changes)
+        m.emit("retrying", f"{exc.message}; {retry.said}")
+        managed = launch_once(m, checked)
+        managed.retried = retry.retried
         return managed
 
 
-def after_crash(m: LoadHost, plan: LaunchPlan, exc: LoadCrashed) -> ManagedEngine:
-    """A load that crashed in a way the adapter knows arguments avoid (llama-server's SIGILL in its weight
-    repack; the supervisor remembered them for later starts): retry once with them, and say why."""
-    if exc.fix is None or all(arg in plan.extra_args for arg in exc.fix.args):
+@dataclass(frozen=True)
+class Retry:
+    """The one retry of a failed load: the plan fields it changes (checked again by the planner), how the endpoint
+    says it, and what the engine records as `retried` (None after a crash: the plan is the same size)."""
+
+    changes: Mapping[str, Any]
+    said: str
+    retried: str | None = None
+
+
+def retry_for(m: LoadHost, plan: LaunchPlan, exc: LoadCrashed | LoadOutOfMemory) -> Retry:
+    """What the retry after `exc` changes: after a crash the adapter knows arguments avoid (llama-server's SIGILL in
+    its weight repack; the supervisor remembered them for later starts), those arguments; after running out of
+    memory, what the engine's log says would start, else the fit's next smaller plan. Raises `exc` when there is
+    none, and without auto_fit an out-of-memory error that names the retry."""
+    if isinstance(exc, LoadCrashed):
+        if exc.fix is None or all(arg in plan.extra_args for arg in exc.fix.args):
+            raise exc
+        return Retry({"extra_args": (*plan.extra_args, *exc.fix.args)}, f"retrying once with {' '.join(exc.fix.args)}")
+    told = get_adapter(plan.engine).memory_retry(exc.log_text, plan)
+    if told is not None:  # the engine said what would start: retry with exactly that
+        said, why = told
+        if not m.auto_fit:
+            raise LoadOutOfMemory(exc.message, f"{exc.hint}. The engine says this would start: {why} "
+                                               "(serve with --auto-fit to retry with it by itself)") from exc
+        return Retry(said, f"retrying once as the engine said: {why}", why)
+    smaller = next_smaller(m, plan)
+    if smaller is None:
         raise exc
-    retry = m.check(plan, changes={"extra_args": (*plan.extra_args, *exc.fix.args)})
-    m.emit("retrying", f"{exc.message}; retrying once with {' '.join(exc.fix.args)}")
-    return launch_once(m, retry)
+    if not m.auto_fit:
+        raise LoadOutOfMemory(exc.message, f"{exc.hint}. The next smaller plan: {smaller.describe()} "
+                                           "(serve with --auto-fit to retry with it by itself)") from exc
+    changes: dict[str, Any] = {"ctx_per_request": smaller.ctx}
+    if smaller.kv_type != plan.kv_cache_type:
+        changes["kv_cache_type"] = smaller.kv_type
+    if smaller.gpu_layers != plan.gpu_layers:
+        changes["gpu_layers"] = smaller.gpu_layers
+    return Retry(changes, f"retrying once with a smaller plan: {smaller.describe()}", smaller.describe())
 
 
 def next_smaller(m: LoadHost, plan: LaunchPlan) -> SmallerPlan | None:
+    """The fit's next smaller plan on the memory free now, or None when there is none to try."""
     try:
         return smaller_plan(plan.engine, plan_facts(plan), plan.ctx_per_request, plan.slots, m.planning_hardware(),
                             gpu_layers=plan.gpu_layers, kv_type=plan.kv_cache_type)
