@@ -21,9 +21,9 @@ The constants below were fitted to published startup logs (see tests/test_fit_ac
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from desktop.core.common.defaults import DEFAULT_VLLM_CPU_KV_GIB, DEFAULT_VLLM_UTILIZATION
 from desktop.core.common.errors import SwitchyardError
@@ -38,6 +38,8 @@ from desktop.core.planning import moe as experts_in_ram
 from desktop.core.planning import promptcache
 from desktop.core.planning import repack as repacking
 from desktop.core.planning.devices import pin_devices
+from desktop.core.planning.fit_result import FitResult as FitResult  # re-exported: the result of every fit
+from desktop.core.planning.fit_result import Verdict
 from desktop.core.planning.llama_offload import offload_verdict, split_layers
 from desktop.core.planning.weights import (
     CHECKPOINT_QUANTS,
@@ -46,8 +48,6 @@ from desktop.core.planning.weights import (
     llama_weight_bytes,
     vllm_weight_bytes,
 )
-
-Verdict = Literal["yes", "partial", "no"]
 
 MAX_CTX = 16 * 1024 * 1024
 
@@ -181,37 +181,6 @@ def launch_dtype(engine: str, *, demo: bool, cuda: bool) -> str:
 def default_ctx(facts: ModelFacts, engine: str) -> int:
     """The per-request context when none is given: vLLM takes the model's; for llama.cpp 4096 at most."""
     return facts.context_length if sizing_of(engine) == "vllm" else min(facts.context_length, 4096)
-
-
-@dataclass(frozen=True)
-class FitResult:
-    """The verdict and the numbers behind it. GiB throughout; for vLLM with tensor parallel, per GPU."""
-
-    engine: str
-    fits: Verdict
-    weights_gib: float
-    kv_cache_gib: float
-    overhead_gib: float
-    total_gib: float
-    available_gib: float
-    headroom_gib: float
-    device: str  # what it runs on: "1x NVIDIA GeForce RTX 4090", "CPU", ...
-    ctx: int
-    gpu_layers: int | None = None
-    total_layers: int | None = None
-    cpu_ram_gib: float = 0.0  # host memory the engine needs besides the GPU part
-    kv_cache_tokens: int | None = None
-    max_concurrency: float | None = None
-    quant: str | None = None
-    breakdown: dict[str, float] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)  # the engine's own names for what was checked
-    notes: list[str] = field(default_factory=list)
-    plan: LaunchPlan | None = None  # the plan checked, every memory-relevant field resolved: launch exactly this
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(replace(self, plan=None))
-        data["plan"] = self.plan.to_json() if self.plan else None
-        return data
 
 
 def exact_bytes(result: FitResult) -> dict[str, float]:

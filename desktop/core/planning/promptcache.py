@@ -31,7 +31,7 @@ from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import GIB, MIB, HardwareSnapshot
 
 if TYPE_CHECKING:
-    from desktop.core.planning.fit import FitResult
+    from desktop.core.planning.fit_result import FitResult
 
 LLAMA_CACHE_RAM_DEFAULT_MIB = 8192  # llama.cpp b11434 common/common.h:638 `cache_ram_mib = 8192`
 SPARE_SHARE = 0.5  # the share of the RAM left after the engine's own needs the cache may take

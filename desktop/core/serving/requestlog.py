@@ -16,14 +16,20 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from desktop.core.serving.metering import RequestRecord
-
-if TYPE_CHECKING:
-    from desktop.core.serving.proxy import ProxyServer
+from desktop.core.serving.metering import RequestListener, RequestRecord
 
 log = logging.getLogger("switchyard.requests")
+
+
+class RequestSource(Protocol):
+    """What the log listens to (the endpoint's ProxyServer), named here so that the log never imports the proxy."""
+
+    def subscribe(self, listener: RequestListener) -> None: ...
+
+    def subscribe_started(self, listener: RequestListener) -> None: ...
+
 
 DEFAULT_CAPACITY = 1000
 DEFAULT_HISTORY_KEEP = 100_000
@@ -77,7 +83,7 @@ class RequestLog:
         self.finished_count = 0
 
     # --- feeding ---
-    def attach(self, proxy: ProxyServer) -> None:
+    def attach(self, proxy: RequestSource) -> None:
         """Listen to `proxy` (before it starts) and start the history writer."""
         proxy.subscribe_started(self.started)
         proxy.subscribe(self.finished)
