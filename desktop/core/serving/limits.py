@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 @dataclass
 class Limits:
-    """How much one client, and all of them together, may make the endpoint hold (the README's security paragraph
-    states these numbers).
+    """How much one client, and all of them together, may make the endpoint hold (docs/endpoint.md, "Security
+    defaults and limits", states these numbers).
 
     A connection may have `pipelined` requests in hand, the one being answered included, and read ahead
     `readahead_bytes` of their bodies; past either, the endpoint stops reading that connection (TCP pushes back

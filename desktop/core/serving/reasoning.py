@@ -10,7 +10,7 @@ the plan carries a reasoning parser.
 Written by hand because it sits on the proxy's hot path: only event lines that carry `"reasoning` are parsed and
 rewritten; every other chunk passes through as the same bytes object when it ends at a line end (engines write
 whole events), and is otherwise held only until its line ends. The cost is measured by
-benchmarks/bench_proxy.py (README, "One reasoning schema").
+benchmarks/bench_proxy.py (its results: benchmarks/results/).
 """
 
 from __future__ import annotations
