@@ -38,3 +38,21 @@ def test_the_demo_pair_is_named_demo_wherever_it_lives(demo_model) -> None:  # t
     assert is_demo("demo") and is_demo(demo_model.hf_dir) and not is_demo("/tmp/other.gguf")
     assert DEMO_LABEL == "demo (random weights: its answers are noise)"
     assert display_name("/data/models/mistral-7b.Q5_K_M.gguf") == "mistral-7b.Q5_K_M.gguf"
+
+
+def test_a_switch_finds_the_same_download_in_the_other_engines_format(tmp_path: Path) -> None:
+    """A repo pulled with its GGUF and its safetensors in one snapshot: llama.cpp's copy is the GGUF, vLLM's the
+    snapshot folder (config.json + safetensors); a repo without the other copy, or with several GGUFs, has none."""
+    from desktop.core.hub.names import counterpart
+
+    snap = _snapshot(tmp_path, "switchyard/demo-chat", ["demo-chat-F32.gguf", "config.json", "model.safetensors"])
+    gguf = snap / "demo-chat-F32.gguf"
+    assert counterpart(str(gguf), "vllm") == str(snap)
+    assert counterpart(str(snap), "llama.cpp") == str(gguf)
+    assert counterpart(str(gguf), "llama.cpp") is None  # already llama.cpp's
+    only_gguf = _snapshot(tmp_path, "switchyard/only-GGUF", ["only-Q4_K_M.gguf"])
+    assert counterpart(str(only_gguf / "only-Q4_K_M.gguf"), "vllm") is None
+    two = _snapshot(tmp_path, "switchyard/two", ["two-Q4_K_M.gguf", "two-Q8_0.gguf", "config.json",
+                                                  "model.safetensors"])
+    assert counterpart(str(two), "llama.cpp") is None  # which quantization is the person's to pick
+    assert counterpart("demo", "vllm") is None  # the demo is one name for both engines already

@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from shiboken6 import isValid
 
 from desktop.ui.session_endpoint import open_endpoint
+from desktop.ui.session_status import SessionStatus
 from desktop.ui.workers import submit
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def engine_choices() -> list[tuple[str, str]]:
     return [(adapter.name, adapter.display_name) for adapter in ADAPTERS.values()]
 
 
-class EngineSession(QObject):
+class EngineSession(SessionStatus, QObject):
     state_changed = Signal(str)  # the engine process's state
     endpoint_changed = Signal(str, str)  # endpoint state, readable message
     phase_reached = Signal(str, float)
@@ -45,6 +46,7 @@ class EngineSession(QObject):
     samples = Signal(list)  # list[telemetry.Sample]
     switched = Signal(object)  # endpoint.SwitchResult (+ .failed_requests)
     requests_changed = Signal()  # the request log moved: call request_snapshot() (coalesced: one pending at most)
+    status_changed = Signal(object)  # serving.serve_status.ServeStatus: what the page, status bar and notices read
 
     def __init__(self, parent: QObject | None = None, endpoint_port: int | None = None) -> None:
         super().__init__(parent)
@@ -58,6 +60,8 @@ class EngineSession(QObject):
         self.plan: LaunchPlan | None = None  # what was asked to serve (the planner checks it in the worker)
         self.busy = False
         self.switching = False
+        self.stopping = False
+        self._last_status: Any = None
         self.vllm_eager = False  # vLLM without torch.compile: starts much sooner on CPU (tests, quick tries)
         self.telemetry_interval = 1.0  # seconds between scrapes of each engine (tests shorten it)
         self.launcher: Any = None  # how engines are launched (None: make_launcher, installing what is missing)
@@ -74,6 +78,8 @@ class EngineSession(QObject):
         self.log_timer = QTimer(self)
         self.log_timer.setInterval(LOG_DRAIN_MS)
         self.log_timer.timeout.connect(self._tick)
+        self.state_changed.connect(lambda _state: self.publish_status())
+        self.endpoint_changed.connect(lambda _state, _message: self.publish_status())
 
     # --- queries ---
     @property
@@ -114,14 +120,6 @@ class EngineSession(QObject):
         if self.proxy is not None:
             self.proxy.set_capture_bodies(on)
 
-    def request_snapshot(self, limit: int = 200) -> tuple[list[Any], list[Any]]:
-        """(in flight, last `limit` finished) for the requests view; re-arms requests_changed."""
-        self._requests_pending = False
-        request_log = self.request_log
-        if request_log is None:
-            return [], []
-        return request_log.inflight(), request_log.recent(limit)
-
     def _progress(self, event: Any) -> None:
         self.progress.emit(getattr(event, "message", str(event)))
 
@@ -138,6 +136,7 @@ class EngineSession(QObject):
         self._stop_requested = False
         self.plan = plan
         self.log_timer.start()
+        self.publish_status()
         submit(self._start, plan, on_finished=self._on_ready, on_error=self._on_error)
 
     def _start(self, plan: LaunchPlan) -> Any:
@@ -155,6 +154,7 @@ class EngineSession(QObject):
         self.busy = True
         self._stop_requested = False
         self.log_timer.start()
+        self.publish_status()
         submit(self._start_hybrid, model, asks, on_finished=self._on_ready, on_error=self._on_error)
 
     def _start_hybrid(self, model: str, asks: dict[str, Any]) -> Any:
@@ -187,6 +187,7 @@ class EngineSession(QObject):
     def _on_ready(self, cold: Any) -> None:
         self.busy = False
         self._tick()
+        self.publish_status()
         if not self._stop_requested:
             self.ready.emit(cold)
 
@@ -194,6 +195,7 @@ class EngineSession(QObject):
         self.busy = False
         self.switching = False
         self._tick()
+        self.publish_status()
         if not self._stop_requested:  # stopped by the user while starting: not an error
             self.failed.emit(message)
 
@@ -208,19 +210,9 @@ class EngineSession(QObject):
             return
         self.busy = self.switching = True
         self._stop_requested = False
+        self.publish_status()
         self.progress.emit(f"Switching to {engine}: starting it while the current engine keeps serving")
         submit(self._switch, engine, on_finished=self._on_switched, on_error=self._on_error)
-
-    def switch_preview(self, engine: str) -> str | None:
-        """Which kind of switch it will be (warm, stop-first, wake) and how long it should take, in words."""
-        if self.manager is None or self.manager.active is None:
-            return None
-        from desktop.core.common.errors import SwitchyardError
-
-        try:
-            return str(self.manager.switch_preview(engine)["message"])
-        except SwitchyardError:
-            return None
 
     def _switch(self, engine: str, model: str | None = None) -> Any:
         failed_before = self.proxy.counters.get("failed", 0)
@@ -233,6 +225,7 @@ class EngineSession(QObject):
     def _on_switched(self, result: Any) -> None:
         self.busy = self.switching = False
         self._tick()
+        self.publish_status()
         self.switched.emit(result)
         process = self.process
         if process is not None:
@@ -243,12 +236,16 @@ class EngineSession(QObject):
         """Stop every engine off the GUI thread (the endpoint stays up, answering 'no engine'); then `then()`."""
         self._stop_requested = True
         manager = self.manager
+        self.stopping = manager is not None
+        self.publish_status()
 
         def done(_: Any = None) -> None:
             if not isValid(self):  # the window went away while engines stopped: finish without Qt
                 self._shutdown_core()
                 return
+            self.stopping = False
             self._tick()
+            self.publish_status()
             self.log_timer.stop()
             self.stopped.emit()
             if then is not None:
@@ -298,6 +295,7 @@ class EngineSession(QObject):
         process = self.process
         if process is not None and process is not self._watched:
             self._watch(process)
+        self.publish_status()
         with self._lines_lock:
             if not self._pending_lines:
                 return

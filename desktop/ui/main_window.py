@@ -66,7 +66,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self._build_menu()
         self.statusBar().showMessage("Ready")
-        self.session.state_changed.connect(self._engine_status)
+        self.session.status_changed.connect(self._engine_status)
         self.nav.setCurrentRow(0)
 
     # --- pages ---
@@ -101,13 +101,10 @@ class MainWindow(QMainWindow):
         return {"Machine": machine, "Models": models, "Recommend": recommend, "Serve": serve,
                 "Compare": compare, "History": history}
 
-    def _engine_status(self, state: str) -> None:
-        """The status bar's engine word; during a switch the incoming engine's "loading" is not the endpoint's
-        state: the current engine keeps serving (issue 24)."""
-        if self.session.switching:
-            self.statusBar().showMessage("Engine: switching; the current one serves")  # short: it sizes the bar
-        else:
-            self.statusBar().showMessage(f"Engine: {state}")
+    def _engine_status(self, status: Any) -> None:
+        """The status bar's engine line: the session's one account (serving.serve_status), the same the Serve
+        page's state label shows; during a switch it says that the current engine serves meanwhile."""
+        self.statusBar().showMessage(status.status_bar)
 
     def page(self, name: str) -> QWidget:
         """The page widget, built on first use."""

@@ -299,9 +299,11 @@ class Notice(QLabel):
         self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.setAccessibleName("Message")
         self.level = "info"
+        self.action: str | None = None  # the step this message belongs to: it ends when that step does
 
-    def show_message(self, text: str, level: str = "info") -> None:
+    def show_message(self, text: str, level: str = "info", action: str | None = None) -> None:
         self.level = level
+        self.action = action
         color = self.COLORS.get(level)
         self.setStyleSheet(f"color: {color};" if color else "")
         self.setText(text)

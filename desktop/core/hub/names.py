@@ -46,3 +46,40 @@ def display_name(model: str | Path | None) -> str:
             quant = quant_from_name("/".join(rest))
             return f"{repo}:{quant}" if quant else f"{repo}/{'/'.join(rest)}"
     return Path(text).name
+
+
+def _snapshot_of(path: Path) -> Path | None:
+    """The Hub cache snapshot folder (`.../models--org--name/snapshots/<commit>`) holding `path`, if any."""
+    parts = path.parts
+    for index, part in enumerate(parts):
+        if part.startswith("models--") and index + 2 < len(parts) and parts[index + 1] == "snapshots":
+            return Path(*parts[:index + 3])
+    return None
+
+
+def counterpart(model: str, engine: str) -> str | None:
+    """The same downloaded model in the format `engine` loads, when `model` is in the other one: a Hub repo that
+    ships a GGUF beside its safetensors (both variants pulled into one snapshot) serves on llama.cpp from the
+    GGUF and on vLLM from the snapshot folder, so a switch moves between them. None when `model` already suits
+    `engine`, is not in a Hub cache snapshot, or the snapshot holds no copy for it (the switch's own check then
+    says why)."""
+    from desktop.core.engines import get_adapter
+    from desktop.core.models.gguf_file import gguf_in_folder
+
+    path = Path(model).expanduser()
+    snapshot = _snapshot_of(path)
+    if snapshot is None or not path.exists():
+        return None
+    is_gguf = path.is_file() and path.suffix.lower() == ".gguf"
+    if get_adapter(engine).model_format == "hf":
+        has_weights = any(snapshot.glob("*.safetensors"))
+        return str(snapshot) if is_gguf and (snapshot / "config.json").is_file() and has_weights else None
+    if is_gguf:
+        return None
+    from desktop.core.common.errors import ModelError
+
+    try:
+        found = gguf_in_folder(snapshot)
+    except ModelError:  # several quantizations: which one is the person's to pick
+        return None
+    return str(found) if found is not None else None

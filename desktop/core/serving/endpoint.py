@@ -22,6 +22,7 @@ from desktop.core.common.defaults import DEFAULT_READY_TIMEOUT
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import LaunchPlan
+from desktop.core.hub.names import counterpart
 from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.planning.planner import plan_launch, replan
 from desktop.core.runtime.supervisor import ColdStart, EngineEvent, EngineState
@@ -259,6 +260,8 @@ class EndpointManager:
                 raise SwitchyardError("nothing is running to switch from; give --model")
             return plan_launch(engine, model, self.planning_hardware(), self.engine_overrides.get(get_adapter(engine).name))\
                 .plan
+        if model is None:  # a downloaded repo with a GGUF beside its safetensors: the copy the new engine loads
+            model = counterpart(base.model or str(base.model_path), engine)
         with self.lock:
             sleeper = self.sleeping
         if sleeper is not None:  # waking the sleeper needs no room beside itself: its plan on the machine

@@ -19,6 +19,7 @@ from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_pro
 from desktop.core.engines import get_adapter, require_install
 from desktop.core.engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from desktop.core.engines.vllm import sleep_mode_supported
+from desktop.core.hub.names import display_name
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.planning.swap import SmallerPlan, plan_facts, smaller_plan
 from desktop.core.runtime.launches import record_launch
@@ -43,7 +44,8 @@ def make_launcher(progress: ProgressCallback = no_progress, *, install_missing: 
         adapter = get_adapter(plan.engine)
         install = require_install(adapter, install_missing=install_missing, progress=progress)
         reap_orphans()
-        progress(ProgressEvent(f"Starting {adapter.display_name} on {plan.model_path.name}; waiting until it serves"))
+        progress(ProgressEvent(f"Starting {adapter.display_name} on {display_name(plan.model or plan.model_path)}; "
+                              "waiting until it serves"))
         return adapter, plan, install
 
     return launch

@@ -11,15 +11,16 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
 from desktop.core.common.errors import SwitchyardError
+from desktop.core.hub.names import display_name
 from desktop.ui.engine_session import EngineSession, engine_choices
 from desktop.ui.pages.serve_charts import ServeCharts
+from desktop.ui.pages.serve_events import ServeEvents
 from desktop.ui.pages.serve_launch import HYBRID, LaunchForm, form_plan, plan_for_form, prepared_text
 from desktop.ui.pages.serve_state import (
     ServeState,
     autopilot_text,
     capabilities_text,
     engine_short,
-    switched_text,
 )
 from desktop.ui.pages.serve_tabs import ServeTabs
 from desktop.ui.workers import submit
@@ -29,7 +30,7 @@ __all__ = ["HYBRID", "ServePage", "autopilot_text", "capabilities_text"]  # test
 LIVE_MS = 500
 
 
-class ServePage(QWidget):
+class ServePage(ServeEvents, QWidget):
     title = "Serve"
     engine_ready = Signal(object)
 
@@ -86,7 +87,8 @@ class ServePage(QWidget):
         session.phase_reached.connect(lambda _name, _seconds: self.refresh_live())
         session.watching.connect(lambda _name: self.refresh_live())
         session.log_lines.connect(self.log_pane.append_lines)
-        session.progress.connect(lambda text: self.notice.show_message(text))
+        session.progress.connect(self.on_progress)
+        session.status_changed.connect(self.on_status)
         session.ready.connect(self.on_ready)
         session.failed.connect(self.on_failed)
         session.stopped.connect(self.on_stopped)
@@ -106,7 +108,7 @@ class ServePage(QWidget):
         """Serve `plan` (a LaunchPlan: the form's asks, or the Recommend page's checked plan)."""
         model = self.launch_form.show_plan(plan)
         self.timeline.clear()
-        self.notice.show_message(f"Starting {plan.engine} on {model}…")
+        self.notice.show_message(f"Starting {plan.engine} on {display_name(model)}…", action="start")
         self.session.start(plan)
         self._update_buttons()
 
@@ -125,7 +127,8 @@ class ServePage(QWidget):
         """Hybrid mode, as `serve --engine auto`: the session plans both engines, starts llama.cpp and the loop."""
         model = self.launch_form.model()
         self.timeline.clear()
-        self.notice.show_message(f"Starting hybrid mode on {model}: llama.cpp first, vLLM when the load pays…")
+        self.notice.show_message(f"Starting hybrid mode on {display_name(model)}: llama.cpp first, vLLM when the "
+                                 "load pays…", action="start")
         self.session.start_hybrid(model, {"ctx_per_request": self.ctx_spin.value(),
                                           "slots": self.parallel_spin.value()})
         self._update_buttons()
@@ -135,7 +138,7 @@ class ServePage(QWidget):
         return self.launch_form.engine()
 
     def stop_clicked(self) -> None:
-        self.notice.show_message("Stopping…")
+        self.notice.show_message("Stopping…", action="stop")
         self.session.stop()
 
     def other_engine(self) -> str:
@@ -147,9 +150,7 @@ class ServePage(QWidget):
         target = self.other_engine()
         preview = self.session.switch_preview(target)
         self.switch_label.setText(f"Switching to {target}… ({preview or 'the current engine keeps serving meanwhile'})")
-        self.session.switch_to(target)
-        index = self.engine_box.findData(target)
-        self.engine_box.setCurrentIndex(index)
+        self.session.switch_to(target)  # the engine box follows when the switch is done: until then the old serves
 
     def prepare_vllm(self) -> bool:
         """"Prepare vLLM" for the form's model and plan in the background (desktop.core.serving.prepare)."""
@@ -207,72 +208,6 @@ class ServePage(QWidget):
         else:
             self.export_dialog.show()
 
-    # --- session events ---
-    def on_state(self, state: str) -> None:
-        self.state_label.setAccessibleDescription(state)
-        self.refresh_live()
-        if state == "crashed" and self.session.process is not None:
-            outcome = self.session.process.outcome
-            reason = outcome.reason if outcome else None
-            if reason:
-                self.notice.show_message(f"The engine stopped: {reason.reason}\nHint: {reason.suggestion}", "error")
-        self._update_buttons()
-
-    def on_ready(self, cold: Any) -> None:
-        process = self.session.process
-        if process is None:
-            return
-        self.endpoint_edit.setText(self.session.endpoint_url or f"{process.base_url}/v1")
-        self.chat.set_endpoint(self.endpoint_edit.text(), getattr(self.session.proxy, "model_name", None))
-        t2 = cold.t2_first_token_s
-        self.notice.show_message(
-            f"{process.adapter.display_name} serves {process.plan.model_path.name} (engine at {process.base_url})"
-            f" — health OK after {cold.t1_health_s:.2f} s" + (f", first token after {t2:.2f} s" if t2 else ""))
-        gpu = getattr(self.session.telemetry, "gpu", None)
-        if gpu is None or gpu.unavailable:
-            self.live.say_no_gpu()
-        self.refresh_live()
-        self._update_buttons()
-        self._preview_switch()
-        self.engine_ready.emit(cold)
-
-    def _preview_switch(self) -> None:
-        """Say on the switch button which kind of switch it will be and how long it should take."""
-        if self._hybrid_running():
-            return  # _update_buttons says why there is no manual switch
-        preview = self.session.switch_preview(self.other_engine())
-        self.switch_button.setToolTip(f"Switch to {self.other_engine()}: {preview}" if preview else "")
-
-    def on_failed(self, message: str) -> None:
-        if "endpoint cannot listen" in message:
-            message += "\nOr change the endpoint port in File → Settings."
-        self.notice.show_message(message, "error")
-        self.switch_label.setText("")
-        self._update_buttons()
-
-    def on_stopped(self) -> None:
-        self.refresh_live()
-        self.chat.stop()
-        self.chat.set_endpoint(None)
-        if self.notice.level != "error":
-            self.notice.show_message("Engine stopped")
-        self._update_buttons()
-
-    def on_samples(self, samples: list[Any]) -> None:
-        self.samples_received += self.live.push(samples, self._serving_source)
-
-    def on_switched(self, result: Any) -> None:
-        self.refresh_live()
-        self.switch_label.setText(switched_text(result))
-        self._update_buttons()
-        self._preview_switch()
-
-    def on_endpoint(self, state: str, message: str) -> None:
-        self.endpoint_state = state
-        if state in ("down", "failover"):
-            self.notice.show_message(message, "error" if state == "down" else "warning")
-        self._update_buttons()
-
     def model_state(self, entry: dict[str, Any]) -> str:
         """A models-list entry's state here: served / starting by this window's endpoint, or not loaded."""
         from desktop.core.engines import get_adapter
@@ -288,16 +223,12 @@ class ServePage(QWidget):
     # --- live state of both engines, the bar, hand-over marks ---
     def engines(self) -> tuple[Any, Any]:
         """(serving engine process, starting engine process), either None."""
-        manager = self.session.manager
-        if manager is None:
-            return None, None
-        active, starting = manager.active, manager.starting
-        return (active.process if active is not None else None,
-                starting.process if starting is not None else None)
+        serving, starting = self.session.engines()
+        return serving, starting
 
     def refresh_live(self) -> None:
-        """The engines' line ("serving: llama.cpp · starting: vLLM 23 s, compile"), the rows of the cold-start
-        bar (the starting one growing), and the hand-over mark when the serving engine changed."""
+        """The rows of the cold-start bar (the starting one growing), hybrid mode's and the capabilities' lines,
+        and the hand-over mark when the serving engine changed (the state label follows the session's status)."""
         serving, starting = self.engines()
         manager = self.session.manager
         source = manager.active.upstream.name if manager is not None and manager.active is not None else None

@@ -11,6 +11,8 @@ from typing import Any
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QGridLayout, QLabel, QLineEdit, QPushButton, QVBoxLayout, QWidget
 
+from desktop.core.serving.serve_status import engine_short as engine_short
+from desktop.core.serving.serve_status import serve_status
 from desktop.ui.widgets import Notice, PhaseTimeline
 
 MOVES = {"hand_over": "llama.cpp → vLLM", "switch_stop_first": "llama.cpp → vLLM (stop-first)",
@@ -50,26 +52,9 @@ def capabilities_text(rows: list[dict[str, Any]], check: str | None = None) -> s
     return "\n".join(lines)
 
 
-def engine_short(process: Any) -> str:
-    """"llama.cpp", "vLLM": the engine's name without its server's."""
-    return str(process.adapter.display_name).split(" (")[0] if process is not None else ""
-
-
 def engines_line(serving: Any, starting: Any, shown: Any = None) -> str:
     """Both engines' states in one line: what serves, and what starts (how long so far, in which phase)."""
-    from desktop.core.runtime.supervisor import PHASE_BY_KEY
-
-    parts = []
-    if serving is not None:
-        parts.append(f"serving: {engine_short(serving)}" if serving.state.value == "ready"
-                     else f"{serving.state.value}: {engine_short(serving)}")
-    if starting is not None and starting.is_running():
-        phase = starting.cold_start.current_phase()
-        label = PHASE_BY_KEY[phase].label if phase else "ready"
-        parts.append(f"starting: {engine_short(starting)} {starting.elapsed():.0f} s, {label}")
-    if not parts and shown is not None:  # an engine that crashed or stopped, or the very first start
-        parts.append(f"{shown.state.value}: {engine_short(shown)}")
-    return " · ".join(parts) or "stopped"
+    return serve_status(serving, starting, shown).line
 
 
 def switched_text(result: Any) -> str:
@@ -144,8 +129,7 @@ class ServeState(QWidget):
         """The engines' line ("serving: llama.cpp · starting: vLLM 23 s, compile"), hybrid mode's decision, the
         capabilities the traffic used and the rows of the cold-start bar (the starting one growing); returns the
         line. `shown`: the session's engine, kept on the bar when it crashed or stopped."""
-        line = engines_line(serving, starting, shown)
-        self.state_label.setText(line)
+        line = engines_line(serving, starting, shown)  # the state label shows the session's status (ServePage.on_status)
         self.show_autopilot(getattr(manager, "autopilot", None) if manager is not None else None)
         table = getattr(manager, "capability_table", None) if manager is not None else None
         self.capabilities_label.setVisible(table is not None)
