@@ -152,7 +152,12 @@ def test_quick_verdict_for_hub_tags() -> None:
     assert quick_verdict("vllm", 16 * GIB, None, hw) == "yes"
     assert quick_verdict("vllm", 140 * GIB, None, hw) == "no"
     assert quick_verdict("llama.cpp", 300 * GIB, None, snap("cpu_laptop")) == "no"
-    assert quick_verdict("llama.cpp", 500 * MIB, None, snap("cpu_laptop")) == "partial"
+    # no GPU: all of it in RAM is the whole fit (500 MiB x 1.2 + 0.5 GiB needs 1.09 GiB of RAM), never "partial"
+    laptop = snap("cpu_laptop")
+    assert laptop.ram_available_bytes > 1.1 * GIB and not laptop.gpus
+    assert quick_verdict("llama.cpp", 500 * MIB, None, laptop) == "yes"
+    # a GPU too small for the weights: the rest in RAM
+    assert quick_verdict("llama.cpp", 30 * GIB, None, hw) == "partial"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

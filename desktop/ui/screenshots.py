@@ -219,7 +219,13 @@ def _drive(window: Any, out: Path) -> None:
 
     models = window.show_page("Models")
     wait_until(lambda: bool(models.library), 60)
-    _save(window, out, 2, "Models")
+    import tempfile
+
+    from desktop.ui.screenshot_hub import save_models
+
+    with tempfile.TemporaryDirectory(prefix="switchyard-shots-") as scratch:
+        if save_models(window, out, Path(scratch), wait_until, _grab) is None:
+            _save(window, out, 2, "Models")
 
     recommend = window.show_page("Recommend")
     recommend.compute()

@@ -676,6 +676,8 @@ def quick_verdict(engine: str, weights_bytes: int, config: dict[str, Any] | None
         return "yes" if gpus and need <= min(budget, gpu_free) else "no"
     if gpus and need <= gpu_free:
         return "yes"
+    if not gpus:  # a machine without a GPU runs every layer in RAM: that is the whole fit, not a partial one
+        return "yes" if need <= hardware.ram_available_bytes else "no"
     return "partial" if need <= gpu_free + hardware.ram_available_bytes else "no"
 
 
