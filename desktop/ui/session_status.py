@@ -11,14 +11,13 @@ from shiboken6 import isValid
 
 
 class SessionStatus:
-    """Mixed into EngineSession, which provides `manager`, `process`, `_watched`, the step flags (`busy`,
+    """Mixed into EngineSession, which provides `manager`, `process`, the step flags (`busy`,
     `switching`, `stopping`), `_last_status` and the `status_changed` signal."""
 
     manager: Any
     busy: bool
     switching: bool
     stopping: bool
-    _watched: Any
     _last_status: Any
     _requests_pending: bool
     request_log: Any
@@ -43,7 +42,7 @@ class SessionStatus:
         from desktop.core.serving.serve_status import serve_status
 
         serving, starting = self.engines()
-        return serve_status(serving, starting, self.process or self._watched, starting_asked=self.busy and
+        return serve_status(serving, starting, self.process, starting_asked=self.busy and
                             not self.switching, switching=self.switching, stopping=self.stopping)
 
     def publish_status(self) -> None:
