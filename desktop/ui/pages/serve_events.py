@@ -62,6 +62,8 @@ class ServeEvents:
         from desktop.core.serving.serve_status import notice_ends
 
         self.state_label.setText(status.line)
+        if status.action == "start":
+            self.switch_label.setText("")  # the last switch was of the engines a new start replaces
         ends, action = notice_ends(self.notice.action, status)
         if ends:
             self.notice.show_message("")
