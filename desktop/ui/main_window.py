@@ -73,11 +73,17 @@ class MainWindow(QMainWindow):
     def _factories(self) -> dict[str, Callable[[], QWidget]]:
         def machine() -> QWidget:
             from desktop.ui.pages.machine import MachinePage
-            return MachinePage()
+            page = MachinePage()
+            if hasattr(page, "download_requested"):  # "Download & serve" of the suggested first model
+                page.download_requested.connect(
+                    lambda spec: self.show_page("Models").download_spec(spec, serve_after=True))  # type: ignore[attr-defined]
+            return page
 
         def models() -> QWidget:
             from desktop.ui.pages.models import ModelsPage
-            return ModelsPage()
+            page = ModelsPage()
+            page.serve_requested.connect(self.serve_model)
+            return page
 
         def recommend() -> QWidget:
             from desktop.ui.pages.recommend import RecommendPage
@@ -131,6 +137,13 @@ class MainWindow(QMainWindow):
         """Serve a LaunchPlan (the Recommend page's, or a form's asks) on the Serve page."""
         serve = self.show_page("Serve")
         serve.launch(plan)  # type: ignore[attr-defined]
+
+    def serve_model(self, model: str, engine: str) -> None:
+        """Open the Serve page with a library model (a path or "demo") and its engine chosen, ready to start."""
+        serve = self.show_page("Serve")
+        choose = getattr(serve, "choose_model", None)
+        if choose is not None:
+            choose(model, engine)
 
     # --- menu ---
     def _build_menu(self) -> None:

@@ -1,11 +1,12 @@
 """Models: search the Hugging Face Hub, see a repo's variants with fit tags (GGUF → llama.cpp, safetensors →
-vLLM), download with progress / pause / resume / cancel, and the local library (desktop.core.hub)."""
+vLLM), download with progress / pause / resume / cancel, and the local library (desktop.core.hub) with Serve and
+Delete (models_library.py). A finished download offers Serve now; serve_requested hands a model to the Serve page."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -14,6 +15,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
+    QMessageBox,
     QProgressBar,
     QPushButton,
     QSplitter,
@@ -23,6 +25,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.core.hub.library_view import LibraryRow, delete_question, engine_for
+from desktop.core.hub.names import display_name
+from desktop.ui.pages.models_library import LibraryPanel, local_library  # noqa: F401 - where callers look for it
 from desktop.ui.widgets import Notice
 from desktop.ui.workers import submit
 
@@ -50,34 +55,18 @@ def _fill(table: QTableWidget, rows: list[list[str]]) -> None:
             table.setItem(r, c, QTableWidgetItem(value))
 
 
-def local_library() -> list[Any]:
-    """The models on disk plus the embedded demo model pair (always available)."""
-    from desktop.core.hub import list_local
-    from desktop.core.models.demo import ensure_demo_model
-
-    demo = ensure_demo_model()
-    rows: list[Any] = [
-        {"name": "demo (llama.cpp)", "format": "gguf", "quantization": "F32",
-         "size_bytes": demo.gguf_path.stat().st_size, "path": str(demo.gguf_path)},
-        {"name": "demo (vLLM)", "format": "safetensors", "quantization": "F32",
-         "size_bytes": (demo.hf_dir / "model.safetensors").stat().st_size, "path": str(demo.hf_dir)},
-    ]
-    for model in list_local():
-        rows.append({"name": model.name, "format": model.format, "quantization": model.quantization or "",
-                     "size_bytes": model.size_bytes, "path": str(model.path)})
-    return rows
-
-
 class ModelsPage(QWidget):
     title = "Models"
+    serve_requested = Signal(str, str)  # (model as the Serve form takes it: a path or "demo", engine)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.hits: list[Any] = []
         self.variants: Any = None
         self.control: Any = None
-        self.library: list[Any] = []
         self.downloading = False
+        self.serve_after = False  # serve the download when it finishes (the Machine page's "Download & serve")
+        self.downloaded: tuple[str, str] | None = None  # (path, engine) of the last finished download
 
         self.query = QLineEdit()
         self.query.setPlaceholderText("Search the Hugging Face Hub, e.g. qwen2.5 0.5b instruct")
@@ -114,6 +103,14 @@ class ModelsPage(QWidget):
         self.progress = QProgressBar()
         self.progress.setAccessibleName("Download progress")
         self.progress_label = QLabel("")
+        self.serve_now_button = QPushButton("Serve &now")
+        self.serve_now_button.setAccessibleName("Serve the downloaded model")
+        self.serve_now_button.setToolTip("Open the Serve page with the model just downloaded")
+        self.serve_now_button.setEnabled(False)
+        self.serve_now_button.clicked.connect(self.serve_downloaded)
+        label_row = QHBoxLayout()
+        label_row.addWidget(self.progress_label, 1)
+        label_row.addWidget(self.serve_now_button)
         download_row = QHBoxLayout()
         for widget in (self.download_button, self.pause_button, self.cancel_button):
             download_row.addWidget(widget)
@@ -128,34 +125,38 @@ class ModelsPage(QWidget):
         split.addWidget(self.variants_table)
         hub_layout.addWidget(split, 1)
         hub_layout.addLayout(download_row)
-        hub_layout.addWidget(self.progress_label)
-
-        self.library_table = _table(["Model", "Format", "Quantization", "Size", "Path"], "Local library")
-        self.refresh_button = QPushButton("&Refresh library")
-        self.refresh_button.clicked.connect(self.refresh_library)
-        library_box = QGroupBox("On this machine")
-        library_layout = QVBoxLayout(library_box)
-        library_layout.addWidget(self.library_table)
-        library_layout.addWidget(self.refresh_button, 0, Qt.AlignmentFlag.AlignLeft)
+        hub_layout.addLayout(label_row)
 
         self.notice = Notice()
+        self.library_box = LibraryPanel(self.notice, lambda row: self.confirm_delete(row))
+        self.library_box.serve_requested.connect(self.serve_requested)
+        self.library_table = self.library_box.table
+        self.refresh_button = self.library_box.refresh_button
+
         layout = QVBoxLayout(self)
         layout.addWidget(self.notice)
         layout.addWidget(hub_box, 3)
-        layout.addWidget(library_box, 2)
+        layout.addWidget(self.library_box, 2)
         self.refresh_library()
 
     # --- library ---
+    @property
+    def library(self) -> list[LibraryRow]:
+        return self.library_box.rows
+
     def refresh_library(self) -> None:
-        submit(local_library, on_finished=self.show_library, on_error=lambda m: self.notice.show_message(m, "error"))
+        self.library_box.refresh()
 
-    def show_library(self, rows: list[Any]) -> None:
-        self.library = rows
-        from desktop.ui.widgets import quant_label
+    def show_library(self, rows: list[LibraryRow]) -> None:
+        self.library_box.show_rows(rows)
 
-        _fill(self.library_table, [[r["name"], r["format"], quant_label(r["quantization"] or None),
-                                    f"{r['size_bytes'] / GIB:.2f} GiB",
-                                    r["path"]] for r in rows])
+    def confirm_delete(self, row: LibraryRow) -> bool:
+        """Ask before a Delete, saying the disk it frees (tests replace this)."""
+        title = "Forget this model?" if row["forget_only"] else "Delete this model?"
+        answer = QMessageBox.question(self, title, delete_question(row),
+                                      QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                                      QMessageBox.StandardButton.No)
+        return answer == QMessageBox.StandardButton.Yes
 
     # --- search ---
     def search(self) -> None:
@@ -202,14 +203,27 @@ class ModelsPage(QWidget):
         rows = self.variants_table.selectionModel().selectedRows()
         if not rows or self.variants is None:
             return
+        variant = self.variants.variants[rows[0].row()]
+        self.download_spec(f"{self.variants.repo_id}:{variant.name}")
+
+    def download_spec(self, spec: str, serve_after: bool = False) -> None:
+        """Download "org/name:VARIANT" into the Hub cache; with serve_after, serve it when it is done (the
+        Machine page's "Download & serve" comes here)."""
         from desktop.core.hub import DownloadControl
 
-        variant = self.variants.variants[rows[0].row()]
-        spec = f"{self.variants.repo_id}:{variant.name}"
+        if self.downloading:
+            self.notice.show_message(f"A download is running: wait for it or cancel it, then download {spec}.",
+                                     "warning")
+            return
         self.control = DownloadControl()
         self.downloading = True
+        self.serve_after = serve_after
+        self.downloaded = None
+        self.serve_now_button.setEnabled(False)
         self._set_download_controls(True)
-        self.progress_label.setText(f"Downloading {spec}…")
+        self.progress.setValue(0)
+        then = " and then serving it" if serve_after else ""
+        self.progress_label.setText(f"Downloading {spec}{then}…")
         submit(_pull, spec, self.control, on_progress=self.show_progress, on_finished=self.download_done,
                on_error=self.download_failed)
 
@@ -237,16 +251,30 @@ class ModelsPage(QWidget):
     def download_done(self, result: Any) -> None:
         self.downloading = False
         self._set_download_controls(False)
-        self.progress.setValue(self.progress.maximum())
-        self.progress_label.setText(f"Downloaded to {getattr(result, 'path', '')}")
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(1000)
+        path = str(result.path)
+        self.downloaded = (path, engine_for(result.path))
+        self.progress_label.setText(f"Downloaded to this machine: {display_name(path)}")
+        self.progress_label.setToolTip(path)
+        self.serve_now_button.setEnabled(True)
         self.refresh_library()
+        if self.serve_after:
+            self.serve_after = False
+            self.serve_downloaded()
+
+    def serve_downloaded(self) -> None:
+        if self.downloaded is not None:
+            self.serve_requested.emit(*self.downloaded)
 
     def download_failed(self, message: str) -> None:
         self.downloading = False
+        self.serve_after = False
         self._set_download_controls(False)
         self.progress_label.setText(message)
 
     def _set_download_controls(self, active: bool) -> None:
+        self.download_button.setEnabled(not active and bool(self.variants_table.selectedItems()))
         self.pause_button.setEnabled(active)
         self.cancel_button.setEnabled(active)
         if not active:
