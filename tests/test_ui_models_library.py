@@ -170,3 +170,60 @@ def test_demo_rows_cannot_be_deleted(window, qtbot, monkeypatch) -> None:  # typ
         page.library_box.delete_selected()  # even when called directly: nothing happens
         assert not page.library_box.deleting
     assert page.library_box.serve_button.isEnabled()
+
+
+def test_freed_bytes_leave_out_a_blob_another_snapshot_links(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two revisions of one repo share a GGUF blob: deleting the Q8_0 only one revision has frees its own blob
+    (the disk hub.delete then really frees); the Q4_K_M blob both link frees nothing and stays."""
+    from desktop.core.hub import delete, list_local
+    from desktop.core.hub.library_view import freed_bytes
+
+    cache_root = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache_root))
+    storage = cache_root / "models--omega-org--omega-GGUF"
+    (storage / "blobs").mkdir(parents=True)
+    shared, own = b"s" * 5_000, b"o" * 7_000
+    (storage / "blobs" / ("a" * 64)).write_bytes(shared)
+    (storage / "blobs" / ("b" * 64)).write_bytes(own)
+    old, new = "1" * 40, "2" * 40
+    for commit, links in ((old, {"omega-Q4_K_M.gguf": "a", "omega-Q8_0.gguf": "b"}), (new, {"omega-Q4_K_M.gguf": "a"})):
+        folder = storage / "snapshots" / commit
+        folder.mkdir(parents=True)
+        for name, blob in links.items():
+            (folder / name).symlink_to(f"../../blobs/{blob * 64}")
+    (storage / "refs").mkdir()
+    (storage / "refs" / "main").write_text(new)
+
+    models = {(m.commit, m.quantization): m for m in list_local(cache_root)}
+    older_q4, older_q8 = models[(old, "Q4_K_M")], models[(old, "Q8_0")]
+    assert freed_bytes(older_q4, cache_root) == 0  # its blob is the newer revision's too
+    assert freed_bytes(older_q8, cache_root) == len(own)
+    result = delete(older_q8.name, cache_dir=cache_root)
+    assert result.freed_bytes == len(own)
+    assert (storage / "blobs" / ("a" * 64)).read_bytes() == shared and not (storage / "blobs" / ("b" * 64)).exists()
+
+
+def test_delete_of_a_path_the_user_added_forgets_it_and_keeps_its_file(window, qtbot, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]  # noqa: E501, F811
+    from fakehub import write_tiny_gguf
+
+    from desktop.core.hub import add_path
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    mine = write_tiny_gguf(tmp_path / "mine" / "mine-Q4_K_M.gguf", n_bytes=50_000, seed=5)
+    content = mine.read_bytes()
+    add_path(mine)
+    page = window.show_page("Models")
+    qtbot.waitUntil(lambda: "mine-Q4_K_M.gguf" in _names(page), timeout=60_000)
+    asked = []
+    page.confirm_delete = lambda row: asked.append(row) or True
+    _select(page, "mine-Q4_K_M.gguf")
+    assert page.library_box.delete_button.isEnabled()
+    page.library_box.delete_button.click()
+    qtbot.waitUntil(lambda: "mine-Q4_K_M.gguf" not in _names(page) and not page.library_box.deleting, timeout=30_000)
+    from desktop.core.hub.library_view import delete_question
+
+    (row,) = asked
+    assert row["forget_only"] and row["freed_bytes"] == 0
+    assert "Forget" in delete_question(row) and "nothing is deleted" in delete_question(row)
+    assert mine.read_bytes() == content  # forgotten, not deleted
+    assert page.notice.text().startswith("Forgot mine-Q4_K_M.gguf"), page.notice.text()
