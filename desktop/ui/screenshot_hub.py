@@ -2,8 +2,8 @@
 screenshot run has no network, and the Models page should show what a person sees: search results, a repo's
 variants with their fit chips, and a download in progress.
 
-The listed repos are named as on the real Hub, with their files' sizes as the real Hub lists them (rounded, read
-off huggingface.co in 2026); only the small repo being downloaded has real bytes (a tiny generated GGUF, sent
+The listed repos are named as on the real Hub, with their files' sizes about as the real Hub lists them (rounded,
+approximate); only the small repo being downloaded has real bytes (a tiny generated GGUF, sent
 slowly so the shot catches it part-way). Used only by `switchyard gui --screenshots` from a checkout."""
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ LISTED = {  # repo -> {file: size in bytes}: sizes only, never downloaded in the
                                       "qwen2.5-7b-instruct-q5_k_m.gguf": int(5.44 * GB),
                                       "qwen2.5-7b-instruct-q8_0.gguf": int(8.10 * GB),
                                       "qwen2.5-7b-instruct-fp16.gguf": int(15.2 * GB)},
+    "Qwen/Qwen2.5-14B-Instruct-GGUF": {"qwen2.5-14b-instruct-q4_k_m.gguf": int(8.99 * GB),
+                                       "qwen2.5-14b-instruct-q6_k.gguf": int(12.1 * GB),
+                                       "qwen2.5-14b-instruct-q8_0.gguf": int(15.7 * GB),
+                                       "qwen2.5-14b-instruct-fp16.gguf": int(29.5 * GB)},
     "Qwen/Qwen2.5-32B-Instruct-GGUF": {"qwen2.5-32b-instruct-q4_k_m.gguf": int(19.9 * GB),
                                        "qwen2.5-32b-instruct-q8_0.gguf": int(34.8 * GB)},
     "bartowski/Llama-3.2-3B-Instruct-GGUF": {"Llama-3.2-3B-Instruct-Q4_K_M.gguf": int(2.02 * GB),
@@ -48,7 +52,7 @@ def stand_in_hub(scratch: Path) -> Iterator[Any]:
     with fakehub.FakeHub() as hub:
         for index, (repo, files) in enumerate(LISTED.items()):
             added = hub.add_repo(repo, {name: b"GGUF" for name in files}, tags=["gguf"],
-                                 downloads=(3 - index) * 120_000)
+                                 downloads=(4 - index) * 120_000)
             for name, size in files.items():  # the listing's sizes; these files are never fetched
                 added.files[name].size = size
         tiny = fakehub.write_tiny_gguf(scratch / "src" / "tiny-chat-Q4_K_M.gguf", n_bytes=4_000_000)
@@ -68,7 +72,7 @@ def stand_in_hub(scratch: Path) -> Iterator[Any]:
 
 def save_models(window: Any, out: Path, scratch: Path, wait_until: Callable[..., bool],
                 grab: Callable[[Any, Path], Path]) -> Path | None:
-    """2-models.png: results for "gguf", the 7B repo's variants with fit chips, and the tiny repo's
+    """2-models.png: results for "gguf", the 14B repo's variants with fit chips, and the tiny repo's
     download part-way (cancelled after the shot)."""
     models = window.show_page("Models")
     with stand_in_hub(scratch):
@@ -85,10 +89,11 @@ def save_models(window: Any, out: Path, scratch: Path, wait_until: Callable[...,
             models.variants_table.selectRow(0)
             models.download()
             wait_until(lambda: models.progress.value() > 30, 60)
-        seven = next(r for r in range(models.hits_table.rowCount())
-                     if models.hits_table.item(r, 0).text().startswith("Qwen/Qwen2.5-7B"))
-        models.hits_table.selectRow(seven)
+        shown = next(r for r in range(models.hits_table.rowCount())
+                     if models.hits_table.item(r, 0).text().startswith("Qwen/Qwen2.5-14B"))
+        models.hits_table.selectRow(shown)
         wait_until(lambda: models.variants_table.rowCount() >= 4, 30)
+        models.variants_table.clearSelection()  # the fit chips in their colours
         wait_until(lambda: False, 0.4)
         path = grab(window, out / "2-models.png")
         models.cancel()

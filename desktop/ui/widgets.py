@@ -21,10 +21,13 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
     QSizePolicy,
+    QTableWidget,
+    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
@@ -327,3 +330,33 @@ def muted(color: QColor) -> QColor:
     c = QColor(color)
     c.setAlphaF(0.6)
     return c
+
+
+def size_text(n_bytes: float) -> str:
+    """A size people read at a glance: "4.36 GiB", "3.8 MiB", "900 KiB" (a tiny file is not "0.00 GiB")."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.2f} {unit}" if unit == "GiB" else f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes / 1024:.0f} KiB"
+
+
+FIT_CHIPS = {"yes": ("#d9f2d9", "#1d6b1d"), "partial": ("#fcebc9", "#8a5a00"),
+             "experts-in-ram": ("#fcebc9", "#8a5a00"), "no": ("#f7d6d6", "#a12020"), "unknown": ("#e6e6e6", "#555555")}
+
+
+def fit_chip(item: QTableWidgetItem, fit: str) -> QTableWidgetItem:
+    """Colour a fit cell like a chip (green fits, amber partial, red won't fit), so the answer reads at a glance."""
+    background, foreground = FIT_CHIPS.get(fit, FIT_CHIPS["unknown"])
+    item.setBackground(QColor(background))
+    item.setForeground(QColor(foreground))
+    item.setTextAlignment(Qt.AlignmentFlag.AlignCenter)
+    return item
+
+
+def fit_columns(table: QTableWidget, stretch: int = 0) -> None:
+    """Columns as wide as what they hold, column `stretch` taking what is left: no name cut to "ariai"."""
+    header = table.horizontalHeader()
+    for column in range(table.columnCount()):
+        header.setSectionResizeMode(column, QHeaderView.ResizeMode.Stretch if column == stretch
+                                    else QHeaderView.ResizeMode.ResizeToContents)
+

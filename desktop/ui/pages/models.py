@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 from desktop.core.hub.library_view import LibraryRow, delete_question, engine_for
 from desktop.core.hub.names import display_name
 from desktop.ui.pages.models_library import LibraryPanel, local_library  # noqa: F401 - where callers look for it
-from desktop.ui.widgets import Notice
+from desktop.ui.widgets import Notice, fit_chip, fit_columns, size_text
 from desktop.ui.workers import submit
 
 GIB = 1024**3
@@ -123,6 +123,9 @@ class ModelsPage(QWidget):
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.hits_table)
         split.addWidget(self.variants_table)
+        split.setSizes([540, 500])
+        fit_columns(self.hits_table)
+        fit_columns(self.variants_table, stretch=5)
         hub_layout.addWidget(split, 1)
         hub_layout.addLayout(download_row)
         hub_layout.addLayout(label_row)
@@ -194,9 +197,11 @@ class ModelsPage(QWidget):
     def show_variants(self, variants: Any) -> None:
         self.variants = variants
         self.notice.show_message("")
-        _fill(self.variants_table, [[v.name, v.engine, v.quantization or v.dtype or "", f"{v.size_bytes / GIB:.2f} GiB",
+        _fill(self.variants_table, [[v.name, v.engine, v.quantization or v.dtype or "", size_text(v.size_bytes),
                                      FIT_LABELS.get(v.fit, v.fit), "★ recommended" if v.recommended else ""]
                                     for v in variants.variants])
+        for row, variant in enumerate(variants.variants):
+            fit_chip(self.variants_table.item(row, 4), variant.fit)
 
     # --- downloads ---
     def download(self) -> None:
@@ -231,8 +236,8 @@ class ModelsPage(QWidget):
         self.progress.setRange(0, 1000)
         self.progress.setValue(int(progress.fraction * 1000))
         eta = f", {progress.eta_s:.0f} s left" if progress.eta_s else ""
-        self.progress_label.setText(f"{progress.state}: {progress.done_bytes / GIB:.2f} of "
-                                    f"{progress.total_bytes / GIB:.2f} GiB at {progress.speed_bps / 1024**2:.1f} MiB/s{eta}")
+        self.progress_label.setText(f"{progress.state}: {size_text(progress.done_bytes)} of "
+                                    f"{size_text(progress.total_bytes)} at {progress.speed_bps / 1024**2:.1f} MiB/s{eta}")
 
     def toggle_pause(self, paused: bool) -> None:
         if self.control is None:

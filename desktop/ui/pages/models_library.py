@@ -12,7 +12,6 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QGroupBox,
     QHBoxLayout,
-    QHeaderView,
     QPushButton,
     QTableWidget,
     QTableWidgetItem,
@@ -21,7 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.core.hub.library_view import DEMO_CANNOT_DELETE, ENGINE_LABELS, LibraryRow, human_bytes
-from desktop.ui.widgets import Notice, quant_label
+from desktop.ui.widgets import Notice, fit_columns, quant_label, size_text
 from desktop.ui.workers import submit
 
 GIB = 1024**3
@@ -58,7 +57,7 @@ class LibraryPanel(QGroupBox):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        fit_columns(self.table, stretch=0)
         self.table.verticalHeader().setVisible(False)
         self.table.setAccessibleName("Local library")
         self.table.itemSelectionChanged.connect(self._update_buttons)
@@ -91,7 +90,7 @@ class LibraryPanel(QGroupBox):
         self.rows = rows
         self.table.setRowCount(len(rows))
         for r, row in enumerate(rows):
-            cells = [row["name"], quant_label(row["quantization"] or None), f"{row['size_bytes'] / GIB:.2f} GiB",
+            cells = [row["name"], quant_label(row["quantization"] or None), size_text(row['size_bytes']),
                      ENGINE_LABELS[row["engine"]], row["notes"], row["path"]]
             for c, value in enumerate(cells):
                 item = QTableWidgetItem(value)
