@@ -23,6 +23,10 @@ class _State(Enum):
 class _Adapter:
     display_name: str
 
+    @property
+    def name(self) -> str:  # the registry's key, as the adapters name themselves
+        return "llama.cpp" if self.display_name.startswith("llama.cpp") else "vllm"
+
 
 @dataclass
 class _Cold:
@@ -66,8 +70,9 @@ def test_a_switch_says_switching_while_it_runs_and_serving_once_it_is_done() -> 
     assert during.word == "switching" and during.action == "switch"
     assert during.line == "serving: llama.cpp · starting: vLLM 23 s, weights"
     assert during.status_bar == "Engine: switching (serving: llama.cpp · starting: vLLM 23 s, weights)"
+    assert during.engine == "llama.cpp"  # the form's engine box names the one serving until the hand-over
     after = serve_status(_Process(VLLM), None)
-    assert after.status_bar == "Engine: serving: vLLM" and after.action is None
+    assert after.status_bar == "Engine: serving: vLLM" and after.action is None and after.engine == "vllm"
 
 
 def test_hybrid_standby_start_is_its_own_step_and_its_notice_ends_with_it() -> None:

@@ -340,6 +340,8 @@ def size_text(n_bytes: float) -> str:
     return f"{n_bytes / 1024:.0f} KiB"
 
 
+FIT_LABELS = {"yes": "fits", "partial": "partial (CPU offload)", "experts-in-ram": "partial (experts in RAM)",
+              "no": "won't fit", "unknown": "unknown"}
 FIT_CHIPS = {"yes": ("#d9f2d9", "#1d6b1d"), "partial": ("#fcebc9", "#8a5a00"),
              "experts-in-ram": ("#fcebc9", "#8a5a00"), "no": ("#f7d6d6", "#a12020"), "unknown": ("#e6e6e6", "#555555")}
 

@@ -26,6 +26,7 @@ class ServeStatus:
     serving: str | None  # the engine answering requests now ("llama.cpp"), if any
     starting: str | None  # the engine being started, if any
     action: str | None  # the step in progress (ACTIONS), None when nothing is underway
+    engine: str | None = None  # the serving engine's adapter name ("vllm"), for the form's engine box
 
     @property
     def status_bar(self) -> str:
@@ -59,11 +60,12 @@ def serve_status(serving: Any, starting: Any, shown: Any = None, *, starting_ask
     from desktop.core.runtime.supervisor import PHASE_BY_KEY
 
     parts: list[str] = []
-    serving_name = starting_name = None
+    serving_name = starting_name = engine = None
     if serving is not None:
         state = serving.state.value
         parts.append(f"serving: {engine_short(serving)}" if state == "ready" else f"{state}: {engine_short(serving)}")
         serving_name = engine_short(serving) if state == "ready" else None
+        engine = str(serving.adapter.name) if state == "ready" else None
     if starting is not None and starting.is_running():
         phase = starting.cold_start.current_phase()
         label = PHASE_BY_KEY[phase].label if phase else "ready"
@@ -73,15 +75,16 @@ def serve_status(serving: Any, starting: Any, shown: Any = None, *, starting_ask
         parts.append(f"{shown.state.value}: {engine_short(shown)}")
     line = " · ".join(parts) or "stopped"
     if stopping:
-        return ServeStatus("stopping", line, serving_name, starting_name, "stop")
+        return ServeStatus("stopping", line, serving_name, starting_name, "stop", engine)
     if switching:
-        return ServeStatus("switching", line, serving_name, starting_name, "switch")
+        return ServeStatus("switching", line, serving_name, starting_name, "switch", engine)
     if starting_asked:
-        return ServeStatus("starting", line, serving_name, starting_name, "start")
+        return ServeStatus("starting", line, serving_name, starting_name, "start", engine)
     if starting_name is not None:  # hybrid mode bringing in its standby, or a crash failover's restart
-        return ServeStatus("serving" if serving_name else "starting", line, serving_name, starting_name, "standby")
+        return ServeStatus("serving" if serving_name else "starting", line, serving_name, starting_name, "standby",
+                           engine)
     if serving_name is not None:
-        return ServeStatus("serving", line, serving_name, None, None)
+        return ServeStatus("serving", line, serving_name, None, None, engine)
     word = shown.state.value if shown is not None and shown.state.value in ("crashed", "stopped") else "stopped"
     if serving is not None and serving_name is None:
         word = serving.state.value

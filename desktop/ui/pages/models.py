@@ -28,12 +28,10 @@ from PySide6.QtWidgets import (
 from desktop.core.hub.library_view import LibraryRow, delete_question, engine_for
 from desktop.core.hub.names import display_name
 from desktop.ui.pages.models_library import LibraryPanel, local_library  # noqa: F401 - where callers look for it
-from desktop.ui.widgets import Notice, fit_chip, fit_columns, size_text
+from desktop.ui.widgets import FIT_LABELS, Notice, fit_chip, fit_columns, size_text
 from desktop.ui.workers import submit
 
 GIB = 1024**3
-FIT_LABELS = {"yes": "fits", "partial": "partial (CPU offload)", "experts-in-ram": "partial (experts in RAM)",
-              "no": "won't fit", "unknown": "unknown"}
 
 
 def _table(headers: list[str], name: str) -> QTableWidget:
@@ -201,7 +199,9 @@ class ModelsPage(QWidget):
                                      FIT_LABELS.get(v.fit, v.fit), "★ recommended" if v.recommended else ""]
                                     for v in variants.variants])
         for row, variant in enumerate(variants.variants):
-            fit_chip(self.variants_table.item(row, 4), variant.fit)
+            cell = self.variants_table.item(row, 4)
+            if cell is not None:
+                fit_chip(cell, variant.fit)
 
     # --- downloads ---
     def download(self) -> None:

@@ -112,6 +112,21 @@ class ServePage(ServeEvents, QWidget):
         self.session.start(plan)
         self._update_buttons()
 
+    def choose_model(self, model: str, engine: str | None = None) -> None:
+        """A model chosen elsewhere (the Models page's Serve or Serve now): its engine and the model picked in the
+        form, ready to Start (nothing starts by itself)."""
+        if engine:
+            self.engine_box.setCurrentIndex(self.engine_box.findData(engine))
+        self.model_edit.setText(model)
+        self.model_edit.refresh(self.launch_form.engine_choice())  # lists a fresh download; keeps the choice
+        self.notice.show_message(f"{display_name(model)} chosen: Start serves it on {self.launch_form.engine()}")
+
+    def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        """Read the library again when the page comes into view: a download may have finished meanwhile."""
+        super().showEvent(event)
+        if not self.model_edit.loading:
+            self.model_edit.refresh(self.launch_form.engine_choice())
+
     def start_clicked(self) -> None:
         if self.launch_form.hybrid():
             self.launch_hybrid()

@@ -25,6 +25,7 @@ class ServeEvents:
     endpoint_state: str
     samples_received: int
     _serving_source: str | None
+    _shown_engine: str | None = None  # the serving engine the engine box was last set to
     engine_ready: Any
 
     def refresh_live(self) -> None:
@@ -64,6 +65,9 @@ class ServeEvents:
         self.state_label.setText(status.line)
         if status.action == "start":
             self.switch_label.setText("")  # the last switch was of the engines a new start replaces
+        if status.engine and status.engine != self._shown_engine and not self._hybrid_running():
+            self.engine_box.setCurrentIndex(self.engine_box.findData(status.engine))  # the box names what serves
+        self._shown_engine = status.engine
         ends, action = notice_ends(self.notice.action, status)
         if ends:
             self.notice.show_message("")
@@ -117,9 +121,6 @@ class ServeEvents:
 
     def on_switched(self, result: Any) -> None:
         self.refresh_live()
-        process = self.session.process
-        if process is not None:  # the engine box names what serves now (it kept the old one during the switch)
-            self.engine_box.setCurrentIndex(self.engine_box.findData(process.adapter.name))
         self.switch_label.setText(switched_text(result))
         self._update_buttons()
         self._preview_switch()

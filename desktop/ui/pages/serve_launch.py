@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QLineEdit, QPushBu
 from desktop.core.common.defaults import DEFAULT_CTX_PER_REQUEST, DEFAULT_SLOTS
 from desktop.core.common.errors import SwitchyardError
 from desktop.ui.engine_session import engine_choices
+from desktop.ui.model_picker import ModelPicker
 
 HYBRID = "auto"  # the engine list's hybrid entry (`serve --engine auto`)
 
@@ -65,10 +66,8 @@ class LaunchForm(QWidget):
                                     "when sustained load passes this machine's crossover, and retired when idle",
                                     Qt.ItemDataRole.ToolTipRole)
         self.engine_box.setAccessibleName("Engine")
-        self.model_edit = QLineEdit("demo")
-        self.model_edit.setAccessibleName("Model")
-        self.model_edit.setMinimumWidth(64)  # "demo" stays readable when the row is crowded (it was cut to "emo")
-        self.model_edit.setToolTip("`demo`, a GGUF file (llama.cpp) or a Hugging Face folder (vLLM)")
+        self.model_edit = ModelPicker()  # the library's models with their fit; a typed path still works
+        self.engine_box.currentIndexChanged.connect(lambda _index: self.model_edit.refresh(self.engine_choice()))
         self.ctx_spin = QSpinBox()
         self.ctx_spin.setRange(256, 1_048_576)
         self.ctx_spin.setSingleStep(1024)
@@ -110,6 +109,10 @@ class LaunchForm(QWidget):
 
     def model(self) -> str:
         return self.model_edit.text().strip() or "demo"
+
+    def engine_choice(self) -> str:
+        """The engine box's entry as the picker filters by it: an engine's name, or "auto" (hybrid)."""
+        return str(self.engine_box.currentData())
 
     def engine(self) -> str:
         """The engine the form names (hybrid mode starts on llama.cpp: its plan is the one to export)."""
