@@ -3,16 +3,17 @@ it (HTTP, streamed), so what the user sees is what their own client gets.
 
 The request runs in a worker (`desktop.core.measure.chat.ChatStream`); each piece of text arrives as a progress
 signal on the GUI thread; Stop closes the connection. The conversation is kept for follow-up questions; Clear
-starts over.
+starts over. The transcript is Markdown rendered by Qt (QTextDocument.setMarkdown: headings, lists, code blocks),
+drawn again as the answer streams in; Copy puts the last answer's raw Markdown on the clipboard and Regenerate asks
+the last question again in place of its answer.
 """
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QKeySequence, QShortcut, QTextCursor
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QHBoxLayout,
@@ -42,6 +43,7 @@ class ChatPane(QWidget):
         self.stream: Any = None  # the ChatStream running now
         self.last_answer: Any = None
         self._reply: list[str] = []
+        self.turns: list[tuple[str, str]] = []  # (who, Markdown) as the transcript shows them
 
         self.system_edit = QLineEdit(DEFAULT_SYSTEM)
         self.system_edit.setAccessibleName("System prompt")
@@ -78,6 +80,17 @@ class ChatPane(QWidget):
         self.clear_button = QPushButton("C&lear")
         self.clear_button.setToolTip("Forget the conversation")
         self.clear_button.clicked.connect(self.clear)
+        self.copy_button = QPushButton("Cop&y answer")
+        self.copy_button.setToolTip("Put the last answer, as the model wrote it (Markdown), on the clipboard")
+        self.copy_button.clicked.connect(self.copy_answer)
+        self.regenerate_button = QPushButton("&Regenerate")
+        self.regenerate_button.setToolTip("Ask the last question again; the new answer replaces the last one")
+        self.regenerate_button.clicked.connect(self.regenerate)
+        self.note_label = QLabel("")  # e.g. the demo's weights are random: its answers are noise
+        self.note_label.setObjectName("chatNote")
+        self.note_label.setStyleSheet("color: #8a5a00;")
+        self.note_label.setAccessibleName("About this model's answers")
+        self.note_label.hide()
         for keys in ("Ctrl+Return", "Ctrl+Enter"):
             shortcut = QShortcut(QKeySequence(keys), self.input)
             shortcut.setContext(Qt.ShortcutContext.WidgetShortcut)
@@ -89,6 +102,10 @@ class ChatPane(QWidget):
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
         buttons.addWidget(self.clear_button)
+        answer_row = QHBoxLayout()
+        answer_row.addWidget(self.stats_label, 1)
+        answer_row.addWidget(self.copy_button)
+        answer_row.addWidget(self.regenerate_button)
         entry = QHBoxLayout()
         entry.addWidget(self.input, 1)
         entry.addLayout(buttons)
@@ -96,8 +113,9 @@ class ChatPane(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(settings)
+        layout.addWidget(self.note_label)
         layout.addWidget(self.transcript, 1)
-        layout.addWidget(self.stats_label)
+        layout.addLayout(answer_row)
         layout.addLayout(entry)
         self._update()
 
@@ -119,6 +137,11 @@ class ChatPane(QWidget):
         if self.transcript.placeholderText() != text:
             self.transcript.setPlaceholderText(text)
 
+    def set_note(self, note: str | None) -> None:
+        """A line over the transcript about what answers (the demo: "random weights: its answers are noise")."""
+        self.note_label.setText(note or "")
+        self.note_label.setVisible(bool(note))
+
     @property
     def answering(self) -> bool:
         return self.stream is not None
@@ -127,6 +150,9 @@ class ChatPane(QWidget):
         self.send_button.setEnabled(self.base_url is not None and not self.answering)
         self.stop_button.setEnabled(self.answering)
         self.clear_button.setEnabled(not self.answering and bool(self.messages))
+        has_answer = bool(self.messages) and self.messages[-1]["role"] == "assistant"
+        self.copy_button.setEnabled(has_answer)
+        self.regenerate_button.setEnabled(has_answer and self.base_url is not None and not self.answering)
 
     # --- actions ---
     def send(self, text: str | None = None) -> bool:
@@ -140,8 +166,8 @@ class ChatPane(QWidget):
         self.messages.append({"role": "user", "content": question})
         system = self.system_edit.text().strip()
         request = ([{"role": "system", "content": system}] if system else []) + self.messages
-        self._append_block("You", question)
-        self._append_block(self.model or "Model", "")
+        self.turns += [("You", question), (self.model or "Model", "")]
+        self._render()
         self._reply = []
         self.stats_label.setText("waiting for the first token…")
         stream = ChatStream(self.base_url, request, model=self.model, temperature=self.temperature_spin.value(),
@@ -156,10 +182,25 @@ class ChatPane(QWidget):
             self.stream.stop()
             self.stats_label.setText("stopping…")
 
+    def copy_answer(self) -> None:
+        """The last answer as the model wrote it (Markdown source, not the rendered text) to the clipboard."""
+        if self.messages and self.messages[-1]["role"] == "assistant":
+            QGuiApplication.clipboard().setText(self.messages[-1]["content"])
+
+    def regenerate(self) -> bool:
+        """Ask the last question again; its old answer leaves the conversation and the transcript."""
+        if self.answering or len(self.messages) < 2 or self.messages[-1]["role"] != "assistant":
+            return False
+        self.messages.pop()
+        question = self.messages.pop()["content"]
+        del self.turns[-2:]
+        return self.send(question)
+
     def clear(self) -> None:
         if self.answering:
             return
         self.messages.clear()
+        self.turns.clear()
         self.transcript.clear()
         self.stats_label.setText("")
         self._update()
@@ -171,11 +212,9 @@ class ChatPane(QWidget):
     # --- worker callbacks (GUI thread) ---
     def _on_text(self, text: Any) -> None:
         self._reply.append(str(text))
-        cursor = self.transcript.textCursor()
-        cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.insertText(str(text))
-        bar = self.transcript.verticalScrollBar()
-        bar.setValue(bar.maximum())
+        if self.turns:
+            self.turns[-1] = (self.turns[-1][0], "".join(self._reply))
+        self._render()
 
     def _on_answer(self, answer: Any) -> None:
         self.stream = None
@@ -192,8 +231,21 @@ class ChatPane(QWidget):
         self.stream = None
         self.messages.pop()  # the question got no answer
         self.stats_label.setText("")
-        self._append_block("Error", message)
+        if self.turns and not self.turns[-1][1]:
+            self.turns.pop()  # the empty answer that never came
+        self.turns.append(("Error", message))
+        self._render()
         self._update()
 
-    def _append_block(self, who: str, text: str) -> None:
-        self.transcript.append(f"<p><b>{html.escape(who)}:</b> {html.escape(text).replace(chr(10), '<br>')}</p>")
+    def _render(self) -> None:
+        """The conversation as Markdown, each turn under its speaker's name in bold; kept scrolled to the end."""
+        parts = []
+        for who, text in self.turns:
+            name = who.replace("*", "\\*").replace("_", "\\_")
+            if text.count("```") % 2:  # a code block still streaming: closed here so the next turn is not in it
+                text += "\n```"
+            parts.append(f"**{name}:**\n\n{text}" if text else f"**{name}:**")
+        self.transcript.setMarkdown("\n\n".join(parts))
+        bar = self.transcript.verticalScrollBar()
+        if bar is not None:
+            bar.setValue(bar.maximum())

@@ -40,21 +40,17 @@ def _save(window: Any, out: Path, index: int, name: str) -> Path:
 
 
 def save_requests_panel(window: Any, out: Path, index: str = "4b") -> Path:
-    """The Serve page with its Requests tab shown (the engine log's tab is the default), given more height."""
+    """The Serve page with its Requests tab shown (the tabs take the page's room below the state)."""
     serve = window.show_page("Serve")
     tabs = serve.bottom_tabs
     shown = tabs.currentIndex()
     tabs.setCurrentWidget(serve.requests_panel)
-    splitter = tabs.parentWidget()
-    sizes = splitter.sizes()
-    splitter.setSizes([sizes[0] - 220, sizes[1] + 220])
     serve.requests_panel.refresh()
     wait_until(lambda: False, 0.4)
     path = out / f"{index}-serve-requests.png"
     window.grab().save(str(path))
     print(f"saved {path}", file=sys.stderr, flush=True)
     tabs.setCurrentIndex(shown)
-    splitter.setSizes(sizes)
     return path
 
 
@@ -258,6 +254,7 @@ def _drive(window: Any, out: Path) -> None:
             wait_until(lambda: not compare.running, 600)
         wait_until(lambda: serve.samples_received > 20, 20)
         _anthropic_request(window.session.proxy.url)
+    serve.bottom_tabs.setCurrentWidget(serve.live)  # 4: the live charts of that traffic
     _save(window, out, 4, "Serve")
     if serve.endpoint_edit.text():
         save_requests_panel(window, out)
@@ -271,7 +268,7 @@ def _drive(window: Any, out: Path) -> None:
         wait_until(lambda: False, 0.4)
         window.grab().save(str(out / "4c-serve-chat.png"))
         print(f"saved {out / '4c-serve-chat.png'}", file=sys.stderr, flush=True)
-        serve.bottom_tabs.setCurrentWidget(serve.log_pane)
+        serve.bottom_tabs.setCurrentWidget(serve.live)  # the switch's hand-over marks on the charts
     if serve.endpoint_edit.text():
         save_switch_in_progress(window, out)
     window.session.stop()  # the A/B starts its own engines: nothing else should share the cores

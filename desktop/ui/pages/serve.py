@@ -7,14 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.hub.names import display_name
 from desktop.ui.engine_session import EngineSession, engine_choices
 from desktop.ui.pages.serve_charts import ServeCharts
 from desktop.ui.pages.serve_events import ServeEvents
+from desktop.ui.pages.serve_headline import Headline
 from desktop.ui.pages.serve_launch import HYBRID, LaunchForm, form_plan, plan_for_form, prepared_text
 from desktop.ui.pages.serve_state import (
     ServeState,
@@ -65,23 +66,19 @@ class ServePage(ServeEvents, QWidget):
         self.live = ServeCharts()
         self.board, self.charts, self.pause_box = self.live.board, self.live.charts, self.live.pause_box
 
-        upper = QWidget()
-        upper_layout = QVBoxLayout(upper)
-        upper_layout.setContentsMargins(0, 0, 0, 0)
-        upper_layout.addWidget(form)
-        upper_layout.addWidget(view)
-        upper_layout.addWidget(self.live, 1)
-        splitter = QSplitter(Qt.Orientation.Vertical)
-        splitter.addWidget(upper)
-        # --- tabs: engine log, requests, chat, models ---
+        self.headline = Headline()  # tokens/s, TTFT p50, in flight: the figures a person checks first
+
+        # --- tabs: chat (first, with room), the charts, engine log, requests, models ---
         self.bottom_tabs = ServeTabs(session, self.model_state)
         self.log_pane, self.chat = self.bottom_tabs.log_pane, self.bottom_tabs.chat
         self.requests_panel, self.models_editor = self.bottom_tabs.requests_panel, self.bottom_tabs.models_editor
-        splitter.addWidget(self.bottom_tabs)
-        splitter.setStretchFactor(0, 4)
-        splitter.setStretchFactor(1, 1)
+        self.bottom_tabs.insertTab(1, self.live, "C&harts")
+        self.bottom_tabs.setCurrentWidget(self.chat)
         layout = QVBoxLayout(self)
-        layout.addWidget(splitter)
+        layout.addWidget(form)
+        layout.addWidget(view)
+        layout.addWidget(self.headline)
+        layout.addWidget(self.bottom_tabs, 1)
 
         session.state_changed.connect(self.on_state)
         session.phase_reached.connect(lambda _name, _seconds: self.refresh_live())

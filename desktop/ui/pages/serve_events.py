@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from desktop.core.hub.names import display_name
+from desktop.core.hub.names import DEMO_NOTE, display_name, is_demo
 from desktop.ui.pages.serve_state import switched_text
 
 
@@ -19,6 +19,7 @@ class ServeEvents:
     endpoint_edit: Any
     chat: Any
     live: Any
+    headline: Any
     switch_label: Any
     switch_button: Any
     engine_box: Any
@@ -81,6 +82,9 @@ class ServeEvents:
             return
         self.endpoint_edit.setText(self.session.endpoint_url or f"{process.base_url}/v1")
         self.chat.set_endpoint(self.endpoint_edit.text(), getattr(self.session.proxy, "model_name", None))
+        demo = is_demo(process.plan.model or process.plan.model_path)
+        self.chat.set_note(f"This is the demo model: {DEMO_NOTE}. Download a real model on the Models page."
+                           if demo else None)
         t2 = cold.t2_first_token_s
         self.notice.show_message(
             f"{process.adapter.display_name} serves {display_name(process.plan.model or process.plan.model_path)}"
@@ -118,6 +122,7 @@ class ServeEvents:
 
     def on_samples(self, samples: list[Any]) -> None:
         self.samples_received += self.live.push(samples, self._serving_source)
+        self.headline.push(samples, self._serving_source)
 
     def on_switched(self, result: Any) -> None:
         self.refresh_live()

@@ -1,6 +1,6 @@
-"""The Serve page's bottom tabs: the engine log, the request log (live), "Try it" chat against the endpoint and
-the endpoint's models.yaml editor. Each tab is its own widget; this one only holds them and keeps the requests
-tab's title current.
+"""The Serve page's tabs: "Chat" against the endpoint (first), the engine log, the request log (live) and the
+endpoint's models.yaml editor (the page puts its live charts second). Each tab is its own widget; this one only
+holds them and keeps the requests tab's title current.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ class ServeTabs(QTabWidget):
         self.log_pane = LogPane()
         self.chat = ChatPane()
         self.requests_panel = RequestsPanel(session)  # the request log, live (desktop/ui/requests_panel.py)
+        self.addTab(self.chat, "&Chat")
         self.addTab(self.log_pane, "Engine &log")
         self.addTab(self.requests_panel, self.requests_panel.title)
         self.requests_panel.title_changed.connect(
             lambda title: self.setTabText(self.indexOf(self.requests_panel), title))
-        self.addTab(self.chat, "T&ry it (chat)")
         self.models_editor = ModelsEditor(model_state)  # the endpoint's models.yaml, as the CLI reads it
         self.addTab(self.models_editor, self.models_editor.title)
         self.setAccessibleName("Engine log, requests and chat")
