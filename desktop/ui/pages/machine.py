@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
+    QHBoxLayout,
     QLabel,
     QProgressBar,
     QPushButton,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -50,6 +52,7 @@ def engine_builds(snapshot: Any) -> Any:
 
 class MachinePage(QWidget):
     title = "Machine"
+    download_requested = Signal(str)  # "org/name:Q4_K_M": the suggested first model, to download and serve
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -65,8 +68,32 @@ class MachinePage(QWidget):
         self.live_box = QGroupBox("Free memory (live)")
         self.live_layout = QFormLayout(self.live_box)
         self.bars: dict[str, QProgressBar] = {}
+        # the first thing read: what this machine serves, and a first model that fits (planning.first_model)
+        self.sentence = QLabel("")
+        self.sentence.setObjectName("machineSentence")
+        self.sentence.setAccessibleName("What this machine can serve")
+        self.sentence.setWordWrap(True)
+        self.sentence.setStyleSheet("font-size: 14pt; font-weight: 600;")
+        self.suggestion_label = QLabel("")
+        self.suggestion_label.setWordWrap(True)
+        self.download_button = QPushButton("&Download && serve")
+        self.download_button.setAccessibleName("Download and serve the suggested model")
+        self.download_button.hide()
+        self.download_button.clicked.connect(self._download_suggested)
+        self.suggested: Any = None
+        suggestion_row = QHBoxLayout()
+        suggestion_row.addWidget(self.suggestion_label, 1)
+        suggestion_row.addWidget(self.download_button)
+        # the probes' own words (NVML missing, no amdgpu device, ...) are for when something looks wrong
+        self.details_button = QToolButton()
+        self.details_button.setText("Details of the GPU probes")
+        self.details_button.setCheckable(True)
+        self.details_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.details_button.setArrowType(Qt.ArrowType.RightArrow)
         self.notes_label = QLabel("")
         self.notes_label.setWordWrap(True)
+        self.notes_label.hide()
+        self.details_button.toggled.connect(self._show_details)
         self.refresh_button = QPushButton("&Refresh")
         self.refresh_button.clicked.connect(self.refresh)
         self.calibrate_box = QGroupBox("Memory calibration")
@@ -81,11 +108,14 @@ class MachinePage(QWidget):
         calibrate_layout.addWidget(self.calibrate_button)
         calibrate_layout.addWidget(self.calibration_label)
         layout = QVBoxLayout(self)
+        layout.addWidget(self.sentence)
+        layout.addLayout(suggestion_row)
         layout.addWidget(self.notice)
         layout.addWidget(summary_box)
         layout.addWidget(self.builds_box)
         layout.addWidget(self.live_box)
         layout.addWidget(self.calibrate_box)
+        layout.addWidget(self.details_button)
         layout.addWidget(self.notes_label)
         layout.addWidget(self.refresh_button)
         layout.addStretch(1)
@@ -125,10 +155,36 @@ class MachinePage(QWidget):
         if first:
             self.notice.show_message("")
             self._fill_summary(snapshot)
+            self._show_first_run(snapshot)
             submit(engine_builds, snapshot, on_finished=self.show_builds, on_error=self.show_error)
         self._update_bar("RAM", snapshot.ram_available_bytes, snapshot.ram_total_bytes)
         for gpu in snapshot.gpus:
             self._update_bar(f"GPU {gpu.index} VRAM", gpu.memory_free_bytes, gpu.memory_total_bytes)
+
+    def _show_first_run(self, snapshot: Any) -> None:
+        """The one sentence and the suggested first model, sized by the fit for this machine."""
+        from desktop.core.hub.names import DEMO_NOTE
+        from desktop.core.planning.first_model import first_run
+
+        answer = first_run(snapshot)
+        self.sentence.setText(answer.sentence + ".")
+        self.suggested = answer.suggestion
+        if answer.suggestion is None:
+            self.suggestion_label.setText(f"Try the built-in demo on the Serve page ({DEMO_NOTE}).")
+            self.download_button.hide()
+            return
+        starter = answer.suggestion
+        self.suggestion_label.setText(f"A first model that fits: {starter.spec} ({starter.size_bytes / 1e9:.1f} GB, "
+                                      f"~{starter.params_b:g} B parameters), served by llama.cpp.")
+        self.download_button.show()
+
+    def _download_suggested(self) -> None:
+        if self.suggested is not None:
+            self.download_requested.emit(self.suggested.spec)
+
+    def _show_details(self, shown: bool) -> None:
+        self.notes_label.setVisible(shown)
+        self.details_button.setArrowType(Qt.ArrowType.DownArrow if shown else Qt.ArrowType.RightArrow)
 
     def _fill_summary(self, snapshot: Any) -> None:
         cpu = snapshot.cpu
