@@ -66,6 +66,12 @@ def test_traffic_panel_fills_the_questions_and_draws_the_crossover(qtbot, tmp_pa
     assert f"llama.cpp: measured here on {day}; cold start 2.0 s measured here on {day}" in legend
     assert f"vllm: measured here on {day}; cold start 50.0 s measured here on {day}" in legend
     assert "default" not in legend
+    assert "operating c=4" in legend and "crossover c=" in legend  # named here, not drawn over the curves
+    import pyqtgraph as pg
+
+    for chart in (panel.plot, panel.ttft_plot):
+        lines = [i for i in chart.getPlotItem().items if isinstance(i, pg.InfiniteLine)]
+        assert len(lines) == 2 and all(getattr(line, "label", None) is None for line in lines)
     assert "overtakes llama.cpp at concurrency" in panel.verdict.text()
     assert page._traffic_line() and "from 140 requests" in page._traffic_line()[0]
     page.concurrency.setValue(9)  # a typed number overrides: the recommendation no longer claims the traffic
@@ -142,6 +148,12 @@ def test_profile_panel_shows_what_switchyard_profile_reports(qtbot, tmp_path: Pa
     (xs, ys), = _drawn(panel.rate_plot).values()
     assert [round(y, 6) for y in ys] == [round(rpm, 6) for _, rpm in cli["requests_per_minute"]]
     assert xs[:-1] == [t for t, _ in cli["requests_per_minute"]] and xs[-1] == xs[-2] + cli["bucket_s"]
+    # the mean is named in the title, not by a label drawn across the bars (issue 52)
+    import pyqtgraph as pg
+
+    item = panel.rate_plot.getPlotItem()
+    assert f"mean {cli['mean_rpm']:.1f}/min" in item.titleLabel.text
+    assert all(getattr(line, "label", None) is None for line in item.items if isinstance(line, pg.InfiniteLine))
 
 
 def test_crossover_chart_draws_the_crossover_modules_curves(qtbot, tmp_path: Path,  # type: ignore[no-untyped-def]

@@ -146,8 +146,18 @@ def test_legend_sits_outside_the_plot_and_follows_the_series(qtbot) -> None:
     qtbot.addWidget(chart)
     board.add(chart, {"gen": "generated", "prompt": "prompt"})
     assert chart.plot.getPlotItem().legend is None  # nothing drawn over the data
+    assert chart.legend.text() == ""  # no series has data yet: none is named
+    assert board.push("gen", 12.0, board.origin + 1)
+    assert "generated" in chart.legend.text() and "prompt" not in chart.legend.text()  # only what has data
+    assert board.push("prompt", 30.0, board.origin + 1)
     assert "generated" in chart.legend.text() and "prompt" in chart.legend.text()
     assert chart.curves["gen"].color in chart.legend.text()
+    chart.mark(board.origin + 2, "→ vLLM")
+    assert "→ vLLM at 2 s" in chart.legend.text()  # the mark's label is in the legend, not on the plot
+    from pyqtgraph import InfiniteLine
+
+    lines = [i for i in chart.plot.getPlotItem().items if isinstance(i, InfiniteLine)]
+    assert lines and all(getattr(line, "label", None) is None for line in lines)  # pyqtgraph: no label item
     board.remove_all_series(chart)
     assert chart.legend.text() == ""
 

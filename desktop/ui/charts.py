@@ -177,9 +177,14 @@ class LiveChart(QWidget):
         self.update_legend()
 
     def update_legend(self) -> None:
-        self.legend.setText("&nbsp;&nbsp; ".join(
-            f'<span style="color:{curve.color}">&#9632;</span>&nbsp;{html.escape(curve.label)}'
-            for curve in self.curves.values()))
+        """The series that have data (TPOT on an engine that reports none, or GPU memory on a machine without a
+        GPU, are not named), then the dashed marks: the labels live here, never drawn over the data."""
+        entries = [f'<span style="color:{curve.color}">&#9632;</span>&nbsp;{html.escape(curve.label)}'
+                   for curve in self.curves.values() if curve.buffer.last() is not None]
+        if self.marks:
+            entries.append(f'<span style="color:#888888">&#9482;</span>&nbsp;{html.escape(self.marks[-1][1])} at '
+                           f"{self.marks[-1][0]:.0f} s")
+        self.legend.setText("&nbsp;&nbsp; ".join(entries))
 
     def set_origin(self, origin: float) -> None:
         self._origin = origin
@@ -187,10 +192,10 @@ class LiveChart(QWidget):
     def mark(self, t: float, label: str) -> None:
         """A vertical line at epoch time `t` with a label (the moment a switch handed the endpoint over)."""
         line = pg.InfiniteLine(pos=t - self._origin, angle=90, movable=False,
-                               pen=pg.mkPen("#888888", width=1, style=Qt.PenStyle.DashLine),
-                               label=label, labelOpts={"position": 0.92, "color": "#888888"})
+                               pen=pg.mkPen("#888888", width=1, style=Qt.PenStyle.DashLine))
         self.plot.getPlotItem().addItem(line)
         self.marks.append((t - self._origin, label))
+        self.update_legend()  # the label in the legend: on the plot it crossed the curves
 
     def push(self, key: str, t: float, value: float) -> bool:
         """Record a sample (t: epoch seconds, as telemetry stamps it). Cheap: no drawing here."""
@@ -200,7 +205,11 @@ class LiveChart(QWidget):
         last = curve.buffer.last()
         if last is not None and t - self._origin < last[0]:
             return False  # out of order (a late sample): the plot's clip-to-view needs ascending x
-        curve.buffer.append(t - self._origin, value)
+        if last is None:
+            curve.buffer.append(t - self._origin, value)
+            self.update_legend()  # the series' first point: now it has something to name
+        else:
+            curve.buffer.append(t - self._origin, value)
         curve.dirty = True
         return True
 
@@ -311,6 +320,10 @@ class ChartBoard(QObject):
             chart.plot.getPlotItem().removeItem(curve.item)
             self.routes.pop(key, None)
         chart.curves.clear()
+        for item in list(chart.plot.getPlotItem().items):
+            if isinstance(item, pg.InfiniteLine):  # the old run's hand-over marks go with its series
+                chart.plot.getPlotItem().removeItem(item)
+        chart.marks.clear()
         chart.update_legend()
 
     def mark(self, label: str, t: float | None = None) -> None:

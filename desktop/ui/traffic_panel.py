@@ -195,9 +195,10 @@ class TrafficPanel(QGroupBox):
         item.plot(xs, ys, stepMode="center", fillLevel=0, brush=pg.mkBrush(RATE_COLOUR + "60"),
                   pen=pg.mkPen(RATE_COLOUR, width=2))
         mean = pg.InfiniteLine(profile.mean_rpm, angle=0, pen=pg.mkPen("#888888", width=1,
-                                                                        style=Qt.PenStyle.DashLine),
-                               label=f"mean {profile.mean_rpm:.1f}/min", labelOpts={"position": 0.1})
-        item.addItem(mean)
+                                                                        style=Qt.PenStyle.DashLine))
+        item.addItem(mean)  # its figure in the title: a label on the line was drawn across the bars
+        item.setTitle(f"{self.RATE_TITLE} (dashed: mean {profile.mean_rpm:.1f}/min)",
+                      color=QApplication.palette().color(QPalette.ColorRole.Text))
 
     def draw(self, x: Any) -> None:
         """Both engines' curves on log2 concurrency (throughput and TTFT p95), the operating point and the
@@ -236,9 +237,9 @@ class TrafficPanel(QGroupBox):
                                    ("operating", x.operating_concurrency, "#d62728")):
             if value is not None and value > 0:
                 self.marks[name] = float(value)
-                for item in plots:
-                    item.addItem(pg.InfiniteLine(math.log2(value), angle=90, pen=pg.mkPen(color, width=1),
-                                                 label=f"{name} c={value:g}", labelOpts={"position": 0.9}))
+                for item in plots:  # named in the legend below: a label on the line crossed the curves
+                    item.addItem(pg.InfiniteLine(math.log2(value), angle=90, pen=pg.mkPen(color, width=1)))
+                legend.append(f'<span style="color:{color}">&#9474;</span> {name} c={value:g}')
         levels = sorted({p.concurrency for c in x.curves for p in c.points})
         for item in plots:  # log2 axis, labelled in c
             item.getAxis("bottom").setTicks([[(math.log2(c), str(c)) for c in levels]])
