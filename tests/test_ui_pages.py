@@ -230,6 +230,15 @@ def test_compare_shows_an_ab_result_side_by_side_and_exports_it(window, qtbot, t
     assert table.horizontalHeaderItem(3).text() == \
         f"{get_adapter('vllm').display_name} / {get_adapter('llama.cpp').display_name}"
     assert "pays back after" in compare.verdict_label.text()
+    # the answer first (issue 52): the winner per concurrency over the table, by hand: 4 x 32 tokens in
+    # 4 x 32 / 80 s = 80 tok/s for vLLM, 40 for llama.cpp; each row says which way is better
+    vllm_name = get_adapter("vllm").display_name
+    assert f"c=1: {vllm_name}, 80.0 vs 40.0 tok/s" in compare.verdict_label.text()
+    assert compare.verdict_label.geometry().bottom() <= table.geometry().top()  # same box: the verdict on top
+    better = {table.item(r, 0).text(): table.item(r, 4).text() for r in range(table.rowCount())}
+    assert better["Cold start T1: health OK (s)"].startswith(get_adapter("llama.cpp").display_name)
+    assert better["concurrency 1: output tok/s"] == f"{vllm_name} (higher is better)"
+    qtbot.waitUntil(lambda: table.viewport().height() >= 8 * table.rowHeight(0), timeout=5_000)  # not 3.5 rows
     written = compare.export_to(tmp_path / "exported")
     assert sorted(p.name for p in written) == ["ab.csv", "ab.html", "ab.json"]
     assert "<svg" in (tmp_path / "exported" / "ab.html").read_text()

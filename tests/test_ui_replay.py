@@ -128,10 +128,18 @@ def test_compare_replay_table_hides_for_an_ab_without_replay(window, qtbot, tmp_
                                      "vllm": {"completed": 2, "failed": 1, "output_throughput": 30.0,
                                               "p95_ttft_ms": 100.0}}}}
     headers, rows = replay_rows(result)
-    rows_by = {row[0]: row[1:] for row in rows}
+    rows_by = {row[0]: row[1:4] for row in rows}
     assert rows_by["failed"] == ["0", "1", "–"]  # counts get no ratio
     assert rows_by["output tok/s"] == ["20.0", "30.0", "1.50"] and rows_by["TTFT p95 (ms)"][2] == "2.00"
     assert rows_by["E2E p95 (ms)"] == ["–", "–", "–"]  # not in the result: a dash, not a made-up 0
+    from desktop.core.engines import get_adapter
+
+    # which way is better, per metric: fewer failures, more tok/s, lower TTFT
+    llama, vllm = get_adapter("llama.cpp").display_name, get_adapter("vllm").display_name
+    verdicts = {row[0]: row[4] for row in rows}
+    assert verdicts["failed"] == f"{llama} (lower is better)"
+    assert verdicts["output tok/s"] == f"{vllm} (higher is better)"
+    assert verdicts["TTFT p95 (ms)"] == f"{llama} (lower is better)" and verdicts["E2E p95 (ms)"] == "–"
     compare = window.show_page("Compare")
     compare.show_result({"result": result, "report": None, "run_id": None})
     assert compare.replay_table.isVisible() and compare.replay_table.rowCount() == len(rows)

@@ -43,6 +43,8 @@ from desktop.ui.workers import BenchJob
 
 __all__ = ["ComparePage", "parse_levels", "replay_rows"]  # parse_levels lives with the form now
 
+COMPACT_CHART_PX = 150  # the live charts' height once results are shown
+QWIDGETSIZE_MAX = 16_777_215  # Qt's "no maximum"
 LIVE_CHARTS = (("output_tokens", "Output tokens/s (live)", "tokens/s"),
                ("ttft_p50_ms", "TTFT p50 (live)", "ms"),
                ("in_flight", "Requests in flight (live)", "requests"))
@@ -116,11 +118,11 @@ class ComparePage(QWidget):
         self.verdict_label.setAccessibleName("Verdict")
         results_box = QGroupBox("Results")
         results_layout = QVBoxLayout(results_box)
+        results_layout.addWidget(self.verdict_label)  # the answer first: the verdict and the winner per level
         results_layout.addWidget(self.results_table, 1)
         self.replay_table = _table(["Replayed traffic", "A", "B", "B / A"], "Replay results")
         self.replay_table.setVisible(False)
         results_layout.addWidget(self.replay_table, 1)
-        results_layout.addWidget(self.verdict_label)
 
         layout = QVBoxLayout(self)
         layout.addWidget(form)
@@ -171,6 +173,7 @@ class ComparePage(QWidget):
         _fill(self.results_table, [])
         _fill(self.replay_table, [])
         self.replay_table.setVisible(False)
+        self.compact_charts(False)
         self.verdict_label.show_message("")
         for button, enabled in ((self.run_button, False), (self.stop_button, True), (self.export_button, False),
                                 (self.open_button, False)):
@@ -193,6 +196,12 @@ class ComparePage(QWidget):
         self.job.ended.connect(self._ended)
         self.job.start()
         return True
+
+    def compact_charts(self, compact: bool) -> None:
+        """Live charts full height while a run measures, short once its results are in (they had the room and
+        the results table showed three and a half rows)."""
+        for chart in self.live_charts.values():
+            chart.setMaximumHeight(COMPACT_CHART_PX if compact else QWIDGETSIZE_MAX)
 
     def on_progress(self, message: str, _fraction: object) -> None:
         self.status_label.setText(message)
@@ -260,6 +269,7 @@ class ComparePage(QWidget):
             self.replay_table.setToolTip(replay_summary(result["replay"]["schedule"], float(result["replay"]["speed"])))
         self.replay_table.setVisible(replayed)
         self.verdict_label.show_message(verdict_text(result) if result.get("kind") == "ab" else "")
+        self.compact_charts(True)  # the results take the room: every row of the table in view
         problems = result.get("errors") or ([result["aborted"]] if result.get("aborted") else [])
         where = f"Report: {report['html']}" if report else ""
         if problems:

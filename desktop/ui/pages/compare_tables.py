@@ -26,6 +26,25 @@ REPLAY_METRICS = (("completed", "completed", 0), ("failed", "failed", 0), ("outp
                   ("send_lag_p95_ms", "send lag p95 (ms, late vs the schedule)", 1))
 
 
+HIGHER_IS_BETTER = {"output_throughput", "request_throughput", "completed"}  # everything else: lower is better
+
+
+def better(va: Any, vb: Any, a: str, b: str, higher: bool) -> str:
+    """Which engine did better on a metric, by its direction (throughput: higher; times, memory: lower)."""
+    if va is None or vb is None:
+        return "–"
+    va, vb = float(va), float(vb)
+    if va == vb:
+        return "same"
+    wins_a = va > vb if higher else va < vb
+    arrow = "higher" if higher else "lower"
+    return f"{engine_label(a if wins_a else b)} ({arrow} is better)"
+
+
+def _mean(cell: dict[str, Any] | None) -> Any:
+    return cell.get("mean") if cell else None
+
+
 def _number(value: Any, digits: int) -> str:
     return "–" if value is None else f"{float(value):.{digits}f}"
 
@@ -56,30 +75,55 @@ def phase_table_rows(result: dict[str, Any], a: str, b: str) -> list[list[str]]:
         if va is None and vb is None:
             continue
         rows.append([f"Cold-start phase: {phase.label} (s)", _number(va, 2), _number(vb, 2),
-                     _number(vb / va if va and vb else None, 2)])
+                     _number(vb / va if va and vb else None, 2), better(va, vb, a, b, higher=False)])
     return rows
 
 
 def ab_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The side-by-side table of an A/B result (its JSON): the engines as columns, B/A as the last one."""
     a, b = (engine["engine"] for engine in result["engines"])
-    headers = ["Metric", engine_label(a), engine_label(b), f"{engine_label(b)} / {engine_label(a)}"]
+    headers = ["Metric", engine_label(a), engine_label(b), f"{engine_label(b)} / {engine_label(a)}", "Better"]
     rows: list[list[str]] = []
     cold = result.get("cold_start", {})
     for key, label in COLD_PHASES:
         cell = cold.get(key, {})
-        rows.append([label, _spread(cell.get(a), 2), _spread(cell.get(b), 2), _spread(cell.get("ratio"), 2)])
+        rows.append([label, _spread(cell.get(a), 2), _spread(cell.get(b), 2), _spread(cell.get("ratio"), 2),
+                     better(_mean(cell.get(a)), _mean(cell.get(b)), a, b, higher=False)])
     rows += phase_table_rows(result, a, b)
     rss = cold.get("peak_rss_mib", {})
     ratio = rss[b] / rss[a] if rss.get(a) and rss.get(b) else None
     rows.append(["Peak memory (MiB, process tree)", _number(rss.get(a), 0), _number(rss.get(b), 0),
-                 _number(ratio, 2)])
+                 _number(ratio, 2), better(rss.get(a), rss.get(b), a, b, higher=False)])
     for row in result.get("comparison", []):
         for key, label, digits in LEVEL_METRICS:
             cell = row.get(key, {})
             rows.append([f"concurrency {row['concurrency']}: {label}", _spread(cell.get(a), digits),
-                         _spread(cell.get(b), digits), _spread(cell.get("ratio"), 2)])
+                         _spread(cell.get(b), digits), _spread(cell.get("ratio"), 2),
+                         better(_mean(cell.get(a)), _mean(cell.get(b)), a, b, higher=key in HIGHER_IS_BETTER)])
     return headers, rows
+
+
+def winners_by_level(result: dict[str, Any]) -> list[str]:
+    """The answer per concurrency, first: the engine with the higher output throughput there, with its TTFT p95
+    beside it ("c=8: vLLM, 160 vs 41 tok/s; TTFT p95 90 vs 300 ms")."""
+    engines = [engine["engine"] for engine in result.get("engines", [])]
+    if len(engines) != 2:
+        return []
+    a, b = engines
+    lines = []
+    for row in result.get("comparison", []):
+        ta, tb = (_mean(row.get("output_throughput", {}).get(e)) for e in (a, b))
+        if ta is None or tb is None:
+            continue
+        win, lose = (a, b) if float(ta) >= float(tb) else (b, a)
+        tput = {a: float(ta), b: float(tb)}
+        text = f"c={row['concurrency']}: {engine_label(win)}, {tput[win]:.1f} vs {tput[lose]:.1f} tok/s"
+        pa, pb = (_mean(row.get("p95_ttft_ms", {}).get(e)) for e in (a, b))
+        if pa is not None and pb is not None:
+            p95 = {a: float(pa), b: float(pb)}
+            text += f"; TTFT p95 {p95[win]:.0f} vs {p95[lose]:.0f} ms"
+        lines.append(text)
+    return lines
 
 
 def sweep_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -107,13 +151,15 @@ def replay_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Both engines on the replayed traffic (the A/B result's `replay`), B/A as the last column."""
     replay = result.get("replay") or {}
     a, b = (engine["engine"] for engine in result["engines"])
-    headers = ["Replayed traffic", engine_label(a), engine_label(b), f"{engine_label(b)} / {engine_label(a)}"]
+    headers = ["Replayed traffic", engine_label(a), engine_label(b), f"{engine_label(b)} / {engine_label(a)}",
+               "Better"]
     cells = replay.get("engines") or {}
     rows = []
     for key, label, digits in REPLAY_METRICS:
         va, vb = ((cells.get(e) or {}).get(key) for e in (a, b))
         ratio = vb / va if key not in ("completed", "failed") and va and vb is not None else None
-        rows.append([label, _number(va, digits), _number(vb, digits), _number(ratio, 2)])
+        rows.append([label, _number(va, digits), _number(vb, digits), _number(ratio, 2),
+                     better(va, vb, a, b, higher=key in HIGHER_IS_BETTER)])
     return headers, rows
 
 
@@ -122,6 +168,9 @@ def verdict_text(result: dict[str, Any]) -> str:
     verdict = result.get("amortization", {}).get("verdict")
     if verdict:
         lines.append(f"Verdict: {verdict}")
+    winners = winners_by_level(result)
+    if winners:
+        lines.append("Winner per concurrency (output throughput): " + " · ".join(winners))
     for scenario in result.get("scenarios", []):
         winner = scenario.get("winner")
         if winner:
