@@ -10,13 +10,14 @@ import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
-from test_ui_pages import no_leaks, window  # noqa: F401 - shared fixtures
+from test_ui_pages import llama_ready, no_leaks, window  # noqa: F401 - shared fixtures
 
 pytestmark = [pytest.mark.gui, pytest.mark.qt_log_ignore("propagateSizeHints")]
 
@@ -106,3 +107,126 @@ def test_headline_figures_come_from_the_serving_engines_samples(window) -> None:
     assert head.labels["tokens"].text() == "41.3"
     assert head.labels["ttft"].text() == "200 ms"
     assert head.labels["inflight"].text() == "5"
+
+
+DEMO_LABEL_BY_HAND = "demo (random weights: its answers are noise)"
+
+
+def _cache_repo(cache_root: Path, repo: str, files: dict[str, bytes], commit: str) -> Path:
+    """A repo as huggingface_hub leaves it in its cache: content in blobs/, snapshots/<commit>/ links to them,
+    refs/main naming the commit. Returns the snapshot folder."""
+    import hashlib
+
+    storage = cache_root / f"models--{repo.replace('/', '--')}"
+    (storage / "blobs").mkdir(parents=True)
+    snapshot = storage / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for name, content in files.items():
+        blob = hashlib.sha256(content).hexdigest()
+        (storage / "blobs" / blob).write_bytes(content)
+        (snapshot / name).symlink_to(f"../../blobs/{blob}")
+    (storage / "refs").mkdir()
+    (storage / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+def _index_starting(picker, text: str) -> int:  # type: ignore[no-untyped-def]
+    from PySide6.QtCore import Qt
+
+    return int(picker.findText(text, Qt.MatchFlag.MatchStartsWith))
+
+
+def test_picker_lists_the_library_with_size_and_fit_and_hands_on_the_path(window, qtbot, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]  # noqa: E501, F811
+    from fakehub import write_tiny_gguf
+
+    cache_root = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache_root))
+    gguf = write_tiny_gguf(tmp_path / "src" / "alpha-Q4_K_M.gguf", n_bytes=3_000_000, seed=1).read_bytes()
+    commit = "a1" * 20
+    snapshot = _cache_repo(cache_root, "alpha-org/alpha-GGUF", {"alpha-Q4_K_M.gguf": gguf}, commit)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128, "torch_dtype": "float16"}
+    tensors = _cache_repo(cache_root, "beta-org/beta", {"config.json": json.dumps(config).encode(),
+                                                        "model.safetensors": b"\0" * 40_000}, "b2" * 20)
+
+    serve = window.show_page("Serve")  # the page reads the library when it comes into view
+    picker = serve.launch_form.model_edit
+    assert serve.model_edit is picker
+    qtbot.waitUntil(lambda: _index_starting(picker, "alpha-org/alpha-GGUF:Q4_K_M") >= 0, timeout=60_000)
+    assert picker.itemText(0) == DEMO_LABEL_BY_HAND and picker.itemData(0) == "demo"
+    index = _index_starting(picker, "alpha-org/alpha-GGUF:Q4_K_M")
+    entry = picker.itemText(index)
+    size = len(gguf) / 2**20  # by hand: the blob's bytes in MiB (a ~3 MB file)
+    assert f"{size:.1f} MiB" in entry and entry.endswith("fits"), entry  # a 3 MB model fits in any RAM
+    assert commit not in entry and "snapshots" not in entry
+
+    # the safetensors folder is vLLM's: listed, not choosable while llama.cpp is the engine
+    beta = _index_starting(picker, "beta-org/beta")
+    assert beta >= 0 and not picker.model().item(beta).isEnabled()
+
+    picker.setCurrentIndex(index)  # chosen, nothing typed
+    assert serve.launch_form.model() == str(snapshot / "alpha-Q4_K_M.gguf")
+
+    serve.engine_box.setCurrentIndex(serve.engine_box.findData("vllm"))  # the list is read again for vLLM
+    qtbot.waitUntil(lambda: picker.model().item(_index_starting(picker, "beta-org/beta")).isEnabled(),
+                    timeout=60_000)
+    assert not picker.model().item(_index_starting(picker, "alpha-org/alpha-GGUF:Q4_K_M")).isEnabled()
+    picker.setCurrentIndex(_index_starting(picker, "beta-org/beta"))
+    assert serve.launch_form.model() == str(tensors)
+
+    picker.setEditText("/models/typed-by-hand.gguf")  # a typed path still works
+    assert serve.launch_form.model() == "/models/typed-by-hand.gguf"
+
+
+def test_choose_model_selects_the_model_and_its_engine_without_starting(window, qtbot, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]  # noqa: E501, F811
+    from fakehub import write_tiny_gguf
+
+    cache_root = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache_root))
+    serve = window.show_page("Serve")
+    picker = serve.launch_form.model_edit
+    serve.engine_box.setCurrentIndex(serve.engine_box.findData("vllm"))
+    qtbot.waitUntil(lambda: picker.count() >= 1 and not picker.loading, timeout=60_000)
+
+    # a download that finished after the list was read: chosen at once, named by its repo and quantization
+    gguf = write_tiny_gguf(tmp_path / "src" / "gamma-Q8_0.gguf", n_bytes=200_000, seed=3).read_bytes()
+    snapshot = _cache_repo(cache_root, "gamma-org/gamma-GGUF", {"gamma-Q8_0.gguf": gguf}, "c3" * 20)
+    window.show_page("Models")
+    window.serve_model(str(snapshot / "gamma-Q8_0.gguf"), "llama.cpp")  # what the Models page's Serve calls
+    assert window.stack.currentWidget() is serve
+    assert serve.engine_box.currentData() == "llama.cpp"
+    assert serve.launch_form.model() == str(snapshot / "gamma-Q8_0.gguf")
+    assert picker.currentText().startswith("gamma-org/gamma-GGUF:Q8_0"), picker.currentText()
+    # once the library is read again the entry carries its size and fit, still chosen
+    qtbot.waitUntil(lambda: " · " in picker.currentText(), timeout=60_000)
+    assert picker.currentText().startswith("gamma-org/gamma-GGUF:Q8_0 · ")
+    assert serve.launch_form.model() == str(snapshot / "gamma-Q8_0.gguf")
+    assert not window.session.is_running() and serve.start_button.isEnabled()  # ready to Start, not started
+
+    serve.choose_model("demo", "vllm")
+    assert serve.engine_box.currentData() == "vllm"
+    assert picker.currentText() == DEMO_LABEL_BY_HAND and serve.launch_form.model() == "demo"
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_the_demo_serving_says_its_answers_are_noise_and_the_card_names_the_model_id(window, qtbot, llama_ready, demo_model) -> None:  # type: ignore[no-untyped-def]  # noqa: E501, F811
+    from PySide6.QtGui import QGuiApplication
+
+    serve = window.show_page("Serve")
+    picker = serve.launch_form.model_edit
+    qtbot.waitUntil(lambda: not picker.loading, timeout=60_000)
+    serve.choose_model("demo", "llama.cpp")
+    assert not serve.client_model.copy_button.isEnabled()  # nothing serves yet: no id to copy
+    with qtbot.waitSignal(serve.engine_ready, timeout=300_000):
+        serve.start_button.click()
+    note = serve.chat.note_label
+    assert not note.isHidden() and "random weights: its answers are noise" in note.text()
+    # the id clients send: the endpoint's served name, as README's curl example sends it
+    assert serve.client_model.id_edit.text() == "switchyard"
+    serve.client_model.copy_button.click()
+    assert QGuiApplication.clipboard().text() == "switchyard"
+    with qtbot.waitSignal(window.session.stopped, timeout=120_000):
+        serve.stop_clicked()
+    assert serve.client_model.id_edit.text() == "" and not serve.client_model.copy_button.isEnabled()

@@ -11,7 +11,7 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QWidget
 
-from desktop.core.hub.names import DEMO_LABEL
+from desktop.core.hub.names import DEMO_LABEL, display_name
 from desktop.ui.widgets import FIT_LABELS, quant_label, size_text
 from desktop.ui.workers import submit
 
@@ -63,12 +63,14 @@ class ModelPicker(QComboBox):
         self.setEditable(True)
         self.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
         self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.setMinimumContentsLength(24)
+        self.setMinimumContentsLength(18)  # the row keeps the window at its width; the tooltip names it whole
         self.setAccessibleName("Model")
         self.setToolTip("A model on this machine (Models page), or a GGUF file, a Hugging Face folder or `demo`")
         edit = self.lineEdit()
         if edit is not None:
             edit.setPlaceholderText("a model from the library, or a path")
+            # show an entry from its start ("demo (random…", "org/name:Q4…"), not scrolled to its end
+            self.currentIndexChanged.connect(lambda _index: edit.setCursorPosition(0))
         self.engine = "llama.cpp"
         self.rows: list[dict[str, Any]] = []
         self.loading = False
@@ -101,6 +103,14 @@ class ModelPicker(QComboBox):
                 item.setToolTip(f"{row['engine']} loads this format: choose that engine to serve it")
         self.blockSignals(False)
         self.setText(chosen)
+
+    def choose(self, model: str) -> None:
+        """Choose `model` (a path or `demo`) by its entry; one the list does not hold yet (a download that finished
+        before the library was read again) gets an entry named as people name it, so no snapshot path shows."""
+        if self.findData(model) < 0:
+            self.addItem(display_name(model), model)
+            self.setItemData(self.count() - 1, model, Qt.ItemDataRole.ToolTipRole)
+        self.setCurrentIndex(self.findData(model))
 
     def text(self) -> str:
         """The model the form hands on: the chosen entry's, else what was typed (`demo` when empty)."""

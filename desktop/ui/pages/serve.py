@@ -8,12 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QVBoxLayout, QWidget
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.hub.names import display_name
 from desktop.ui.engine_session import EngineSession, engine_choices
 from desktop.ui.pages.serve_charts import ServeCharts
+from desktop.ui.pages.serve_connection import ClientModel
 from desktop.ui.pages.serve_events import ServeEvents
 from desktop.ui.pages.serve_headline import Headline
 from desktop.ui.pages.serve_launch import HYBRID, LaunchForm, form_plan, plan_for_form, prepared_text
@@ -67,6 +68,7 @@ class ServePage(ServeEvents, QWidget):
         self.board, self.charts, self.pause_box = self.live.board, self.live.charts, self.live.pause_box
 
         self.headline = Headline()  # tokens/s, TTFT p50, in flight: the figures a person checks first
+        self.client_model = ClientModel()  # the connection card's model id, beside the endpoint URL above
 
         # --- tabs: chat (first, with room), the charts, engine log, requests, models ---
         self.bottom_tabs = ServeTabs(session, self.model_state)
@@ -77,7 +79,10 @@ class ServePage(ServeEvents, QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(form)
         layout.addWidget(view)
-        layout.addWidget(self.headline)
+        figures = QHBoxLayout()
+        figures.addWidget(self.headline, 1)
+        figures.addWidget(self.client_model)
+        layout.addLayout(figures)
         layout.addWidget(self.bottom_tabs, 1)
 
         session.state_changed.connect(self.on_state)
@@ -92,6 +97,8 @@ class ServePage(ServeEvents, QWidget):
         session.endpoint_changed.connect(self.on_endpoint)
         session.samples.connect(self.on_samples)
         session.switched.connect(self.on_switched)
+        session.ready.connect(lambda _cold: self.client_model.show_model(getattr(session.proxy, "model_name", None)))
+        session.stopped.connect(lambda: self.client_model.show_model(None))
         self.board.start()
         self._serving_source: str | None = None  # the upstream whose telemetry the charts show
         self.live_timer = QTimer(self)  # the bar grows and the engines' line counts while an engine starts
@@ -114,7 +121,7 @@ class ServePage(ServeEvents, QWidget):
         form, ready to Start (nothing starts by itself)."""
         if engine:
             self.engine_box.setCurrentIndex(self.engine_box.findData(engine))
-        self.model_edit.setText(model)
+        self.model_edit.choose(model)
         self.model_edit.refresh(self.launch_form.engine_choice())  # lists a fresh download; keeps the choice
         self.notice.show_message(f"{display_name(model)} chosen: Start serves it on {self.launch_form.engine()}")
 
