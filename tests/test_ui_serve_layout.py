@@ -57,7 +57,7 @@ def stand_in() -> Iterator[str]:
 
 
 def test_chat_renders_markdown_copies_and_regenerates_with_room(window, qtbot, stand_in) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    from PySide6.QtGui import QGuiApplication, QTextCursor
+    from PySide6.QtGui import QGuiApplication, QTextCursor, QTextFormat
 
     serve = window.show_page("Serve")
     chat = serve.chat
@@ -78,7 +78,15 @@ def test_chat_renders_markdown_copies_and_regenerates_with_room(window, qtbot, s
     code = [b for b in blocks if b.text() == "print('switch')"]
     assert code, [b.text() for b in blocks]
     cursor = QTextCursor(code[0])
-    assert cursor.charFormat().fontFixedPitch() or code[0].blockFormat().nonBreakableLines()
+    cursor.setPosition(code[0].position() + 1)
+    assert code[0].blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence)  # a code block, as Qt reads one
+    assert code[0].blockFormat().property(QTextFormat.Property.BlockCodeLanguage) == "python"
+    assert cursor.charFormat().fontFixedPitch()  # in a fixed-pitch font
+    assert code[0].blockFormat().background().color().name() == "#f2f2f2"  # on a shaded background
+    prose = next(b for b in blocks if "bold item" in b.text())
+    assert not prose.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence)
+    heading = next(b for b in blocks if b.text() == "Steps")
+    assert heading.blockFormat().headingLevel() == 2  # "## Steps"
     bold = QTextCursor(next(b for b in blocks if "bold item" in b.text()))
     bold.setPosition(bold.block().position() + bold.block().text().index("bold") + 1)
     assert bold.charFormat().fontWeight() > 500
@@ -100,10 +108,12 @@ def test_headline_figures_come_from_the_serving_engines_samples(window) -> None:
     head = serve.headline
     sample = lambda series, value, t, source="llama.cpp@1": SimpleNamespace(  # noqa: E731
         series=series, value=value, t=t, source=source)
-    head.push([sample("generation_tokens_per_s", 41.26, 1.0), sample("ttft_s", 0.100, 1.0),
-               sample("ttft_s", 0.300, 2.0), sample("ttft_s", 0.200, 3.0), sample("ttft_s", 9.0, 3.5, "vllm@2"),
+    head.push([sample("ttft_s", 7.0, -70.0), sample("generation_tokens_per_s", 41.26, 1.0),
+               sample("ttft_s", 0.100, 1.0), sample("ttft_s", 0.500, 2.0), sample("ttft_s", 0.200, 3.0),
+               sample("ttft_s", 9.0, 3.5, "vllm@2"),
                sample("requests_running", 3, 3.0), sample("requests_waiting", 2, 3.0)], "llama.cpp@1")
-    # by hand: median of 100, 300, 200 ms (the starting vLLM's 9 s left out) = 200 ms; in flight 3 + 2
+    # by hand: median of 100, 500, 200 ms = 200 ms (the mean would be 267 ms; the 7 s of 73 s before the newest
+    # is past the minute, the starting vLLM's 9 s is not the serving engine's); in flight 3 running + 2 waiting
     assert head.labels["tokens"].text() == "41.3"
     assert head.labels["ttft"].text() == "200 ms"
     assert head.labels["inflight"].text() == "5"

@@ -13,7 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
+from PySide6.QtGui import (
+    QColor,
+    QFontDatabase,
+    QGuiApplication,
+    QKeySequence,
+    QShortcut,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextFormat,
+)
 from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QHBoxLayout,
@@ -30,6 +41,29 @@ from PySide6.QtWidgets import (
 from desktop.ui.workers import submit
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
+
+
+CODE_BACKGROUND = "#f2f2f2"
+
+
+def shade_code_blocks(document: QTextDocument) -> None:
+    """Qt's Markdown reader marks a fenced block's lines (BlockCodeFence) and names a "monospace" family that
+    not every system has: give those lines the system's fixed-pitch font and a shaded background, so code reads
+    as code in the transcript."""
+    fixed = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+    chars = QTextCharFormat()
+    chars.setFontFamilies([fixed.family(), "monospace"])
+    chars.setFontFixedPitch(True)
+    lines = QTextBlockFormat()
+    lines.setBackground(QColor(CODE_BACKGROUND))
+    block = document.begin()
+    while block.isValid():
+        if block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence):
+            cursor = QTextCursor(block)
+            cursor.mergeBlockFormat(lines)
+            cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
+            cursor.mergeCharFormat(chars)
+        block = block.next()
 
 
 class ChatPane(QWidget):
@@ -246,6 +280,7 @@ class ChatPane(QWidget):
                 text += "\n```"
             parts.append(f"**{name}:**\n\n{text}" if text else f"**{name}:**")
         self.transcript.setMarkdown("\n\n".join(parts))
+        shade_code_blocks(self.transcript.document())
         bar = self.transcript.verticalScrollBar()
         if bar is not None:
             bar.setValue(bar.maximum())
