@@ -368,6 +368,7 @@ class ChartBoard(QObject):
             for curve in chart.curves.values():
                 curve.buffer.clear()
                 curve.dirty = True
+            chart.update_legend()  # emptied series have nothing left to name
 
 
 def pause_checkbox(board: ChartBoard) -> QCheckBox:

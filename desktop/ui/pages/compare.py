@@ -18,33 +18,25 @@ from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QFileDialog,
-    QGroupBox,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QVBoxLayout,
     QWidget,
 )
 
 from desktop.ui.charts import ChartBoard, LiveChart
 from desktop.ui.pages.compare_form import CompareForm, parse_levels
-from desktop.ui.pages.compare_tables import (
-    ab_rows,
-    engine_label,
-    replay_rows,
-    replay_summary,
-    sweep_rows,
-    verdict_text,
-)
-from desktop.ui.pages.models import _fill, _table
+from desktop.ui.pages.compare_results import CompareResults
+from desktop.ui.pages.compare_tables import engine_label, replay_rows
 from desktop.ui.widgets import Notice
 from desktop.ui.workers import BenchJob
 
 __all__ = ["ComparePage", "parse_levels", "replay_rows"]  # parse_levels lives with the form now
 
-COMPACT_CHART_PX = 150  # the live charts' height once results are shown
-QWIDGETSIZE_MAX = 16_777_215  # Qt's "no maximum"
 LIVE_CHARTS = (("output_tokens", "Output tokens/s (live)", "tokens/s"),
                ("ttft_p50_ms", "TTFT p50 (live)", "ms"),
                ("in_flight", "Requests in flight (live)", "requests"))
@@ -102,35 +94,41 @@ class ComparePage(QWidget):
         buttons.addWidget(self.progress, 1)
         self.notice = Notice()
 
-        # --- live charts ---
+        # --- live charts: shown from a run's start; after it, only those that got data (no empty band) ---
         self.board = ChartBoard(self)
         self.live_charts: dict[str, LiveChart] = {}
-        charts_row = QHBoxLayout()
+        self.charts_box = QWidget()
+        self.charts_box.setVisible(False)
+        charts_row = QHBoxLayout(self.charts_box)
+        charts_row.setContentsMargins(0, 0, 0, 0)
         for key, title, unit in LIVE_CHARTS:
             chart = self.board.add(LiveChart(title, unit, follow_time=False, symbols=True), {})
             chart.plot.getPlotItem().setLabel("bottom", "seconds into each engine's load")
             self.live_charts[key] = chart
             charts_row.addWidget(chart)
 
-        # --- results ---
-        self.results_table = _table(["Metric", "A", "B", "B / A"], "Results")
-        self.verdict_label = Notice()
-        self.verdict_label.setAccessibleName("Verdict")
-        results_box = QGroupBox("Results")
-        results_layout = QVBoxLayout(results_box)
-        results_layout.addWidget(self.verdict_label)  # the answer first: the verdict and the winner per level
-        results_layout.addWidget(self.results_table, 1)
-        self.replay_table = _table(["Replayed traffic", "A", "B", "B / A"], "Replay results")
-        self.replay_table.setVisible(False)
-        results_layout.addWidget(self.replay_table, 1)
+        # --- results: the answer under the buttons, over the charts that led to it ---
+        self.results = CompareResults()
+        self.results.setVisible(False)
+        self.results_table, self.replay_table = self.results.results_table, self.results.replay_table
+        self.verdict_label = self.results.verdict_label
 
-        layout = QVBoxLayout(self)
+        body = QWidget()
+        layout = QVBoxLayout(body)
         layout.addWidget(form)
         layout.addLayout(buttons)
         layout.addWidget(self.status_label)
         layout.addWidget(self.notice)
-        layout.addLayout(charts_row, 2)
-        layout.addWidget(results_box, 3)
+        layout.addWidget(self.results)  # as tall as its rows: the page scrolls when they need more
+        layout.addWidget(self.charts_box, 1)  # the room that is left, never less than a readable chart
+        layout.addStretch(0)  # without charts, the space is left at the bottom, not spread between the boxes
+        self.page_scroll = QScrollArea()
+        self.page_scroll.setWidgetResizable(True)
+        self.page_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.page_scroll.setWidget(body)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.page_scroll)
         self.board.start()
 
     # --- the form's answers ---
@@ -170,11 +168,8 @@ class ComparePage(QWidget):
         self._engine_started.clear()
         for chart in self.live_charts.values():
             self.board.remove_all_series(chart)
-        _fill(self.results_table, [])
-        _fill(self.replay_table, [])
-        self.replay_table.setVisible(False)
-        self.compact_charts(False)
-        self.verdict_label.show_message("")
+        self.results.clear()
+        self.show_charts(running=True)
         for button, enabled in ((self.run_button, False), (self.stop_button, True), (self.export_button, False),
                                 (self.open_button, False)):
             button.setEnabled(enabled)
@@ -197,11 +192,15 @@ class ComparePage(QWidget):
         self.job.start()
         return True
 
-    def compact_charts(self, compact: bool) -> None:
-        """Live charts full height while a run measures, short once its results are in (they had the room and
-        the results table showed three and a half rows)."""
+    def show_charts(self, running: bool) -> None:
+        """All live charts while a run measures; afterwards only those that got a point, and none at all when
+        no bucket came (a result handed in, a run that failed at once): a chart without data is a blank band."""
+        any_data = False
         for chart in self.live_charts.values():
-            chart.setMaximumHeight(COMPACT_CHART_PX if compact else QWIDGETSIZE_MAX)
+            has_data = any(curve.buffer.count for curve in chart.curves.values())
+            chart.setVisible(running or has_data)
+            any_data = any_data or has_data
+        self.charts_box.setVisible(running or any_data)
 
     def on_progress(self, message: str, _fraction: object) -> None:
         self.status_label.setText(message)
@@ -238,6 +237,7 @@ class ComparePage(QWidget):
 
     def _ended(self) -> None:
         self.running = False
+        self.show_charts(running=False)  # a run that ended without a point leaves no empty charts
         self.run_button.setEnabled(True)
         self.stop_button.setEnabled(False)
         self.progress.setRange(0, 1000)
@@ -251,25 +251,9 @@ class ComparePage(QWidget):
         self.result, self.report = result, report
         self.export_button.setEnabled(bool(report))
         self.open_button.setEnabled(bool(report))
-        headers, rows = ab_rows(result) if result.get("kind") == "ab" else sweep_rows(result)
-        self.results_table.setColumnCount(len(headers))
-        self.results_table.setHorizontalHeaderLabels(headers)
-        _fill(self.results_table, rows)
-        self.results_table.resizeColumnsToContents()
-        self.results_table.resizeRowsToContents()
+        self.results.show_result(result)
         self.board.tick()  # the last buckets, drawn now rather than on their chart's next turn
-        replayed = result.get("kind") == "ab" and bool(result.get("replay"))
-        if replayed:
-            headers, rows = replay_rows(result)
-            self.replay_table.setColumnCount(len(headers))
-            self.replay_table.setHorizontalHeaderLabels(headers)
-            _fill(self.replay_table, rows)
-            self.replay_table.resizeColumnsToContents()
-            self.replay_table.resizeRowsToContents()
-            self.replay_table.setToolTip(replay_summary(result["replay"]["schedule"], float(result["replay"]["speed"])))
-        self.replay_table.setVisible(replayed)
-        self.verdict_label.show_message(verdict_text(result) if result.get("kind") == "ab" else "")
-        self.compact_charts(True)  # the results take the room: every row of the table in view
+        self.show_charts(running=False)
         problems = result.get("errors") or ([result["aborted"]] if result.get("aborted") else [])
         where = f"Report: {report['html']}" if report else ""
         if problems:

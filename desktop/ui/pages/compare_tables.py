@@ -41,6 +41,17 @@ def better(va: Any, vb: Any, a: str, b: str, higher: bool) -> str:
     return f"{engine_label(a if wins_a else b)} ({arrow} is better)"
 
 
+def winner_column(headers: list[str], row: list[str]) -> int | None:
+    """The column (1: A, 2: B) of the engine a row's Better cell names (as `better` writes it), None on a tie, a
+    missing figure or a table without that column: the page marks that engine's figure."""
+    if len(headers) < 5 or len(row) < 5:
+        return None
+    for column in (1, 2):
+        if row[4] in (f"{headers[column]} (higher is better)", f"{headers[column]} (lower is better)"):
+            return column
+    return None
+
+
 def _mean(cell: dict[str, Any] | None) -> Any:
     return cell.get("mean") if cell else None
 
@@ -170,7 +181,8 @@ def verdict_text(result: dict[str, Any]) -> str:
         lines.append(f"Verdict: {verdict}")
     winners = winners_by_level(result)
     if winners:
-        lines.append("Winner per concurrency (output throughput): " + " · ".join(winners))
+        lines.append("Winner per concurrency (the higher output throughput; TTFT p95 beside it):")
+        lines += [f"• {line}" for line in winners]
     for scenario in result.get("scenarios", []):
         winner = scenario.get("winner")
         if winner:
