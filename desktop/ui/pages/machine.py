@@ -90,7 +90,10 @@ class MachinePage(QWidget):
         self.details_button.setCheckable(True)
         self.details_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         self.details_button.setArrowType(Qt.ArrowType.RightArrow)
+        self.details_button.setAccessibleName("Show the GPU probes' messages")
+        self.details_button.hide()  # until a snapshot has notes to show
         self.notes_label = QLabel("")
+        self.notes_label.setAccessibleName("GPU probe messages")
         self.notes_label.setWordWrap(True)
         self.notes_label.hide()
         self.details_button.toggled.connect(self._show_details)
@@ -174,8 +177,12 @@ class MachinePage(QWidget):
             self.download_button.hide()
             return
         starter = answer.suggestion
-        self.suggestion_label.setText(f"A first model that fits: {starter.spec} ({starter.size_bytes / 1e9:.1f} GB, "
-                                      f"~{starter.params_b:g} B parameters), served by llama.cpp.")
+        slower = ""
+        if answer.largest is not None and answer.largest != starter and not snapshot.gpus:
+            slower = f" Up to {answer.largest.label} fits too, but answers slowly on a CPU."
+        self.suggestion_label.setText(f"A first model that fits: {starter.spec} ({starter.label} parameters, "
+                                      f"{starter.size_bytes / 1e9:.2f} GB download), served by llama.cpp.{slower}")
+        self.download_button.setToolTip(f"Download {starter.file} from the Hugging Face Hub, then serve it")
         self.download_button.show()
 
     def _download_suggested(self) -> None:
@@ -208,6 +215,7 @@ class MachinePage(QWidget):
             label.setWordWrap(True)
             self.summary.addRow(f"{key}:", label)
         self.notes_label.setText("\n".join(f"• {note}" for note in snapshot.notes))
+        self.details_button.setVisible(bool(snapshot.notes))  # nothing to open where every probe went well
 
     def show_builds(self, builds: Any) -> None:
         """One row per engine: the build for this machine (or why it cannot run here) and what is installed."""
