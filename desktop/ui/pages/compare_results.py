@@ -76,7 +76,12 @@ class FittedTable(QTableWidget):
     def fill(self, headers: list[str], rows: list[list[str]]) -> None:
         """Headers and rows; on a row with a Better column, the winning engine's figure is bold."""
         self.setColumnCount(len(headers))
-        self.setHorizontalHeaderLabels(headers)
+        self.setHorizontalHeaderLabels([BETTER_HEADER if c == 4 and text == "Better" else text
+                                        for c, text in enumerate(headers)])
+        ratio = self.horizontalHeaderItem(3) if len(headers) > 4 and headers[4] == "Better" else None
+        if ratio is not None:
+            ratio.setToolTip(f"{headers[2]}'s figure divided by {headers[1]}'s: above 1, {headers[2]}'s is the "
+                             "larger one; whether larger is better depends on the metric (the last column says it)")
         self.setRowCount(len(rows))
         bold = QFont(self.font())
         bold.setBold(True)
@@ -87,11 +92,6 @@ class FittedTable(QTableWidget):
                 if c == best:
                     item.setFont(bold)
                 self.setItem(r, c, item)
-        if len(headers) > 4 and headers[4] == "Better":
-            self.horizontalHeaderItem(4).setText(BETTER_HEADER)
-            self.horizontalHeaderItem(3).setToolTip(
-                f"{headers[2]}'s figure divided by {headers[1]}'s: above 1, {headers[2]}'s is the larger one; "
-                "whether larger is better depends on the metric (the last column says it)")
         self.resizeColumnsToContents()
         self.resizeRowsToContents()
         self.updateGeometry()
