@@ -298,13 +298,13 @@ def _drive(window: Any, out: Path) -> None:
 
 
 def save_compare_replay(window: Any, out: Path) -> Path | None:
-    """The Compare page's results with the replay table in view (the sweep table scrolled to its end; the live
-    charts are short once results are in, so no band is left blank)."""
+    """The Compare page's results with the replay table in view (the page scrolled to it; charts without data
+    are hidden, so no band is left blank)."""
     compare = window.show_page("Compare")
     if not compare.replay_table.isVisible():
         print("the A/B has no replay results: no replay screenshot", file=sys.stderr)
         return None
-    compare.results_table.scrollToBottom()
+    compare.page_scroll.ensureWidgetVisible(compare.replay_table)  # the page scrolls; its tables do not
     wait_until(lambda: False, 0.6)
     return _grab(window, out / "5b-compare-replay.png")
 
