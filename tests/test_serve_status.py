@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from desktop.core.serving.serve_status import PENDING, notice_ends, serve_status
+from desktop.core.serving.serve_status import PENDING, notice_ends, pending_tag, serve_status
 
 
 class _State(Enum):
@@ -78,8 +78,10 @@ def test_a_switch_says_switching_while_it_runs_and_serving_once_it_is_done() -> 
 def test_hybrid_standby_start_is_its_own_step_and_its_notice_ends_with_it() -> None:
     # the autopilot's "Starting vLLM on demo; waiting until it serves" arrives before vLLM is in the starting slot
     before = serve_status(_Process(LLAMA), None)
-    ends, tag = notice_ends(PENDING, before)
-    assert (ends, tag) == (False, PENDING)
+    arrived = pending_tag(before)
+    assert arrived == f"{PENDING}llama.cpp|None"
+    ends, tag = notice_ends(arrived, before)
+    assert (ends, tag) == (False, arrived)
     starting = serve_status(_Process(LLAMA), _Process(VLLM, _State.LOADING))
     assert (starting.word, starting.action) == ("serving", "standby")
     ends, tag = notice_ends(tag, starting)
@@ -98,3 +100,13 @@ def test_stopped_crashed_and_starting() -> None:
     assert first.status_bar == "Engine: starting: llama.cpp 23 s, weights"
     stopping = serve_status(_Process(LLAMA), None, stopping=True)
     assert stopping.status_bar == "Engine: stopping (serving: llama.cpp)"
+
+
+def test_a_start_too_fast_to_show_still_ends_its_notice() -> None:
+    """The standby's "Starting vLLM" arrived while llama.cpp served; the next account already has vLLM serving
+    (the start never showed between two looks): the step came and went, so its notice ends."""
+    arrived = pending_tag(serve_status(_Process(LLAMA), None))
+    assert notice_ends(arrived, serve_status(_Process(VLLM), None)) == (True, arrived)
+    # "Preparing vLLM" progress while the same engine keeps serving: nothing changed, it stays
+    assert notice_ends(arrived, serve_status(_Process(LLAMA), None)) == (False, arrived)
+

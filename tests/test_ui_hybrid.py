@@ -69,7 +69,15 @@ def test_hybrid_mode_starts_llamacpp_shows_the_decisions_and_reports_the_hand_ov
         return ["--hold-file", str(hold)] if plan.engine == "llama.cpp" else ["--load-seconds", "0.3"]
 
     session = window.session
-    session.launcher = standin_launcher(tmp_path, options, launched)
+    standin = standin_launcher(tmp_path, options, launched)
+
+    def announcing(plan: LaunchPlan) -> Any:  # says what the real launcher says before each start
+        from desktop.core.common.progress import ProgressEvent
+
+        session._progress(ProgressEvent(f"Starting {plan.engine} on demo; waiting until it serves"))
+        return standin(plan)
+
+    session.launcher = announcing
     session.autopilot_settings = FORCED
     serve = window.show_page("Serve")
     index = serve.engine_box.findData("auto")
@@ -104,6 +112,9 @@ def test_hybrid_mode_starts_llamacpp_shows_the_decisions_and_reports_the_hand_ov
         assert _until(lambda: session.request_log.finished_count > served + 8)  # vLLM serves the load
     assert load.result.failed == [] and session.proxy.counters["failed"] == 0, load.result.failed[:3]
     assert [p.engine for p in launched] == ["llama.cpp", "vllm"]
+    # one account (issue 52): the standby start's "Starting vLLM ..." notice ended with it; the bar says what serves
+    qtbot.waitUntil(lambda: window.statusBar().currentMessage() == "Engine: serving: vLLM", timeout=10_000)
+    assert not (serve.notice.isVisible() and serve.notice.text().startswith("Starting")), serve.notice.text()
     shown = _shown_matches_status(serve, qtbot)
     status = manager.status()["autopilot"]
     hand_over = next(d for d in reversed(status["decisions"]) if d["action"] == "hand_over")

@@ -77,7 +77,7 @@ class AppControl(QObject):
                 raise SwitchyardError("the app is already starting or switching an engine", "wait for it to finish")
             session.busy = session.switching = True
             session.progress.emit(f"Switching to {engine} (asked from the command line); the current engine keeps "
-                                  "serving meanwhile")
+                                  "serving meanwhile", "switch")
 
         self._on_gui(begin)
         try:

@@ -39,7 +39,7 @@ class EngineSession(SessionStatus, QObject):
     phase_reached = Signal(str, float)
     watching = Signal(str)  # a new engine process is now the one shown (its display name)
     log_lines = Signal(list)
-    progress = Signal(str)
+    progress = Signal(str, str)  # text, and the step it belongs to as it stood when said (serve_status tags)
     ready = Signal(object)  # ColdStart
     failed = Signal(str)
     stopped = Signal()
@@ -121,7 +121,12 @@ class EngineSession(SessionStatus, QObject):
             self.proxy.set_capture_bodies(on)
 
     def _progress(self, event: Any) -> None:
-        self.progress.emit(getattr(event, "message", str(event)))
+        """A core step's message (any thread), tagged with the step underway when it was said: by the time the GUI
+        shows it that step may be over (serve_status.notice_ends)."""
+        from desktop.core.serving.serve_status import pending_tag
+
+        status = self.status()
+        self.progress.emit(getattr(event, "message", str(event)), status.action or pending_tag(status))
 
     # --- start ---
     def start(self, plan: LaunchPlan) -> None:
@@ -211,7 +216,7 @@ class EngineSession(SessionStatus, QObject):
         self.busy = self.switching = True
         self._stop_requested = False
         self.publish_status()
-        self.progress.emit(f"Switching to {engine}: starting it while the current engine keeps serving")
+        self.progress.emit(f"Switching to {engine}: starting it while the current engine keeps serving", "switch")
         submit(self._switch, engine, on_finished=self._on_switched, on_error=self._on_error)
 
     def _switch(self, engine: str, model: str | None = None) -> Any:

@@ -37,18 +37,27 @@ class ServeStatus:
         return f"Engine: {self.word} ({self.line})"
 
 
-PENDING = "pending"  # a progress message that arrived before its step showed in the state
+PENDING = "pending:"  # a progress message that arrived before its step showed in the state, and what served then
+
+
+def pending_tag(state: ServeStatus) -> str:
+    """The tag of a message that arrived while no step showed: which engines served and started at the time."""
+    return f"{PENDING}{state.serving}|{state.starting}"
 
 
 def notice_ends(notice_action: str | None, state: ServeStatus) -> tuple[bool, str | None]:
     """Whether a notice tagged `notice_action` ends now that the state is `state`, and its tag from now on. A
-    message of a step (start, switch, standby, stop) ends when that step does; one that arrived before its step
-    showed (PENDING: "Starting vLLM ...; waiting until it serves" comes before the engine is in the endpoint's
-    starting slot) joins the step that shows next; an untagged message (a result, an error) stays."""
+    message of a step (start, switch, standby, stop) ends when that step does. One that arrived before its step
+    showed ("Starting vLLM ...; waiting until it serves" comes before the engine is in the endpoint's starting
+    slot; a fast start may never show at all) joins the step that shows next, or ends once the engines differ
+    from when it arrived with no step underway (the step came and went). An untagged message (a result, an
+    error) stays."""
     if notice_action is None:
         return False, None
-    if notice_action == PENDING:
-        return False, state.action or PENDING
+    if notice_action.startswith(PENDING):
+        if state.action:
+            return False, state.action
+        return notice_action != pending_tag(state), notice_action
     return state.action != notice_action, notice_action
 
 

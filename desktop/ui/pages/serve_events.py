@@ -51,12 +51,16 @@ class ServeEvents:
                 self.notice.show_message(f"The engine stopped: {reason.reason}\nHint: {reason.suggestion}", "error")
         self._update_buttons()
 
-    def on_progress(self, text: str) -> None:
-        """A step's progress ("Starting vLLM on demo; waiting until it serves"): it belongs to the step underway
-        (or the one about to show) and ends with it (serve_status.notice_ends)."""
-        from desktop.core.serving.serve_status import PENDING
+    def on_progress(self, text: str, tag: str) -> None:
+        """A step's progress ("Starting vLLM on demo; waiting until it serves"), tagged with the step it belongs to
+        as it stood when said: shown until that step ends (serve_status.notice_ends), or not at all when it
+        already has (the message arrived after the engines moved on)."""
+        from desktop.core.serving.serve_status import notice_ends
 
-        self.notice.show_message(text, action=self.session.status().action or PENDING)
+        ends, tag_now = notice_ends(tag, self.session.status())
+        if ends:
+            return
+        self.notice.show_message(text, action=tag_now)
 
     def on_status(self, status: Any) -> None:
         """The session's one account of its engines: the state label says its line (the status bar says the same),
