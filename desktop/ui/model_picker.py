@@ -127,3 +127,6 @@ class ModelPicker(QComboBox):
             self.setCurrentIndex(index)
         else:
             self.setEditText(model)
+        edit = self.lineEdit()
+        if edit is not None:  # read from its start ("demo (random…"), not scrolled to its end
+            edit.setCursorPosition(0)
