@@ -50,9 +50,17 @@ def _visible_texts(page: Any) -> list[tuple[int, int, str, Any]]:
 
 
 def _page_at_window_size(main: Any, qtbot: Any) -> Any:
+    from PySide6.QtWidgets import QFormLayout
+
     main.resize(*WINDOW_SIZE)
     page = main.show_page("Machine")
     qtbot.waitUntil(lambda: bool(page.sentence.text()), timeout=30_000)
+    # the summary's rows are added with the sentence; Qt shows a widget added to a shown page on its next pass of
+    # the event loop, so wait for them to be on screen too (in the full suite the probe can answer before a pass)
+    qtbot.waitUntil(lambda: page.summary.rowCount() > 0 and all(
+        not field.widget().visibleRegion().isEmpty()
+        for row in range(page.summary.rowCount())
+        if (field := page.summary.itemAt(row, QFormLayout.ItemRole.FieldRole)) is not None), timeout=5_000)
     qtbot.waitUntil(lambda: main.size().width() == WINDOW_SIZE[0], timeout=5_000)
     return page
 
