@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "desktop.commands.engines",
     "desktop.commands.serve",
     "desktop.commands.requests",
+    "desktop.commands.launch",
     "desktop.commands.profile",
     "desktop.commands.machine",
     "desktop.commands.calibrate",
@@ -51,6 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, arguments: list[str]) -> argparse.Namespace:
+    """argparse, except that a command declaring `passthrough` (launch: the agent's own arguments) gets what
+    follows `--` whole: argparse hands it to no positional once one (the agent's name) came before the options."""
+    if "--" in arguments:
+        cut = arguments.index("--")
+        head = parser.parse_args(arguments[:cut])
+        if getattr(head, "passthrough", None):
+            setattr(head, head.passthrough, arguments[cut + 1:])
+            return head
+    return parser.parse_args(arguments)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from desktop.core.common.private import apply_umask
 
@@ -61,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return watchdog.main(arguments[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, arguments)
     import logging  # after parsing: `--version` and `--help` answer without it
 
     logging.basicConfig(

@@ -50,3 +50,26 @@ def with_chat_template(source: Path, dest: Path, template: str) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return dest
+
+
+def with_context_length(source: Path, dest: Path, tokens: int) -> Path:
+    """`source` written again at `dest` with a trained window of `tokens` (`<arch>.context_length`): a model
+    an agent can work with (Claude Code needs ~25k, Codex 64k), without a download."""
+    reader = gguf.GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    key = f"{arch}.context_length"
+    writer = gguf.GGUFWriter(dest, arch=arch)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture", key):
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    writer.add_uint32(key, tokens)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest

@@ -457,7 +457,7 @@ class _Endpoint:
 
         previous = signal.signal(signal.SIGTERM, on_signal)
         try:
-            host.start(api_key=self.api_key if self.keyed_port else None)
+            host.start(api_key=self.api_key)  # in the 0600 discovery file: `switchyard launch` passes it on
             print(f"endpoint listening on {host.proxy.url}/v1 {announce}", file=sys.stderr, flush=True)
             if self.keyed_port and not self.args.api_key_env:
                 print(f"API key of this launch (clients send `Authorization: Bearer <key>`; also in "

@@ -59,10 +59,12 @@ class Discovery:
     created: float | None = None  # the process's start time: a reused pid is not this instance
     kind: str = "endpoint"
     info: dict[str, Any] = field(default_factory=dict)  # kind `engine`: what `status` shows (no channel to ask)
+    api_key: str | None = None  # the key clients send, where the instance asks for one (`launch` passes it on)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("token")  # never printed
+        data.pop("api_key")
         return data
 
 
@@ -76,8 +78,9 @@ def new_token() -> str:
 
 def write_discovery(port: int, url: str, token: str, kind: str = "endpoint", info: dict[str, Any] | None = None,
                     api_key: str | None = None) -> Path:
-    """Create the discovery file readable by this user only (created 0600, never widened). `api_key`: a plain
-    serve's per-launch engine key, kept here for the user's own clients (never printed by `status`)."""
+    """Create the discovery file readable by this user only (created 0600, never widened). `api_key`: the key
+    clients must send (an endpoint's, or a plain serve's per-launch engine key), kept here for the user's own
+    clients (`switchyard launch`, never printed by `status`)."""
     if kind not in KINDS:
         raise ValueError(f"unknown discovery kind {kind!r}")
     path = discovery_path(port)
@@ -116,7 +119,8 @@ def find_instances() -> list[Discovery]:
             discovery = Discovery(int(record["pid"]), int(record["port"]), str(record["url"]), str(record["token"]),
                                   float(record.get("started_at", 0)),
                                   float(created) if isinstance(created, int | float) else None,
-                                  str(record.get("kind", "endpoint")), dict(record.get("info") or {}))
+                                  str(record.get("kind", "endpoint")), dict(record.get("info") or {}),
+                                  str(record["api_key"]) if record.get("api_key") else None)
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if not _alive(discovery.pid, discovery.created):
