@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -250,3 +251,96 @@ def test_a_missing_agent_is_one_line_with_its_install_command_and_nothing_starts
     assert lines == ["switchyard: error: Codex CLI is not installed (no `codex` on PATH): "
                      "npm install -g @openai/codex"], lines
     assert not list(paths.run_dir().glob("endpoint-*.json"))  # no endpoint was started for it
+
+
+def _recording_agent(folder: Path, name: str) -> tuple[Path, Path]:
+    """An executable called NAME that writes its arguments and environment as JSON, then exits 0."""
+    record = folder / f"{name}.json"
+    folder.mkdir(parents=True, exist_ok=True)
+    binary = folder / name
+    binary.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                      f"open({str(record)!r}, 'w').write(json.dumps({{'argv': sys.argv[1:], 'env': dict(os.environ)}}))\n")
+    binary.chmod(0o755)
+    return binary, record
+
+
+def test_launch_opencode_serves_the_asked_ctx_and_hands_opencode_its_limits(
+        long_model: Path, standin: tuple[Path, Path], tmp_path: Path, stops_endpoints: list[int]) -> None:
+    """`--ctx` sets what a started endpoint serves; OpenCode gets its provider inline with that context as
+    limit.context (without it OpenCode takes 0 and never compacts) and the user's arguments after it."""
+    script, _bodies = standin
+    port = find_free_port()
+    stops_endpoints.append(port)
+    binary, record = _recording_agent(tmp_path / "bin", "opencode")
+    home = tmp_path / "home"
+    home.mkdir()
+    done = _launch(["opencode", "--model", str(long_model), "--engine", "llama.cpp", "--port", str(port),
+                    "--ctx", "70000", "--", "run", "hello there"], _launch_env(home, script, binary), home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = json.loads(record.read_text())
+    assert ran["argv"] == ["run", "hello there"]
+    config = json.loads(ran["env"]["OPENCODE_CONFIG_CONTENT"])
+    provider = config["provider"]["switchyard"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"]["baseURL"] == f"http://127.0.0.1:{port}/v1"
+    assert provider["models"]["switchyard"]["limit"]["context"] == 70_000
+    assert config["model"] == "switchyard/switchyard"
+    status = json.loads(run_cli("status", "--json", "--port", str(port)).stdout)
+    assert status["active"]["plan"]["ctx_per_request"] == 70_000 and status["active"]["plan"]["slots"] == 1
+
+
+def test_launch_claude_sets_what_ollama_launch_sets_and_uses_the_running_endpoint(
+        long_model: Path, standin: tuple[Path, Path], tmp_path: Path) -> None:
+    """An endpoint already serving is used as it is (nothing else starts); Claude Code's variables are the ones
+    `ollama launch claude` sets (ollama cmd/launch/claude.go, ../shared/reference/agents.md), with the served
+    model for every tier and compaction at the served context."""
+    script, _bodies = standin
+    port = find_free_port()
+    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", str(long_model), "--ctx", "30000",
+                                    "--proxy-port", str(port), "--model-name", "my-coder",
+                                    env={**os.environ, "SWITCHYARD_LLAMA_SERVER": str(script)})
+    try:
+        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
+        binary, record = _recording_agent(tmp_path / "bin", "claude")
+        env = {**os.environ, "PATH": f"{binary.parent}{os.pathsep}{os.environ['PATH']}"}
+        done = subprocess.run([sys.executable, "-m", "desktop", "launch", "claude", "--", "-p", "hi"],  # noqa: S603
+                              capture_output=True, text=True, env=env, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        assert "starting the endpoint" not in done.stderr
+        ran = json.loads(record.read_text())
+        assert ran["argv"] == ["--model", "my-coder", "-p", "hi"]
+        got = ran["env"]
+        expected = {"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": "",
+                    "ANTHROPIC_DEFAULT_OPUS_MODEL": "my-coder", "ANTHROPIC_DEFAULT_SONNET_MODEL": "my-coder",
+                    "ANTHROPIC_DEFAULT_HAIKU_MODEL": "my-coder", "CLAUDE_CODE_SUBAGENT_MODEL": "my-coder",
+                    "CLAUDE_CODE_ATTRIBUTION_HEADER": "0", "CLAUDE_CODE_AUTO_COMPACT_WINDOW": "30000",
+                    "DISABLE_ERROR_REPORTING": "1"}
+        assert {k: got.get(k) for k in expected} == expected
+        assert got["ANTHROPIC_AUTH_TOKEN"]  # Claude Code sends no request without one
+        assert len([p for p in paths.run_dir().glob("endpoint-*.json")]) == 1  # the one the test started
+    finally:
+        stop(proc)
+
+
+def test_a_context_the_fit_can_widen_is_offered_with_the_command_that_serves_it(
+        long_model: Path, standin: tuple[Path, Path], tmp_path: Path) -> None:
+    script, _bodies = standin
+    port = find_free_port()
+    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", str(long_model), "--ctx", "4096",
+                                    "--proxy-port", str(port),
+                                    env={**os.environ, "SWITCHYARD_LLAMA_SERVER": str(script)})
+    try:
+        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
+        binary, marker = _fake_agent(tmp_path / "bin", "codex")
+        env = {**os.environ, "PATH": f"{binary.parent}{os.pathsep}{os.environ['PATH']}"}
+        done = subprocess.run([sys.executable, "-m", "desktop", "launch", "codex"],  # noqa: S603
+                              capture_output=True, text=True, env=env, timeout=300, check=False)
+        assert done.returncode != 0 and not marker.exists(), done.stderr
+        said = done.stderr
+        assert "served with a context of 4,096 tokens" in said and "needs about 64,000" in said, said
+        fits = re.search(r"This machine fits up to ([\d,]+) tokens per request", said)
+        assert fits and int(fits.group(1).replace(",", "")) >= 64_000, said
+        assert f"`switchyard stop --port {port}`, then `switchyard launch codex --model {long_model} --ctx 65536`" \
+            in said, said
+    finally:
+        stop(proc)

@@ -265,5 +265,5 @@ def _check_context(agent: Agent, connection: Connection, discovery: Any, args: a
     hint = None
     if largest is not None and largest >= agent.context_needed:
         hint = (f"`switchyard stop --port {discovery.port}`, then `switchyard launch {agent.name} --model {model} "
-                f"--ctx {agent.context_needed}`")
+                f"--ctx {min(agent.context_start, largest)}`")
     raise SwitchyardError(verdict.message, hint)

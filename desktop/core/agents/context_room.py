@@ -63,7 +63,7 @@ def judge(agent: Agent, served: int, model_label: str, window: int | None, large
         said += (f" The model's own window is {window:,} tokens, so no setting makes it fit: choose a model "
                  f"with a window of {need:,} tokens or more.")
     elif largest is not None and largest >= need:
-        said += f" This machine fits up to {largest:,} tokens for this model: serve it with --ctx {max(need, 0):,} or more."
+        said += f" This machine fits up to {largest:,} tokens per request for this model."
     elif largest is not None:
         said += (f" This machine fits at most {largest:,} tokens for this model: a smaller quantization or a "
                  f"smaller model leaves room for more.")
