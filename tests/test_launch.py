@@ -344,3 +344,27 @@ def test_a_context_the_fit_can_widen_is_offered_with_the_command_that_serves_it(
             in said, said
     finally:
         stop(proc)
+
+
+def test_an_endpoint_that_fails_to_start_is_reported_with_its_log_and_nothing_is_left(
+        long_model: Path, tmp_path: Path) -> None:
+    """The engine dies loading (the stand-in's out-of-memory line): launch says so with the end of the
+    endpoint's log, the agent never runs, and no endpoint or engine process is left."""
+    import psutil
+
+    script = tmp_path / "llama-server-oom"
+    script.write_text(f"#!{sys.executable}\n" + STANDIN_BINARY.format(standin=str(STANDIN),
+                                                                       options=["--fail-ctx-above", "1000"]))
+    script.chmod(0o755)
+    binary, marker = _fake_agent(tmp_path / "bin", "claude")
+    home = tmp_path / "home"
+    home.mkdir()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    done = _launch(["claude", "--model", str(long_model), "--engine", "llama.cpp", "--port", str(find_free_port())],
+                   _launch_env(home, script, binary), home)
+    assert done.returncode != 0 and not marker.exists(), done.stderr
+    assert "the endpoint did not start" in done.stderr and "its log ends" in done.stderr, done.stderr
+    assert not list(paths.run_dir().glob("endpoint-*.json"))
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(STANDIN) in " ".join(p.info["cmdline"] or [])
+            and p.pid not in before]
+    assert not left, left

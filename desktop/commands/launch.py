@@ -179,7 +179,6 @@ def _start_endpoint(args: argparse.Namespace, agent: Agent | None) -> Any:
     from desktop._frozen import self_command
     from desktop.core.common import paths
     from desktop.core.common.defaults import DEFAULT_PROXY_PORT
-    from desktop.core.serving import control
 
     engine = args.engine or _recommended_engine(args.model)
     ctx = args.ctx or _context_for(agent, engine, args.model)
@@ -192,19 +191,33 @@ def _start_endpoint(args: argparse.Namespace, agent: Agent | None) -> Any:
     with open(log, "w") as out:  # noqa: PTH123
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,  # noqa: S603
                                 start_new_session=True)
-    deadline, pause, seen = time.monotonic() + args.ready_timeout, threading.Event(), 0
+    try:
+        return _ready(proc, log, port, args.ready_timeout)
+    except BaseException:  # Ctrl-C or a failed start: an endpoint nobody got to use is not left behind
+        if proc.poll() is None:
+            proc.terminate()  # SIGTERM: serve stops its engines on the way out
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        raise
+
+
+def _ready(proc: subprocess.Popen[bytes], log: Path, port: int, timeout: float) -> Any:
+    """The started endpoint's discovery once its log says `ready:`; its exit or the timeout, as an error."""
+    from desktop.core.serving import control
+
+    deadline, pause = time.monotonic() + timeout, threading.Event()
     while True:
         text = log.read_text(errors="replace")
-        for line in text[seen:].splitlines():
-            if line.startswith("ready:"):
-                return control.find_instance(port)
+        if any(line.startswith("ready:") for line in text.splitlines()):
+            return control.find_instance(port)
         if proc.poll() is not None:
             tail = "\n".join(text.splitlines()[-8:])
             raise SwitchyardError(f"the endpoint did not start (exit {proc.returncode}); its log ends:\n{tail}",
                                   f"the whole log: {log}")
         if time.monotonic() > deadline:
-            proc.terminate()
-            raise SwitchyardError(f"the endpoint did not serve within {args.ready_timeout:.0f} s", f"its log: {log}")
+            raise SwitchyardError(f"the endpoint did not serve within {timeout:.0f} s", f"its log: {log}")
         pause.wait(READY_POLL_S)
 
 
