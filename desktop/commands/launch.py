@@ -166,9 +166,11 @@ def _wait_serving(discovery: Any, timeout: float) -> None:
         status = client.status()
         if status.get("active"):
             return
-        if status.get("state") == "down" or time.monotonic() > deadline:
+        idle = discovery.kind == "app" and not status.get("starting")  # the app waits for a click, not for us
+        if idle or status.get("state") == "down" or time.monotonic() > deadline:
             raise SwitchyardError(f"the endpoint on port {discovery.port} has no engine serving "
                                   f"({status.get('last_error') or status.get('state')})",
+                                  "start a model on the app's Serve page" if idle else
                                   "`switchyard status` says why; start it again")
         pause.wait(READY_POLL_S)
 
