@@ -1,7 +1,8 @@
 """Serve: start/stop an engine, its state and cold-start timeline, the endpoint URL, live charts, the log, and
 the one-click switch to the other engine. The page composes its parts (serve_launch: the launch settings;
 serve_state: the engines' state, messages and cold-start bar; serve_charts: the live charts; serve_tabs: log,
-requests, chat, models) and turns the session's events and the buttons into actions on them."""
+requests, chat, models; serve_clients: what to paste to connect an app) and turns the session's events and the
+buttons into actions on them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from desktop.core.common.errors import SwitchyardError
 from desktop.core.hub.names import display_name
 from desktop.ui.engine_session import EngineSession, engine_choices
 from desktop.ui.pages.serve_charts import ServeCharts
+from desktop.ui.pages.serve_clients import ConnectApp
 from desktop.ui.pages.serve_connection import ClientModel
 from desktop.ui.pages.serve_events import ServeEvents
 from desktop.ui.pages.serve_headline import Headline
@@ -75,6 +77,8 @@ class ServePage(ServeEvents, QWidget):
         self.log_pane, self.chat = self.bottom_tabs.log_pane, self.bottom_tabs.chat
         self.requests_panel, self.models_editor = self.bottom_tabs.requests_panel, self.bottom_tabs.models_editor
         self.bottom_tabs.insertTab(1, self.live, "C&harts")
+        self.connect_app = ConnectApp()  # what to paste into coding agents and SDK clients, with the key on demand
+        self.bottom_tabs.insertTab(2, self.connect_app, "Connect an &app")
         self.bottom_tabs.setCurrentWidget(self.chat)
         layout = QVBoxLayout(self)
         layout.addWidget(form)
@@ -99,6 +103,8 @@ class ServePage(ServeEvents, QWidget):
         session.switched.connect(self.on_switched)
         session.ready.connect(lambda _cold: self.client_model.show_model(getattr(session.proxy, "model_name", None)))
         session.stopped.connect(lambda: self.client_model.show_model(None))
+        for signal in (session.status_changed, session.stopped):
+            signal.connect(lambda *_: self.connect_app.show_status(session.manager, session.proxy))
         self.board.start()
         self._serving_source: str | None = None  # the upstream whose telemetry the charts show
         self.live_timer = QTimer(self)  # the bar grows and the engines' line counts while an engine starts
