@@ -127,7 +127,7 @@ def test_claude_code_and_codex_get_their_settings_and_a_context_warning_below_th
     card.choose("claude")
     card.show_connection(connection(context=4096))
     text = card.shown_text()
-    assert "switchyard launch claude\n" in text
+    assert "switchyard launch claude --port 8123\n" in text  # the card's endpoint, even where another one runs
     assert f"export ANTHROPIC_BASE_URL={URL}\n" in text  # Claude Code appends /v1/messages itself
     assert "export ANTHROPIC_DEFAULT_HAIKU_MODEL=switchyard\n" in text
     assert "export CLAUDE_CODE_ATTRIBUTION_HEADER=0\n" in text
@@ -139,9 +139,11 @@ def test_claude_code_and_codex_get_their_settings_and_a_context_warning_below_th
 
     card.choose("codex")
     text = card.shown_text()
-    assert "switchyard launch codex\n" in text and "codex --profile switchyard" in text
-    assert "~/.codex/switchyard.config.toml" in text and "[model_providers.switchyard]" in text
-    assert 'model_catalog_json = "~/.codex/switchyard-models.json"' in text and '"context_window": 65536' in text
+    assert "switchyard launch codex --port 8123\n" in text and "codex --profile switchyard" in text
+    home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")  # where Codex reads its profiles
+    assert f"{home}/switchyard.config.toml" in text and "[model_providers.switchyard]" in text
+    # an absolute path: TOML strings are not shell words, nothing expands a ~ in them
+    assert f'model_catalog_json = "{home}/switchyard-models.json"' in text and '"context_window": 65536' in text
     assert f'base_url = "{URL}/v1/"' in text and 'wire_api = "responses"' in text
     assert "model_context_window = 65536" in text and "export SWITCHYARD_API_KEY=switchyard" in text
     assert not card.warning.isVisible()
@@ -149,7 +151,7 @@ def test_claude_code_and_codex_get_their_settings_and_a_context_warning_below_th
     assert card.warning.isVisible() and "Codex CLI needs about 64,000" in card.warning.text()
 
     card.choose("opencode")
-    assert "switchyard launch opencode\n" in card.shown_text()
+    assert "switchyard launch opencode --port 8123\n" in card.shown_text()
     assert f'"baseURL":"{URL}/v1"' in card.shown_text() and '"context":32768' in card.shown_text()
     assert card.warning.isVisible() and "OpenCode needs about 64,000" in card.warning.text()
     card.choose("openai")  # an SDK asks for no particular context

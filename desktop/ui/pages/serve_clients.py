@@ -23,12 +23,10 @@ from PySide6.QtWidgets import (
 
 from desktop.core.agents import clients
 from desktop.core.agents.clients import AGENTS, CODEX_PROFILE, Connection
-from desktop.core.agents.codex_home import CATALOG, PROFILE
+from desktop.core.agents.codex_home import CATALOG, PROFILE, codex_home
 from desktop.core.common.defaults import SERVED_MODEL_NAME
 
 HIDDEN = "<key hidden>"  # shown where the endpoint's key goes until "Show key" is on
-CODEX_CATALOG = f"~/.codex/{CATALOG}"  # where `launch codex` keeps the catalog (Codex expands ~ in its paths)
-CODEX_FILE = f"~/.codex/{PROFILE}"  # the profile file `codex --profile switchyard` reads, beside config.toml
 TARGETS: list[tuple[str, str]] = [
     *((name, agent.title) for name, agent in AGENTS.items()),
     ("openai", "OpenAI SDK / any OpenAI client"),
@@ -52,12 +50,14 @@ def connection_of(status: Mapping[str, Any] | None, api_key: str | None) -> Conn
 
 def _agent_text(name: str, c: Connection) -> str:
     agent = AGENTS[name]
+    port = c.url.rstrip("/").rsplit(":", 1)[-1]
     lines = [f"# One command: sets everything below and runs {agent.title}",
-             f"switchyard launch {name}", ""]
-    if name == "codex":
-        lines += [f"# Or by hand: write this profile to {CODEX_FILE},",
-                  clients.codex_profile_toml(c, CODEX_CATALOG).rstrip("\n"), "",
-                  f"# write this model catalog to {CODEX_CATALOG},",
+             f"switchyard launch {name} --port {port}", ""]
+    if name == "codex":  # absolute paths: TOML does not expand ~ (CODEX_HOME honoured, as `launch` does)
+        home = codex_home()
+        lines += [f"# Or by hand: write this profile to {home / PROFILE},",
+                  clients.codex_profile_toml(c, str(home / CATALOG)).rstrip("\n"), "",
+                  f"# write this model catalog to {home / CATALOG},",
                   json.dumps(clients.codex_catalog(c), indent=2), "",
                   f"# and set the key in the shell you start `{agent.command} --profile {CODEX_PROFILE}` from"]
     else:
