@@ -268,6 +268,10 @@ def _drive(window: Any, out: Path) -> None:
         wait_until(lambda: False, 0.4)
         window.grab().save(str(out / "4c-serve-chat.png"))
         print(f"saved {out / '4c-serve-chat.png'}", file=sys.stderr, flush=True)
+        serve.bottom_tabs.setCurrentWidget(serve.connect_app)  # what to paste into Claude Code, its context warning
+        serve.connect_app.choose("claude")
+        window.grab().save(str(out / "4g-serve-connect-app.png"))
+        print(f"saved {out / '4g-serve-connect-app.png'}", file=sys.stderr, flush=True)
         serve.bottom_tabs.setCurrentWidget(serve.live)  # the switch's hand-over marks on the charts
     if serve.endpoint_edit.text():
         save_switch_in_progress(window, out)
