@@ -250,12 +250,13 @@ def _context_for(agent: Agent | None, engine: str, model: str) -> int | None:
 
 
 def connection_of(discovery: Any) -> Connection:
+    from desktop.core.agents.clients import connection_from_status
     from desktop.core.serving.control import ControlClient
 
-    status = ControlClient(discovery).status()
-    plan = (status.get("active") or {}).get("plan") or {}
-    return Connection(url=discovery.url, model=str(status.get("model_name") or "switchyard"),
-                      context=int(plan.get("ctx_per_request") or 0), api_key=discovery.api_key)
+    connection = connection_from_status(ControlClient(discovery).status(), discovery.api_key)
+    if connection is None:
+        raise SwitchyardError(f"the endpoint on port {discovery.port} stopped serving", "`switchyard status` says why")
+    return connection
 
 
 def _check_context(agent: Agent, connection: Connection, discovery: Any, args: argparse.Namespace) -> None:

@@ -13,6 +13,9 @@ import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from desktop.core.common.defaults import SERVED_MODEL_NAME
 
 NO_KEY = "switchyard"  # what a client sends where the endpoint asks for no key (SDKs refuse an empty one)
 
@@ -62,6 +65,16 @@ class Connection:
     def output_budget(self) -> int:
         """The answer length offered to clients that ask for one: a quarter of the context, at most 32,000."""
         return max(256, min(32_000, self.context // 4))
+
+
+def connection_from_status(status: Mapping[str, Any] | None, api_key: str | None) -> Connection | None:
+    """An endpoint's Connection from its status (EndpointManager.status(): what `switchyard status --json` prints,
+    `launch` reads and the Serve page shows); None while no engine serves behind it."""
+    plan = ((status or {}).get("active") or {}).get("plan") or {}
+    if not status or not status.get("url") or not plan:
+        return None
+    return Connection(url=str(status["url"]), model=str(status.get("model_name") or SERVED_MODEL_NAME),
+                      context=int(plan.get("ctx_per_request") or 0), api_key=api_key)
 
 
 def claude_env(c: Connection) -> dict[str, str]:

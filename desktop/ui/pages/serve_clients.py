@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from PySide6.QtGui import QFontDatabase, QGuiApplication
@@ -24,7 +23,6 @@ from PySide6.QtWidgets import (
 from desktop.core.agents import clients
 from desktop.core.agents.clients import AGENTS, CODEX_PROFILE, Connection
 from desktop.core.agents.codex_home import CATALOG, PROFILE, codex_home
-from desktop.core.common.defaults import SERVED_MODEL_NAME
 
 HIDDEN = "<key hidden>"  # shown where the endpoint's key goes until "Show key" is on
 TARGETS: list[tuple[str, str]] = [
@@ -36,16 +34,6 @@ TARGETS: list[tuple[str, str]] = [
 EMPTY = "What to paste into Claude Code, Codex, OpenCode or an OpenAI or Anthropic client appears once an engine serves"
 NO_KEY_TIP = (f"The endpoint asks for no key: clients send '{clients.NO_KEY}' only because the SDKs refuse to "
               "start without one")
-
-
-def connection_of(status: Mapping[str, Any] | None, api_key: str | None) -> Connection | None:
-    """The Connection of an endpoint from its status (EndpointManager.status(), what `switchyard status --json`
-    prints and `launch` reads): None while no engine serves behind it."""
-    plan = ((status or {}).get("active") or {}).get("plan") or {}
-    if not status or not status.get("url") or not plan:
-        return None
-    return Connection(url=str(status["url"]), model=str(status.get("model_name") or SERVED_MODEL_NAME),
-                      context=int(plan.get("ctx_per_request") or 0), api_key=api_key)
 
 
 def _agent_text(name: str, c: Connection) -> str:
@@ -163,7 +151,7 @@ class ConnectApp(QWidget):
 
     def show_status(self, manager: Any, proxy: Any) -> None:
         """Follow the session's endpoint: its manager's status (None: no endpoint yet) and its proxy's key."""
-        self.show_connection(connection_of(manager.status() if manager is not None else None,
+        self.show_connection(clients.connection_from_status(manager.status() if manager is not None else None,
                                            getattr(proxy, "api_key", None)))
 
     def target(self) -> str:
