@@ -10,6 +10,7 @@ that each holds one concern; ProxyServer.dispatch hands every request here (once
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,7 @@ from typing import Any
 
 from desktop.core.common.text import bounded
 from desktop.core.engines.model_path import model_label
-from desktop.core.serving import normalize
+from desktop.core.serving import normalize, ollama
 from desktop.core.serving.capabilities import TrafficCapabilities
 from desktop.core.serving.forward import MESSAGES_PATH, Forwarder
 from desktop.core.serving.http1 import (
@@ -28,6 +29,7 @@ from desktop.core.serving.http1 import (
     LocalResponse,
     anthropic_error,
     json_error,
+    ollama_error,
 )
 from desktop.core.serving.metering import RequestListener, RequestRecord
 from desktop.core.serving.requestinfo import LOOP_TOKENS, BadBody, RequestInfo, scan
@@ -80,6 +82,8 @@ class Dispatcher:
             listed = method in ("GET", "HEAD")
             self._answer(request, client, models_answer(self.router, self.model_name, self.started_at) if listed
                          else json_error(405, f"{method} {path} is not allowed; GET it"), counted=not listed)
+        elif path.startswith(ollama.API_PREFIX):
+            self._ollama(request, client)
         elif (path in INFERENCE_ROUTES and method == "POST") or self.router.extra_route(path):
             try:
                 info = scan(request.body, LOOP_TOKENS)
@@ -97,6 +101,68 @@ class Dispatcher:
             self._answer(request, client, error_answer(path, 404 if path not in INFERENCE_ROUTES else 405,
                                                       f"no route {method} {bounded(path)}: {what}"))
 
+    def _ollama(self, request: Incoming, client: ClientConnection) -> None:
+        """Ollama's API: the listings answered here, model management refused, chat/generate/embed translated to
+        the engine's OpenAI route and then forwarded like any inference request (serving.ollama)."""
+        path, method = request.path, request.method
+        if path in ollama.LOCAL_ROUTES:
+            wanted = "POST" if path == "/api/show" else "GET"
+            if method not in (wanted, "HEAD") or (method == "HEAD" and wanted == "POST"):
+                self._answer(request, client, ollama_error(405, f"{method} {path} is not allowed; {wanted} it"))
+                return
+            status, data = ollama.local_answer(path, method, request.body, self.served())
+            self._answer(request, client, LocalResponse.json(data, status=status), counted=status >= 400)
+            return
+        refused = ollama.management(path)
+        if refused is not None or path not in ollama.ENGINE_ROUTES:
+            self._answer(request, client, ollama_error(501 if refused else 404, refused or f"no route {method} "
+                                                       f"{bounded(path)}: the endpoint speaks Ollama's /api/chat, "
+                                                       "/api/generate, /api/embed, /api/tags, /api/show, /api/ps "
+                                                       "and /api/version"))
+            return
+        if method != "POST":
+            self._answer(request, client, ollama_error(405, f"{method} {path} is not allowed; POST it"))
+            return
+        try:
+            call, engine_path, body = ollama.translate(path, request.body)
+        except ollama.OllamaRefusal as exc:
+            loading = ollama.is_load(exc)
+            if loading is None:
+                self._answer(request, client, ollama_error(exc.status, exc.message))
+            else:  # an empty prompt loads the model: it is (or is being) loaded already
+                answer = LocalResponse.json(ollama.load_answer(loading))
+                if loading.stream:
+                    answer.body += b"\n"
+                    answer.content_type = "application/x-ndjson"
+                self._answer(request, client, answer, counted=False)
+            return
+        if self.router.multi:  # Ollama clients add a tag to the name: `switchyard:latest` is `switchyard`
+            name = body["model"]
+            if name not in self.router.routes and name.endswith(":latest") and name[:-7] in self.router.routes:
+                body["model"] = name[:-7]
+        request.ollama = call
+        request.path = request.target = engine_path  # from here on, an OpenAI request (its record says /api/...)
+        request.body = json.dumps(body).encode()
+        try:
+            info = scan(request.body, None)
+        except BadBody as exc:
+            self._answer(request, client, ollama_error(400, str(exc)))
+            return
+        assert info is not None
+        request.shape = normalize.parse(engine_path, request.body)
+        self._route(request, client, info)
+
+    def served(self) -> list[ollama.Served]:
+        """What Ollama's listings show: the served name (or each configured model) and what serves it."""
+        if not self.router.multi:
+            active = self.router.active
+            return [ollama.Served(self.model_name, active.model if active else "", active.engine if active else None,
+                                  active.context if active else 0, self.started_at)]
+        return [ollama.Served(name, str((route.active.model if route.active else route.info.get("model")) or ""),
+                              route.active.engine if route.active else None,
+                              route.active.context if route.active else int(route.info.get("ctx") or 0),
+                              self.started_at) for name, route in self.router.routes.items()]
+
     def _route(self, request: Incoming, client: ClientConnection, info: RequestInfo) -> None:
         """The body is read: pick the route by its model and forward."""
         request.info = info
@@ -105,7 +171,9 @@ class Dispatcher:
             name = self.router.opted_in(request.path)  # e.g. GET /props: to the one model that opted it in
         route = self.router.route(name)
         if route is None:
-            self._answer(request, client, unknown_model(self.router, name))
+            self._answer(request, client, unknown_model(self.router, name) if request.ollama is None else
+                         ollama_error(404, f"model '{bounded(name or '')}' not found; this endpoint serves "
+                                           f"{', '.join(self.router.routes)}"))
             return
         if request.path not in INFERENCE_ROUTES and request.path not in route.extra_routes:
             self._answer(request, client, error_answer(request.path, 404, f"no route {request.method} "

@@ -21,6 +21,7 @@ from desktop.core.serving.http1 import (
     Limits,
     anthropic_error,
     json_error,
+    ollama_error,
     overloaded,
     queue_full,
 )
@@ -64,7 +65,8 @@ class Job:
                streamed: bool = False) -> RequestRecord:
         """The record of an answer the endpoint gave itself, carrying what an engine's answer carries."""
         request = self.request
-        return RequestRecord(self.wall, request.method, request.path, upstream.name if upstream else None, status,
+        path = request.ollama.path if request.ollama is not None else request.path  # what the client asked
+        return RequestRecord(self.wall, request.method, path, upstream.name if upstream else None, status,
                              streamed, None, now - self.arrived, None, error, model=request.info.model,
                              engine=upstream.engine if upstream else None, client=self.client.peer,
                              seq=request.seq)
@@ -166,7 +168,8 @@ class Forwarder:
         that its model loads, as SSE comment lines (`: loading model X (12 s)`) that OpenAI clients ignore."""
         request, client, route = job.request, job.client, job.route
         waiting = self.router.acquire(deadline, avoid, route, job.model)
-        if not (route.loading_status and job.model is not None and not request.http10 and request.info.stream):
+        if not (route.loading_status and job.model is not None and not request.http10 and request.info.stream
+                and request.ollama is None):  # NDJSON has no comment lines: an Ollama client just waits
             return await waiting
         task = asyncio.ensure_future(waiting)
         try:
@@ -230,6 +233,7 @@ class Forwarder:
                                                          .startswith(MESSAGES_PATH))) + LAST_CHUNK)
             return True
         error = anthropic_error(status, message) if request.path.startswith(MESSAGES_PATH) else \
+            ollama_error(status, message) if request.ollama is not None else \
             json_error(status, message, "overloaded_error" if retry_after else "upstream_unavailable")
         if retry_after:
             error.headers = overloaded(self.endpoint.limits, message).headers

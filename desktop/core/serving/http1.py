@@ -115,6 +115,11 @@ def json_error(status: int, message: str, kind: str = "switchyard_error",
     return response
 
 
+def ollama_error(status: int, message: str, kind: str = "") -> LocalResponse:
+    """An error as Ollama's clients read it (`/api/*`): `{"error": "..."}` (the official client raises it)."""
+    return LocalResponse.json({"error": message}, status=status)
+
+
 def anthropic_error(status: int, message: str, kind: str = "api_error") -> LocalResponse:
     """An error as Anthropic Messages clients expect it (`/v1/messages`)."""
     return LocalResponse.json({"type": "error", "error": {"type": kind, "message": message}}, status=status)
@@ -166,6 +171,7 @@ class Incoming:
     held: int = 0  # body bytes reserved in the endpoint's budget (Guard) until the request is answered
     info: RequestInfo = NO_INFO  # the body's model and stream, read once at dispatch
     shape: Any = None  # serving.normalize.Shape: the parsed body the rules shape for each engine (their routes)
+    ollama: Any = None  # serving.ollama.OllamaCall: an Ollama request, sent on as OpenAI's, answered as Ollama's
 
 
 class ResponseStream(Protocol):

@@ -452,7 +452,10 @@ EMBED_HINT = ("; to embed, serve an embedding model: a models.yaml entry with th
               "`args: [--embeddings]` (`switchyard serve --config models.yaml`)")
 
 
-def rewriter_for(call: OllamaCall, status: int, streamed: bool) -> NdjsonStream | WholeAnswer | ErrorAnswer:
+Rewriter = NdjsonStream | WholeAnswer | ErrorAnswer
+
+
+def rewriter_for(call: OllamaCall, status: int, streamed: bool) -> Rewriter:
     if status >= 400:
         embed = call.path in ("/api/embed", "/api/embeddings")
         return ErrorAnswer(call, status, EMBED_HINT if embed else "")

@@ -52,6 +52,7 @@ from desktop.core.serving.http1 import (
     anthropic_error,
     json_error,
     new_event_loop,
+    ollama_error,
 )
 from desktop.core.serving.metering import RequestListener, RequestRecord
 from desktop.core.serving.router import OnDemand, Route, Router, Upstream
@@ -313,7 +314,9 @@ class Screen:
 
     def judge(self, method: str, path: str, headers: Headers) -> tuple[LocalResponse | None, bytes, bool]:
         """(an answer that ends the request here, or None; CORS head lines; whether it showed its credential)."""
-        error = anthropic_error if path.startswith(MESSAGES_PATH) else json_error  # each API's own error shape
+        # each API's own error shape
+        error = anthropic_error if path.startswith(MESSAGES_PATH) else ollama_error if path.startswith("/api/") \
+            else json_error
         host = headers.get("Host")
         if host and not self._local_host(host):
             return error(403, f"the endpoint answers only requests addressed to this machine, not to "

@@ -16,7 +16,7 @@ import json
 import httptools
 
 from desktop.core.common.sse import LAST_CHUNK, chunk, error_event
-from desktop.core.serving import refusals
+from desktop.core.serving import ollama, refusals
 from desktop.core.serving.http1 import HOP_HEADERS, Incoming
 from desktop.core.serving.metering import StreamMeter
 from desktop.core.serving.reasoning import StreamMirror, WholeMirror
@@ -55,7 +55,7 @@ class ResponseRelay:
         self.head_sent = head_sent
         self.engine_error = False
         # one reasoning schema (serving.reasoning); a Responses stream finished (serving.responses)
-        self.mirror: StreamMirror | WholeMirror | ResponsesCompleter | None = None
+        self.mirror: StreamMirror | WholeMirror | ResponsesCompleter | ollama.Rewriter | None = None
         # An engine's error answer to a shaped request, held until it is complete: it may be a refusal the
         # endpoint answers in its own words or retries with a smaller max_tokens (serving.refusals).
         self.holding = False
@@ -81,7 +81,8 @@ class ResponseRelay:
             self.answered = True
             self.mirror = rewriter_for(request.path, self.status, self.streamed)
             return
-        self.holding = self.status == 400 and request.shape is not None
+        # (an Ollama request's errors go through its translation, never held: serving.ollama.ErrorAnswer)
+        self.holding = self.status == 400 and request.shape is not None and request.ollama is None
         lines = [b"HTTP/1.1 %d %s" % (self.status, self.reason or b"Status")]
         if request.shape is not None and request.shape.notes:
             lines.append(b"X-Switchyard-Adjusted: " + ascii_header(request.shape.note))
@@ -98,10 +99,16 @@ class ResponseRelay:
             elif lower.decode("latin-1") not in HOP_HEADERS:
                 if lower == b"content-type" and b"text/event-stream" in value:
                     self.streamed = True
+                if lower == b"content-type" and request.ollama is not None:
+                    continue  # the translation's own (below)
                 lines.append(name + b": " + value)
         no_body = request.method == "HEAD" or self.status < 200 or self.status in (204, 304)
         close = not request.keep_alive
-        self.mirror = None if no_body else rewriter_for(request.path, self.status, self.streamed)
+        if request.ollama is not None:
+            lines.append(b"Content-Type: " + ollama.content_type(self.streamed and self.status < 400))
+            self.mirror = None if no_body else ollama.rewriter_for(request.ollama, self.status, self.streamed)
+        else:
+            self.mirror = None if no_body else rewriter_for(request.path, self.status, self.streamed)
         if no_body:
             self.framing = "none"
             if length is not None:

@@ -19,9 +19,9 @@ import httptools
 from desktop.core.common import unixhttp
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.sse import LAST_CHUNK, chunk, error_event
-from desktop.core.serving import normalize
+from desktop.core.serving import normalize, ollama
 from desktop.core.serving.defaults import DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_IDLE_TIMEOUT
-from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error
+from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error, ollama_error
 from desktop.core.serving.metering import RequestListener, RequestRecord, StreamMeter, count_json_tokens
 from desktop.core.serving.relay import ResponseRelay
 from desktop.core.serving.requestinfo import rewrite_model
@@ -481,13 +481,15 @@ class Exchange(ResponseRelay):
             self.framing, self.streamed = "chunked", True  # the client has the endpoint's event-stream head
             tell_client(self, told)
         elif told is not None and not self.answered and self.cut_reason:
-            response = json_error(503, told, "engine_switch")
+            response = ollama_error(503, told) if self.request.ollama is not None else \
+                json_error(503, told, "engine_switch")
             response.headers = (("Retry-After", str(self.retry_after_s)),)
             self.client.write_response(response, request=self.request)
         elif told is not None and not self.answered:
             self.request.keep_alive = False
-            self.client.write_response(json_error(status, told, "upstream_timeout" if timed_out else "upstream_error"),
-                                       close=True, request=self.request)
+            response = ollama_error(status, told) if self.request.ollama is not None else \
+                json_error(status, told, "upstream_timeout" if timed_out else "upstream_error")
+            self.client.write_response(response, close=True, request=self.request)
         elif told is not None:
             tell_client(self, told)
         self.done.set_result(record)
@@ -499,6 +501,9 @@ def tell_client(exchange: Exchange, error: str) -> None:
     exchange.request.keep_alive = False
     client = exchange.client
     if exchange.framing == "chunked" and exchange.streamed and not client.closed and client.transport:
+        if exchange.request.ollama is not None:  # an NDJSON stream ends with an error line
+            client.transport.write(chunk(ollama.error_line(error)) + LAST_CHUNK)
+            return
         kind, code = ("engine_switch", 503) if exchange.cut_reason else ("upstream_disconnected", 502)
         client.transport.write(chunk(error_event(error, kind, code, retryable=bool(exchange.cut_reason),
                                                  anthropic=exchange.request.path.startswith("/v1/messages")))
@@ -510,7 +515,8 @@ def exchange_record(exchange: Exchange, status: int, error: str | None, done: fl
     """What the request log, metering and the GUI learn of one finished exchange."""
     meter, request, upstream = exchange.meter, exchange.request, exchange.upstream
     return RequestRecord(
-        t=exchange.wall, method=request.method, path=request.path, upstream=upstream.name, status=status,
+        t=exchange.wall, method=request.method, upstream=upstream.name, status=status,
+        path=request.ollama.path if request.ollama is not None else request.path,  # what the client asked
         streamed=exchange.streamed, ttft_s=(meter.first_token_at - exchange.arrived) if meter.first_token_at else None,
         e2e_s=done - exchange.arrived, output_tokens=meter.output_tokens if status < 400 else None,
         error=exchange.told_instead or error, prompt_tokens=meter.prompt_tokens, model=request.info.model,

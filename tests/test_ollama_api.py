@@ -1,0 +1,129 @@
+"""Issue 54: the official `ollama` Python client (PyPI) through the endpoint. Against the stand-in engine behind
+`switchyard serve --endpoint` (tests/standin_engine.py as llama-server): it lists, shows and chats, streamed and
+not, the request log names /api/chat, the engine receives OpenAI's chat body, and the endpoint's key and Origin
+checks hold for /api/ too, with errors the client raises as ResponseError. Against the real engines: the demo
+model on llama-server, then after `switchyard switch --to vllm` on vLLM, listed and chatted with the same way."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import run_cli, serve_until_ready
+from test_coding_agents import ANSWER, STANDIN, STANDIN_BINARY, Endpoint, serve_standin, stop
+
+from desktop.core.runtime.ports import find_free_port
+
+ollama = pytest.importorskip("ollama")
+
+
+def _client(port: int, **headers: str) -> Any:
+    return ollama.Client(host=f"http://127.0.0.1:{port}", headers=headers or None, trust_env=False, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory, demo_model: Any) -> Iterator[Endpoint]:
+    proc, endpoint = serve_standin(tmp_path_factory.mktemp("ollama-standin"))
+    try:
+        yield endpoint
+    finally:
+        stop(proc)
+
+
+def test_the_ollama_client_lists_shows_and_chats_through_the_endpoint(standin: Endpoint) -> None:
+    client = _client(standin.port)
+    listed = client.list()
+    assert [m.model for m in listed.models] == ["switchyard"]
+    assert listed.models[0].details.family == "llama"  # the demo's architecture (demo.py writes a llama GGUF)
+    shown = client.show("switchyard:latest")  # Ollama clients add the tag
+    assert shown.modelinfo["general.architecture"] == "llama"
+    assert [m.model for m in client.ps().models] == ["switchyard"]
+    before = len(standin.seen())
+    whole = client.chat(model="switchyard", messages=[{"role": "user", "content": "hi"}], stream=False)
+    assert whole.message.content == "hi from standin" and whole.done and whole.done_reason == "stop"
+    parts = list(client.chat(model="switchyard", messages=[{"role": "user", "content": "hi"}], stream=True,
+                             options={"temperature": 0, "num_predict": 16}))
+    assert "".join(p.message.content for p in parts) == ANSWER + " " and parts[-1].done
+    assert parts[-1].eval_count == 4  # the stand-in's four chunks (its usage chunk)
+    generated = client.generate(model="switchyard", prompt="hi", stream=False)
+    assert generated.response == "hi from standin"
+    # what the engine received: OpenAI chat bodies with Ollama's options under OpenAI's names
+    sent = [r for r in standin.seen()[before:] if r["path"] == "/v1/chat/completions"]
+    assert len(sent) == 3 and sent[1]["body"]["max_tokens"] == 16 and sent[1]["body"]["temperature"] == 0
+    assert sent[1]["body"]["stream"] is True and sent[1]["body"]["stream_options"] == {"include_usage": True}
+    logged = json.loads(run_cli("requests", "--json", "--port", str(standin.port)).stdout)["requests"]
+    assert [r["path"] for r in logged[-3:]] == ["/api/chat", "/api/chat", "/api/generate"]
+    assert all(r["status"] == 200 for r in logged[-3:])
+
+
+def test_ollamas_errors_and_the_endpoints_checks_on_the_api_routes(standin: Endpoint) -> None:
+    client = _client(standin.port)
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.pull("llama3")
+    assert refused.value.status_code == 501 and "switchyard pull" in refused.value.error
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.show("nope")
+    assert missing.value.status_code == 404 and "not found" in missing.value.error
+    page = httpx.post(f"http://127.0.0.1:{standin.port}/api/chat", headers={"Origin": "https://evil.example"},
+                      json={"model": "switchyard", "messages": []}, trust_env=False)
+    assert page.status_code == 403 and "refused" in page.json()["error"]  # Ollama's shape: a string
+    assert httpx.get(f"http://127.0.0.1:{standin.port}/api/version", trust_env=False).json()["version"]
+
+
+def test_a_keyed_endpoint_takes_the_ollama_client_with_its_key_only(tmp_path: Path, demo_model: Any) -> None:
+    script = tmp_path / "llama-server-standin"
+    script.write_text(f"#!{sys.executable}\n" + STANDIN_BINARY.format(standin=str(STANDIN), options=[]))
+    script.chmod(0o755)
+    port = find_free_port()
+    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--proxy-port", str(port),
+                                    "--api-key-env", "OLLAMA_TEST_KEY",
+                                    env={**os.environ, "SWITCHYARD_LLAMA_SERVER": str(script),
+                                         "OLLAMA_TEST_KEY": "k-123"})
+    try:
+        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
+        with pytest.raises(ollama.ResponseError) as locked:
+            _client(port).list()
+        assert locked.value.status_code == 401
+        answer = _client(port, Authorization="Bearer k-123").chat(
+            model="switchyard", messages=[{"role": "user", "content": "hi"}], stream=False)
+        assert answer.message.content == "hi from standin"
+    finally:
+        stop(proc)
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+@pytest.mark.vllm
+def test_the_ollama_client_on_llama_server_then_after_a_switch_on_vllm(llama_install: Any, vllm_install: Any,
+                                                                       demo_model: Any) -> None:
+    port = find_free_port()
+    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--ctx", "1024", "--parallel", "2",
+                                    "--proxy-port", str(port))
+    try:
+        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
+        for engine in ("llama.cpp", "vllm"):
+            if engine == "vllm":
+                switched = run_cli("switch", "--to", "vllm", "--port", str(port), "--json", timeout=900)
+                assert switched.returncode == 0, switched.stderr
+            client = _client(port)
+            assert [m.model for m in client.list().models] == ["switchyard"]
+            assert client.show("switchyard").modelinfo["llama.context_length"] == 4096  # the demo's window
+            ask = [{"role": "user", "content": "Name a colour."}]
+            whole = client.chat(model="switchyard", messages=ask, stream=False, options={"num_predict": 8,
+                                                                                         "temperature": 0})
+            assert whole.done and whole.message.content and whole.eval_count == 8, (engine, whole)
+            assert whole.done_reason == "length" and whole.prompt_eval_count > 0
+            parts = list(client.chat(model="switchyard", messages=ask, stream=True,
+                                     options={"num_predict": 8, "temperature": 0}))
+            assert parts[-1].done and parts[-1].eval_count == 8 and not any(p.done for p in parts[:-1])
+            assert "".join(p.message.content for p in parts), (engine, parts)
+            status = json.loads(run_cli("status", "--json", "--port", str(port)).stdout)
+            assert status["active"]["engine"] == engine, status
+    finally:
+        stop(proc)
