@@ -62,6 +62,22 @@ def test_the_ollama_client_lists_shows_and_chats_through_the_endpoint(standin: E
     assert all(r["status"] == 200 for r in logged[-3:])
 
 
+def test_launch_env_points_the_ollama_library_at_the_endpoint(standin: Endpoint) -> None:
+    """`eval "$(switchyard launch --env)"` sets OLLAMA_HOST: the library's module-level functions (which read it
+    and nothing else) reach the endpoint instead of 127.0.0.1:11434."""
+    import subprocess
+
+    exports = run_cli("launch", "--env", "--port", str(standin.port))
+    assert exports.returncode == 0, exports.stderr
+    assert f"export OLLAMA_HOST=http://127.0.0.1:{standin.port}\n" in exports.stdout
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OLLAMA_")}
+    env.update(EXPORTS=exports.stdout, PY=sys.executable, NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    program = "import ollama; print(ollama.chat(model='switchyard', messages=[{'role': 'user', 'content': 'hi'}], stream=False).message.content)"
+    done = subprocess.run(["bash", "-c", f'eval "$EXPORTS" && "$PY" -c "{program}"'], capture_output=True,  # noqa: S607
+                          text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "hi from standin", done.stdout + done.stderr
+
+
 def test_ollamas_errors_and_the_endpoints_checks_on_the_api_routes(standin: Endpoint) -> None:
     client = _client(standin.port)
     with pytest.raises(ollama.ResponseError) as refused:
@@ -74,6 +90,9 @@ def test_ollamas_errors_and_the_endpoints_checks_on_the_api_routes(standin: Endp
                       json={"model": "switchyard", "messages": []}, trust_env=False)
     assert page.status_code == 403 and "refused" in page.json()["error"]  # Ollama's shape: a string
     assert httpx.get(f"http://127.0.0.1:{standin.port}/api/version", trust_env=False).json()["version"]
+    with pytest.raises(ollama.ResponseError) as no_embeddings:  # a chat model's engine: no embeddings route
+        client.embed(model="switchyard", input="hello")
+    assert "serve an embedding model" in no_embeddings.value.error and "models.yaml" in no_embeddings.value.error
 
 
 def test_a_keyed_endpoint_takes_the_ollama_client_with_its_key_only(tmp_path: Path, demo_model: Any) -> None:
@@ -93,6 +112,24 @@ def test_a_keyed_endpoint_takes_the_ollama_client_with_its_key_only(tmp_path: Pa
         answer = _client(port, Authorization="Bearer k-123").chat(
             model="switchyard", messages=[{"role": "user", "content": "hi"}], stream=False)
         assert answer.message.content == "hi from standin"
+    finally:
+        stop(proc)
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_embed_reaches_a_llama_server_started_with_embeddings(llama_install: Any, demo_model: Any) -> None:
+    """`/api/embed` on an engine that embeds (llama-server --embeddings): one vector per input, as wide as the
+    demo's hidden size (its config.json); without the flag, llama-server's own refusal and how to add one."""
+    hidden = json.loads((demo_model.path_for("hf") / "config.json").read_text())["hidden_size"]
+    port = find_free_port()
+    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--ctx", "512", "--parallel", "1",
+                                    "--proxy-port", str(port), "--", "--embeddings")
+    try:
+        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
+        embedded = _client(port).embed(model="switchyard", input=["a railway", "a switchyard"])
+        assert len(embedded.embeddings) == 2 and all(len(v) == hidden for v in embedded.embeddings)
+        assert embedded.embeddings[0] != embedded.embeddings[1] and embedded.prompt_eval_count > 0
     finally:
         stop(proc)
 
@@ -123,6 +160,10 @@ def test_the_ollama_client_on_llama_server_then_after_a_switch_on_vllm(llama_ins
                                      options={"num_predict": 8, "temperature": 0}))
             assert parts[-1].done and parts[-1].eval_count == 8 and not any(p.done for p in parts[:-1])
             assert "".join(p.message.content for p in parts), (engine, parts)
+            if engine == "llama.cpp":  # served without --embeddings: llama-server's refusal, and the way out
+                with pytest.raises(ollama.ResponseError) as refused:
+                    client.embed(model="switchyard", input="hello")
+                assert "does not support embeddings" in refused.value.error, refused.value.error
             status = json.loads(run_cli("status", "--json", "--port", str(port)).stdout)
             assert status["active"]["engine"] == engine, status
     finally:

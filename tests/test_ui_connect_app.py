@@ -206,12 +206,13 @@ def test_an_endpoint_without_a_key_shows_the_placeholder_and_no_show_key(card) -
     assert 'model="switchyard"' in card.shown_text()
 
 
-def test_ollama_clients_are_told_the_endpoint_does_not_speak_ollama(card) -> None:  # type: ignore[no-untyped-def]
+def test_ollama_clients_are_pointed_at_the_endpoint_in_place_of_ollama(card) -> None:  # type: ignore[no-untyped-def]
     card.choose("ollama")
     card.show_connection(connection())
     text = card.shown_text()
-    assert "does not speak Ollama" in text and "/api/chat" in text and "cannot connect" in text
-    assert f"{URL}/v1" in text  # where an app that can use OpenAI's API goes instead
+    # the official ollama client reads OLLAMA_HOST (no /v1: the endpoint answers Ollama's /api/ routes itself)
+    assert f"export OLLAMA_HOST={URL}\n" in text and "11434" in text
+    assert "OLLAMA_API_KEY" not in text  # the endpoint asks for no key
     assert not card.warning.isVisible()
 
 

@@ -159,13 +159,20 @@ def opencode_env(c: Connection) -> dict[str, str]:
     return {"OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(c), separators=(",", ":"))}
 
 
+def ollama_env(c: Connection) -> dict[str, str]:
+    """What Ollama's clients read: the host without /v1 (the endpoint answers Ollama's /api/ routes), and the
+    key only where the endpoint asks for one (the official client sends OLLAMA_API_KEY as a bearer token)."""
+    return {"OLLAMA_HOST": c.url.rstrip("/"), **({"OLLAMA_API_KEY": c.api_key} if c.api_key else {})}
+
+
 def generic_env(c: Connection) -> dict[str, str]:
-    """What any OpenAI- or Anthropic-speaking tool reads (the official SDKs among them): `launch --env`."""
+    """What any OpenAI-, Anthropic- or Ollama-speaking tool reads (the official SDKs among them): `launch --env`."""
     return {
         "OPENAI_BASE_URL": c.openai_base_url,
         "OPENAI_API_KEY": c.key,
         "ANTHROPIC_BASE_URL": c.url.rstrip("/"),
         "ANTHROPIC_API_KEY": c.key,
+        **ollama_env(c),
         "SWITCHYARD_MODEL": c.model,
     }
 

@@ -74,14 +74,12 @@ def _sdk_text(target: str, c: Connection) -> str:
 
 
 def _ollama_text(c: Connection) -> str:
+    """Ollama's clients: the endpoint answers Ollama's own API (/api/chat, /api/generate, /api/tags ...), so they
+    need only its address in place of Ollama's 127.0.0.1:11434."""
     return "\n".join([
-        "# The endpoint does not speak Ollama's own API yet (/api/chat, /api/generate, /api/tags),",
-        "# so an app that can only talk to Ollama cannot connect to it.",
-        "# An app that can use an OpenAI-compatible server instead connects with:",
-        f"#   base URL  {c.openai_base_url}",
-        f"#   API key   {c.key}",
-        f"#   model     {c.model}",
-    ]) + "\n"
+        "# Ollama clients (the ollama CLI and libraries, apps that speak Ollama's API): point them here",
+        "# instead of 127.0.0.1:11434; in an app's settings, the server URL is the host below",
+    ]) + "\n" + clients.shell_exports(clients.ollama_env(c)) + f"# the model to ask for: {c.model}\n"
 
 
 def paste_text(target: str, c: Connection) -> str:
