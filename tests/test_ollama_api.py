@@ -60,6 +60,13 @@ def test_the_ollama_client_lists_shows_and_chats_through_the_endpoint(standin: E
     logged = json.loads(run_cli("requests", "--json", "--port", str(standin.port)).stdout)["requests"]
     assert [r["path"] for r in logged[-3:]] == ["/api/chat", "/api/chat", "/api/generate"]
     assert all(r["status"] == 200 for r in logged[-3:])
+    # what could not be carried over is said, in the header and the log, as the endpoint's own rules are
+    answer = httpx.post(f"http://127.0.0.1:{standin.port}/api/chat", trust_env=False, timeout=60,
+                        json={"model": "switchyard", "stream": False, "options": {"num_ctx": 32768},
+                              "messages": [{"role": "user", "content": "hi"}]})
+    assert answer.status_code == 200 and "num_ctx 32768 ignored" in answer.headers["x-switchyard-adjusted"]
+    logged = json.loads(run_cli("requests", "--json", "--port", str(standin.port)).stdout)["requests"]
+    assert "num_ctx 32768 ignored" in (logged[-1]["note"] or ""), logged[-1]
 
 
 def test_launch_env_points_the_ollama_library_at_the_endpoint(standin: Endpoint) -> None:

@@ -84,8 +84,9 @@ class ResponseRelay:
         # (an Ollama request's errors go through its translation, never held: serving.ollama.ErrorAnswer)
         self.holding = self.status == 400 and request.shape is not None and request.ollama is None
         lines = [b"HTTP/1.1 %d %s" % (self.status, self.reason or b"Status")]
-        if request.shape is not None and request.shape.notes:
-            lines.append(b"X-Switchyard-Adjusted: " + ascii_header(request.shape.note))
+        note = adjusted(request)
+        if note:
+            lines.append(b"X-Switchyard-Adjusted: " + ascii_header(note))
         length: bytes | None = None
         chunked = False
         for name, value in self.headers:
@@ -223,6 +224,14 @@ class ResponseRelay:
             self.out.append(chunk(rest) if self.framing == "chunked" else rest)
         if self.framing == "chunked":
             self.out.append(LAST_CHUNK)
+
+
+def adjusted(request: Incoming) -> str | None:
+    """What the endpoint changed in the request: the rules' notes (serving.normalize), and what an Ollama
+    request could not carry over (serving.ollama: num_ctx, context)."""
+    notes = [request.shape.note] if request.shape is not None and request.shape.notes else []
+    notes += request.ollama.notes if request.ollama is not None else []
+    return "; ".join(n for n in notes if n) or None
 
 
 def ascii_header(text: str | None) -> bytes:

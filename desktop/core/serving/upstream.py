@@ -23,7 +23,7 @@ from desktop.core.serving import normalize, ollama
 from desktop.core.serving.defaults import DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_IDLE_TIMEOUT
 from desktop.core.serving.http1 import HOP_HEADERS, ClientConnection, Incoming, json_error, ollama_error
 from desktop.core.serving.metering import RequestListener, RequestRecord, StreamMeter, count_json_tokens
-from desktop.core.serving.relay import ResponseRelay
+from desktop.core.serving.relay import ResponseRelay, adjusted
 from desktop.core.serving.requestinfo import rewrite_model
 from desktop.core.serving.router import Lease, Upstream
 
@@ -521,7 +521,7 @@ def exchange_record(exchange: Exchange, status: int, error: str | None, done: fl
         e2e_s=done - exchange.arrived, output_tokens=meter.output_tokens if status < 400 else None,
         error=exchange.told_instead or error, prompt_tokens=meter.prompt_tokens, model=request.info.model,
         engine=upstream.engine, client=exchange.client.peer, seq=request.seq, request_body=request_body,
-        response_body=response_body, note=request.shape.note if request.shape is not None else None)
+        response_body=response_body, note=adjusted(request))
 
 
 def outcome(status: int, error: str | None, *, answered: bool, cut: bool, client_gone: bool, timed_out: bool,
