@@ -49,6 +49,11 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=0,
                         help="tokens per request (by count_tokens): refuse a longer prompt in vLLM 0.32's words and "
                              "prompt + max_tokens beyond it in vLLM 0.9's (\"you requested ... in the completion\")")
+    parser.add_argument("--think", action="store_true",
+                        help="think first, as a reasoning model behind llama-server does: reasoning_content "
+                             "deltas (a whole answer's message.reasoning_content) before the answer, unless the "
+                             "request turns thinking off in llama-server's own ways (chat_template_kwargs "
+                             "enable_thinking false, reasoning_effort \"none\", reasoning_budget_tokens 0)")
     parser.add_argument("--omit", action="append", default=[], metavar="EVENT",
                         help="leave this event type out of /v1/messages and /v1/responses streams")
     args, _rest = parser.parse_known_args()
@@ -163,10 +168,17 @@ def main() -> int:
                 return {"index": 0, "delta": {"content": text}, "finish_reason": None} if chat else \
                     {"index": 0, "text": text, "finish_reason": None}
 
+            kwargs = body.get("chat_template_kwargs") or {}
+            thinks = chat and args.think and not (kwargs.get("enable_thinking") is False
+                                                  or body.get("reasoning_effort") == "none"
+                                                  or body.get("reasoning_budget_tokens") == 0)
+            thought = f"{args.name} thinks. "
             if not body.get("stream"):
                 message = {"index": 0, "message": {"role": "assistant", "content": f"hi from {args.name}"},
                            "finish_reason": "stop"} if chat else {"index": 0, "text": f"hi from {args.name}",
                                                                   "finish_reason": "stop"}
+                if thinks:
+                    message["message"]["reasoning_content"] = thought  # type: ignore[index]
                 self._json(200, {"id": "x", "object": "chat.completion" if chat else "text_completion",
                                  "created": 0, "model": body.get("model", ""), "choices": [message],
                                  "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}})
@@ -181,6 +193,9 @@ def main() -> int:
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
                 self.wfile.flush()
 
+            if thinks:
+                send({"id": "x", "object": "chat.completion.chunk", "created": 0, "model": body.get("model", ""),
+                      "choices": [{"index": 0, "delta": {"reasoning_content": thought}, "finish_reason": None}]})
             for index in range(args.chunks):
                 send({"id": "x", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
                       "model": body.get("model", ""), "choices": [choice(f"{args.name}{index} ")]})

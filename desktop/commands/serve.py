@@ -98,6 +98,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                           help=f"serve through the stable endpoint on 127.0.0.1:{DEFAULT_PROXY_PORT}")
     endpoint.add_argument("--proxy-port", type=N.port, help="stable endpoint port (implies --endpoint)")
     endpoint.add_argument("--model-name", default=SERVED_MODEL_NAME, help="the model name clients see")
+    endpoint.add_argument("--reasoning-effort", choices=("off", "low", "medium", "high", "auto"), default="auto",
+                          help="how much the model thinks where a request does not say (each engine's own "
+                               "mechanism; default auto: the model's and engine's default)")
     endpoint.add_argument("--api-key-env", metavar="VAR",
                           help="require this environment variable's value as the endpoint's API key")
     endpoint.add_argument("--wait-timeout", type=N.seconds, default=DEFAULT_WAIT_TIMEOUT,
@@ -442,6 +445,7 @@ class _Endpoint:
                                  wait_timeout=args.wait_timeout, capture_bodies=args.capture_bodies,
                                  store=_history_store(), **self.guard)
         self.telemetry = self.host.telemetry
+        self.host.proxy.set_reasoning(getattr(args, "reasoning_effort", "auto"))
         return self.host.proxy
 
     def run(self, target: EndpointControl, served: Any, announce: str, start: Callable[[], None],

@@ -37,7 +37,7 @@ PROBE_USER = "switchyard-capability-probe"  # the OpenAI `user` field of every p
 _MARKS: dict[bytes, tuple[str | None, re.Pattern[bytes]]] = {
     b'"tools"': (TOOLS, re.compile(rb'\s*:\s*\[\s*\{')),  # OpenAI and Anthropic: a non-empty tools list
     b'"type"': (None, re.compile(rb'\s*:\s*"(json_schema|json_object|image_url|input_image|image)"')),
-    b'"reasoning_effort"': (REASONING, re.compile(rb'\s*:\s*"')),
+    b'"reasoning_effort"': (REASONING, re.compile(rb'\s*:\s*"(?!none"|off")')),  # "none": thinking off
     b'"reasoning"': (REASONING, re.compile(rb'\s*:\s*\{')),  # the Responses API's reasoning object
     b'"enable_thinking"': (REASONING, re.compile(rb'\s*:\s*true')),
     b'"thinking"': (REASONING, re.compile(rb'\s*:\s*\{[^{}]{0,256}"type"\s*:\s*"(?:enabled|adaptive)"')),

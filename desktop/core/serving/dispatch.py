@@ -179,6 +179,7 @@ class Dispatcher:
             self._answer(request, client, error_answer(request.path, 404, f"no route {request.method} "
                                                       f"{bounded(request.path)} for this model"))
             return
+        request.reasoning = route.reasoning_effort
         self.counters["requests"] += 1
         request.seq = self.counters["requests"]
         self.events.started(request, client)

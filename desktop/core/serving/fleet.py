@@ -45,10 +45,21 @@ from desktop.core.serving.proxy import ProxyServer
 log = logging.getLogger("switchyard.endpoint")
 
 MODEL_KEYS = ("name", "engine", "model", "ctx", "parallel", "ttl", "loading_status", "extra_routes", "tool_parser",
-              "reasoning_parser", "prefix_cache", "args")
+              "reasoning_parser", "reasoning_effort", "prefix_cache", "args")
 TOP_KEYS = ("models", "loading_status")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 CONFIG_HINT = f"fix that entry of the config (keys: {', '.join(MODEL_KEYS)})"
+
+
+def reasoning_setting(value: Any, where: str) -> str:
+    """A reasoning_effort value as the one setting; YAML reads a bare `off` as false, which is off too."""
+    from desktop.core.serving.reasoning import EFFORTS
+
+    effort = "off" if value is False else value
+    if effort not in EFFORTS:
+        raise SwitchyardError(f"{where}: reasoning_effort must be one of {', '.join(EFFORTS)}, not {value!r}",
+                              CONFIG_HINT)
+    return str(effort)
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,9 @@ class ModelEntry:
     reasoning_parser: str | None = None
     args: tuple[str, ...] = ()  # the engine's own flags (engines.engine_args: counted, refused or passed through)
     prefix_cache: bool = True  # false: the engine's prefix cache off (every request evaluates its whole prompt)
+    # off|low|medium|high|auto: how much the model thinks where a request does not say (normalize rule 6); apart
+    # from reasoning_parser, which says where the engine puts the thinking it does
+    reasoning_effort: str = "auto"
 
     def asks(self) -> dict[str, Any]:
         """The plan fields this entry sets (the planner chooses the rest)."""
@@ -169,6 +183,7 @@ def parse_models_config(data: Any, source: str = "<config>") -> ModelsConfig:
                 parsers[key] = check_parser(kind, item[key] if isinstance(item[key], str) else repr(item[key]))
             except SwitchyardError as exc:
                 raise SwitchyardError(f"{where}: {key}: {exc.message}", exc.hint) from None
+        effort = reasoning_setting(item.get("reasoning_effort", "auto"), where)
         prefix_cache = item.get("prefix_cache", True)
         if not isinstance(prefix_cache, bool):
             raise SwitchyardError(f"{where}: prefix_cache must be true or false, not {prefix_cache!r}", CONFIG_HINT)
@@ -185,7 +200,7 @@ def parse_models_config(data: Any, source: str = "<config>") -> ModelsConfig:
             raise SwitchyardError(f"{where}: args: {exc.message}", exc.hint or CONFIG_HINT) from None
         entries.append(ModelEntry(name, engine, item["model"].strip(), ctx, parallel,
                                   float(ttl) if ttl is not None else None, status, tuple(routes), **parsers,
-                                  args=tuple(engine_args), prefix_cache=prefix_cache))
+                                  args=tuple(engine_args), prefix_cache=prefix_cache, reasoning_effort=effort))
     return ModelsConfig(tuple(entries), source)
 
 
@@ -249,6 +264,7 @@ class Fleet:
         if telemetry is not None:
             proxy.subscribe(lambda record: telemetry.publish(record.to_samples()))
         proxy.set_models({e.name: e.info() for e in config.models}, on_demand=self._on_demand,
+                         reasoning={e.name: e.reasoning_effort for e in config.models},
                          loading_status=[e.name for e in config.models if e.loading_status],
                          extra_routes={e.name: e.extra_routes for e in config.models})
         for route in proxy.router.routes.values():

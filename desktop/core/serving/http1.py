@@ -172,6 +172,7 @@ class Incoming:
     info: RequestInfo = NO_INFO  # the body's model and stream, read once at dispatch
     shape: Any = None  # serving.normalize.Shape: the parsed body the rules shape for each engine (their routes)
     ollama: Any = None  # serving.ollama.OllamaCall: an Ollama request, sent on as OpenAI's, answered as Ollama's
+    reasoning: str = "auto"  # its route's reasoning setting (serving.normalize rule 6)
 
 
 class ResponseStream(Protocol):

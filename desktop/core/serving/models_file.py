@@ -36,6 +36,15 @@ def entry_data(entry: ModelEntry) -> dict[str, Any]:
         data["loading_status"] = True
     if not entry.prefix_cache:
         data["prefix_cache"] = False
+    if entry.extra_routes:
+        data["extra_routes"] = list(entry.extra_routes)
+    for key in ("tool_parser", "reasoning_parser"):
+        if getattr(entry, key) is not None:
+            data[key] = getattr(entry, key)
+    if entry.reasoning_effort != "auto":
+        data["reasoning_effort"] = entry.reasoning_effort
+    if entry.args:
+        data["args"] = list(entry.args)
     return data
 
 

@@ -22,6 +22,12 @@ own code and their users' issues, ../shared/reference/agents.md). Every rule is 
    0.10 refused that, and Claude Code asks for 32,000 output tokens by default. vLLM 0.32 and llama-server b11434
    stop at the context's end themselves; the rule makes the limit visible (X-Switchyard-Adjusted, the request
    log) and spares an older engine's refusal.
+6. One reasoning setting, `off|low|medium|high|auto`: the request's own (`reasoning_effort`, Ollama's `think`
+   translated to it), else the model's (models.yaml `reasoning_effort:`, `serve --reasoning-effort`), reaches each
+   engine as its own mechanism (serving.reasoning.engine_fields): off is `chat_template_kwargs.enable_thinking:
+   false` with `reasoning_effort: "none"` on both, and llama-server's `reasoning_budget_tokens: 0` besides (it
+   ends a template that always opens its thinking); a level is `reasoning_effort`. What the client set itself in
+   `chat_template_kwargs` stays.
 
 Why by hand, and the cost: a body is parsed (json.loads) only on the routes these rules apply to and only up to
 PARSE_LIMIT, where the scan of the body already ran (on the event loop for bodies of few JSON tokens, else in the
@@ -73,6 +79,8 @@ class Target:
     served_model_name: str
     system_first: bool = False  # its template refuses system messages after the first message (rule 3)
     context: int = 0  # the tokens it serves per request, a bound on any reply (rule 5); 0: unknown
+    engine: str = ""  # llama.cpp | vllm: whose reasoning mechanism (rule 6)
+    reasoning: str = "auto"  # the model's reasoning setting, where the request sets none (rule 6)
 
 
 @dataclass
@@ -97,6 +105,8 @@ class Shape:
             _cap(doc, self.cap, notes, "what the served context leaves after the prompt")
         elif target.context > 0:
             _cap(doc, target.context, notes, "the context served per request")
+        if self.path == CHAT:
+            _reasoning(doc, target, notes)
         self.notes = notes
         if not notes:
             return None
@@ -301,6 +311,34 @@ def _cap(doc: dict[str, Any], cap: int, notes: list[str], why: str) -> None:
         if isinstance(value, int) and not isinstance(value, bool) and value > cap:
             doc[key] = cap
             notes.append(f"{key} {value} -> {cap} ({why})")
+
+
+def _reasoning(doc: dict[str, Any], target: Target, notes: list[str]) -> None:
+    """Rule 6: the request's reasoning setting, else the model's, as the engine's own fields."""
+    from desktop.core.serving.reasoning import EFFORTS, engine_fields
+
+    asked = doc.get("reasoning_effort")
+    effort = ("off" if asked == "none" else asked) if isinstance(asked, str) else target.reasoning
+    if effort not in EFFORTS or effort == "auto" or not target.engine:
+        return
+    fields = engine_fields(target.engine, effort)
+    kwargs = doc.get("chat_template_kwargs")
+    kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
+    changed = []
+    for name, value in fields.items():
+        if name == "chat_template_kwargs":
+            for key, inner in value.items():
+                if key not in kwargs:  # the client's own template settings stay
+                    kwargs[key] = inner
+                    changed.append(f"chat_template_kwargs.{key}={json.dumps(inner)}")
+        elif doc.get(name) != value:
+            doc[name] = value
+            changed.append(f"{name}={json.dumps(value)}")
+    if kwargs:
+        doc["chat_template_kwargs"] = kwargs
+    if changed:
+        whose = "asked" if isinstance(asked, str) else "the model's setting"
+        notes.append(f"reasoning {effort} ({whose}): {', '.join(changed)} ({target.engine})")
 
 
 def engine_rules(plan: LaunchPlan) -> tuple[int, bool]:

@@ -226,8 +226,8 @@ class ProxyServer:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     def set_models(self, models: dict[str, dict[str, Any]], on_demand: OnDemand | None = None,
-                   loading_status: Iterable[str] = (), extra_routes: Mapping[str, Iterable[str]] | None = None
-                   ) -> None:
+                   loading_status: Iterable[str] = (), extra_routes: Mapping[str, Iterable[str]] | None = None,
+                   reasoning: Mapping[str, str] | None = None) -> None:
         """Serve several models (call before start): requests are routed by their JSON `model` field to the
         route of that name, an unknown name gets a 404 naming the ones that exist, /v1/models lists them all.
         `on_demand(name)` is called (on the endpoint's loop: it must not block) when a request finds its model
@@ -235,10 +235,16 @@ class ProxyServer:
         `extra_routes[name]`: paths forwarded to that model's engine besides INFERENCE_ROUTES."""
         shown = set(loading_status)
         extra = extra_routes or {}
+        efforts = reasoning or {}
         self.router.routes = {name: Route(info=dict(info), loading_status=name in shown,
-                                          extra_routes=frozenset(extra.get(name, ())))
+                                          extra_routes=frozenset(extra.get(name, ())),
+                                          reasoning_effort=efforts.get(name, "auto"))
                               for name, info in models.items()}
         self.router.on_demand = on_demand
+
+    def set_reasoning(self, effort: str) -> None:
+        """The served model's reasoning setting (single-model mode), for requests that set none (rule 6)."""
+        self.router.default.reasoning_effort = effort
 
     # --- routing (thread-safe) ---
     def set_upstream(self, upstream: Upstream | None, down_reason: str | None = None, model: str | None = None,

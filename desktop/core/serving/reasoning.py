@@ -126,3 +126,21 @@ def mirror_for(path: str, status: int, streamed: bool) -> StreamMirror | WholeMi
     if path != CHAT_PATH or status != 200:
         return None
     return StreamMirror() if streamed else WholeMirror()
+
+
+EFFORTS = ("off", "low", "medium", "high", "auto")  # the one reasoning setting (models.yaml, serve, requests)
+
+
+def engine_fields(engine: str, effort: str) -> dict[str, Any]:
+    """The request fields that give `effort` on `engine`, each engine's own mechanism (sources: llama.cpp b11434
+    tools/server/server-common.cpp: `chat_template_kwargs` merged over the launch's, `reasoning_effort` "none" off,
+    `reasoning_budget_tokens` 0 "immediate end"; vLLM 0.32 chat_completion/protocol.py: `reasoning_effort`, which
+    also sets `enable_thinking` unless the client did, and `chat_template_kwargs`). `auto`: nothing."""
+    if effort == "auto":
+        return {}
+    if effort == "off":
+        fields: dict[str, Any] = {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": False}}
+        if engine == "llama.cpp":
+            fields["reasoning_budget_tokens"] = 0
+        return fields
+    return {"reasoning_effort": effort}

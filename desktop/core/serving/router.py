@@ -62,6 +62,7 @@ class Route:
     info: dict[str, Any] = field(default_factory=dict)  # for /v1/models: engine, model, ttl, ...
     loading_status: bool = False  # streaming clients that wait hear ": loading model X (12 s)" comments
     extra_routes: frozenset[str] = frozenset()  # paths forwarded besides the inference routes (opted in)
+    reasoning_effort: str = "auto"  # the model's reasoning setting, where a request sets none (normalize rule 6)
 
 
 OnDemand = Callable[[str], None]

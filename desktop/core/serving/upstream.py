@@ -352,7 +352,8 @@ class Exchange(ResponseRelay):
     def send(self) -> None:
         """Write the request to the engine: the endpoint's framing and key, the engine's served model name."""
         request, upstream = self.request, self.upstream
-        target = normalize.Target(upstream.served_model_name, upstream.system_first, upstream.context)
+        target = normalize.Target(upstream.served_model_name, upstream.system_first, upstream.context,
+                                  upstream.engine, request.reasoning)
         shaped = request.shape.body_for(target) if request.shape is not None else None
         if shaped is not None:
             log.info("%s: %s", upstream.name, request.shape.note)
