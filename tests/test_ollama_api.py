@@ -141,37 +141,69 @@ def test_embed_reaches_a_llama_server_started_with_embeddings(llama_install: Any
         stop(proc)
 
 
+@pytest.fixture(scope="module")
+def qwen_templated(tmp_path_factory: pytest.TempPathFactory, demo_model: Any) -> tuple[Path, Path]:
+    """(GGUF, HF folder): the demo's weights with Qwen3.5's chat template as llama.cpp ships it (a thinking
+    template: `<think>\n` opens the answer, `<think>\n\n</think>\n\n` when enable_thinking is false), so both
+    engines launch with their Qwen3 reasoning parser. The HF folder links the demo's files but its tokenizer
+    config."""
+    from gguf_tools import with_chat_template
+
+    template = (Path(__file__).parent / "data" / "templates" / "Qwen3.5-4B.jinja").read_text()
+    folder = tmp_path_factory.mktemp("qwen-templated")
+    gguf = with_chat_template(demo_model.path_for("gguf"), folder / "demo-qwen.gguf", template)
+    hf = folder / "demo-qwen-hf"
+    hf.mkdir()
+    source = demo_model.path_for("hf")
+    for file in source.iterdir():
+        if file.name != "tokenizer_config.json":
+            (hf / file.name).symlink_to(file)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (hf / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    return gguf, hf
+
+
 @pytest.mark.engine
 @pytest.mark.llamacpp
 @pytest.mark.vllm
-def test_the_ollama_client_on_llama_server_then_after_a_switch_on_vllm(llama_install: Any, vllm_install: Any,
-                                                                       demo_model: Any) -> None:
+def test_the_ollama_client_and_think_false_on_llama_server_then_after_a_switch_on_vllm(
+        llama_install: Any, vllm_install: Any, qwen_templated: tuple[Path, Path]) -> None:
+    """Both Done-whens on the real engines: the client lists, shows and chats (whole and streamed); `think:
+    false` (reasoning off) reaches each engine as its own fields, which its thinking template renders as a
+    closed think block: the answer is content, no thinking, and the prompt the engine counted is longer; left to
+    the model, the open think block makes the engine's reasoning parser give everything as thinking."""
+    gguf, hf = qwen_templated
     port = find_free_port()
-    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--ctx", "1024", "--parallel", "2",
-                                    "--proxy-port", str(port))
+    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", str(gguf), "--ctx", "1024", "--parallel",
+                                    "2", "--proxy-port", str(port))
     try:
         assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
         for engine in ("llama.cpp", "vllm"):
             if engine == "vllm":
-                switched = run_cli("switch", "--to", "vllm", "--port", str(port), "--json", timeout=900)
+                switched = run_cli("switch", "--to", "vllm", "--model", str(hf), "--port", str(port), "--json",
+                                   timeout=900)
                 assert switched.returncode == 0, switched.stderr
+            status = json.loads(run_cli("status", "--json", "--port", str(port)).stdout)
+            assert status["active"]["engine"] == engine, status
             client = _client(port)
             assert [m.model for m in client.list().models] == ["switchyard"]
-            assert client.show("switchyard").modelinfo["llama.context_length"] == 4096  # the demo's window
+            info = client.show("switchyard").modelinfo
+            assert info[f"{info['general.architecture']}.context_length"] == 4096  # the demo's window (demo.py)
             ask = [{"role": "user", "content": "Name a colour."}]
-            whole = client.chat(model="switchyard", messages=ask, stream=False, options={"num_predict": 8,
-                                                                                         "temperature": 0})
-            assert whole.done and whole.message.content and whole.eval_count == 8, (engine, whole)
-            assert whole.done_reason == "length" and whole.prompt_eval_count > 0
-            parts = list(client.chat(model="switchyard", messages=ask, stream=True,
-                                     options={"num_predict": 8, "temperature": 0}))
+            options = {"num_predict": 8, "temperature": 0}
+            quiet = client.chat(model="switchyard", messages=ask, stream=False, think=False, options=options)
+            assert quiet.done and quiet.done_reason == "length" and quiet.eval_count == 8, (engine, quiet)
+            assert quiet.message.content and not quiet.message.thinking, (engine, quiet)
+            parts = list(client.chat(model="switchyard", messages=ask, stream=True, think=False, options=options))
             assert parts[-1].done and parts[-1].eval_count == 8 and not any(p.done for p in parts[:-1])
-            assert "".join(p.message.content for p in parts), (engine, parts)
+            assert "".join(p.message.content for p in parts) and not any(p.message.thinking for p in parts)
+            thinking = client.chat(model="switchyard", messages=ask, stream=False, options=options)
+            assert thinking.message.thinking and not thinking.message.content, (engine, thinking)
+            # `<think>\n\n</think>\n\n` against `<think>\n`: the prompt the engine evaluated is longer when off
+            assert quiet.prompt_eval_count > thinking.prompt_eval_count > 0, (engine, quiet, thinking)
             if engine == "llama.cpp":  # served without --embeddings: llama-server's refusal, and the way out
                 with pytest.raises(ollama.ResponseError) as refused:
                     client.embed(model="switchyard", input="hello")
                 assert "does not support embeddings" in refused.value.error, refused.value.error
-            status = json.loads(run_cli("status", "--json", "--port", str(port)).stdout)
-            assert status["active"]["engine"] == engine, status
     finally:
         stop(proc)
