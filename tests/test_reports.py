@@ -78,6 +78,7 @@ def test_ab_report_has_ratios_verdict_and_plots(tmp_path: Path) -> None:
     page = paths.html.read_text()
     assert page.count("<svg") == 4  # throughput, TTFT, cold-start phases, memory
     assert "pays back" in page and "Scenarios on this machine" in page
+    assert "reasoning none on both: the A/B sends raw /v1/completions" in page  # the same setting, and which
     data = json.loads(paths.json.read_text())
     assert data["engines"][0]["repetitions"][0]["sweep"]["levels"][0]["median_ttft_ms"] > 0
     with Store(tmp_path / "h.db") as store:

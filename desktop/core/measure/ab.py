@@ -52,6 +52,13 @@ def is_attached(engine: str) -> bool:
     return engine.startswith(ENDPOINT_PREFIX)
 
 
+# The one reasoning setting (serving.normalize rule 6) is the same on both engines because neither applies one:
+# the sweep sends raw /v1/completions, which render no chat template, so a thinking model's template never opens
+# its think block. Said in the config's JSON and the report.
+REASONING = ("none on both: the A/B sends raw /v1/completions, which render no chat template, so neither engine "
+             "thinks")
+
+
 @dataclass(frozen=True)
 class ABConfig:
     """What to compare and how. Defaults fit a 2-core CPU machine (a few minutes per engine)."""
@@ -109,6 +116,7 @@ class ABConfig:
         data["engines"] = list(self.engines)
         data["concurrency"] = list(self.concurrency)
         data["replay"] = self.replay.to_json() if self.replay is not None else None  # its summary, not every item
+        data["reasoning"] = REASONING
         return data
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from desktop.core.common.errors import SwitchyardError
-from desktop.core.measure.ab import ABResult
+from desktop.core.measure.ab import REASONING, ABResult
 from desktop.core.measure.loadgen import SweepResult
 from desktop.core.storage.history import RunRecord, Store
 
@@ -338,7 +338,8 @@ def render_ab_html(result: ABResult) -> str:
     settings = (f"model <b>{html.escape(cfg.model)}</b>, {cfg.dtype}, context {cfg.ctx} per request, "
                 f"{cfg.slots} slots / max_num_seqs, prefix cache {'on' if cfg.prefix_cache else 'off'} on both, "
                 f"{cfg.requests_per_level} requests per level, input {cfg.input_len} / output {cfg.output_len} "
-                f"tokens (ignore_eos), {cfg.repetitions} repetition(s). Machine: {html.escape(result.machine)}.")
+                f"tokens (ignore_eos), {cfg.repetitions} repetition(s); reasoning {REASONING}. "
+                f"Machine: {html.escape(result.machine)}.")
     versions = ", ".join(f"{html.escape(e.display_name)} {html.escape(e.version)}" for e in result.engines)
     notes = "".join(f'<p class="warn">{html.escape(e.engine)}: {html.escape(e.note)}. Its memory is not sampled, '
                     "its settings are not matched by Switchyard, and its costs count no cold start.</p>"
