@@ -127,3 +127,29 @@ def test_a_thinking_engine_streams_no_reasoning_once_the_setting_is_off(thinking
     assert {k: auto.seen()[-1]["body"].get(k) for k in LLAMA_OFF} == LLAMA_OFF
     thought = client.chat(model="switchyard", messages=ASK["messages"], think=True, stream=False)
     assert thought.message.thinking == "standin thinks. " and thought.message.content == "hi from standin"
+
+
+@pytest.mark.gui
+@pytest.mark.qt_log_ignore("propagateSizeHints")
+def test_the_serve_pages_thinking_choice_is_the_app_endpoints_setting(qtbot: Any) -> None:
+    """The Serve page's Thinking box sets the app's endpoint (its single route) for the next request, with or
+    without an endpoint yet, and through a restart of the endpoint."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from desktop.ui.engine_session import EngineSession
+    from desktop.ui.pages.serve import ServePage
+
+    session = EngineSession(endpoint_port=find_free_port())
+    page = ServePage(session)
+    qtbot.addWidget(page)
+    try:
+        box = page.launch_form.reasoning_box
+        assert box.currentData() == "auto"
+        box.setCurrentIndex(box.findData("off"))
+        assert session.reasoning_effort == "off"
+        session._ensure_endpoint()  # the endpoint a first Start opens (no engine needed for its routes)
+        assert session.proxy.router.default.reasoning_effort == "off"
+        box.setCurrentIndex(box.findData("high"))
+        assert session.proxy.router.default.reasoning_effort == "high"
+    finally:
+        page.shutdown()
+        session.shutdown()

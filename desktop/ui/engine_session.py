@@ -52,6 +52,7 @@ class EngineSession(SessionStatus, QObject):
         super().__init__(parent)
         self.endpoint_port = endpoint_port
         self.proxy: Any = None
+        self.reasoning_effort = "auto"  # the Serve page's Thinking choice, kept across endpoint restarts
         self.telemetry: Any = None
         self.manager: Any = None
         self.request_log: Any = None  # serving.requestlog.RequestLog, once the endpoint runs
@@ -113,6 +114,14 @@ class EngineSession(SessionStatus, QObject):
             self.host = host
             self.proxy, self.telemetry, self.manager, self.request_log = \
                 host.proxy, host.telemetry, manager, host.request_log
+            self.proxy.set_reasoning(self.reasoning_effort)
+
+    def set_reasoning_effort(self, effort: str) -> None:
+        """How much the served model thinks where a request does not say (serving.normalize rule 6): applies to
+        the next request, no restart."""
+        self.reasoning_effort = effort
+        if self.proxy is not None:
+            self.proxy.set_reasoning(effort)
 
     def set_capture_bodies(self, on: bool) -> None:
         """Keep request/response bodies in the request log from now on (the GUI's endpoint has no API key)."""

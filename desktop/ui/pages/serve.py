@@ -103,6 +103,8 @@ class ServePage(ServeEvents, QWidget):
         session.switched.connect(self.on_switched)
         session.ready.connect(lambda _cold: self.client_model.show_model(getattr(session.proxy, "model_name", None)))
         session.stopped.connect(lambda: self.client_model.show_model(None))
+        form.reasoning_box.currentIndexChanged.connect(
+            lambda _index: session.set_reasoning_effort(form.reasoning_box.currentData()))
         for signal in (session.status_changed, session.stopped):
             signal.connect(lambda *_: self.connect_app.show_status(session.manager, session.proxy))
         self.board.start()

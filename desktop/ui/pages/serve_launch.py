@@ -83,6 +83,13 @@ class LaunchForm(QWidget):
         self.flags_edit.setToolTip("The engine's own flags, as after `switchyard serve ... --`: the fit counts "
                                    "--n-cpu-moe, --cpu-moe, -ctk/-ctv (llama.cpp) and --cpu-offload-gb (vLLM); "
                                    "flags the plan owns are refused; the rest pass through unaccounted")
+        self.reasoning_box = QComboBox()  # the one reasoning setting, for requests that do not set their own
+        for effort in ("auto", "off", "low", "medium", "high"):
+            self.reasoning_box.addItem(f"Thinking: {effort}", effort)
+        self.reasoning_box.setAccessibleName("Thinking")
+        self.reasoning_box.setToolTip("How much a reasoning model thinks when a request does not say (OpenAI's "
+                                      "reasoning_effort, Ollama's think): each engine gets its own fields; off "
+                                      "answers sooner. auto: the model's and engine's default. Applies at once")
         self.start_button = QPushButton("&Start")
         self.stop_button = QPushButton("S&top")
         self.switch_button = QPushButton("S&witch engine")
@@ -101,6 +108,7 @@ class LaunchForm(QWidget):
             buddy.setBuddy(widget)
             controls.addWidget(buddy)
             controls.addWidget(widget, 2 if widget is self.model_edit else 0)
+        controls.addWidget(self.reasoning_box)
         controls.addWidget(self.start_button)
         controls.addWidget(self.stop_button)
         controls.addWidget(self.switch_button)
