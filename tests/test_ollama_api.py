@@ -53,6 +53,9 @@ def test_the_ollama_client_lists_shows_and_chats_through_the_endpoint(standin: E
     assert parts[-1].eval_count == 4  # the stand-in's four chunks (its usage chunk)
     generated = client.generate(model="switchyard", prompt="hi", stream=False)
     assert generated.response == "hi from standin"
+    loaded = [client.generate(model="switchyard", prompt="", stream=False),  # Ollama's "load the model"
+              *client.generate(model="switchyard", prompt="", stream=True)]
+    assert [(g.done, g.done_reason) for g in loaded] == [(True, "load"), (True, "load")]
     # what the engine received: OpenAI chat bodies with Ollama's options under OpenAI's names
     sent = [r for r in standin.seen()[before:] if r["path"] == "/v1/chat/completions"]
     assert len(sent) == 3 and sent[1]["body"]["max_tokens"] == 16 and sent[1]["body"]["temperature"] == 0

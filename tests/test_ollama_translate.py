@@ -76,7 +76,7 @@ def test_a_chat_request_becomes_the_openai_body_the_engines_take() -> None:
                                               "image_url": {"url": "data:image/png;base64,iVBORw0KGgoAAA"}}]
     assert out["messages"][2]["tool_calls"][0]["function"] == {"name": "look", "arguments": '{"x": 1}'}
     assert "thinking" not in out["messages"][2]
-    assert out["messages"][3]["tool_call_id"] == "look"
+    assert out["messages"][3]["tool_call_id"] == out["messages"][2]["tool_calls"][0]["id"] == "call_0"
     assert any("num_ctx 8192 ignored" in note for note in call.notes)
 
 

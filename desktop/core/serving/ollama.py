@@ -99,7 +99,7 @@ def translate(path: str, body: bytes) -> tuple[OllamaCall, str, dict[str, Any]]:
         messages = data.get("messages") or []
         if not isinstance(messages, list):
             raise OllamaRefusal(400, "messages must be a list")
-        out["messages"] = [_message(m) for m in messages]
+        out["messages"] = _messages(messages)
         tools = data.get("tools")
         if tools:
             out["tools"] = tools
@@ -163,6 +163,20 @@ def _embed(path: str, model: str, data: dict[str, Any]) -> tuple[OllamaCall, str
     if isinstance(data.get("dimensions"), int):
         out["dimensions"] = data["dimensions"]
     return OllamaCall(path, model, stream=False), "/v1/embeddings", out
+
+
+def _messages(messages: list[Any]) -> list[dict[str, Any]]:
+    """The conversation, a tool's answer tied to the call it answers: Ollama names the tool (`tool_name`), OpenAI
+    the call's id, so the id is the one given to the last call of that name."""
+    out, ids = [], {}
+    for message in messages:
+        converted = _message(message)
+        for call in converted.get("tool_calls") or []:
+            ids[call["function"]["name"]] = call["id"]
+        if converted["role"] == "tool" and not message.get("tool_call_id") and message.get("tool_name") in ids:
+            converted["tool_call_id"] = ids[message["tool_name"]]
+        out.append(converted)
+    return out
 
 
 def _message(message: Any) -> dict[str, Any]:
