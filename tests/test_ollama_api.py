@@ -129,12 +129,12 @@ def test_a_keyed_endpoint_takes_the_ollama_client_with_its_key_only(tmp_path: Pa
 @pytest.mark.engine
 @pytest.mark.llamacpp
 def test_embed_reaches_a_llama_server_started_with_embeddings(llama_install: Any, demo_model: Any) -> None:
-    """`/api/embed` on an engine that embeds (llama-server --embeddings): one vector per input, as wide as the
-    demo's hidden size (its config.json); without the flag, llama-server's own refusal and how to add one."""
+    """`/api/embed` on an engine that embeds (llama-server --embeddings --pooling mean: the demo's GGUF, a chat
+    model, sets no pooling): one vector per input, as wide as the demo's hidden size (its config.json)."""
     hidden = json.loads((demo_model.path_for("hf") / "config.json").read_text())["hidden_size"]
     port = find_free_port()
     proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--ctx", "512", "--parallel", "1",
-                                    "--proxy-port", str(port), "--", "--embeddings")
+                                    "--proxy-port", str(port), "--", "--embeddings", "--pooling", "mean")
     try:
         assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
         embedded = _client(port).embed(model="switchyard", input=["a railway", "a switchyard"])
@@ -169,16 +169,17 @@ def qwen_templated(tmp_path_factory: pytest.TempPathFactory, demo_model: Any) ->
 @pytest.mark.engine
 @pytest.mark.llamacpp
 @pytest.mark.vllm
-def test_the_ollama_client_and_think_false_on_llama_server_then_after_a_switch_on_vllm(
+def test_the_ollama_client_and_reasoning_off_on_llama_server_then_after_a_switch_on_vllm(
         llama_install: Any, vllm_install: Any, qwen_templated: tuple[Path, Path]) -> None:
-    """Both Done-whens on the real engines: the client lists, shows and chats (whole and streamed); `think:
-    false` (reasoning off) reaches each engine as its own fields, which its thinking template renders as a
-    closed think block: the answer is content, no thinking, and the prompt the engine counted is longer; left to
-    the model, the open think block makes the engine's reasoning parser give everything as thinking."""
+    """Both Done-whens on the real engines: the client lists, shows and chats (whole and streamed); the model's
+    setting off (`serve --reasoning-effort off`, a request that says nothing) reaches each engine as its own
+    fields, which its thinking template renders as a closed think block: the answer is content, no thinking, and
+    the prompt the engine counted is longer; a request's `think: true` wins, and the open think block makes the
+    engine's reasoning parser give everything as thinking."""
     gguf, hf = qwen_templated
     port = find_free_port()
     proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", str(gguf), "--ctx", "1024", "--parallel",
-                                    "2", "--proxy-port", str(port))
+                                    "2", "--proxy-port", str(port), "--reasoning-effort", "off")
     try:
         assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
         for engine in ("llama.cpp", "vllm"):
@@ -194,13 +195,13 @@ def test_the_ollama_client_and_think_false_on_llama_server_then_after_a_switch_o
             assert info[f"{info['general.architecture']}.context_length"] == 4096  # the demo's window (demo.py)
             ask = [{"role": "user", "content": "Name a colour."}]
             options = {"num_predict": 8, "temperature": 0}
-            quiet = client.chat(model="switchyard", messages=ask, stream=False, think=False, options=options)
+            quiet = client.chat(model="switchyard", messages=ask, stream=False, options=options)  # the model's: off
             assert quiet.done and quiet.done_reason == "length" and quiet.eval_count == 8, (engine, quiet)
             assert quiet.message.content and not quiet.message.thinking, (engine, quiet)
-            parts = list(client.chat(model="switchyard", messages=ask, stream=True, think=False, options=options))
+            parts = list(client.chat(model="switchyard", messages=ask, stream=True, options=options))
             assert parts[-1].done and parts[-1].eval_count == 8 and not any(p.done for p in parts[:-1])
             assert "".join(p.message.content for p in parts) and not any(p.message.thinking for p in parts)
-            thinking = client.chat(model="switchyard", messages=ask, stream=False, options=options)
+            thinking = client.chat(model="switchyard", messages=ask, stream=False, think=True, options=options)
             assert thinking.message.thinking and not thinking.message.content, (engine, thinking)
             # `<think>\n\n</think>\n\n` against `<think>\n`: the prompt the engine evaluated is longer when off
             assert quiet.prompt_eval_count > thinking.prompt_eval_count > 0, (engine, quiet, thinking)

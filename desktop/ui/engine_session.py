@@ -52,21 +52,19 @@ class EngineSession(SessionStatus, QObject):
         super().__init__(parent)
         self.endpoint_port = endpoint_port
         self.proxy: Any = None
-        self.reasoning_effort = "auto"  # the Serve page's Thinking choice, kept across endpoint restarts
         self.telemetry: Any = None
         self.manager: Any = None
         self.request_log: Any = None  # serving.requestlog.RequestLog, once the endpoint runs
         self.capture_bodies = False
         self._requests_pending = False
         self.plan: LaunchPlan | None = None  # what was asked to serve (the planner checks it in the worker)
-        self.busy = False
-        self.switching = False
-        self.stopping = False
+        self.busy = self.switching = self.stopping = False
         self._last_status: Any = None
         self.vllm_eager = False  # vLLM without torch.compile: starts much sooner on CPU (tests, quick tries)
         self.telemetry_interval = 1.0  # seconds between scrapes of each engine (tests shorten it)
         self.launcher: Any = None  # how engines are launched (None: make_launcher, installing what is missing)
         self.autopilot_settings: Any = None  # hybrid mode's thresholds (None: the policy's defaults)
+        self.reasoning_effort = "auto"  # the Serve page's Thinking choice: set on the endpoint when it opens
         self._stop_requested = False
         self._watched: Any = None  # the EngineProcess whose log we show
         self._pending_lines: deque[str] = deque(maxlen=5000)
@@ -115,13 +113,6 @@ class EngineSession(SessionStatus, QObject):
             self.proxy, self.telemetry, self.manager, self.request_log = \
                 host.proxy, host.telemetry, manager, host.request_log
             self.proxy.set_reasoning(self.reasoning_effort)
-
-    def set_reasoning_effort(self, effort: str) -> None:
-        """How much the served model thinks where a request does not say (serving.normalize rule 6): applies to
-        the next request, no restart."""
-        self.reasoning_effort = effort
-        if self.proxy is not None:
-            self.proxy.set_reasoning(effort)
 
     def set_capture_bodies(self, on: bool) -> None:
         """Keep request/response bodies in the request log from now on (the GUI's endpoint has no API key)."""

@@ -463,7 +463,8 @@ def engine_message(body: bytes, status: int) -> str:
 
 
 EMBED_HINT = ("; to embed, serve an embedding model: a models.yaml entry with the model and, for llama.cpp, "
-              "`args: [--embeddings]` (`switchyard serve --config models.yaml`)")
+              "`args: [--embeddings]` (and `--pooling mean` for a model whose GGUF sets no pooling) "
+              "(`switchyard serve --config models.yaml`)")
 
 
 Rewriter = NdjsonStream | WholeAnswer | ErrorAnswer

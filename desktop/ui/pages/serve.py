@@ -103,8 +103,7 @@ class ServePage(ServeEvents, QWidget):
         session.switched.connect(self.on_switched)
         session.ready.connect(lambda _cold: self.client_model.show_model(getattr(session.proxy, "model_name", None)))
         session.stopped.connect(lambda: self.client_model.show_model(None))
-        form.reasoning_box.currentIndexChanged.connect(
-            lambda _index: session.set_reasoning_effort(form.reasoning_box.currentData()))
+        form.reasoning_box.currentIndexChanged.connect(lambda _index: self._set_reasoning())
         for signal in (session.status_changed, session.stopped):
             signal.connect(lambda *_: self.connect_app.show_status(session.manager, session.proxy))
         self.board.start()
@@ -114,6 +113,12 @@ class ServePage(ServeEvents, QWidget):
         self.live_timer.timeout.connect(self.refresh_live)
         self.live_timer.start()
         self._update_buttons()
+
+    def _set_reasoning(self) -> None:
+        """The Thinking choice: the app's endpoint's setting for the next request, and when it next opens."""
+        effort = self.session.reasoning_effort = self.launch_form.reasoning_box.currentData()
+        if self.session.proxy is not None:
+            self.session.proxy.set_reasoning(effort)
 
     # --- actions ---
     def launch(self, plan: Any) -> None:
