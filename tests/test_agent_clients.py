@@ -1,57 +1,99 @@
-"""Issue 53: Codex's profile file and its undo in the cases the agent test does not reach (no file before, a file
-edited after launch, a legacy profile inside config.toml), and `launch --env`'s export lines read back by bash
-exactly, whatever the key holds. Expected values are written out here or read back by bash and tomllib."""
+"""Agents keep working after a switch (issue 34): the official openai and anthropic clients send tools through the
+stable endpoint to the real llama-server and, after `switchyard switch --to vllm`, to the real vLLM (CPU build),
+on the demo model. Before plans carried a tool-call parser, every one of these requests was a 400 on vLLM:
+'"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'."""
 
 from __future__ import annotations
 
-import subprocess
-import tomllib
-from pathlib import Path
+import json
+from typing import Any
 
+import anthropic
+import httpx
+import openai
 import pytest
+from conftest import run_cli, serve_until_ready
 
-from desktop.core.agents import codex_home
-from desktop.core.agents.clients import Connection, generic_env, shell_exports
-from desktop.core.common.errors import SwitchyardError
+from desktop.core.runtime.ports import find_free_port
 
-CONNECTION = Connection(url="http://127.0.0.1:8800", model="switchyard", context=65_536, api_key=None)
-
-
-def test_a_profile_launch_wrote_where_there_was_none_is_removed_again(tmp_path: Path) -> None:
-    files = codex_home.write(CONNECTION, tmp_path)
-    assert files.backup is None
-    profile = tomllib.loads(files.profile.read_text())
-    assert profile["model_provider"] == "switchyard" and profile["model"] == "switchyard"
-    assert profile["model_providers"]["switchyard"]["base_url"] == "http://127.0.0.1:8800/v1/"
-    codex_home.write(CONNECTION, tmp_path)  # a second launch: still one thing to undo
-    said = codex_home.restore(tmp_path)
-    assert "removed" in said and sorted(tmp_path.iterdir()) == []
-    assert "nothing to restore" in codex_home.restore(tmp_path)
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ANTHROPIC_WEATHER = {"name": "get_weather", "description": "The weather in a city now",
+                     "input_schema": WEATHER["function"]["parameters"]}  # type: ignore[index]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+# An agent's second turn: its own tool call (content null) and the tool's answer.
+SECOND_TURN = [*ASK,
+               {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                   "name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
 
 
-def test_a_profile_edited_after_launch_stays_and_the_users_older_one_is_kept(tmp_path: Path) -> None:
-    (tmp_path / "switchyard.config.toml").write_text('model = "mine"\n')
-    codex_home.write(CONNECTION, tmp_path)
-    (tmp_path / "switchyard.config.toml").write_text('model = "edited after launch"\n')
-    said = codex_home.restore(tmp_path)
-    assert "edited after launch wrote it" in said
-    assert (tmp_path / "switchyard.config.toml").read_text() == 'model = "edited after launch"\n'
-    assert (tmp_path / "switchyard.config.toml.switchyard-backup").read_text() == 'model = "mine"\n'
-    assert not (tmp_path / "switchyard-models.json").exists()
+def _agent_requests(base: str, engine: str) -> dict[str, Any]:
+    """Everything an agent sends, through the official clients (they raise on any 4xx/5xx)."""
+    http = httpx.Client(trust_env=False, timeout=300)
+    chat = openai.OpenAI(base_url=base + "/v1", api_key="unused", http_client=http, max_retries=0)
+    whole = chat.chat.completions.create(model="switchyard", messages=ASK, tools=[WEATHER],  # type: ignore[arg-type, list-item]
+                                         max_tokens=8, temperature=0)
+    assert whole.choices and whole.choices[0].message.role == "assistant", (engine, whole)
+    chunks = list(chat.chat.completions.create(model="switchyard", messages=ASK, tools=[WEATHER],  # type: ignore[arg-type, list-item]
+                                               max_tokens=8, temperature=0, stream=True))
+    assert chunks and any(c.choices and c.choices[0].finish_reason for c in chunks), (engine, chunks[-1:])
+    second = chat.chat.completions.create(model="switchyard", messages=SECOND_TURN, tools=[WEATHER],  # type: ignore[arg-type, list-item]
+                                          max_tokens=8, temperature=0)
+    assert second.choices[0].finish_reason in ("length", "stop", "tool_calls"), (engine, second)
+    messages = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=300,
+                                   http_client=anthropic.DefaultHttpxClient(trust_env=False))
+    answer = messages.messages.create(model="switchyard", max_tokens=8, tools=[ANTHROPIC_WEATHER],  # type: ignore[list-item]
+                                      messages=ASK)  # type: ignore[arg-type]
+    assert answer.type == "message" and answer.role == "assistant", (engine, answer)
+    with messages.messages.stream(model="switchyard", max_tokens=8, tools=[ANTHROPIC_WEATHER],  # type: ignore[list-item]
+                                  messages=ASK) as stream:  # type: ignore[arg-type]
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason in ("max_tokens", "end_turn", "tool_use"), (engine, streamed)
+    http.close()
+    return {"chat": whole, "stream": chunks, "messages": answer}
 
 
-@pytest.mark.parametrize("legacy", ['profile = "switchyard"\n', '[profiles.switchyard]\nmodel = "x"\n'])
-def test_a_switchyard_profile_inside_config_toml_is_refused_and_nothing_written(tmp_path: Path, legacy: str) -> None:
-    (tmp_path / "config.toml").write_text(legacy)
-    with pytest.raises(SwitchyardError, match="has a `switchyard` profile of its own"):
-        codex_home.write(CONNECTION, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
-    assert (tmp_path / "config.toml").read_text() == legacy
+@pytest.mark.engine
+@pytest.mark.llamacpp
+@pytest.mark.vllm
+def test_tools_through_the_endpoint_on_llamacpp_and_after_a_switch_to_vllm(llama_install: Any, vllm_install: Any,
+                                                                          demo_model: Any) -> None:
+    port = find_free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--proxy-port", str(port),
+                                    "--parallel", "2")
+    try:
+        assert ready.startswith(f"ready: {base}/v1"), ready
+        _agent_requests(base, "llama.cpp")
+        previewed = json.loads(run_cli("switch", "--to", "vllm", "--port", str(port), "--dry-run", "--json").stdout)
+        rows = {row["capability"]: row for row in previewed["capabilities"]}
+        assert rows["tools"]["traffic_s_ago"] is not None and rows["tools"]["target"] == "yes", rows
+        switched = run_cli("switch", "--to", "vllm", "--port", str(port), "--json", timeout=900)
+        assert switched.returncode == 0, switched.stderr
+        assert json.loads(switched.stdout)["probed"] == ["tools"]  # vLLM answered a tools request first (issue 41)
+        status = json.loads(run_cli("status", "--json", "--port", str(port)).stdout)
+        assert status["active"]["engine"] == "vllm"
+        assert status["active"]["plan"]["tool_parser"] == "hermes"  # from the demo's chat template
+        _agent_requests(base, "vllm")
+        assert run_cli("stop", "--port", str(port)).returncode == 0
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
-def test_export_lines_read_back_exactly_in_bash() -> None:
-    key = "k'ey with \"quotes\", $dollars and `ticks`"
-    env = generic_env(Connection(url="http://127.0.0.1:8800", model="my model", context=4096, api_key=key))
-    script = shell_exports(env) + 'printf "%s\\n" "$OPENAI_API_KEY" "$ANTHROPIC_API_KEY" "$OPENAI_BASE_URL" "$SWITCHYARD_MODEL"'
-    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)  # noqa: S607
-    assert done.stdout.splitlines() == [key, key, "http://127.0.0.1:8800/v1", "my model"]
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_the_real_llama_server_takes_the_reasoning_format_a_reasoning_plan_gives_it(llama_install: Any,
+                                                                                     demo_model: Any) -> None:
+    asked = ("serve", "--engine", "llama.cpp", "--model", "demo", "--reasoning-parser", "deepseek_r1")
+    planned = run_cli(*asked, "--dry-run", "--json")
+    assert planned.returncode == 0, planned.stderr
+    argv = json.loads(planned.stdout)["argv"]
+    assert argv[argv.index("--reasoning-format") + 1] == "deepseek"
+    served = run_cli(*asked, "--prompt", "Hi", "--max-tokens", "4", "--json")
+    assert served.returncode == 0, served.stderr  # llama-server refuses a --reasoning-format it does not know
+    assert json.loads(served.stdout)["usage"]["completion_tokens"] == 4
