@@ -35,7 +35,9 @@ class Agreement:
             signal.connect(self.check)  # connected last: runs after the page's and the window's own slots
 
     def check(self, *_: Any) -> None:
-        status = self.window.session.status()
+        # what the texts must agree with: the account published to them (the live status() can be a phase ahead,
+        # moved by the engine's thread, until the next publish: comparing with it was a race)
+        status = self.window.session.shown_status
         label = self.serve.state_label.text()
         bar = self.window.statusBar().currentMessage()
         notice = self.serve.notice.text() if self.serve.notice.isVisible() else ""

@@ -45,6 +45,12 @@ class SessionStatus:
         return serve_status(serving, starting, self.process, starting_asked=self.busy and
                             not self.switching, switching=self.switching, stopping=self.stopping)
 
+    @property
+    def shown_status(self) -> Any:
+        """The account the page, the status bar and the notices show now: the last one published. The live
+        status() may be a step ahead (an engine's phase moved in its thread) until the next publish."""
+        return self._last_status if self._last_status is not None else self.status()
+
     def publish_status(self) -> None:
         """Tell the page and the status bar when the account changed (called on every event and log tick)."""
         if not isValid(self):
