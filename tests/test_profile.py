@@ -63,6 +63,13 @@ def test_profile_of_rows_lengths_rate_burstiness_and_lifetimes() -> None:
     json.dumps(profile.to_json())  # serializable for --json
 
 
+def test_ollama_requests_are_workload_and_listings_are_not() -> None:
+    """Requests an Ollama client sent (/api/chat, /api/generate) count as the workload; /api/tags does not."""
+    rows = [{**row(1000.0 + i, 0.5), "path": path} for i, path in
+            enumerate(["/api/chat", "/api/generate", "/api/tags", "/v1/chat/completions"])]
+    assert build_profile(rows, since=0.0, until=2000.0).requests == 3
+
+
 def test_shared_prefix_share_from_captured_bodies_only() -> None:
     system = "You are a helpful assistant. " * 10
     bodies = [json.dumps({"prompt": system + f"question {i}"}) for i in range(6)]

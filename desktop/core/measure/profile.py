@@ -35,7 +35,9 @@ from desktop.core.storage.history import RunRecord, Store
 
 MIN_REQUESTS = 50  # fewer than this and typed numbers (or defaults) say more than the traffic does
 SHARED_PREFIX_CHARS = 128  # a prompt shares a prefix when at least this many leading characters match another's
-INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages", "/completion", "/v1/responses")
+# the routes whose requests are the workload (Ollama's /api/chat and /api/generate are answered by an engine too)
+INFERENCE_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages", "/completion", "/v1/responses",
+                   "/api/chat", "/api/generate")
 
 
 @dataclass(frozen=True)
