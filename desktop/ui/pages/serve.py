@@ -85,6 +85,7 @@ class ServePage(ServeEvents, QWidget):
         layout.addWidget(view)
         figures = QHBoxLayout()
         figures.addWidget(self.headline, 1)
+        figures.addWidget(form.reasoning_box)
         figures.addWidget(self.client_model)
         layout.addLayout(figures)
         layout.addWidget(self.bottom_tabs, 1)

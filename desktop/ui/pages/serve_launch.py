@@ -83,7 +83,9 @@ class LaunchForm(QWidget):
         self.flags_edit.setToolTip("The engine's own flags, as after `switchyard serve ... --`: the fit counts "
                                    "--n-cpu-moe, --cpu-moe, -ctk/-ctv (llama.cpp) and --cpu-offload-gb (vLLM); "
                                    "flags the plan owns are refused; the rest pass through unaccounted")
-        self.reasoning_box = QComboBox()  # the one reasoning setting, for requests that do not set their own
+        # the one reasoning setting, for requests that do not set their own (placed by the page beside the model id:
+        # it acts on requests, and this row is full)
+        self.reasoning_box = QComboBox()
         for effort in ("auto", "off", "low", "medium", "high"):
             self.reasoning_box.addItem(f"Thinking: {effort}", effort)
         self.reasoning_box.setAccessibleName("Thinking")
@@ -108,7 +110,6 @@ class LaunchForm(QWidget):
             buddy.setBuddy(widget)
             controls.addWidget(buddy)
             controls.addWidget(widget, 2 if widget is self.model_edit else 0)
-        controls.addWidget(self.reasoning_box)
         controls.addWidget(self.start_button)
         controls.addWidget(self.stop_button)
         controls.addWidget(self.switch_button)
