@@ -11,6 +11,7 @@ meters is the engine's stream, before this translation."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -497,7 +498,10 @@ class Served:
     started_at: float  # wall clock: when the endpoint began serving it
 
 
+@functools.lru_cache(maxsize=32)
 def _facts(model: str) -> Any:
+    """The served model's facts, read once per path: the listings are answered on the endpoint's event loop, and
+    a large GGUF's header is not read again for every /api/tags."""
     from desktop.core.models.facts import facts_for
 
     try:
