@@ -207,6 +207,16 @@ def test_launch_env_sourced_in_bash_lets_the_official_sdks_reach_a_keyed_endpoin
         stop(proc)
 
 
+def _serve_standin(script: Path, port: int, *args: str) -> subprocess.Popen[str]:
+    """`switchyard serve --engine llama.cpp ARGS --proxy-port PORT` on the stand-in, once it serves."""
+    proc, ready = serve_until_ready("--engine", "llama.cpp", *args, "--proxy-port", str(port),
+                                    env={**os.environ, "SWITCHYARD_LLAMA_SERVER": str(script)})
+    if not ready.startswith(f"ready: http://127.0.0.1:{port}/v1"):
+        stop(proc)
+        pytest.fail(f"the endpoint did not get ready: {ready}", pytrace=False)
+    return proc
+
+
 def _fake_agent(folder: Path, name: str) -> tuple[Path, Path]:
     """An executable called NAME that only leaves a mark when run: whether launch ever started the agent."""
     marker = folder / f"{name}-ran"
@@ -221,11 +231,8 @@ def test_with_the_demos_4096_token_plan_launch_claude_refuses_before_the_agent_s
         standin: tuple[Path, Path], tmp_path: Path) -> None:
     script, bodies = standin
     port = find_free_port()
-    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--ctx", "4096", "--parallel", "1",
-                                    "--proxy-port", str(port),
-                                    env={**os.environ, "SWITCHYARD_LLAMA_SERVER": str(script)})
+    proc = _serve_standin(script, port, "--model", "demo", "--ctx", "4096", "--parallel", "1")
     try:
-        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
         binary, marker = _fake_agent(tmp_path / "bin", "claude")
         env = {**os.environ, "PATH": f"{binary.parent}{os.pathsep}{os.environ['PATH']}"}
         done = subprocess.run([sys.executable, "-m", "desktop", "launch", "claude", "--", "-p", "hi"],  # noqa: S603
@@ -296,11 +303,8 @@ def test_launch_claude_sets_what_ollama_launch_sets_and_uses_the_running_endpoin
     model for every tier and compaction at the served context."""
     script, _bodies = standin
     port = find_free_port()
-    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", str(long_model), "--ctx", "30000",
-                                    "--proxy-port", str(port), "--model-name", "my-coder",
-                                    env={**os.environ, "SWITCHYARD_LLAMA_SERVER": str(script)})
+    proc = _serve_standin(script, port, "--model", str(long_model), "--ctx", "30000", "--model-name", "my-coder")
     try:
-        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
         binary, record = _recording_agent(tmp_path / "bin", "claude")
         env = {**os.environ, "PATH": f"{binary.parent}{os.pathsep}{os.environ['PATH']}"}
         done = subprocess.run([sys.executable, "-m", "desktop", "launch", "claude", "--", "-p", "hi"],  # noqa: S603
@@ -326,11 +330,8 @@ def test_a_context_the_fit_can_widen_is_offered_with_the_command_that_serves_it(
         long_model: Path, standin: tuple[Path, Path], tmp_path: Path) -> None:
     script, _bodies = standin
     port = find_free_port()
-    proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", str(long_model), "--ctx", "4096",
-                                    "--proxy-port", str(port),
-                                    env={**os.environ, "SWITCHYARD_LLAMA_SERVER": str(script)})
+    proc = _serve_standin(script, port, "--model", str(long_model), "--ctx", "4096")
     try:
-        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
         binary, marker = _fake_agent(tmp_path / "bin", "codex")
         env = {**os.environ, "PATH": f"{binary.parent}{os.pathsep}{os.environ['PATH']}"}
         done = subprocess.run([sys.executable, "-m", "desktop", "launch", "codex"],  # noqa: S603
