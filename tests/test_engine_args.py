@@ -221,7 +221,7 @@ def test_vllm_reads_each_spelling_as_the_flag_the_tables_read_it_as(vllm_install
     as; each flag of the tables is one of its options, and none of its options is a strict prefix of one (so a
     prefix of a table's flag is that flag, or vLLM's "ambiguous option")."""
     from desktop.core.engines import get_adapter
-    from desktop.core.engines.engine_args import flag_name
+    from desktop.core.engines.flag_spelling import flag_name
 
     adapter = get_adapter("vllm")
     spellings = [["--max_model_len", "9"], ["--gpu_memory_utilization=0.99"], ["--cpu_offload_gb", "8"],

@@ -7,6 +7,7 @@ entrypoints/serve/utils/api_utils.py). Chat templates: tests/data/templates (lla
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from desktop.core.engines.base import LaunchPlan
 from desktop.core.serving import normalize, refusals
 from desktop.core.serving.normalize import Target, engine_rules, parse, template_wants_system_first
 from desktop.core.serving.refusals import Refusal, context_message, error_body, stream_error
+from desktop.core.serving.requestinfo import BadBody
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 LLAMA8B = Path(__file__).parent / "fixtures" / "models" / "llama8b-bf16"  # max_position_embeddings 131072
@@ -281,13 +283,23 @@ def test_max_tokens_under_the_cap_is_sent_as_is() -> None:
 @pytest.mark.parametrize(("path", "body"), [
     ("/v1/completions", b'{"model": "q", "prompt": "hi", "max_tokens": 8}'),
     ("/v1/embeddings", b'{"model": "q", "input": "hi"}'),
-    ("/v1/chat/completions", b'{"model": "q", "messages": ['),
-    ("/v1/chat/completions", b"not json"),
-    ("/v1/chat/completions", b'[{"role": "user", "content": "hi"}]'),
-    ("/v1/chat/completions", b"[" * 100_000),  # deeper than json.loads recurses
+    ("/v1/chat/completions", b"[" * 100_000),  # deeper than json.loads recurses (the scan refuses it first)
 ])
-def test_parse_leaves_other_routes_and_malformed_bodies(path: str, body: bytes) -> None:
+def test_parse_leaves_other_routes(path: str, body: bytes) -> None:
     assert parse(path, body) is None
+
+
+@pytest.mark.parametrize(("path", "body", "said"), [
+    ("/v1/chat/completions", b'{"model": "q", "messages": [', "not valid JSON: Expecting value: line 1 column 29"),
+    ("/v1/messages", b"not json", "not valid JSON: Expecting value: line 1 column 1"),
+    ("/v1/responses", b'{"model": "q",}', "not valid JSON: Expecting property name enclosed in double quotes"),
+    ("/v1/chat/completions", b'[{"role": "user", "content": "hi"}]', "must be a JSON object, not list"),
+    ("/v1/chat/completions", b"null", "must be a JSON object, not null"),
+])
+def test_parse_refuses_a_body_that_is_no_json_object(path: str, body: bytes, said: str) -> None:
+    """Refused by the endpoint (a 400 in the client's error shape: tests/test_agent_clients.py) with json's own account."""
+    with pytest.raises(BadBody, match=re.escape(said)):
+        parse(path, body)
 
 
 def test_parse_limit() -> None:

@@ -23,47 +23,15 @@ values) and tell "owned" from "unknown", which `parse_known_args` cannot.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import EngineAdapter
+from desktop.core.engines.flag_spelling import flag_name, is_number
 
 ALL_LAYERS = 1 << 16  # --cpu-moe: the experts of every layer (the fit resolves it to the model's layer count)
-
-
-def _split(token: str) -> tuple[str, str | None]:
-    flag, sep, value = token.partition("=")
-    return (flag, value) if sep and flag.startswith("--") else (token, None)
-
-
-def flag_name(adapter: EngineAdapter, token: str) -> tuple[str, str | None]:
-    """The flag `token` is to its engine's parser, and the value written into the token (`--flag=value`, `-qfp8`),
-    so that the tables are looked up under the name the engine will act on, whatever the spelling."""
-    if adapter.flag_syntax != "argparse":  # llama-server: `_` is `-` in a `--` name (common/arg.cpp)
-        flag, value = _split(token)
-        return (flag.replace("_", "-") if flag.startswith("--") else flag), value
-    known = {*adapter.owned_flags, *adapter.counted_flags, *adapter.valueless_flags}
-    if token.startswith("--") and token != "--":
-        flag, value = _split(token)
-        name, dot, rest = flag.partition(".")
-        flag = name.replace("_", "-") + dot + rest  # vLLM: up to the first `.` (its dotted config keys keep theirs)
-        if flag in known or dot:
-            return flag, value
-        prefixed = sorted({f for f in known if f.startswith(flag) and f.startswith("--")})
-        if len(prefixed) > 1:
-            raise SwitchyardError(f"{token} is an abbreviation {adapter.display_name} would read as any of "
-                                  f"{', '.join(prefixed)}", "write the flag out in full")
-        return (prefixed[0] if prefixed else flag), value
-    if token.startswith("-") and len(token) > 2 and not _number(token):
-        flag, sep, value = token.partition("=")
-        if sep:
-            return flag, value
-        if token not in known and token[:2] in known:  # a one-letter option with its value attached: -qfp8
-            return token[:2], token[2:]
-    return token, None
 
 
 def _as_read(adapter: EngineAdapter, typed: str, flag: str) -> str:
@@ -91,7 +59,7 @@ def plan_fields_from_args(engine: str, args: Sequence[str]) -> dict[str, Any]:
     while index < len(tokens):
         flag, inline = flag_name(adapter, tokens[index])
         takes_value = flag not in adapter.valueless_flags and inline is None and index + 1 < len(tokens) \
-            and not (tokens[index + 1].startswith("-") and not _number(tokens[index + 1]))
+            and not (tokens[index + 1].startswith("-") and not is_number(tokens[index + 1]))
         value = inline if inline is not None else (tokens[index + 1] if takes_value else None)
         step = 2 if takes_value else 1
         instead = adapter.owned_flags.get(flag)
@@ -118,10 +86,6 @@ def plan_fields_from_args(engine: str, args: Sequence[str]) -> dict[str, Any]:
     if extra:
         fields["extra_args"] = tuple(extra)
     return fields
-
-
-def _number(text: str) -> bool:
-    return bool(re.fullmatch(r"-?\d+(\.\d+)?", text))
 
 
 def _text(flag: str, value: str | None) -> str:

@@ -30,6 +30,7 @@ from desktop.core.engines.base import (
     FailureReason,
     LaunchPlan,
 )
+from desktop.core.engines.flag_spelling import flag_name
 from desktop.core.engines.vllm_logs import memory_retry as memory_retry  # re-exported, as is root_cause
 from desktop.core.engines.vllm_logs import root_cause as root_cause
 from desktop.core.machine.hardware import HardwareSnapshot, detect
@@ -64,6 +65,17 @@ def gpu_driver_present() -> bool:
 # The app's own polls (health while starting, telemetry's /metrics) stay out of vLLM's access log; requests
 # from clients are still logged (vLLM >= 0.11; the supervisor drops any such line that still comes).
 ACCESS_LOG_ARGS = ("--disable-access-log-for-endpoints", "/health,/metrics")
+# Structured output (response_format json_schema/json_object, Responses text.format) with no whitespace between
+# JSON tokens. vLLM 0.32's default ("auto": xgrammar, falling back to guidance) lets the model write any run of
+# whitespace between tokens, and a weak model spends the whole budget there (`{\t\n"city"\t\n\n\n...`) where
+# llama-server's grammar caps it. The setting is launch-wide only: the backends read the engine's
+# structured_outputs_config (v1/structured_output/backend_guidance.py, backend_xgrammar.py) and ignore a request's
+# own `disable_any_whitespace`; vLLM accepts it only with a named backend (config/structured_outputs.py). guidance
+# rather than xgrammar: xgrammar 0.2.8 still writes a space after commas with compact separators (vLLM's own FIXME
+# in backend_xgrammar.py), and guidance takes the schemas auto sent to it; it needs a fast (Hugging Face) tokenizer,
+# so a `--tokenizer-mode mistral` launch keeps xgrammar. docs/conformance.md has what this changes.
+STRUCTURED_OUTPUTS_FLAG = "--structured-outputs-config"
+COMPACT_JSON = {"backend": "guidance", "disable_any_whitespace": True}
 # The adapter's common metric names -> vLLM's /metrics families (summed over their labels).
 METRIC_FAMILIES = {
     "requests_running": "vllm:num_requests_running",
@@ -331,7 +343,7 @@ class VllmAdapter(EngineAdapter):
             args += ["--enable-auto-tool-choice", "--tool-call-parser", plan.tool_parser]
         if plan.reasoning_parser and plan.reasoning_parser != NO_PARSER:
             args += ["--reasoning-parser", plan.reasoning_parser]
-        return args
+        return args + structured_output_args(self, plan.extra_args)
 
     def memory_retry(self, log_text: str, plan: LaunchPlan) -> tuple[dict[str, Any], str] | None:
         """vLLM V1 prints what would start (its estimated maximum model length, the free memory): retry with it."""
@@ -467,6 +479,18 @@ def dev_mode_env(plan: LaunchPlan) -> dict[str, str]:
     if SLEEP_MODE_FLAG in plan.extra_args and is_socket_host(plan.host):
         return {"VLLM_SERVER_DEV_MODE": "1"}
     return {}
+
+
+def structured_output_args(adapter: EngineAdapter, extra_args: Sequence[str]) -> list[str]:
+    """Compact JSON for structured output (STRUCTURED_OUTPUTS_FLAG above), unless the person's own engine flags
+    set the structured-output config in any spelling (theirs alone then, as they wrote it)."""
+    read = [flag_name(adapter, arg) for arg in extra_args]
+    if any(name.startswith(STRUCTURED_OUTPUTS_FLAG) for name, _value in read):
+        return []
+    modes = [value if value is not None else extra_args[i + 1] if i + 1 < len(extra_args) else None
+             for i, (name, value) in enumerate(read) if name == "--tokenizer-mode"]
+    config = {**COMPACT_JSON, "backend": "xgrammar"} if "mistral" in modes else COMPACT_JSON
+    return [STRUCTURED_OUTPUTS_FLAG, json.dumps(config, separators=(",", ":"))]
 
 
 def plan_args(plan: LaunchPlan) -> list[str]:

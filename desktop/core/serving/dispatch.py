@@ -87,13 +87,14 @@ class Dispatcher:
         elif (path in INFERENCE_ROUTES and method == "POST") or self.router.extra_route(path):
             try:
                 info = scan(request.body, LOOP_TOKENS)
+                if info is not None:
+                    request.shape = normalize.parse(path, request.body)
             except BadBody as exc:
                 self._answer(request, client, error_answer(path, 400, str(exc)))
                 return
             if info is None:  # too many tokens to read on the loop: read it in a worker thread
                 self._scan_off_loop(request, client)
             else:
-                request.shape = normalize.parse(path, request.body)
                 self._route(request, client, info)
         else:
             what = "POST it" if path in INFERENCE_ROUTES else \

@@ -28,6 +28,8 @@ own code and their users' issues, ../shared/reference/agents.md). Every rule is 
    false` with `reasoning_effort: "none"` on both, and llama-server's `reasoning_budget_tokens: 0` besides (it
    ends a template that always opens its thinking); a level is `reasoning_effort`. What the client set itself in
    `chat_template_kwargs` stays.
+7. A Responses request's `text.format` (JSON of a schema, or any JSON object) is also sent to llama-server as the
+   chat `response_format`, which is the only one it reads (serving.structured has the source).
 
 Why by hand, and the cost: a body is parsed (json.loads) only on the routes these rules apply to and only up to
 PARSE_LIMIT, where the scan of the body already ran (on the event loop for bodies of few JSON tokens, else in the
@@ -48,6 +50,8 @@ from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.models.parsers import chat_template
 from desktop.core.planning.swap import plan_facts
+from desktop.core.serving.requestinfo import BadBody
+from desktop.core.serving.structured import responses_format_for_llama
 
 CHAT, MESSAGES, COUNT_TOKENS, RESPONSES = ("/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
                                           "/v1/responses")
@@ -107,6 +111,8 @@ class Shape:
             _cap(doc, target.context, notes, "the context served per request")
         if self.path == CHAT:
             _reasoning(doc, target, notes)
+        if self.path == RESPONSES and target.engine == "llama.cpp":
+            responses_format_for_llama(doc, notes)
         self.notes = notes
         if not notes:
             return None
@@ -128,14 +134,20 @@ class Shape:
 
 
 def parse(path: str, body: bytes) -> Shape | None:
-    """The Shape of a body on a route with rules, or None (another route, too large, not a JSON object)."""
+    """The Shape of a body on a route with rules, or None (another route, too large). A body that is no JSON
+    object is refused here (BadBody: a 400 in the client's own error shape) rather than by the engine: llama-server
+    and vLLM answer it in different shapes, vLLM's /v1/messages in OpenAI's rather than Anthropic's."""
     if path not in RULE_PATHS or len(body) > PARSE_LIMIT:
         return None
     try:
         doc = json.loads(body)
-    except (ValueError, RecursionError):
-        return None  # the engine answers a malformed body itself
-    return Shape(path, doc) if isinstance(doc, dict) else None
+    except ValueError as exc:
+        raise BadBody(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        return None  # (nesting is bounded by the scan before this: MAX_DEPTH)
+    if not isinstance(doc, dict):
+        raise BadBody(f"the request body must be a JSON object, not {type(doc).__name__ if doc is not None else 'null'}")
+    return Shape(path, doc)
 
 
 # --- the rules ---

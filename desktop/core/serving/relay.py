@@ -16,7 +16,7 @@ import json
 import httptools
 
 from desktop.core.common.sse import LAST_CHUNK, chunk, error_event
-from desktop.core.serving import ollama, refusals
+from desktop.core.serving import ollama, refusals, structured
 from desktop.core.serving.http1 import HOP_HEADERS, Incoming
 from desktop.core.serving.metering import StreamMeter
 from desktop.core.serving.reasoning import StreamMirror, WholeMirror
@@ -60,6 +60,10 @@ class ResponseRelay:
         # endpoint answers in its own words or retries with a smaller max_tokens (serving.refusals).
         self.holding = False
         self.held_head = b""
+        # A streamed structured-output request: its head is held until the first event, which may be the engine
+        # refusing the schema (vLLM streams that as a 200), to be answered as a 400 instead (serving.structured).
+        self.first_event_only = False
+        self.replaced = False  # the endpoint answered instead: the rest of the engine's answer is dropped
         self.retry_wanted = False
         self.told_instead: str | None = None  # the endpoint's own answer replaced the engine's (its message)
 
@@ -128,6 +132,9 @@ class ResponseRelay:
         if close:
             lines.append(b"Connection: close")
             request.keep_alive = False
+        if self.status == 200 and self.streamed and request.shape is not None and request.ollama is None \
+                and not request.http10 and structured.asked(request.path, request.shape.doc) is not None:
+            self.holding = self.first_event_only = True
         self.out.append(b"\r\n".join(lines) + b"\r\n" + request.cors + b"\r\n")
         if self.holding:
             self.held_head = self.out.pop()
@@ -137,12 +144,14 @@ class ResponseRelay:
             self.complete = True
 
     def on_body(self, body: bytes) -> None:
-        if self.complete:
+        if self.complete or self.replaced:
             return
         if self.holding:
             self.kept.append(body)
             self.kept_size += len(body)
-            if self.kept_size > refusals.HOLD_BYTES:
+            if self.first_event_only:
+                self._judge_first_event(False)
+            elif self.kept_size > refusals.HOLD_BYTES:
                 self._release_held()  # too large to be a refusal the endpoint reads: the engine's answer goes on
             return
         if self.engine_error:  # said as one SSE error event when the body is complete
@@ -165,6 +174,8 @@ class ResponseRelay:
     def on_message_complete(self) -> None:
         if self.complete:
             return
+        if self.holding and self.first_event_only:
+            self._judge_first_event(True)  # before `complete`: what it passes on goes through on_body
         self.complete = True
         self.upstream_keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the callback returns
         if self.holding:
@@ -178,6 +189,9 @@ class ResponseRelay:
                 self.told_instead = refusals.context_message(refusal, self.request.info.model or "", self.upstream.engine,
                                                              self.upstream.window)
                 self.out.append(chunk(refusals.stream_error(self.request.path, self.told_instead)))
+            elif (refused := self._schema_refusal(held)) is not None:
+                self.told_instead = refused[0]
+                self.out.append(chunk(error_event(refused[0], "invalid_request_error", 400)))
             else:
                 text = held.decode("utf-8", "replace")[:2000]
                 self.out.append(chunk(error_event(f"the engine answered HTTP {self.status}: {text}", "upstream_error",
@@ -188,9 +202,14 @@ class ResponseRelay:
         """The engine's whole 400 to a shaped request: a refusal to answer in the endpoint's words or to retry
         with a smaller max_tokens (serving.refusals), else the engine's own answer as it came."""
         request, upstream, shape = self.request, self.upstream, self.request.shape
-        refusal = refusals.read(self.status, b"".join(self.kept))
+        held = b"".join(self.kept)
+        refusal = refusals.read(self.status, held)
         if refusal is None:
-            self._release_held()
+            refused = self._schema_refusal(held)
+            if refused is None:
+                self._release_held()
+            else:
+                self._answer_instead(*refused)
             return
         if refusal.prompt_fits and shape is not None and shape.cap is None:
             shape.cap = refusal.context - refusal.prompt
@@ -198,7 +217,17 @@ class ResponseRelay:
             return
         message = refusals.context_message(refusal, request.info.model or upstream.served_model_name,
                                            upstream.engine, upstream.window)
-        body = json.dumps(refusals.error_body(request.path, message)).encode()
+        self._answer_instead(message, refusals.error_body(request.path, message))
+
+    def _schema_refusal(self, held: bytes) -> tuple[str, dict[str, object]] | None:
+        shape = self.request.shape
+        return structured.schema_refusal(self.request.path, shape.doc, self.upstream.engine, held) \
+            if shape is not None else None
+
+    def _answer_instead(self, message: str, error: dict[str, object]) -> None:
+        """A 400 in the endpoint's words replaces the engine's held answer."""
+        request = self.request
+        body = json.dumps(error).encode()
         head = [b"HTTP/1.1 400 Bad Request", b"Content-Type: application/json",
                 b"Content-Length: %d" % len(body)]
         if not request.keep_alive:
@@ -206,9 +235,32 @@ class ResponseRelay:
         self.out.append(b"\r\n".join(head) + b"\r\n" + request.cors + b"\r\n" + body)
         self.framing = "length"
         self.kept = [body]
-        self.holding = False
+        self.kept_size = len(body)
+        self.holding = self.first_event_only = False
         self.answered = True
         self.told_instead = message
+
+    def _judge_first_event(self, whole: bool) -> None:
+        """A streamed structured request's first event (or its whole answer, `whole`): the engine refusing the
+        schema becomes a 400; anything else goes on as the engine sent it, from its first byte."""
+        held = b"".join(self.kept)
+        event = structured.first_event(held) or (held if whole else None)
+        if event is None and self.kept_size <= refusals.HOLD_BYTES:
+            return  # the first event is not whole yet
+        refused = self._schema_refusal(event) if event is not None else None
+        if refused is not None:
+            self.status = 400
+            self.streamed = False
+            self.mirror = None
+            self._answer_instead(*refused)
+            self.replaced = True
+            return
+        self.holding = self.first_event_only = False
+        self.kept, self.kept_size = [], 0
+        self.answered = True
+        self.out.append(self.held_head)
+        self.held_head = b""
+        self.on_body(held)
 
     def _release_held(self) -> None:
         """Pass the held answer on as the engine sent it."""
