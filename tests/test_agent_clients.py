@@ -276,8 +276,9 @@ ROWS: dict[str, Row] = {
     "json-object": Row("response_format json_object", json_object),
     "schema-refused": Row("A schema the engine cannot compile (unresolvable $ref)", schema_refused),
     "lookbehind-pattern": Row("A string `pattern` with a look-behind", lookbehind_pattern, {
-        "llama.cpp": "llama.cpp turns a pattern into its grammar with its own regex subset "
-                     "(common/json-schema-to-grammar.cpp) and does not refuse this one",
+        "llama.cpp": "llama-server accepts it and holds the string to nothing: a pattern its grammar cannot "
+                     "express (a look-around, no ^...$ anchors) is 'not supported (...), accepting any string' "
+                     "(common/json-schema-to-grammar.cpp)",
         "vllm": "the guidance backend's regex engine has no look-around (its message)"}),
     "responses": Row("Responses API", responses_whole),
     "responses-stream": Row("Responses API, streamed", responses_stream),
@@ -498,5 +499,5 @@ def write_table() -> None:
 
 
 def _cell(result: str, why: str | None) -> str:
-    text = result.replace("|", "\\|").replace("\n", " ")
+    text = re.sub(r"(\\n|\s)+", " ", result).replace("|", "\\|")  # (the endpoint escapes a reason's newlines)
     return f"{text} ({why})" if why else text
