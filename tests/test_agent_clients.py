@@ -287,10 +287,11 @@ ROWS: dict[str, Row] = {
         "llama.cpp": "llama-server reads no text.format (server-chat.cpp server_chat_convert_responses_to_chatcmpl); "
                      "the endpoint sends it as the response_format it reads (normalize rule 7)"}),
     "unknown-model": Row("A model name the endpoint does not serve", unknown_model, {
-        "llama.cpp": "one model served: the endpoint answers any name with it, as llama-server does; with "
-                     "models.yaml it is a 404 model_not_found naming the models (tests/test_fleet.py)",
+        "llama.cpp": "one model served: the endpoint answers any name with it, as llama-server does (agents "
+                     "send their own model names); with models.yaml a 404, model_not_found or Anthropic's "
+                     "not_found_error, naming the models (tests/test_fleet.py)",
         "vllm": "the endpoint sends vLLM its served name (vLLM alone would answer 404); with models.yaml a 404 "
-                "model_not_found (tests/test_fleet.py)"}),
+                "naming the models, as on llama.cpp"}),
     "over-long-prompt": Row("A prompt longer than the served context", over_long_prompt),
     "bad-json": Row("A body that is not JSON", bad_json),
 }

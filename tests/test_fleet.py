@@ -174,6 +174,13 @@ def test_requests_are_routed_by_model_and_unknown_names_get_a_404(proxy: ProxySe
         assert unknown.status_code == 404
         error = unknown.json()["error"]
         assert error["code"] == "model_not_found" and "alpha, beta" in error["message"]
+        anthropic = pytest.importorskip("anthropic")  # and in the Messages API's own shape, as its SDK reads it
+        messages = anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0,
+                                       http_client=anthropic.DefaultHttpxClient(trust_env=False))
+        with pytest.raises(anthropic.NotFoundError) as caught:
+            messages.messages.create(model="gamma", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+        assert caught.value.body["type"] == "error" and caught.value.body["error"]["type"] == "not_found_error"
+        assert "alpha, beta" in caught.value.body["error"]["message"]
         assert ask(proxy, None).status_code == 400
         listed = httpx.get(proxy.url + "/v1/models", trust_env=False).json()["data"]
         assert [m["id"] for m in listed] == ["alpha", "beta"]

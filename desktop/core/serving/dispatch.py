@@ -172,7 +172,7 @@ class Dispatcher:
             name = self.router.opted_in(request.path)  # e.g. GET /props: to the one model that opted it in
         route = self.router.route(name)
         if route is None:
-            self._answer(request, client, unknown_model(self.router, name) if request.ollama is None else
+            self._answer(request, client, unknown_model(self.router, name, request.path) if request.ollama is None else
                          ollama_error(404, f"model '{bounded(name or '')}' not found; this endpoint serves "
                                            f"{', '.join(self.router.routes)}"))
             return
@@ -304,11 +304,15 @@ def models_answer(router: Router, model_name: str, started_at: float) -> LocalRe
         entry["switchyard"] = {"engine": active.engine, "model": model_label(active.model)}
     return LocalResponse.json({"object": "list", "data": [entry]})
 
-def unknown_model(router: Router, name: str | None) -> LocalResponse:
-    """OpenAI's answer for a model it does not have, naming the ones this endpoint does have."""
+def unknown_model(router: Router, name: str | None, path: str = "") -> LocalResponse:
+    """OpenAI's answer for a model it does not have, naming the ones this endpoint does have (Anthropic's shape,
+    `not_found_error`, on the Messages API: the anthropic SDK raises NotFoundError from it)."""
     names = ", ".join(router.routes)
     message = (f"The model '{bounded(name)}' does not exist on this endpoint; available: {names}" if name is not None
                else f"the request names no model; this endpoint serves several: {names}")
+    if path.startswith(MESSAGES_PATH):
+        return anthropic_error(404 if name is not None else 400, message,
+                               "not_found_error" if name is not None else "invalid_request_error")
     return LocalResponse.json({"error": {"message": message, "type": "invalid_request_error", "param": "model",
                                          "code": "model_not_found" if name is not None else "model_required"}},
                               status=404 if name is not None else 400)
