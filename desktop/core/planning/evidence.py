@@ -152,6 +152,9 @@ class Evidence:
     notes: list[str] = field(default_factory=list)
     consulted: bool = True
     nearest_ab: Curve | None = None  # set when the model itself has no A/B: the newest A/B of another model
+    # the newest `switchyard quality` run of this model here: its summary (measure.quality.QualityReport), run id
+    # and date; None when its quantizations were never measured here
+    quality: dict[str, Any] | None = None
     _nearest_pair: dict[str, Curve] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -350,6 +353,9 @@ def from_runs(runs: Iterable[RunRecord], facts: ModelFacts | str, machine: str |
     memory: dict[str, LoadMemory] = {}
     nearest: dict[str, Curve] = {}
     for run in runs:
+        if run.kind == "quality" and run.machine == machine and evidence.quality is None \
+                and model_key(run.model) in keys:
+            evidence.quality = {**run.summary, "run_id": run.id, "run_date": run_date(run.created_at)}
         if run.machine != machine or run.kind not in ("ab", "bench", "launch"):
             continue
         exact = model_key(run.model) in keys
@@ -384,7 +390,7 @@ def from_runs(runs: Iterable[RunRecord], facts: ModelFacts | str, machine: str |
     if nearest and not ({"llama.cpp", "vllm"} <= set(curves)):
         evidence._nearest_pair = nearest
         evidence.nearest_ab = next(iter(nearest.values()))
-    if not evidence.engines and not nearest:
+    if not evidence.engines and not nearest and evidence.quality is None:
         evidence.notes.append(f"no runs of {label} on this machine in history: default figures throughout")
     return evidence
 

@@ -260,6 +260,8 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
     vllm, vllm_notes, blocker = _vllm_choice(facts, hardware, work, need)
     scores = _scores(hardware, work, measured, evidence, llama, vllm)
     numbers = _numbers(scores, work, need, llama, vllm)
+    if evidence is not None and evidence.quality is not None:
+        numbers["quality"] = evidence.quality  # the quantizations measured here (`switchyard quality`)
     if llama is None and vllm is None:
         raise SwitchyardError(f"{facts.name} does not fit on this machine with either engine",
                               "pick a smaller model or a shorter context, or free GPU memory/RAM")

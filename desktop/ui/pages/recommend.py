@@ -60,7 +60,7 @@ def _numbered(ask: int, *args: Any) -> tuple[int, Any]:
 
 def figure_lines(rec: Any) -> list[str]:
     """The figures the decision used, each with where it came from (measured run or default, planning.basis)."""
-    from desktop.core.planning.basis import memory_check
+    from desktop.core.planning.basis import memory_check, quality_lines
 
     figures = rec.numbers.get("figures") or {}
     lines = []
@@ -76,7 +76,8 @@ def figure_lines(rec: Any) -> list[str]:
         lines.append(f"vLLM / llama.cpp throughput: {gain['value']:.2f}x ({_tag(gain)})")
     for check in rec.numbers.get("memory_checks") or []:
         lines.append(memory_check(check))
-    return lines
+    return lines + quality_lines(rec.numbers.get("quality"))
+
 
 
 def _tag(fig: dict[str, Any]) -> str:

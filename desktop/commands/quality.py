@@ -1,0 +1,72 @@
+"""`switchyard quality MODEL --variants Q8_0,Q4_K_M [--reference R] [--prompts FILE] [--ctx N] [--json]`: how far
+each quantization's answers move from a higher-precision reference, measured here by llama.cpp's own
+llama-perplexity (mean and p99 KL divergence, same top token, perplexity ratio), kept in history.
+
+MODEL (a GGUF file, a folder holding one, or `demo`) is the reference unless --reference names another. A variant
+is a GGUF file, or a quantization type (Q8_0, Q6_K, Q4_K_M, ...) that the pinned llama-quantize writes from the
+reference into the app's cache (once; later runs reuse it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from desktop.commands import _numbers as N
+from desktop.commands._common import emit_json
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("quality", help="measure how far quantizations move a model's answers (KL divergence)")
+    p.add_argument("model", help="the reference: a .gguf file, a folder holding one, or demo")
+    p.add_argument("--variants", required=True,
+                   help="comma-separated GGUF files or quantization types (Q8_0, Q4_K_M ...) to write from it")
+    p.add_argument("--reference", help="another, higher-precision GGUF as the reference (default: MODEL)")
+    p.add_argument("--prompts", help="a text file to score on, or `traffic`: the prompts the endpoint captured "
+                                     "(serve --capture-bodies); default: the shipped corpus of code and prose")
+    p.add_argument("--ctx", type=N.count, default=256, help="tokens per scored chunk (default 256)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_quality)
+
+
+def cmd_quality(args: argparse.Namespace) -> int:
+    from desktop.core.common import paths
+    from desktop.core.common.errors import SwitchyardError
+    from desktop.core.common.progress import ProgressEvent
+    from desktop.core.engines import get_adapter, require_install
+    from desktop.core.engines.model_path import resolve_model
+    from desktop.core.measure import quality
+    from desktop.core.storage.history import RunRecord, Store
+
+    def progress(event: ProgressEvent) -> None:
+        print(event.message, file=sys.stderr, flush=True)
+
+    adapter = get_adapter("llama.cpp")
+    install = require_install(adapter)
+    reference = resolve_model(args.reference or args.model, adapter, progress)
+    if args.prompts == "traffic":
+        corpus = quality.traffic_corpus(paths.cache_dir() / "quality" / "traffic-corpus.txt")
+    else:
+        corpus = Path(args.prompts).expanduser() if args.prompts else quality.SHIPPED_CORPUS
+    if not corpus.is_file():
+        raise SwitchyardError(f"{corpus} is not a text file", "give --prompts FILE, or --prompts traffic")
+    variants = quality.variant_files(install, reference, [v.strip() for v in args.variants.split(",") if v.strip()],
+                                     adapter, progress)
+    report = quality.measure(install, args.model, reference, variants, corpus, ctx=args.ctx, progress=progress)
+    with Store() as store:
+        run_id = store.add_run(RunRecord(kind="quality", engine="llama.cpp", engine_version=install.version,
+                                         model=args.model, settings={"reference": str(reference), "corpus": str(corpus),
+                                                                     "ctx": args.ctx},
+                                         summary=report.to_json(), created_at=report.created_at))
+    if args.json:
+        emit_json({"run_id": run_id, **report.to_json(), "seconds_per_1k_tokens": report.seconds_per_1k_tokens})
+        return 0
+    print(f"reference {reference.name}, corpus {corpus.name}, {args.ctx} tokens per chunk (llama-perplexity, "
+          f"llama.cpp {install.version})")
+    print(f"{'variant':<14}{'mean KLD':>10}{'p99 KLD':>10}{'same top':>10}{'PPL ratio':>11}{'tokens':>8}")
+    for v in report.variants:
+        print(f"{v.variant:<14}{v.mean_kld:>10.5f}{v.kld_p99:>10.5f}{v.same_top:>9.1%}{v.ppl_ratio:>11.4f}"
+              f"{v.tokens:>8}")
+    print(f"{report.seconds_per_1k_tokens:.2f} s per 1,000 tokens scored; kept in history as run {run_id}")
+    return 0

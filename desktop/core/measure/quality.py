@@ -1,0 +1,217 @@
+"""Which quantization: how far a quantized model's token distributions move from a higher-precision reference's,
+measured on this machine with llama.cpp's own `llama-perplexity` (issue 56).
+
+The figures are the ones quant makers publish and llama.cpp users compare: the mean KL divergence of the
+variant's next-token distribution from the reference's over every scored position, its 99th percentile, how often
+both put the same token on top ("same top p"), and the ratio of their perplexities. They are read from the tool's
+own report (tools/perplexity/perplexity.cpp `kl_divergence`), not recomputed here: the reference's log-probabilities
+are written once (`--kl-divergence-base FILE`), then each variant is scored against that file (`--kl-divergence`),
+one model in memory at a time. Positions scored: the second half of every chunk of `ctx` tokens (the tool skips
+the first half so that every scored token has context), i.e. chunks x (ctx - 1 - ctx/2).
+
+The corpus is a text file: the user's own prompts (captured traffic) or the shipped one (code and prose,
+resources/quality/corpus.txt).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from desktop.core.common import paths
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
+from desktop.core.engines.base import EngineAdapter, EngineInstall
+from desktop.core.engines.llamacpp_tools import ensure_tools
+
+SHIPPED_CORPUS = Path(__file__).resolve().parents[3] / "resources" / "quality" / "corpus.txt"
+DEFAULT_CTX = 256
+TOOL_TIMEOUT_S = 3600
+_FLOAT = r"([-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
+_FIGURES = {
+    "mean_kld": re.compile(r"^Mean\s+KLD:\s*" + _FLOAT, re.M),
+    "kld_p99": re.compile(r"^99\.0%\s+KLD:\s*" + _FLOAT, re.M),
+    "same_top_percent": re.compile(r"^Same top p:\s*" + _FLOAT, re.M),
+    "ppl_ratio": re.compile(r"^Mean PPL\(Q\)/PPL\(base\)\s*:\s*" + _FLOAT, re.M),
+    "ppl": re.compile(r"^Mean PPL\(Q\)\s*:\s*" + _FLOAT, re.M),
+    "ppl_base": re.compile(r"^Mean PPL\(base\)\s*:\s*" + _FLOAT, re.M),
+}
+_QUANT = re.compile(r"[A-Za-z][A-Za-z0-9_]{1,15}")
+_CHUNKS = re.compile(r"computing over (\d+) chunks, n_ctx=(\d+)")
+
+
+@dataclass(frozen=True)
+class VariantQuality:
+    """One variant against the reference, as llama-perplexity reported it."""
+
+    variant: str
+    path: str
+    mean_kld: float
+    kld_p99: float
+    same_top: float  # fraction of scored positions where both models' most likely token is the same
+    ppl_ratio: float
+    tokens: int  # positions scored
+    seconds: float
+
+
+@dataclass
+class QualityReport:
+    model: str
+    reference: str
+    corpus: str
+    ctx: int
+    engine_version: str
+    variants: list[VariantQuality] = field(default_factory=list)
+    reference_seconds: float = 0.0
+    created_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def seconds_per_1k_tokens(self) -> float:
+        """The cost: tool time (reference pass and every variant) per 1,000 positions scored per variant."""
+        tokens = sum(v.tokens for v in self.variants)
+        total = self.reference_seconds * len(self.variants) + sum(v.seconds for v in self.variants)
+        return 1000 * total / tokens if tokens else 0.0
+
+
+def parse_kld_report(text: str) -> dict[str, float]:
+    """The figures of a `llama-perplexity --kl-divergence` run's report (its stdout and stderr)."""
+    found: dict[str, float] = {}
+    for name, pattern in _FIGURES.items():
+        match = pattern.search(text)
+        if match:
+            found[name] = float(match.group(1))
+    missing = [name for name in ("mean_kld", "kld_p99", "same_top_percent", "ppl_ratio") if name not in found]
+    if missing:
+        raise SwitchyardError(f"llama-perplexity's report has no {', '.join(missing)}",
+                              "see its output above; the model may be too small for the context")
+    chunks = _CHUNKS.search(text)
+    if chunks:
+        n_chunk, n_ctx = int(chunks.group(1)), int(chunks.group(2))
+        found["tokens"] = n_chunk * (n_ctx - 1 - n_ctx // 2)
+    return found
+
+
+def traffic_corpus(out: Path, limit: int = 5000) -> Path:
+    """The user's own prompts as a corpus: the text of the requests the endpoint captured (`serve
+    --capture-bodies`), newest `limit`, one after another."""
+    from desktop.core.measure.profile import prompt_text
+    from desktop.core.storage.history import Store
+
+    with Store() as store:
+        rows = store.requests_between(0.0)[-limit:]
+    texts = [text for text in (prompt_text(row.get("request_body")) for row in rows) if text]
+    if not texts:
+        raise SwitchyardError("no request bodies were captured, so there are no prompts of yours to score on",
+                              "serve with --capture-bodies for a while, or give --prompts FILE")
+    out.write_text("\n\n".join(texts))
+    return out
+
+
+def quantize(install: EngineInstall, source: Path, quant: str, out: Path,
+             progress: ProgressCallback = no_progress) -> Path:
+    """`source` (a GGUF) written as `quant` (Q8_0, Q4_K_M, ...) by the install's own llama-quantize."""
+    tools = ensure_tools(install, progress)
+    progress(ProgressEvent(f"quantizing {source.name} to {quant}"))
+    _run([str(tools["llama-quantize"]), str(source), str(out), quant], install, f"llama-quantize {quant}")
+    return out
+
+
+def variant_files(install: EngineInstall, reference: Path, variants: list[str], adapter: EngineAdapter,
+                  progress: ProgressCallback = no_progress) -> dict[str, Path]:
+    """Each variant as a GGUF file: a path as given, a quantization type written from `reference` by the pinned
+    llama-quantize into the app's cache (kept per reference file, its size and time: a later run reuses it)."""
+    from desktop.core.engines.model_path import resolve_model
+
+    files: dict[str, Path] = {}
+    for variant in variants:
+        given = Path(variant).expanduser()
+        if given.exists():
+            files[given.name] = resolve_model(str(given), adapter)
+            continue
+        if not _QUANT.fullmatch(variant):
+            raise SwitchyardError(f"{variant} is neither a file nor a quantization type",
+                                  "give GGUF files or types llama-quantize writes, e.g. Q8_0,Q6_K,Q4_K_M")
+        stat = reference.stat()
+        key = hashlib.sha256(f"{reference.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+        folder = paths.cache_dir() / "quality" / f"{reference.stem}-{key}"
+        target = folder / f"{variant.upper()}.gguf"
+        if not target.is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            partial = target.with_suffix(".part")
+            quantize(install, reference, variant.upper(), partial, progress)
+            partial.replace(target)
+        files[variant.upper()] = target
+    return files
+
+
+def measure(install: EngineInstall, model: str, reference: Path, variants: Mapping[str, Path], corpus: Path, *,
+            ctx: int = DEFAULT_CTX, threads: int | None = None, progress: ProgressCallback = no_progress
+            ) -> QualityReport:
+    """Every variant against `reference` on `corpus`, one model loaded at a time."""
+    tools = ensure_tools(install, progress)
+    perplexity = str(tools["llama-perplexity"])
+    common = ["-f", str(corpus), "-c", str(ctx), "-b", str(max(ctx, 512))]
+    if threads:
+        common += ["-t", str(threads)]
+    report = QualityReport(model=model, reference=str(reference), corpus=str(corpus), ctx=ctx,
+                           engine_version=install.version)
+    with tempfile.TemporaryDirectory(prefix="switchyard-quality-") as scratch:
+        base = Path(scratch) / "reference.kld"
+        progress(ProgressEvent(f"reference: {reference.name}"))
+        started = time.monotonic()
+        _run([perplexity, "-m", str(reference), *common, "--kl-divergence-base", str(base)], install,
+             "llama-perplexity (reference)")
+        report.reference_seconds = round(time.monotonic() - started, 2)
+        for label, path in variants.items():
+            progress(ProgressEvent(f"scoring {label} against the reference"))
+            started = time.monotonic()
+            figures = _scored([perplexity, "-m", str(path), *common, "--kl-divergence-base", str(base),
+                               "--kl-divergence"], install, f"llama-perplexity ({label})")
+            report.variants.append(VariantQuality(
+                variant=label, path=str(path), mean_kld=figures["mean_kld"], kld_p99=figures["kld_p99"],
+                same_top=figures["same_top_percent"] / 100, ppl_ratio=figures["ppl_ratio"],
+                tokens=int(figures.get("tokens", 0)), seconds=round(time.monotonic() - started, 2)))
+    return report
+
+
+def _run(argv: list[str], install: EngineInstall, what: str) -> str:
+    """Run one of the tools; its whole output (written to a file: with pipes it lost more), or an error that
+    quotes its last lines."""
+    env = {**os.environ, "LD_LIBRARY_PATH": str(install.executable.parent)}
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as out:
+        try:
+            done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=TOOL_TIMEOUT_S,  # noqa: S603
+                                  env=env, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise SwitchyardError(f"{what} did not finish within {TOOL_TIMEOUT_S} s") from exc
+        out.seek(0)
+        text = out.read()
+    if done.returncode != 0:
+        tail = " | ".join(line for line in text.strip().splitlines()[-4:])
+        raise SwitchyardError(f"{what} failed (exit {done.returncode}): {tail}")
+    return text
+
+
+def _scored(argv: list[str], install: EngineInstall, what: str, attempts: int = 3) -> dict[str, float]:
+    """A variant's figures. llama.cpp's logger can drop the last lines of a tool's output at exit (common/log.cpp
+    leaks its logging thread on purpose, ggml-org/llama.cpp#22142): seen here in 1 run of 6 with the output in a
+    file, so a report without its figures is run again, at most `attempts` times in all."""
+    for attempt in range(attempts):
+        text = _run(argv, install, what)
+        try:
+            return parse_kld_report(text)
+        except SwitchyardError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
