@@ -128,9 +128,10 @@ def test_tools_missing_beside_a_server_from_path_is_a_clear_error(tmp_path: Path
 
 @pytest.mark.engine
 @pytest.mark.llamacpp
-def test_quality_of_the_demos_quantizations_against_its_float32_original(llama_install: Any, demo_model: Any) -> None:
+def test_quality_of_the_demos_quantizations_against_its_float32_original(llama_install: Any, demo_model: Any,
+                                                                         qtbot: Any) -> None:
     """The issue's check: KLD(Q8_0) < KLD(Q4_K_M), KLD(Q4_K_M) > 0, top-1(Q8_0) >= top-1(Q4_K_M), top-1(Q4_K_M) < 1,
-    the same numbers in --json and in history."""
+    the same numbers in --json, in history, from `recommend` and on the Recommend page."""
     measured = run_cli("quality", "demo", "--variants", "Q8_0,Q4_K_M", "--json", timeout=400)
     assert measured.returncode == 0, measured.stderr
     report = json.loads(measured.stdout)
@@ -144,3 +145,19 @@ def test_quality_of_the_demos_quantizations_against_its_float32_original(llama_i
         run = store.get_run(report["run_id"])
     assert run is not None and run.kind == "quality"
     assert run.summary["variants"] == report["variants"]
+    shown = f"quality Q4_K_M against demo.gguf: mean KLD {q4['mean_kld']:.4f}, p99 {q4['kld_p99']:.4f}, " \
+            f"same top token {q4['same_top']:.1%}"
+    advised = run_cli("recommend", "demo")
+    assert advised.returncode == 0 and shown in advised.stdout, advised.stdout
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from desktop.core.machine.hardware import detect
+    from desktop.core.models.facts import facts_for
+    from desktop.core.planning.evidence import gather
+    from desktop.core.planning.recommend import Workload, recommend
+    from desktop.ui.pages.recommend import RecommendPage
+
+    page = RecommendPage()
+    qtbot.addWidget(page)
+    demo = facts_for("demo")
+    page.show_recommendation(recommend(demo, detect(), Workload(concurrency=1), evidence=gather(demo)))
+    assert shown in page.result_label.text() and f"run #{report['run_id']}" in page.result_label.text()
