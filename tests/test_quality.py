@@ -8,6 +8,7 @@ tests/data/llama-perplexity-kld.txt is a report the pinned llama-perplexity prin
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,11 @@ from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import EngineInstall
 from desktop.core.engines.llamacpp_tools import TOOLS, copy_new, ensure_tools, missing_tools
 from desktop.core.measure.quality import _scored, parse_kld_report, traffic_corpus
+from desktop.core.measure.quality_vllm import chunks, compare
 from desktop.core.storage.history import Store
 
 DATA = Path(__file__).parent / "data"
+VLLM_VARIANT = "dtype=bfloat16"  # what vLLM's CPU build loads at a lower precision here (see the test)
 
 
 def test_the_tools_report_is_read_as_it_prints_it() -> None:
@@ -161,3 +164,43 @@ def test_quality_of_the_demos_quantizations_against_its_float32_original(llama_i
     demo = facts_for("demo")
     page.show_recommendation(recommend(demo, detect(), Workload(concurrency=1), evidence=gather(demo)))
     assert shown in page.result_label.text() and f"run #{report['run_id']}" in page.result_label.text()
+
+
+# --- vLLM: the same figures from prompt_logprobs ----------------------------------------------------------------
+def test_the_figures_from_whole_distributions_are_the_definitions_by_hand() -> None:
+    """Two positions over a 3-token vocabulary. Position 1: ref (1/2, 1/4, 1/4), variant (1/4, 1/2, 1/4), actual
+    token 0: KLD = 1/2 ln 2 - 1/4 ln 2 = ln(2)/4, tops differ. Position 2: both (1/4, 1/4, 1/2), actual token 2:
+    KLD 0, tops agree. Perplexity ratio: exp(((-ln 1/4) + (-ln 1/2)) - ((-ln 1/2) + (-ln 1/2))) / 2) = sqrt(2)."""
+    ln = math.log
+    reference = [({0: ln(.5), 1: ln(.25), 2: ln(.25)}, 0), ({0: ln(.25), 1: ln(.25), 2: ln(.5)}, 2)]
+    variant = [({0: ln(.25), 1: ln(.5), 2: ln(.25)}, 0), ({0: ln(.25), 1: ln(.25), 2: ln(.5)}, 2)]
+    figures = compare(reference, variant, exact=True)
+    assert figures.mean_kld == pytest.approx(ln(2) / 8)
+    assert figures.kld_p99 == pytest.approx(ln(2) / 4)
+    assert figures.same_top == 0.5 and figures.tokens == 2
+    assert figures.ppl_ratio == pytest.approx(math.sqrt(2))
+    assert compare(reference, reference, exact=True).mean_kld == 0.0
+
+
+def test_a_top_k_answer_keeps_what_lies_outside_as_one_bucket() -> None:
+    """Top-2 of ref (0.5, 0.3 | rest 0.2) and variant (0.4, 0.4 | rest 0.2) on the same tokens:
+    0.5 ln(0.5/0.4) + 0.3 ln(0.3/0.4) + 0.2 ln(0.2/0.2), by hand 0.02527."""
+    ln = math.log
+    figures = compare([({7: ln(.5), 9: ln(.3)}, 7)], [({7: ln(.4), 9: ln(.4)}, 7)], exact=False)
+    assert figures.mean_kld == pytest.approx(0.5 * ln(0.5 / 0.4) + 0.3 * ln(0.3 / 0.4))
+    assert figures.mean_kld == pytest.approx(0.02527, abs=1e-5) and not figures.exact
+
+
+def test_whole_chunks_only_as_llama_perplexity_scores() -> None:
+    assert list(chunks(list(range(10)), 4)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+@pytest.mark.engine
+@pytest.mark.vllm
+def test_vllm_scores_a_lower_precision_load_of_the_demo_against_float32(vllm_install: Any, demo_model: Any) -> None:
+    measured = run_cli("quality", "demo", "--engine", "vllm", "--variants", VLLM_VARIANT, "--json", timeout=900)
+    assert measured.returncode == 0, measured.stderr
+    report = json.loads(measured.stdout)
+    (variant,) = report["variants"]
+    assert variant["mean_kld"] > 0 and variant["same_top"] < 1 and variant["tokens"] > 0, variant
+    assert report["reference"] == "demo dtype float32"

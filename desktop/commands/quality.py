@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from desktop.commands import _numbers as N
 from desktop.commands._common import emit_json
@@ -26,44 +27,82 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--prompts", help="a text file to score on, or `traffic`: the prompts the endpoint captured "
                                      "(serve --capture-bodies); default: the shipped corpus of code and prose")
     p.add_argument("--ctx", type=N.count, default=256, help="tokens per scored chunk (default 256)")
+    p.add_argument("--engine", default="llama.cpp", choices=("llama.cpp", "vllm"),
+                   help="vllm: MODEL is a Hugging Face folder (or demo), each variant (and --reference) a plan "
+                        "setting such as dtype=bfloat16 or quantization=fp8, scored by prompt_logprobs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_quality)
 
 
 def cmd_quality(args: argparse.Namespace) -> int:
-    from desktop.core.common import paths
-    from desktop.core.common.errors import SwitchyardError
     from desktop.core.common.progress import ProgressEvent
     from desktop.core.engines import get_adapter, require_install
     from desktop.core.engines.model_path import resolve_model
     from desktop.core.measure import quality
-    from desktop.core.storage.history import RunRecord, Store
 
     def progress(event: ProgressEvent) -> None:
         print(event.message, file=sys.stderr, flush=True)
 
+    if args.engine == "vllm":
+        return _vllm(args, progress)
     adapter = get_adapter("llama.cpp")
     install = require_install(adapter)
     reference = resolve_model(args.reference or args.model, adapter, progress)
-    if args.prompts == "traffic":
-        corpus = quality.traffic_corpus(paths.cache_dir() / "quality" / "traffic-corpus.txt")
-    else:
-        corpus = Path(args.prompts).expanduser() if args.prompts else quality.SHIPPED_CORPUS
-    if not corpus.is_file():
-        raise SwitchyardError(f"{corpus} is not a text file", "give --prompts FILE, or --prompts traffic")
+    corpus = _corpus(args)
     variants = quality.variant_files(install, reference, [v.strip() for v in args.variants.split(",") if v.strip()],
                                      adapter, progress)
     report = quality.measure(install, args.model, reference, variants, corpus, ctx=args.ctx, progress=progress)
+    return _report(args, report, "llama.cpp")
+
+
+def _corpus(args: argparse.Namespace) -> Path:
+    from desktop.core.common import paths
+    from desktop.core.common.errors import SwitchyardError
+    from desktop.core.measure import quality
+
+    if args.prompts == "traffic":
+        return quality.traffic_corpus(paths.cache_dir() / "quality" / "traffic-corpus.txt")
+    corpus = Path(args.prompts).expanduser() if args.prompts else quality.SHIPPED_CORPUS
+    if not corpus.is_file():
+        raise SwitchyardError(f"{corpus} is not a text file", "give --prompts FILE, or --prompts traffic")
+    return corpus
+
+
+def _setting(text: str) -> dict[str, object]:
+    """`dtype=bfloat16` as plan settings ({} for an empty text)."""
+    from desktop.core.common.errors import SwitchyardError
+
+    out: dict[str, object] = {}
+    for part in filter(None, (p.strip() for p in text.split("+"))):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise SwitchyardError(f"{part} is not a setting", "write it as NAME=VALUE, e.g. dtype=bfloat16")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _vllm(args: argparse.Namespace, progress: Any) -> int:
+    from desktop.core.measure.quality_vllm import measure_vllm
+
+    reference = _setting(args.reference or "dtype=float32")
+    variants = {v.strip(): _setting(v) for v in args.variants.split(",") if v.strip()}
+    report = measure_vllm(args.model, reference, variants, _corpus(args), ctx=args.ctx, progress=progress)
+    return _report(args, report, "vllm")
+
+
+def _report(args: argparse.Namespace, report: Any, engine: str) -> int:
+    from desktop.core.storage.history import RunRecord, Store
+
     with Store() as store:
-        run_id = store.add_run(RunRecord(kind="quality", engine="llama.cpp", engine_version=install.version,
-                                         model=args.model, settings={"reference": str(reference), "corpus": str(corpus),
-                                                                     "ctx": args.ctx},
+        run_id = store.add_run(RunRecord(kind="quality", engine=engine, engine_version=report.engine_version,
+                                         model=args.model, settings={"reference": report.reference,
+                                                                     "corpus": report.corpus, "ctx": args.ctx},
                                          summary=report.to_json(), created_at=report.created_at))
     if args.json:
         emit_json({"run_id": run_id, **report.to_json(), "seconds_per_1k_tokens": report.seconds_per_1k_tokens})
         return 0
-    print(f"reference {reference.name}, corpus {corpus.name}, {args.ctx} tokens per chunk (llama-perplexity, "
-          f"llama.cpp {install.version})")
+    print(f"reference {Path(report.reference).name}, corpus {Path(report.corpus).name}, {args.ctx} tokens per "
+          f"chunk ({'llama-perplexity' if engine == 'llama.cpp' else 'prompt_logprobs'}, {report.engine_version})")
     print(f"{'variant':<14}{'mean KLD':>10}{'p99 KLD':>10}{'same top':>10}{'PPL ratio':>11}{'tokens':>8}")
     for v in report.variants:
         print(f"{v.variant:<14}{v.mean_kld:>10.5f}{v.kld_p99:>10.5f}{v.same_top:>9.1%}{v.ppl_ratio:>11.4f}"
