@@ -19,7 +19,7 @@ from conftest import run_cli
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import EngineInstall
 from desktop.core.engines.llamacpp_tools import TOOLS, copy_new, ensure_tools, missing_tools
-from desktop.core.measure.quality import _scored, parse_kld_report, traffic_corpus
+from desktop.core.measure.quality import SHIPPED_CORPUS, _scored, parse_kld_report, traffic_corpus
 from desktop.core.measure.quality_vllm import chunks, compare
 from desktop.core.storage.history import Store
 
@@ -197,10 +197,18 @@ def test_whole_chunks_only_as_llama_perplexity_scores() -> None:
 
 @pytest.mark.engine
 @pytest.mark.vllm
-def test_vllm_scores_a_lower_precision_load_of_the_demo_against_float32(vllm_install: Any, demo_model: Any) -> None:
-    measured = run_cli("quality", "demo", "--engine", "vllm", "--variants", VLLM_VARIANT, "--json", timeout=900)
+@pytest.mark.timeout(720)  # two vLLM loads one after the other: 212-228 s on this quiet 2-core machine
+def test_vllm_scores_a_lower_precision_load_of_the_demo_against_float32(vllm_install: Any, demo_model: Any,
+                                                                         tmp_path: Path) -> None:
+    """bfloat16 is what this CPU build loads at a lower precision (measured here: mean KLD 0.00048, same top 98.4%
+    over 832 positions of the corpus's first 3,000 characters). The whole vocabulary (768) per position: exact."""
+    short = tmp_path / "short.txt"
+    short.write_text(SHIPPED_CORPUS.read_text()[:3000])
+    measured = run_cli("quality", "demo", "--engine", "vllm", "--variants", VLLM_VARIANT, "--prompts", str(short),
+                       "--ctx", "128", "--top", "-1", "--json", timeout=400)
     assert measured.returncode == 0, measured.stderr
     report = json.loads(measured.stdout)
     (variant,) = report["variants"]
-    assert variant["mean_kld"] > 0 and variant["same_top"] < 1 and variant["tokens"] > 0, variant
+    assert 0 < variant["mean_kld"] <= variant["kld_p99"], variant
+    assert 0.5 < variant["same_top"] <= 1 and variant["tokens"] > 0, variant
     assert report["reference"] == "demo dtype float32"

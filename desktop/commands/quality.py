@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--engine", default="llama.cpp", choices=("llama.cpp", "vllm"),
                    help="vllm: MODEL is a Hugging Face folder (or demo), each variant (and --reference) a plan "
                         "setting such as dtype=bfloat16 or quantization=fp8, scored by prompt_logprobs")
+    p.add_argument("--top", type=int, default=20,
+                   help="vllm: log-probabilities per position (default 20, an estimate; -1: the whole vocabulary, "
+                        "exact, for small vocabularies)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_quality)
 
@@ -86,7 +89,8 @@ def _vllm(args: argparse.Namespace, progress: Any) -> int:
 
     reference = _setting(args.reference or "dtype=float32")
     variants = {v.strip(): _setting(v) for v in args.variants.split(",") if v.strip()}
-    report = measure_vllm(args.model, reference, variants, _corpus(args), ctx=args.ctx, progress=progress)
+    report = measure_vllm(args.model, reference, variants, _corpus(args), ctx=args.ctx, top=args.top,
+                          progress=progress)
     return _report(args, report, "vllm")
 
 

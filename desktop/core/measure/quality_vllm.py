@@ -104,11 +104,12 @@ def _kld(ref: Mapping[int, float], var: Mapping[int, float]) -> float:
 
 
 def measure_vllm(model: str, reference: Mapping[str, Any], variants: Mapping[str, Mapping[str, Any]],
-                 corpus: Path, *, ctx: int = 256, top: int = -1, timeout: float = 900.0,
+                 corpus: Path, *, ctx: int = 256, top: int = 20, timeout: float = 900.0,
                  progress: ProgressCallback = no_progress) -> QualityReport:
     """Every variant (plan settings: `{"dtype": "bfloat16"}`, `{"quantization": "fp8"}` ...) against the
     `reference` settings of the same Hugging Face model on vLLM, each launched by a plan the fit checked, one at a
-    time. `top`: log-probabilities per position (-1: the whole vocabulary, exact)."""
+    time. `top`: log-probabilities per position (-1: the whole vocabulary, exact; a model with a vocabulary of
+    150k tokens answers 150k numbers per position then, so the default is vLLM's own limit, 20)."""
     from desktop.core.engines import get_adapter, require_install
     from desktop.core.machine.hardware import detect
     from desktop.core.planning.planner import plan_launch
