@@ -260,7 +260,8 @@ class ResponseRelay:
         self.answered = True
         self.out.append(self.held_head)
         self.held_head = b""
-        self.on_body(held)
+        if held:  # (an empty chunk would end a chunked answer early)
+            self.on_body(held)
 
     def _release_held(self) -> None:
         """Pass the held answer on as the engine sent it."""
