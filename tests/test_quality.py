@@ -191,6 +191,14 @@ def test_a_top_k_answer_keeps_what_lies_outside_as_one_bucket() -> None:
     assert figures.mean_kld == pytest.approx(0.02527, abs=1e-5) and not figures.exact
 
 
+def test_nonsense_numbers_are_refused_before_anything_starts() -> None:
+    refused = run_cli("quality", "demo", "--engine", "vllm", "--variants", "dtype=bfloat16", "--top", "0")
+    assert refused.returncode != 0 and "--top 0: give a number of log-probabilities" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    typo = run_cli("quality", "demo", "--variants", "Q8.0")
+    assert typo.returncode != 0 and "Q8.0 is neither a file nor a quantization type" in typo.stderr
+
+
 def test_whole_chunks_only_as_llama_perplexity_scores() -> None:
     assert list(chunks(list(range(10)), 4)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
 

@@ -85,8 +85,12 @@ def _setting(text: str) -> dict[str, object]:
 
 
 def _vllm(args: argparse.Namespace, progress: Any) -> int:
+    from desktop.core.common.errors import SwitchyardError
     from desktop.core.measure.quality_vllm import measure_vllm
 
+    if args.top == 0 or args.top < -1:
+        raise SwitchyardError(f"--top {args.top}: give a number of log-probabilities per position (20 is vLLM's "
+                              "default limit) or -1 for the whole vocabulary")
     reference = _setting(args.reference or "dtype=float32")
     variants = {v.strip(): _setting(v) for v in args.variants.split(",") if v.strip()}
     report = measure_vllm(args.model, reference, variants, _corpus(args), ctx=args.ctx, top=args.top,

@@ -149,7 +149,11 @@ def variant_files(install: EngineInstall, reference: Path, variants: list[str], 
         if not target.is_file():
             folder.mkdir(parents=True, exist_ok=True)
             partial = target.with_suffix(".part")
-            quantize(install, reference, variant.upper(), partial, progress)
+            try:
+                quantize(install, reference, variant.upper(), partial, progress)
+            except SwitchyardError:
+                partial.unlink(missing_ok=True)  # a refused type or a full disk leaves no half-written copy
+                raise
             partial.replace(target)
         files[variant.upper()] = target
     return files
@@ -188,7 +192,8 @@ def measure(install: EngineInstall, model: str, reference: Path, variants: Mappi
 def _run(argv: list[str], install: EngineInstall, what: str) -> str:
     """Run one of the tools; its whole output (written to a file: with pipes it lost more), or an error that
     quotes its last lines."""
-    env = {**os.environ, "LD_LIBRARY_PATH": str(install.executable.parent)}
+    libraries = os.pathsep.join(filter(None, (str(install.executable.parent), os.environ.get("LD_LIBRARY_PATH"))))
+    env = {**os.environ, "LD_LIBRARY_PATH": libraries}
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as out:
         try:
             done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=TOOL_TIMEOUT_S,  # noqa: S603
