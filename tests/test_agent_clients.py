@@ -438,7 +438,8 @@ def test_switch_to_vllm_under_load(endpoint: Endpoint) -> None:
         RESULTS["switch", "vllm"] = f"FAIL: {type(exc).__name__}: {str(exc)[:300]}"
         raise
     RESULTS["switch", "vllm"] = (f"pass: {load.ok} requests by 3 clients ({before} before the switch), 0 failed; "
-                                 f"answered by llama.cpp {by_engine['llama.cpp']}, vLLM {by_engine['vllm']}")
+                                 f"the request log then held 200s from llama.cpp {by_engine['llama.cpp']} and vLLM "
+                                 f"{by_engine['vllm']} (the rows' own requests included)")
 
 
 def _wait_ok(load: Load, count: int) -> int:
