@@ -39,36 +39,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def cmd_quality(args: argparse.Namespace) -> int:
     from desktop.core.common.progress import ProgressEvent
-    from desktop.core.engines import get_adapter, require_install
-    from desktop.core.engines.model_path import resolve_model
-    from desktop.core.measure import quality
+    from desktop.core.measure.quality_job import parse_variants, run_quality
 
     def progress(event: ProgressEvent) -> None:
         print(event.message, file=sys.stderr, flush=True)
 
     if args.engine == "vllm":
         return _vllm(args, progress)
-    adapter = get_adapter("llama.cpp")
-    install = require_install(adapter)
-    reference = resolve_model(args.reference or args.model, adapter, progress)
-    corpus = _corpus(args)
-    variants = quality.variant_files(install, reference, [v.strip() for v in args.variants.split(",") if v.strip()],
-                                     adapter, progress)
-    report = quality.measure(install, args.model, reference, variants, corpus, ctx=args.ctx, progress=progress)
-    return _report(args, report, "llama.cpp")
-
-
-def _corpus(args: argparse.Namespace) -> Path:
-    from desktop.core.common import paths
-    from desktop.core.common.errors import SwitchyardError
-    from desktop.core.measure import quality
-
-    if args.prompts == "traffic":
-        return quality.traffic_corpus(paths.cache_dir() / "quality" / "traffic-corpus.txt")
-    corpus = Path(args.prompts).expanduser() if args.prompts else quality.SHIPPED_CORPUS
-    if not corpus.is_file():
-        raise SwitchyardError(f"{corpus} is not a text file", "give --prompts FILE, or --prompts traffic")
-    return corpus
+    report, run_id = run_quality(args.model, parse_variants(args.variants), reference=args.reference,
+                                 prompts=args.prompts, ctx=args.ctx, progress=progress)
+    return _report(args, report, "llama.cpp", run_id)
 
 
 def _setting(text: str) -> dict[str, object]:
@@ -86,26 +66,21 @@ def _setting(text: str) -> dict[str, object]:
 
 def _vllm(args: argparse.Namespace, progress: Any) -> int:
     from desktop.core.common.errors import SwitchyardError
+    from desktop.core.measure.quality_job import corpus_for, parse_variants, record
     from desktop.core.measure.quality_vllm import measure_vllm
 
     if args.top == 0 or args.top < -1:
         raise SwitchyardError(f"--top {args.top}: give a number of log-probabilities per position (20 is vLLM's "
                               "default limit) or -1 for the whole vocabulary")
     reference = _setting(args.reference or "dtype=float32")
-    variants = {v.strip(): _setting(v) for v in args.variants.split(",") if v.strip()}
-    report = measure_vllm(args.model, reference, variants, _corpus(args), ctx=args.ctx, top=args.top,
+    variants = {v: _setting(v) for v in parse_variants(args.variants)}
+    report = measure_vllm(args.model, reference, variants, corpus_for(args.prompts), ctx=args.ctx, top=args.top,
                           progress=progress)
-    return _report(args, report, "vllm")
+    return _report(args, report, "vllm", record(report, args.model, "vllm", args.ctx))
 
 
-def _report(args: argparse.Namespace, report: Any, engine: str) -> int:
-    from desktop.core.storage.history import RunRecord, Store
-
-    with Store() as store:
-        run_id = store.add_run(RunRecord(kind="quality", engine=engine, engine_version=report.engine_version,
-                                         model=args.model, settings={"reference": report.reference,
-                                                                     "corpus": report.corpus, "ctx": args.ctx},
-                                         summary=report.to_json(), created_at=report.created_at))
+def _report(args: argparse.Namespace, report: Any, engine: str, run_id: int) -> int:
+    """Print a measured (and already recorded) report: a table, or --json."""
     if args.json:
         emit_json({"run_id": run_id, **report.to_json(), "seconds_per_1k_tokens": report.seconds_per_1k_tokens})
         return 0
