@@ -76,7 +76,7 @@ def test_price_per_kwh_setting_migrates_from_v3_and_validates(tmp_path: Path) ->
     path.write_text(json.dumps({"version": 3, "endpoint_port": 9100}))
     loaded = core_settings.load(path)
     assert loaded.price_per_kwh == 0.0 and loaded.endpoint_port == 9100
-    assert json.loads(path.read_text())["version"] == core_settings.SCHEMA_VERSION == 4
+    assert json.loads(path.read_text())["version"] == core_settings.SCHEMA_VERSION >= 4
     core_settings.save(core_settings.Settings(price_per_kwh=0.31), path)
     assert core_settings.load(path).price_per_kwh == pytest.approx(0.31)
     path.write_text(json.dumps({"version": 4, "price_per_kwh": 1}))  # an int typed by hand is a price too

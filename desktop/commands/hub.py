@@ -106,10 +106,13 @@ def cmd_variants(args: argparse.Namespace) -> int:
         mark = "*" if v.recommended else " "
         shards = f" ({v.shards} shards)" if v.shards > 1 else ""
         label = v.quantization or v.dtype or "-"
+        kld = f"  KLD {v.mean_kld:.4f}" if v.mean_kld is not None else ""
         print(f"{mark} {cell(v.name):28} {cell(v.format):12} {cell(label):10} {_size(v.size_bytes):>10}  "
-              f"fit={cell(v.fit):8} {cell(v.engine)}{shards}")
-    if any(v.recommended for v in result.variants):
-        print("* recommended for this machine", file=sys.stderr)
+              f"fit={cell(v.fit):8} {cell(v.engine)}{shards}{kld}")
+    for v in result.variants:
+        if v.recommended:
+            print(f"* recommended for this machine: {cell(v.reason)}" if v.reason else "* recommended for this machine",
+                  file=sys.stderr)
     return 0
 
 

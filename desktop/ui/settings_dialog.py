@@ -9,6 +9,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
+    QDoubleSpinBox,
     QFormLayout,
     QLineEdit,
     QSpinBox,
@@ -40,6 +41,13 @@ class SettingsDialog(QDialog):
         self.engine = QComboBox()
         self.engine.addItems(list(core_settings.ENGINES))
         self.engine.setCurrentText(current.preferred_engine)
+        self.kld_budget = QDoubleSpinBox()
+        self.kld_budget.setDecimals(3)
+        self.kld_budget.setRange(0.001, 10.0)
+        self.kld_budget.setSingleStep(0.01)
+        self.kld_budget.setValue(current.kld_budget)
+        self.kld_budget.setToolTip("The largest mean KL divergence from a higher-precision reference a recommended "
+                                   "quantization may have, where `switchyard quality` measured it (docs/quality.md)")
         self.notice = Notice("\n".join(current.notes))
         form = QFormLayout()
         form.addRow("&Engines folder:", self.engines_dir)
@@ -47,6 +55,7 @@ class SettingsDialog(QDialog):
         form.addRow("Endpoint &port:", self.port)
         form.addRow("Default &workload:", self.workload)
         form.addRow("Preferred e&ngine:", self.engine)
+        form.addRow("&Quality budget (mean KLD):", self.kld_budget)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.save)
         buttons.rejected.connect(self.reject)
@@ -60,7 +69,7 @@ class SettingsDialog(QDialog):
         return replace(self._current, engines_dir=self.engines_dir.text().strip(),
                        models_dir=self.models_dir.text().strip(), endpoint_port=self.port.value(),
                        default_workload=self.workload.currentText(), preferred_engine=self.engine.currentText(),
-                       notes=())
+                       kld_budget=round(self.kld_budget.value(), 3), notes=())
 
     def save(self) -> bool:
         from desktop.core.common.errors import SwitchyardError

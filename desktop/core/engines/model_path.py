@@ -73,6 +73,17 @@ def first_shard(path: Path) -> Path:
     return path.with_name(shard_name(name["stem"], 1, int(name["count"])))
 
 
+def cache_repo(path: str) -> str | None:
+    """The Hub repo (`org/name`) whose cache snapshot holds `path` (`.../models--org--name/snapshots/<sha>/...`)."""
+    if "models--" not in path:
+        return None
+    parts = Path(path).parts
+    for index, part in enumerate(parts):
+        if part.startswith("models--") and index + 2 < len(parts) and parts[index + 1] == "snapshots":
+            return part.removeprefix("models--").replace("--", "/")
+    return None
+
+
 def model_label(model: str) -> str:
     """What a client may see of a model: its name, never its absolute path (that names the user's home folder
     and cache layout, and /v1/models answers any local process and local web page). A Hugging Face cache

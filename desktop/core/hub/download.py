@@ -45,7 +45,14 @@ from desktop.core.hub.progress import FileProgress as FileProgress
 from desktop.core.hub.progress import ProgressBook, ProgressCallback
 from desktop.core.hub.search import gated_message, repo_listing
 from desktop.core.hub.tokens import get_token, redact
-from desktop.core.hub.variants import FitTagger, RemoteFile, Variant, default_tagger, group_variants
+from desktop.core.hub.variants import (
+    FitTagger,
+    RemoteFile,
+    Variant,
+    default_tagger,
+    group_variants,
+    quality_here,
+)
 from desktop.core.hub.variants import tag_and_recommend as _tag
 
 log = logging.getLogger(__name__)
@@ -212,7 +219,8 @@ def select(
     elif len(variants) == 1:
         chosen = variants[0]
     elif variants:
-        _tag(variants, tagger or default_tagger(), listing.config)
+        measured, budget = quality_here(listing.repo_id)
+        _tag(variants, tagger or default_tagger(), listing.config, measured, budget, listing.repo_id)
         chosen = next((v for v in variants if v.recommended), None)
         if chosen is None:
             raise ModelError(

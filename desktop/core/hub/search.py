@@ -23,7 +23,14 @@ from desktop.core.common.errors import ModelError, SwitchyardError
 from desktop.core.hub import cache
 from desktop.core.hub.cache import hf_endpoint
 from desktop.core.hub.tokens import get_token, redact
-from desktop.core.hub.variants import FitTagger, RemoteFile, VariantList, default_tagger, group_variants
+from desktop.core.hub.variants import (
+    FitTagger,
+    RemoteFile,
+    VariantList,
+    default_tagger,
+    group_variants,
+    quality_here,
+)
 from desktop.core.hub.variants import tag_and_recommend as _tag
 
 FORMAT_FILTERS = {"gguf": "gguf", "safetensors": "safetensors", "awq": "awq", "gptq": "gptq", "fp8": "fp8"}
@@ -213,5 +220,6 @@ def list_variants(
     variants, others = group_variants(
         listing.files, config=listing.config, tags=listing.tags, safetensors_params=listing.safetensors_params
     )
-    _tag(variants, tagger or default_tagger(), listing.config)
+    measured, budget = quality_here(listing.repo_id)
+    _tag(variants, tagger or default_tagger(), listing.config, measured, budget, listing.repo_id)
     return VariantList(listing.repo_id, listing.commit, listing.gated, variants, others)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from desktop.core.models.gguf_file import SHARD_NAME
+from desktop.core.models.quant_names import bits_per_weight, quant_from_name
+from desktop.core.planning.quant_choice import DEFAULT_KLD_BUDGET, MeasuredQuant, choose, quant_key
 
 log = logging.getLogger(__name__)
 
@@ -20,25 +22,6 @@ log = logging.getLogger(__name__)
 FitTagger = Callable[[str, int, "dict[str, Any] | None"], str]
 
 SHARD_RE = SHARD_NAME  # one naming of shards: the one llama-server opens (models.gguf_file)
-# Longest alternatives first so Q4_K_M wins over Q4_K and IQ2_XXS over IQ2_XS.
-QUANT_RE = re.compile(
-    r"(?<![A-Za-z0-9])("
-    r"IQ[1-4]_(?:XXS|XS|S|M|NL)|IQ1_[SM]|TQ[12]_0|MXFP4(?:_MOE)?|"
-    r"Q[2-8]_K_(?:XL|L|M|S)|Q[2-8]_K|Q[4-8]_[01](?:_[48]_[48])?|Q4_0_4_[48]|Q[2-8]_K_XXL|"
-    r"BF16|F16|FP16|F32|FP32|FP8|UD-[A-Z0-9_]+"
-    r")(?![A-Za-z0-9])",
-    re.I,
-)
-# Rough bits per weight, for ordering quality (higher is better) when choosing the recommendation.
-_BITS = {
-    "F32": 32, "FP32": 32, "BF16": 16, "F16": 16, "FP16": 16, "Q8_0": 8.5, "FP8": 8, "Q6_K": 6.6,
-    "Q5_K_M": 5.7, "Q5_K_S": 5.5, "Q5_0": 5.5, "Q5_1": 6, "Q4_K_M": 4.8, "Q4_K_S": 4.6, "Q4_0": 4.5,
-    "Q4_1": 5, "IQ4_NL": 4.5, "IQ4_XS": 4.3, "MXFP4": 4.25, "Q3_K_L": 4.3, "Q3_K_M": 3.9, "Q3_K_S": 3.5,
-    "IQ3_M": 3.7, "IQ3_S": 3.4, "IQ3_XS": 3.3, "IQ3_XXS": 3.1, "Q2_K": 3.4, "IQ2_M": 2.7, "IQ2_S": 2.5,
-    "IQ2_XS": 2.3, "IQ2_XXS": 2.1, "IQ1_M": 1.8, "IQ1_S": 1.6, "TQ1_0": 1.7, "TQ2_0": 2.1,
-}
-
-
 @dataclass(frozen=True)
 class RemoteFile:
     """One file of a repo at a commit, with what is needed to verify it."""
@@ -68,6 +51,9 @@ class Variant:
     shards: int = 1
     fit: str = "unknown"  # "yes" | "partial" | "experts-in-ram" (partial by --n-cpu-moe) | "no" | "unknown"
     recommended: bool = False
+    mean_kld: float | None = None  # measured here against a higher-precision reference (`switchyard quality`)
+    basis: str = ""  # the recommended one's: "measured here on DATE" | "by the bits rule, not measured here"
+    reason: str = ""  # the recommended one's: why this one, in words
 
     @property
     def primary_file(self) -> str:
@@ -111,12 +97,6 @@ class VariantList:
             if any(f.path.lower() == wanted for f in v.files):
                 return v
         return None
-
-
-def quant_from_name(filename: str) -> str | None:
-    base = filename.rsplit("/", 1)[-1]
-    matches = QUANT_RE.findall(base) or QUANT_RE.findall(filename)
-    return matches[-1].upper() if matches else None
 
 
 def _folder_quant(folder: str) -> str | None:
@@ -212,32 +192,51 @@ def group_variants(
 
 
 def _quality(v: Variant) -> float:
-    return float(_BITS.get((v.quantization or "").upper(), 16 if v.format == "safetensors" else 4))
+    return bits_per_weight(v.quantization, default=16 if v.format == "safetensors" else 4)
 
 
-def tag_and_recommend(variants: list[Variant], tagger: FitTagger, config: dict[str, Any] | None) -> None:
-    """Fill `fit` for every variant, then mark one recommended.
+def tag_and_recommend(variants: list[Variant], tagger: FitTagger, config: dict[str, Any] | None,
+                      measured: Mapping[str, MeasuredQuant] | None = None, budget: float = DEFAULT_KLD_BUDGET,
+                      model: str = "MODEL") -> None:
+    """Fill `fit` for every variant, then mark one recommended, with its basis and reason.
 
-    The pick: among variants that fit fully, the best quality at or under 8 bits (full precision only when
-    nothing quantized fits); if none fits fully, the smallest that fits partially.
+    The pick among variants that fit fully: the smallest whose quality was measured here within the budget
+    (planning.quant_choice); else the bits rule: the best quality at or under 8.5 bits (full precision only when
+    nothing quantized fits). If none fits fully, the smallest that fits partially.
     """
+    measured = measured or {}
     for v in variants:
         try:
             v.fit = tagger(v.engine, v.size_bytes, config)
         except Exception as exc:  # noqa: BLE001 - a failing estimator must not hide the list
             log.warning("fit check failed for %s: %s", v.name, exc)
             v.fit = "unknown"
+        figure = measured.get(quant_key(v.quantization or v.name)) if v.format == "gguf" else None
+        v.mean_kld = figure.mean_kld if figure is not None else None
     full = [v for v in variants if v.fit == "yes"]
     pick: Variant | None
     if full:
-        quantized = [v for v in full if _quality(v) <= 8.5] or full
-        pick = max(quantized, key=lambda v: (_quality(v), v.format == "gguf", -v.size_bytes))
+        choice = choose(full, lambda v: v.quantization or v.name, lambda v: v.size_bytes, _bits_rule, measured,
+                        budget, model)
+        pick = choice.pick
+        if pick is not None:
+            pick.basis, pick.reason = choice.basis, choice.reason
     else:
         # experts in RAM (every layer's attention on the GPU) before whole layers in RAM
         partial = [v for v in variants if v.fit == "experts-in-ram"] or [v for v in variants if v.fit == "partial"]
         pick = min(partial, key=lambda v: v.size_bytes) if partial else None
+        if pick is not None:
+            pick.reason = f"{pick.name}: the smallest that fits at all (partly in RAM)"
     if pick is not None:
         pick.recommended = True
+
+
+def _bits_rule(full: Sequence[Variant]) -> Variant | None:
+    """The best quality at or under 8.5 bits per weight; full precision only when nothing quantized fits."""
+    if not full:
+        return None
+    quantized = [v for v in full if _quality(v) <= 8.5] or list(full)
+    return max(quantized, key=lambda v: (_quality(v), v.format == "gguf", -v.size_bytes))
 
 
 # --------------------------------------------------------------------------- fit verdicts
@@ -254,3 +253,23 @@ def default_tagger() -> FitTagger:
         return str(fit.quick_verdict(engine, weights_bytes, config, snapshot))
 
     return project_tagger
+
+
+def quality_here(model: str) -> tuple[dict[str, MeasuredQuant], float]:
+    """What this machine measured of `model`'s quantizations (the newest `switchyard quality` run of it or of a
+    file pulled from its repo) and the user's quality budget (settings `kld_budget`). Nothing measured when the
+    history or the settings cannot be read: the bits rule then decides, and says so."""
+    from desktop.core.planning.evidence import gather
+    from desktop.core.planning.quant_choice import measured_quants
+    from desktop.core.storage import settings
+
+    try:
+        budget = settings.load().kld_budget
+    except Exception as exc:  # noqa: BLE001 - a bad settings file must not hide the list
+        log.warning("settings unreadable (%s): the default quality budget", exc)
+        budget = DEFAULT_KLD_BUDGET
+    try:
+        return measured_quants(gather(model).quality), budget
+    except Exception as exc:  # noqa: BLE001 - an unreadable history leaves the bits rule
+        log.warning("history unreadable (%s): quantizations chosen by the bits rule", exc)
+        return {}, budget

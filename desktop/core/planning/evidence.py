@@ -28,6 +28,7 @@ from desktop.core.common.defaults import (
 )
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import LaunchPlan
+from desktop.core.engines.model_path import cache_repo
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts
 from desktop.core.planning.basis import figure_basis
@@ -254,12 +255,25 @@ def _is_demo_path(spec: str) -> bool:
         return False
 
 
+def _quality_keys(run: RunRecord) -> set[str]:
+    """The names a quality run answers to: its model as typed (`org/name:Q8_0` as `org/name` too) and the Hub
+    repo its reference lies in (a file pulled into the Hub cache is that repo's variant: `org/name-GGUF`)."""
+    keys = {model_key(run.model), model_key((run.model or "").rpartition(":")[0] or run.model)}
+    for spec in (run.model, (run.summary or {}).get("reference"), (run.settings or {}).get("reference")):
+        repo = cache_repo(str(spec or ""))
+        if repo:
+            keys.add(model_key(repo))
+    return keys - {""}
+
+
 def model_keys(facts: ModelFacts | str) -> set[str]:
     if isinstance(facts, str):
         return {model_key(facts)} - {""}
     if facts.source == "demo":
         return {"demo"}
-    return {model_key(v) for v in (facts.name, facts.path, facts.hf_dir, facts.repo_id)} - {""}
+    keys = {model_key(v) for v in (facts.name, facts.path, facts.hf_dir, facts.repo_id)}
+    repo = cache_repo(str(facts.path or ""))  # a file pulled into the Hub cache answers to its repo too
+    return (keys | {model_key(repo)}) - {""}
 
 
 # --- reading runs --------------------------------------------------------------------------------------------
@@ -354,7 +368,7 @@ def from_runs(runs: Iterable[RunRecord], facts: ModelFacts | str, machine: str |
     nearest: dict[str, Curve] = {}
     for run in runs:
         if run.kind == "quality" and run.machine == machine and evidence.quality is None \
-                and model_key(run.model) in keys:
+                and _quality_keys(run) & keys:
             evidence.quality = {**run.summary, "run_id": run.id, "run_date": run_date(run.created_at)}
         if run.machine != machine or run.kind not in ("ab", "bench", "launch"):
             continue

@@ -34,10 +34,12 @@ from desktop.core.engines.base import LaunchPlan
 from desktop.core.engines.runtimes import engine_supported
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts
+from desktop.core.models.quant_names import bits_per_weight
 from desktop.core.models.quants import vllm_capability_refusal
 from desktop.core.planning.basis import history_basis
 from desktop.core.planning.evidence import Evidence, Figure, corrected_fit, default, memory_checks
 from desktop.core.planning.fit import FitResult, estimate, size_vllm, vllm_utilization
+from desktop.core.planning.quant_choice import BITS_RULE, choose, measured_quants, quant_key
 from desktop.core.planning.weights import gguf_ladder
 
 DEFAULT_COLD_START_S = {"llama.cpp": 20.0, "vllm": 120.0}
@@ -244,10 +246,12 @@ def _key_settings(result: FitResult) -> dict[str, Any]:
 
 
 def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload | None = None,
-              measurements: Any = None, evidence: Evidence | None = None) -> Recommendation:
+              measurements: Any = None, evidence: Evidence | None = None,
+              kld_budget: float | None = None) -> Recommendation:
     """The engine, quantization and launch settings for this model, machine and workload, with reasons.
 
-    `evidence`: this machine's history for the model (`evidence.gather`); None answers from defaults alone."""
+    `evidence`: this machine's history for the model (`evidence.gather`); None answers from defaults alone.
+    `kld_budget`: the quality budget for quantizations measured here (default: the saved setting)."""
     work = workload or Workload()
     work.validate()
     measured = _measurements(measurements)
@@ -257,6 +261,8 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
                               f"{facts.context_length:,}-token context", "shorten the prompt or pick another model")
     llama_notes: list[str] = []
     llama = _best_llama(facts, hardware, _llama_base(facts, work, need), llama_notes)
+    llama = _within_budget(facts, hardware, _llama_base(facts, work, need), llama, evidence, kld_budget,
+                           llama_notes)
     vllm, vllm_notes, blocker = _vllm_choice(facts, hardware, work, need)
     scores = _scores(hardware, work, measured, evidence, llama, vllm)
     numbers = _numbers(scores, work, need, llama, vllm)
@@ -286,6 +292,44 @@ def recommend(facts: ModelFacts, hardware: HardwareSnapshot, workload: Workload 
     return Recommendation(engine=chosen.engine, quant=chosen.quant or "", plan=chosen.plan, reasons=reasons,
                           numbers=numbers, runner_up=_runner_up(chosen, loser, blocker, work, scores), fit=chosen,
                           key_settings=_key_settings(chosen))
+
+
+def _within_budget(facts: ModelFacts, hw: HardwareSnapshot, base: LaunchPlan, llama: FitResult | None,
+                   evidence: Evidence | None, budget: float | None, notes: list[str]) -> FitResult | None:
+    """The llama.cpp quantization by the quality measured here (planning.quant_choice), with a note saying so:
+    a GGUF file's own quantization within or over the budget; for a checkpoint, the smallest rung of the ladder
+    measured within it that fits fully. Nothing changes, and nothing is said, where nothing was measured."""
+    measured = measured_quants(evidence.quality if evidence is not None else None)
+    if not measured:
+        return llama
+    if budget is None:
+        from desktop.core.storage.settings import load
+
+        budget = load().kld_budget
+    if facts.is_gguf:
+        own = measured.get(quant_key(facts.quantization or ""))
+        if own is not None:
+            within = sorted((m for m in measured.values() if m.mean_kld <= budget), key=lambda m: bits_per_weight(m.quant))
+            verdict = "within" if own.mean_kld <= budget else "over"
+            note = (f"{own.quant}: mean KLD {own.mean_kld:.4f} against {own.reference}, {verdict} the {budget:g} "
+                    f"quality budget ({own.basis}, run #{own.run_id})")
+            if verdict == "over" and within:
+                note += f"; {within[0].quant} (mean KLD {within[0].mean_kld:.4f}) is within it: serve that file"
+            notes.append(note)
+        return llama
+    fitting = [r for q in _llama_candidates(facts) if q is not None
+               for r in [estimate(facts, hw, base, quant=q)] if r.fits == "yes"]
+    if not fitting:
+        return llama
+    choice = choose(fitting, lambda r: r.quant, lambda r: r.weights_gib,
+                    lambda rs: next((r for r in rs if llama is not None and r.quant == llama.quant), rs[0]),
+                    measured, budget, facts.name)
+    if choice.basis == BITS_RULE or choice.pick is None:
+        notes.append(choice.reason)
+        return llama
+    notes[:] = [n for n in notes if not n.startswith("CPU only:")]  # measured, not the usual balance
+    notes.append(choice.reason)
+    return choice.pick
 
 
 def _llama_base(facts: ModelFacts, work: Workload, need: int) -> LaunchPlan:

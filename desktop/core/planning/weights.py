@@ -9,15 +9,14 @@ from dataclasses import replace
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.models.facts import ModelFacts, estimate_params, hf_weight_bytes, param_parts
+from desktop.core.models.quant_names import BITS_PER_WEIGHT
 from desktop.core.models.quants import FORMATS
 
-# Bits per weight over the whole file (embeddings included) for llama.cpp quantizations of Llama-like models.
-GGUF_BPW: dict[str, float] = {
-    "F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q6_K": 6.56, "Q5_K_M": 5.69, "Q5_K_S": 5.54,
-    "Q5_0": 5.5, "Q4_K_M": 4.89, "Q4_K_S": 4.58, "Q4_0": 4.55, "IQ4_NL": 4.5, "IQ4_XS": 4.25, "Q3_K_L": 4.27,
-    "Q3_K_M": 3.91, "Q3_K_S": 3.5, "IQ3_M": 3.66, "IQ3_XS": 3.3, "Q2_K": 3.35, "IQ2_M": 2.7, "IQ2_XS": 2.31,
-    "MXFP4": FORMATS["mxfp4"].bits,  # per expert weight: llama-quantize's MXFP4_MOE keeps the rest at Q8_0
-}
+# The quantizations the fit sizes by bits per weight (one table: models.quant_names); MXFP4 per expert weight:
+# llama-quantize's MXFP4_MOE keeps the rest at Q8_0.
+GGUF_BPW: dict[str, float] = {name: BITS_PER_WEIGHT[name] for name in (
+    "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_0", "IQ4_NL", "IQ4_XS",
+    "Q3_K_L", "Q3_K_M", "Q3_K_S", "IQ3_M", "IQ3_XS", "Q2_K", "IQ2_M", "IQ2_XS", "MXFP4")}
 GGUF_ALIASES = {"MXFP4_MOE": "MXFP4"}  # the file type's name (LlamaFileType.MOSTLY_MXFP4_MOE) for the same thing
 GGUF_LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M")
 MOE_GGUF_LADDER = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "MXFP4", "IQ4_XS", "Q3_K_M")  # experts at 4.25 bits

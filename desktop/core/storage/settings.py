@@ -22,7 +22,7 @@ from desktop.core.common.origins import parse_allowed_origins
 
 log = logging.getLogger("switchyard.settings")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SETTINGS_FILE = "settings.json"
 WORKLOADS = ("chat", "long-context", "many-users", "batch")
 ENGINES = ("auto", "llama.cpp", "vllm")
@@ -41,6 +41,9 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     # Electricity price per kWh in the user's currency, for the energy cost where NVML reports power; 0: not set.
     price_per_kwh: float = 0.0
+    # The quality budget: the largest mean KL divergence from a higher-precision reference (`switchyard quality`)
+    # a recommended quantization may have (docs/quality.md says why 0.05).
+    kld_budget: float = 0.05
     version: int = SCHEMA_VERSION
     notes: tuple[str, ...] = field(default=(), compare=False)  # what load() had to fix; never saved
 
@@ -60,6 +63,9 @@ class Settings:
         if not (0.0 <= self.price_per_kwh <= 1000.0) or self.price_per_kwh != self.price_per_kwh:
             raise SwitchyardError(f"price per kWh must be between 0 and 1000, not {self.price_per_kwh}",
                                   "e.g. 0.30; 0 leaves the energy cost out")
+        if not (0.0 < self.kld_budget <= 10.0):  # also refuses NaN
+            raise SwitchyardError(f"the quality budget (a mean KL divergence) must be above 0 and at most 10, not "
+                                  f"{self.kld_budget}", "e.g. 0.05 (see docs/quality.md)")
         if parse_allowed_origins(self.allowed_origins) != self.allowed_origins:
             raise SwitchyardError(f"allowed origins must be distinct, lower-case scheme://host[:port] entries or *, "
                                   f"not {list(self.allowed_origins)}", "e.g. http://192.168.1.5:3000")
@@ -97,8 +103,13 @@ def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "price_per_kwh": data.get("price_per_kwh", 0.0)}
 
 
+def _v4_to_v5(data: dict[str, Any]) -> dict[str, Any]:
+    """v5 added `kld_budget` (the quality budget of the quantization choice); v4 files get the default."""
+    return {**data, "kld_budget": data.get("kld_budget", 0.05)}
+
+
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1, 1: _v1_to_v2, 2: _v2_to_v3,
-                                                                      3: _v3_to_v4}
+                                                                      3: _v3_to_v4, 4: _v4_to_v5}
 
 
 def migrate(data: dict[str, Any]) -> dict[str, Any]:

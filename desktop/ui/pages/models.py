@@ -87,7 +87,8 @@ class ModelsPage(QWidget):
 
         self.hits_table = _table(["Repository", "Downloads", "Likes", "Formats", "Gated"], "Search results")
         self.hits_table.itemSelectionChanged.connect(self.load_variants)
-        self.variants_table = _table(["Variant", "Engine", "Quantization", "Size", "Fit", ""], "Variants")
+        self.variants_table = _table(["Variant", "Engine", "Quantization", "Size", "Fit", "", "Mean KLD"],
+                                     "Variants")
         self.download_button = QPushButton("&Download")
         self.download_button.setEnabled(False)
         self.download_button.clicked.connect(self.download)
@@ -196,12 +197,16 @@ class ModelsPage(QWidget):
         self.variants = variants
         self.notice.show_message("")
         _fill(self.variants_table, [[v.name, v.engine, v.quantization or v.dtype or "", size_text(v.size_bytes),
-                                     FIT_LABELS.get(v.fit, v.fit), "★ recommended" if v.recommended else ""]
+                                     FIT_LABELS.get(v.fit, v.fit), "★ recommended" if v.recommended else "",
+                                     f"{v.mean_kld:.4f}" if v.mean_kld is not None else ""]
                                     for v in variants.variants])
         for row, variant in enumerate(variants.variants):
             cell = self.variants_table.item(row, 4)
             if cell is not None:
                 fit_chip(cell, variant.fit)
+            mark = self.variants_table.item(row, 5)
+            if mark is not None and variant.reason:
+                mark.setToolTip(variant.reason)  # why this one: measured within the quality budget, or the bits rule
 
     # --- downloads ---
     def download(self) -> None:

@@ -1,0 +1,153 @@
+"""Which quantization is recommended, by the quality measured here (issue 56): the smallest variant whose mean KL
+divergence from the reference is within the budget, else the bits rule, each tagged with where it comes from.
+
+Expected values come from outside the code under test: llama.cpp's own scoreboard (tools/perplexity/README.md of
+the pinned source, LLaMA 3 8B, no imatrix: Q8_0 7.96 GiB KLD 0.001355, Q6_K 6.14 GiB 0.005452, Q5_K_M 5.33 GiB
+0.010762, Q4_K_M 4.58 GiB 0.031273), and in the end-to-end test the figures the real llama-perplexity reported for
+files the real llama-quantize wrote, pulled from a stand-in Hub into a Hub cache as users have them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakehub import FakeHub
+
+from desktop.core.planning.quant_choice import BITS_RULE, MeasuredQuant, choose
+
+GIB = 1 << 30
+SCOREBOARD = {"Q8_0": (7.96, 0.001355), "Q6_K": (6.14, 0.005452), "Q5_K_M": (5.33, 0.010762),
+              "Q4_K_M": (4.58, 0.031273)}
+SWITCHYARD = [sys.executable, "-m", "desktop"]
+
+
+def _measured(names: list[str]) -> dict[str, MeasuredQuant]:
+    return {q: MeasuredQuant(q, SCOREBOARD[q][1], None, "llama-3-8b-F16.gguf", 7, "2026-12-07") for q in names}
+
+
+def _pick(budget: float, measured: list[str], fits: list[str] | None = None) -> tuple[str | None, str, str]:
+    candidates = fits or list(SCOREBOARD)
+    choice = choose(candidates, lambda q: q, lambda q: SCOREBOARD[q][0], lambda qs: max(qs, key=SCOREBOARD.get),
+                    _measured(measured), budget, "llama-3-8b")
+    return choice.pick, choice.basis, choice.reason
+
+
+def test_the_smallest_measured_within_the_budget_is_recommended() -> None:
+    everything = list(SCOREBOARD)
+    assert _pick(0.05, everything)[:2] == ("Q4_K_M", "measured here on 2026-12-07")  # 0.0313 <= 0.05
+    pick, basis, reason = _pick(0.01, everything)  # Q5_K_M 0.0108 and Q4_K_M 0.0313 are over 0.01
+    assert (pick, basis) == ("Q6_K", "measured here on 2026-12-07")
+    assert "smaller ones are over it: Q4_K_M (mean KLD 0.0313" in reason and "Q5_K_M (mean KLD 0.0108" in reason
+    assert "run #7" in reason
+    # only what fits is a candidate: with Q8_0 alone fitting, it is the pick even under a budget Q4_K_M meets
+    assert _pick(0.05, everything, fits=["Q8_0"])[:2] == ("Q8_0", "measured here on 2026-12-07")
+
+
+def test_what_was_not_measured_is_named_with_the_action_that_measures_it() -> None:
+    pick, basis, reason = _pick(0.01, ["Q8_0", "Q6_K"])
+    assert (pick, basis) == ("Q6_K", "measured here on 2026-12-07")
+    assert "Q4_K_M,Q5_K_M not measured: `switchyard quality llama-3-8b --variants Q4_K_M,Q5_K_M`" in reason
+
+
+def test_nothing_measured_within_is_the_bits_rule_and_says_so() -> None:
+    pick, basis, reason = _pick(0.05, [])
+    assert (pick, basis) == ("Q8_0", BITS_RULE) and reason.startswith("Q8_0 by the bits rule, not measured here")
+    # measured over the budget: left out of the bits rule while something else remains
+    pick, basis, reason = _pick(0.001, ["Q8_0"])
+    assert (pick, basis) == ("Q6_K", BITS_RULE)
+    assert "measured over the 0.001 budget: Q8_0 (mean KLD 0.0014" in reason
+    assert _pick(0.001, everything := list(SCOREBOARD))[:2] == ("Q8_0", BITS_RULE), everything  # all over
+
+
+def test_a_budget_that_is_no_number_is_refused(tmp_path: Path) -> None:
+    from desktop.core.common.errors import SwitchyardError
+    from desktop.core.storage import settings
+
+    for bad in (0.0, -0.1, float("nan"), 11.0):
+        with pytest.raises(SwitchyardError, match="quality budget"):
+            settings.Settings(kld_budget=bad).validated()
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"version": 4, "price_per_kwh": 0.3}))
+    assert settings.load(path).kld_budget == 0.05  # a v4 file gets the default, keeps the rest
+    assert settings.load(path).price_per_kwh == 0.3
+
+
+# --- end to end: the files users pull, measured by the real tools, and what `variants` then recommends --------
+def _cli(env: dict[str, str], *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([*SWITCHYARD, *args], env=env, capture_output=True, text=True, timeout=timeout)  # noqa: S603
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _recommended(env: dict[str, str], repo: str) -> dict[str, Any]:
+    listing = json.loads(_cli(env, "variants", repo, "--json", timeout=120).stdout)
+    picks = [v for v in listing["variants"] if v["recommended"]]
+    assert len(picks) == 1, listing
+    return {**picks[0], "all": {v["name"]: v for v in listing["variants"]}}
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_a_pulled_repo_is_recommended_by_its_measured_quality(tmp_path: Path, llama_install: Any,
+                                                              demo_model: Any) -> None:
+    """The demo's float32 file and its Q8_0 and Q4_K_M copies (written by the pinned llama-quantize) in a stand-in
+    Hub repo, pulled into a Hub cache; `switchyard quality` on the pulled files; then `switchyard variants`:
+    unmeasured, Q8_0 by the bits rule; measured, Q8_0 again under the default budget 0.05 because the demo's
+    Q4_K_M measures over it (its KLD is read from the tool's report, not assumed); with a budget of 0.5 in the
+    settings, Q4_K_M: the smallest within it, which the bits rule never picks."""
+    from desktop.core.engines import get_adapter
+    from desktop.core.measure.quality import variant_files
+
+    reference = Path(demo_model.gguf_path)
+    copies = variant_files(llama_install, reference, ["Q8_0", "Q4_K_M"], get_adapter("llama.cpp"))
+    repo = "demo/switchyard-demo-GGUF"
+    files: dict[str, bytes | Path] = {"demo-F32.gguf": reference, "demo-Q8_0.gguf": copies["Q8_0"],
+                                      "demo-Q4_K_M.gguf": copies["Q4_K_M"]}
+    home = tmp_path / "home"
+    with FakeHub() as hub:
+        hub.add_repo(repo, files, tags=["gguf"])
+        env = dict(os.environ, HF_ENDPOINT=hub.endpoint, HF_HUB_CACHE=str(tmp_path / "hf-cache"),
+                   SWITCHYARD_HOME=str(home), SWITCHYARD_NO_KEYRING="1", HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
+        pulled = {quant: Path(_cli(env, "pull", f"{repo}:{quant}", timeout=120).stdout.strip())
+                  for quant in ("F32", "Q8_0", "Q4_K_M")}
+        assert all("models--demo--switchyard-demo-GGUF" in str(p) and p.is_symlink() for p in pulled.values())
+
+        unmeasured = _recommended(env, repo)
+        assert (unmeasured["name"], unmeasured["basis"]) == ("Q8_0", BITS_RULE), unmeasured
+        assert all(v["mean_kld"] is None for v in unmeasured["all"].values())
+
+        report = json.loads(_cli(env, "quality", str(pulled["F32"]), "--variants",
+                                 f"{pulled['Q8_0']},{pulled['Q4_K_M']}", "--json").stdout)
+        kld = {v["variant"]: v["mean_kld"] for v in report["variants"]}
+        assert kld["demo-Q8_0.gguf"] < 0.05 < kld["demo-Q4_K_M.gguf"], kld  # the tool's figures decide the rest
+        today = time.strftime("%Y-%m-%d")
+
+        measured = _recommended(env, repo)
+        assert (measured["name"], measured["basis"]) == ("Q8_0", f"measured here on {today}"), measured
+        assert measured["all"]["Q4_K_M"]["mean_kld"] == kld["demo-Q4_K_M.gguf"]
+        assert measured["all"]["F32"]["mean_kld"] == 0.0  # the reference itself
+        assert f"Q4_K_M (mean KLD {kld['demo-Q4_K_M.gguf']:.4f}" in measured["reason"], measured["reason"]
+
+        settings_file = _settings_file(env)
+        settings_file.parent.mkdir(parents=True, exist_ok=True)
+        settings_file.write_text(json.dumps({"version": 5, "kld_budget": 0.5}))
+        generous = _recommended(env, repo)
+        assert (generous["name"], generous["basis"]) == ("Q4_K_M", f"measured here on {today}"), generous
+
+        advice = _cli(env, "recommend", str(pulled["Q4_K_M"]), timeout=120).stdout
+        assert f"Q4_K_M: mean KLD {kld['demo-Q4_K_M.gguf']:.4f} against demo-F32.gguf, within the 0.5 " \
+               "quality budget" in advice, advice
+
+
+def _settings_file(env: dict[str, str]) -> Path:
+    """Where the CLI run with `env` reads its settings (asked of the app, not assumed)."""
+    code = "from desktop.core.storage.settings import settings_path; print(settings_path())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,  # noqa: S603
+                          check=True)
+    return Path(done.stdout.strip())
