@@ -151,3 +151,27 @@ def _settings_file(env: dict[str, str]) -> Path:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,  # noqa: S603
                           check=True)
     return Path(done.stdout.strip())
+
+
+# --- the reference does not fit: the largest variant that does takes its place, said so ------------------------
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_a_reference_that_does_not_fit_gives_way_to_the_largest_variant_that_does(
+        llama_install: Any, demo_model: Any) -> None:
+    """A machine whose memory holds the demo's Q8_0 copy but not its float32 original (sizes read off the files):
+    Q8_0 becomes the reference, Q4_K_M is scored against it by the real tool, and the report says so."""
+    from desktop.core.common.errors import SwitchyardError
+    from desktop.core.engines import get_adapter
+    from desktop.core.measure.quality import SHIPPED_CORPUS, measure, variant_files
+
+    reference = Path(demo_model.gguf_path)
+    copies = variant_files(llama_install, reference, ["Q8_0", "Q4_K_M"], get_adapter("llama.cpp"))
+    room = copies["Q8_0"].stat().st_size
+    assert reference.stat().st_size > room > copies["Q4_K_M"].stat().st_size
+    report = measure(llama_install, "demo", reference, copies, SHIPPED_CORPUS, fits=lambda size: size <= room)
+    assert Path(report.reference) == copies["Q8_0"] and [v.variant for v in report.variants] == ["Q4_K_M"]
+    assert report.variants[0].mean_kld > 0
+    assert report.reference_note.startswith(f"the reference {reference.name} (") and \
+        "Q8_0, the highest-precision variant that does, is the reference instead" in report.reference_note
+    with pytest.raises(SwitchyardError, match="does not fit this machine's free memory, and no variant"):
+        measure(llama_install, "demo", reference, copies, SHIPPED_CORPUS, fits=lambda size: False)

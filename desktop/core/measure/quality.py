@@ -21,7 +21,7 @@ import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,7 @@ class QualityReport:
     engine_version: str
     variants: list[VariantQuality] = field(default_factory=list)
     reference_seconds: float = 0.0
+    reference_note: str = ""  # set when the given reference did not fit and a variant took its place
     created_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -159,17 +160,65 @@ def variant_files(install: EngineInstall, reference: Path, variants: list[str], 
     return files
 
 
+def weights_bytes(path: Path) -> int:
+    """Bytes of a GGUF on disk: every shard of a split set (llama-perplexity loads them all)."""
+    from desktop.core.models.gguf_file import read_gguf_model
+
+    try:
+        return sum(shard.stat().st_size for shard in read_gguf_model(path).shards)
+    except (OSError, SwitchyardError):
+        return path.stat().st_size
+
+
+def reference_that_fits(reference: Path, variants: Mapping[str, Path], fits: Callable[[int], bool]
+                        ) -> tuple[Path, dict[str, Path], str]:
+    """The reference to score against, the variants left to score, and what was changed, in words. A reference
+    that does not fit this machine (`fits(bytes)`: the one sizing function's verdict) gives way to the largest
+    variant that does (the most bits per weight: the closest to the original); that one is then no longer
+    scored, and the note says so. Models are loaded one at a time, so each need fit only alone."""
+    if fits(weights_bytes(reference)):
+        return reference, dict(variants), ""
+    gib = weights_bytes(reference) / (1 << 30)
+    for label, path in sorted(variants.items(), key=lambda kv: weights_bytes(kv[1]), reverse=True):
+        if not fits(weights_bytes(path)):
+            continue
+        rest = {name: other for name, other in variants.items() if name != label}
+        if not rest:
+            break
+        note = (f"the reference {reference.name} ({gib:.1f} GiB) does not fit this machine's free memory: {label}, "
+                "the highest-precision variant that does, is the reference instead; figures are against it")
+        return path, rest, note
+    raise SwitchyardError(f"the reference {reference.name} ({gib:.1f} GiB) does not fit this machine's free memory, "
+                          "and no variant that does is left to score against another",
+                          "free memory (close other programs or stop the engine), or give --reference a smaller, "
+                          "higher-precision file than the variants (e.g. Q8_0 for Q4_K_M)")
+
+
+def fits_here(hardware: Any = None) -> Callable[[int], bool]:
+    """llama-perplexity's memory need, by the one sizing function (planning.fit.quick_verdict: the weights and
+    their overhead, in free VRAM and RAM), against `hardware` (default: this machine as detected now)."""
+    from desktop.core.machine.hardware import detect
+    from desktop.core.planning.fit import quick_verdict
+
+    snapshot = hardware or detect()
+    return lambda size: quick_verdict("llama.cpp", max(size, 1), None, snapshot) != "no"
+
+
 def measure(install: EngineInstall, model: str, reference: Path, variants: Mapping[str, Path], corpus: Path, *,
-            ctx: int = DEFAULT_CTX, threads: int | None = None, progress: ProgressCallback = no_progress
-            ) -> QualityReport:
-    """Every variant against `reference` on `corpus`, one model loaded at a time."""
+            ctx: int = DEFAULT_CTX, threads: int | None = None, progress: ProgressCallback = no_progress,
+            fits: Callable[[int], bool] | None = None) -> QualityReport:
+    """Every variant against `reference` on `corpus`, one model loaded at a time; a reference that does not fit
+    (`fits`, default: this machine) replaced by the largest variant that does (`reference_that_fits`)."""
+    reference, variants, reference_note = reference_that_fits(reference, variants, fits or fits_here())
+    if reference_note:
+        progress(ProgressEvent(reference_note))
     tools = ensure_tools(install, progress)
     perplexity = str(tools["llama-perplexity"])
     common = ["-f", str(corpus), "-c", str(ctx), "-b", str(max(ctx, 512))]
     if threads:
         common += ["-t", str(threads)]
     report = QualityReport(model=model, reference=str(reference), corpus=str(corpus), ctx=ctx,
-                           engine_version=install.version)
+                           engine_version=install.version, reference_note=reference_note)
     with tempfile.TemporaryDirectory(prefix="switchyard-quality-") as scratch:
         base = Path(scratch) / "reference.kld"
         progress(ProgressEvent(f"reference: {reference.name}"))

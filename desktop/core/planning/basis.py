@@ -147,7 +147,8 @@ def quality_lines(quality: Mapping[str, Any] | None) -> list[str]:
     return [f"quality {v['variant']} against {reference}: mean KLD {v['mean_kld']:.4f}, p99 {v['kld_p99']:.4f}, "
             f"same top token {v['same_top']:.1%}, perplexity x{v['ppl_ratio']:.3f} (measured here on "
             f"{quality.get('run_date')}, run #{quality.get('run_id')}, {v['tokens']} tokens)"
-            for v in quality.get("variants") or []]
+            for v in quality.get("variants") or []] + ([str(quality["reference_note"])]
+                                                      if quality.get("reference_note") else [])
 
 
 __all__ = ["DEFAULT_TAG", "FIGURE_DEFAULT", "MEASURED_PREFIX", "MEASURE_IT", "NOT_MEASURED", "crossover_at",
