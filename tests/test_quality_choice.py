@@ -175,3 +175,29 @@ def test_a_reference_that_does_not_fit_gives_way_to_the_largest_variant_that_doe
         "Q8_0, the highest-precision variant that does, is the reference instead" in report.reference_note
     with pytest.raises(SwitchyardError, match="does not fit this machine's free memory, and no variant"):
         measure(llama_install, "demo", reference, copies, SHIPPED_CORPUS, fits=lambda size: False)
+
+
+# --- the A/B across formats: the quality gap beside the speed gap -----------------------------------------------
+def test_an_ab_across_formats_labels_each_sides_weights_and_measured_quality(demo_model: Any, tmp_path: Path) -> None:
+    """The weights are read off the files (the GGUF header's file type, the checkpoint's plan), the figures are
+    the pinned llama-perplexity's own report of the demo's Q4_K_M (tests/data/llama-perplexity-kld.txt)."""
+    from desktop.core.measure.quality_gap import gap_line, sides, weights_of
+
+    reference = Path(demo_model.gguf_path)
+    q4 = tmp_path / "Q4_K_M.gguf"
+    q4.write_bytes(b"")  # named as llama-quantize's copies are; only the name is read
+    assert weights_of(str(reference), {}) == "F32"  # the demo generator writes float32 tensors
+    assert weights_of(str(demo_model.hf_dir), {"dtype": "float32"}) == "F32"
+    quality = {"reference": str(reference), "run_id": 3, "run_date": "2026-12-07",
+               "variants": [{"variant": "Q4_K_M", "mean_kld": 0.083516, "same_top": 0.83924}]}
+    found = sides([("llama.cpp", str(q4), {}), ("vllm", str(demo_model.hf_dir), {"dtype": "float32"})], quality)
+    line = gap_line(found, "demo")
+    assert line == ("different weights: llama.cpp Q4_K_M (mean KLD 0.0835, same top token 83.9%, measured here on "
+                    "2026-12-07 (run #3)) vs vllm F32 (the reference's precision); the speed gap includes the "
+                    "precision gap"), line
+    unmeasured = gap_line(sides([("llama.cpp", str(q4), {}), ("vllm", str(demo_model.hf_dir),
+                                                              {"dtype": "float32"})], None), "demo")
+    assert "quality not measured here" in unmeasured and "`switchyard quality demo --variants ...`" in unmeasured
+    same = gap_line(sides([("llama.cpp", str(reference), {}), ("vllm", str(demo_model.hf_dir),
+                                                                 {"dtype": "float32"})], None), "demo")
+    assert same == "same weights on both sides (F32): the gap is the engines'"

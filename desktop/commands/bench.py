@@ -392,6 +392,8 @@ def _print_ab(result: Any) -> None:
     for engine, note in result.cold_start.get("notes", {}).items():
         print(f"{engine}: {note}")
     print(f"\n{result.amortization.get('verdict', '')}")
+    if result.quality and result.quality.get("line"):
+        print(f"weights: {result.quality['line']}")
     if result.replay:
         print(f"\nreplay of {result.replay['schedule']['requests']} recorded requests at {result.replay['speed']:g}x "
               "(open loop):")

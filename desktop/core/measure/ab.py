@@ -274,6 +274,7 @@ class ABResult:
     scenarios: list[dict[str, Any]]
     replay: dict[str, Any] | None = None  # both engines on the recorded traffic (issue 25), when replayed
     crossover: dict[str, Any] | None = None  # planning.crossover's picture of this A/B
+    quality: dict[str, Any] | None = None  # each side's weights and measured quality (measure.quality_gap)
 
     @property
     def errors(self) -> list[str]:
@@ -285,7 +286,7 @@ class ABResult:
                 "engines": [e.to_json(include_requests) for e in self.engines], "comparison": self.comparison,
                 "cold_start": self.cold_start, "amortization": self.amortization, "costs": self.costs,
                 "scenarios": self.scenarios, "errors": self.errors, "replay": self.replay,
-                "crossover": self.crossover}
+                "crossover": self.crossover, "quality": self.quality}
 
 
 # --- running ----------------------------------------------------------------------------------------------
@@ -514,7 +515,21 @@ def analyse(config: ABConfig, engines: list[EngineResult], started: float, finis
     costs = unit_costs(config, engines)
     scenarios = scenario_table(config, engines)
     return ABResult(config, machine_name(), started, finished, engines, comparison, cold, amortization, costs,
-                    scenarios, replay_comparison(config, engines), ab_crossover(config, engines, started))
+                    scenarios, replay_comparison(config, engines), ab_crossover(config, engines, started),
+                    ab_quality(config, engines))
+
+
+def ab_quality(config: ABConfig, engines: list[EngineResult]) -> dict[str, Any] | None:
+    """Each local side's weights and their quality measured here: the gap an A/B across formats also measures."""
+    from desktop.core.measure.quality_gap import gap_line, sides
+    from desktop.core.planning.evidence import gather
+
+    try:
+        quality = gather(config.model).quality
+    except Exception:  # noqa: BLE001 - an unreadable history must not lose the A/B: the sides say "not measured"
+        quality = None
+    found = sides([(e.engine, e.model_path, e.plan) for e in engines if not e.attached], quality)
+    return {"sides": [side.to_json() for side in found], "line": gap_line(found, config.model)} if found else None
 
 
 def replay_comparison(config: ABConfig, engines: list[EngineResult]) -> dict[str, Any] | None:

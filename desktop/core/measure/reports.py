@@ -347,6 +347,8 @@ def render_ab_html(result: ABResult) -> str:
     body = (f"<p>{settings}<br>Engines: {versions}</p>" + notes
             + "".join(f'<p class="warn">{html.escape(err)}</p>' for err in result.errors)
             + f'<p class="verdict">{html.escape(result.amortization.get("verdict", ""))}</p>'
+            + (f'<p class="warn">Weights: {html.escape(result.quality["line"])}</p>'
+               if result.quality and result.quality.get("line") else "")
             + '<div class="charts">' + "".join(charts) + "</div>"
             + "<h2>Throughput and TTFT (ratio = " + html.escape(f"{b.engine} / {a.engine}") + ")</h2>"
             + _table(["concurrency", f"{a.engine} tok/s", f"{b.engine} tok/s", "ratio",
