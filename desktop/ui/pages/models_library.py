@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.core.hub.library_view import DEMO_CANNOT_DELETE, ENGINE_LABELS, LibraryRow, human_bytes
+from desktop.ui.quality_action import QualityAction
 from desktop.ui.widgets import Notice, fit_columns, quant_label, size_text
 from desktop.ui.workers import submit
 
@@ -72,13 +73,15 @@ class LibraryPanel(QGroupBox):
         self.delete_button.clicked.connect(self.delete_selected)
         self.refresh_button = QPushButton("&Refresh library")
         self.refresh_button.clicked.connect(self.refresh)
+        self.quality = QualityAction(self._gguf_selected, notice, self)
         buttons = QHBoxLayout()
-        for button in (self.serve_button, self.delete_button, self.refresh_button):
+        for button in (self.serve_button, self.delete_button, self.quality.button, self.refresh_button):
             buttons.addWidget(button)
         buttons.addStretch(1)
         layout = QVBoxLayout(self)
         layout.addWidget(self.table)
         layout.addLayout(buttons)
+        layout.addWidget(self.quality.status)
         self._update_buttons()
 
     # --- listing ---
@@ -107,9 +110,15 @@ class LibraryPanel(QGroupBox):
             return None
         return self.rows[chosen[0].row()]
 
+    def _gguf_selected(self) -> str | None:
+        """The selected model as `switchyard quality` takes it, when llama.cpp's tools can measure it (GGUF)."""
+        row = self.selected()
+        return row["serve_model"] if row is not None and row["engine"] == "llama.cpp" else None
+
     def _update_buttons(self) -> None:
         row = self.selected()
         self.serve_button.setEnabled(row is not None)
+        self.quality.set_available(self._gguf_selected() is not None)
         deletable = row is not None and row["delete_name"] is not None and not self.deleting
         self.delete_button.setEnabled(deletable)
         if row is not None and row["delete_name"] is None:

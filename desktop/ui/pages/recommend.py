@@ -146,6 +146,12 @@ class RecommendPage(QWidget):
         self.measure_button.clicked.connect(self.measure)
         buttons.addWidget(self.measure_button)
         self.measure_job: dict[str, Any] | None = None
+        from desktop.ui.quality_action import QualityAction  # issue 56: measured quality for the figures
+
+        self.notice = Notice()
+        self.quality = QualityAction(lambda: self.model_edit.text().strip() or "demo", self.notice, self)
+        self.quality.measured.connect(self._quality_measured)
+        buttons.addWidget(self.quality.button)
         buttons.addStretch(1)
         self.traffic_button = QToolButton()
         self.traffic_button.setText("Traffic and crossover")
@@ -153,7 +159,6 @@ class RecommendPage(QWidget):
         self.traffic_button.setChecked(True)
         self.traffic_button.setToolTip("Show or hide your profiled traffic and the engines' crossover charts")
         buttons.addWidget(self.traffic_button)
-        self.notice = Notice()
         # The answer first, whole (never an inner scrollbar: it takes the height its text needs), then the traffic
         # and crossover charts in what is left; a window too small for both scrolls the page as a whole.
         self.result_box = QGroupBox("Recommendation")
@@ -167,6 +172,7 @@ class RecommendPage(QWidget):
         layout.addLayout(form)
         layout.addLayout(buttons)
         layout.addWidget(self.notice)
+        layout.addWidget(self.quality.status)
         from desktop.ui.traffic_panel import TrafficPanel  # issue 25: the profiled traffic and the crossover
 
         self.traffic = TrafficPanel(self)
@@ -308,6 +314,10 @@ class RecommendPage(QWidget):
             self.measure_job = job
             self.measure_button.setText(f"&Measure it here (~{max(1, round(seconds / 60))} min A/B)")
         self.measure_button.setVisible(offer)
+
+    def _quality_measured(self, _report: Any, _run_id: int) -> None:
+        """Answer again after a quality run: the figures then show it (planning.basis.quality_lines)."""
+        self.compute()
 
     def measure(self) -> None:
         if self.measure_job is not None:
