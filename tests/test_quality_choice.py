@@ -168,7 +168,8 @@ def test_a_reference_that_does_not_fit_gives_way_to_the_largest_variant_that_doe
     copies = variant_files(llama_install, reference, ["Q8_0", "Q4_K_M"], get_adapter("llama.cpp"))
     room = copies["Q8_0"].stat().st_size
     assert reference.stat().st_size > room > copies["Q4_K_M"].stat().st_size
-    report = measure(llama_install, "demo", reference, copies, SHIPPED_CORPUS, fits=lambda size: size <= room)
+    report = measure(llama_install, "demo", reference, copies, SHIPPED_CORPUS, fits=lambda size: size <= room,
+                     long_ctx=0)
     assert Path(report.reference) == copies["Q8_0"] and [v.variant for v in report.variants] == ["Q4_K_M"]
     assert report.variants[0].mean_kld > 0
     assert report.reference_note.startswith(f"the reference {reference.name} (") and \
@@ -201,3 +202,36 @@ def test_an_ab_across_formats_labels_each_sides_weights_and_measured_quality(dem
     same = gap_line(sides([("llama.cpp", str(reference), {}), ("vllm", str(demo_model.hf_dir),
                                                                  {"dtype": "float32"})], None), "demo")
     assert same == "same weights on both sides (F32): the gap is the engines'"
+
+
+# --- long context apart ---------------------------------------------------------------------------------------
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_positions_deep_in_a_long_context_are_reported_apart(llama_install: Any, demo_model: Any,
+                                                            tmp_path: Path) -> None:
+    """Chunks of 512 tokens beside the 128-token ones: positions 256-511, scored by the real tool. The shipped
+    corpus is 36 chunks of 256 tokens in the captured report (tests/data/llama-perplexity-kld.txt), so 18 chunks of
+    512, each scoring 512 - 1 - 256 = 255 positions: 4590 by hand. A corpus too short for the long chunks says
+    so instead of failing; one too short for the short chunks is a clear error before any variant runs."""
+    from desktop.core.common.errors import SwitchyardError
+    from desktop.core.engines import get_adapter
+    from desktop.core.measure.quality import SHIPPED_CORPUS, measure, variant_files
+    from desktop.core.planning.basis import quality_lines
+
+    reference = Path(demo_model.gguf_path)
+    q4 = variant_files(llama_install, reference, ["Q4_K_M"], get_adapter("llama.cpp"))
+    report = measure(llama_install, "demo", reference, q4, SHIPPED_CORPUS, ctx=128, long_ctx=512)
+    deep = report.long_context
+    assert deep is not None and deep["positions"] == "256-511" and "note" not in deep, deep
+    figures = deep["variants"]["Q4_K_M"]
+    assert figures["tokens"] == 18 * 255 and figures["mean_kld"] > 0 and figures["same_top"] < 1, figures
+    shown = quality_lines({**report.to_json(), "run_id": 1, "run_date": "2026-12-07"})
+    assert f"at positions 256-511 of 512-token chunks: mean KLD {figures['mean_kld']:.4f}" in shown[0], shown
+
+    short = tmp_path / "short.txt"
+    short.write_text(SHIPPED_CORPUS.read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    brief = measure(llama_install, "demo", reference, q4, short, ctx=128, long_ctx=2048)
+    assert brief.variants[0].mean_kld > 0 and brief.long_context is not None
+    assert brief.long_context["note"].startswith("long-context positions not scored: short.txt is "), brief.long_context
+    with pytest.raises(SwitchyardError, match="short.txt is .* tokens long; 2048-token chunks need at least 4096"):
+        measure(llama_install, "demo", reference, q4, short, ctx=2048, long_ctx=0)

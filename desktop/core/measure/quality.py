@@ -34,6 +34,7 @@ from desktop.core.engines.llamacpp_tools import ensure_tools
 
 SHIPPED_CORPUS = Path(__file__).resolve().parents[3] / "resources" / "quality" / "corpus.txt"
 DEFAULT_CTX = 256
+DEFAULT_LONG_CTX = 2048
 TOOL_TIMEOUT_S = 3600
 _FLOAT = r"([-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
 _FIGURES = {
@@ -46,6 +47,8 @@ _FIGURES = {
 }
 _QUANT = re.compile(r"[A-Za-z][A-Za-z0-9_]{1,15}")
 _CHUNKS = re.compile(r"computing over (\d+) chunks, n_ctx=(\d+)")
+_TOO_SHORT = re.compile(r"you need at least (\d+) tokens to evaluate perplexity.*?tokenizes to only (\d+) tokens",
+                        re.S)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class QualityReport:
     variants: list[VariantQuality] = field(default_factory=list)
     reference_seconds: float = 0.0
     reference_note: str = ""  # set when the given reference did not fit and a variant took its place
+    # the same figures in chunks of `ctx` tokens, positions ctx/2 .. ctx-1 (deep in the context), per variant; or a
+    # note saying why not (measure's long_ctx)
+    long_context: dict[str, Any] | None = None
     created_at: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
@@ -206,36 +212,106 @@ def fits_here(hardware: Any = None) -> Callable[[int], bool]:
 
 def measure(install: EngineInstall, model: str, reference: Path, variants: Mapping[str, Path], corpus: Path, *,
             ctx: int = DEFAULT_CTX, threads: int | None = None, progress: ProgressCallback = no_progress,
-            fits: Callable[[int], bool] | None = None) -> QualityReport:
+            fits: Callable[[int], bool] | None = None, long_ctx: int | None = None) -> QualityReport:
     """Every variant against `reference` on `corpus`, one model loaded at a time; a reference that does not fit
-    (`fits`, default: this machine) replaced by the largest variant that does (`reference_that_fits`)."""
+    (`fits`, default: this machine) replaced by the largest variant that does (`reference_that_fits`).
+
+    Long context apart: the same passes again in chunks of `long_ctx` tokens (default DEFAULT_LONG_CTX, 0: not),
+    whose scored positions (the second half of each chunk) all have at least long_ctx/2 tokens before them; skipped,
+    with a note, when the model's own context or the corpus is shorter."""
     reference, variants, reference_note = reference_that_fits(reference, variants, fits or fits_here())
     if reference_note:
         progress(ProgressEvent(reference_note))
     tools = ensure_tools(install, progress)
-    perplexity = str(tools["llama-perplexity"])
-    common = ["-f", str(corpus), "-c", str(ctx), "-b", str(max(ctx, 512))]
-    if threads:
-        common += ["-t", str(threads)]
     report = QualityReport(model=model, reference=str(reference), corpus=str(corpus), ctx=ctx,
                            engine_version=install.version, reference_note=reference_note)
-    with tempfile.TemporaryDirectory(prefix="switchyard-quality-") as scratch:
-        base = Path(scratch) / "reference.kld"
-        progress(ProgressEvent(f"reference: {reference.name}"))
-        started = time.monotonic()
-        _run([perplexity, "-m", str(reference), *common, "--kl-divergence-base", str(base)], install,
-             "llama-perplexity (reference)")
-        report.reference_seconds = round(time.monotonic() - started, 2)
-        for label, path in variants.items():
-            progress(ProgressEvent(f"scoring {label} against the reference"))
-            started = time.monotonic()
-            figures = _scored([perplexity, "-m", str(path), *common, "--kl-divergence-base", str(base),
-                               "--kl-divergence"], install, f"llama-perplexity ({label})")
-            report.variants.append(VariantQuality(
-                variant=label, path=str(path), mean_kld=figures["mean_kld"], kld_p99=figures["kld_p99"],
-                same_top=figures["same_top_percent"] / 100, ppl_ratio=figures["ppl_ratio"],
-                tokens=int(figures.get("tokens", 0)), seconds=round(time.monotonic() - started, 2)))
+    passes = _Passes(str(tools["llama-perplexity"]), install, reference, corpus, threads, progress)
+    report.reference_seconds, figures = passes.run(ctx, variants)
+    for label, (found, seconds) in figures.items():
+        report.variants.append(VariantQuality(
+            variant=label, path=str(variants[label]), mean_kld=found["mean_kld"], kld_p99=found["kld_p99"],
+            same_top=found["same_top_percent"] / 100, ppl_ratio=found["ppl_ratio"],
+            tokens=int(found.get("tokens", 0)), seconds=seconds))
+    long_ctx = DEFAULT_LONG_CTX if long_ctx is None else long_ctx
+    if long_ctx > ctx:
+        report.long_context = _long_context(passes, reference, variants, long_ctx, report)
     return report
+
+
+def _long_context(passes: _Passes, reference: Path, variants: Mapping[str, Path], long_ctx: int,
+                  report: QualityReport) -> dict[str, Any]:
+    """The figures at positions long_ctx/2 .. long_ctx-1 per variant, or why there are none."""
+    trained = _trained_context(reference)
+    first = long_ctx // 2
+    out: dict[str, Any] = {"ctx": long_ctx, "positions": f"{first}-{long_ctx - 1}", "variants": {}}
+    if trained is not None and trained < long_ctx:
+        out["note"] = f"the model's own context is {trained} tokens: no {long_ctx}-token chunks to score"
+        return out
+    try:
+        seconds, figures = passes.run(long_ctx, variants)
+    except _CorpusTooShort as exc:
+        out["note"] = f"long-context positions not scored: {exc.message}; give --prompts a longer text"
+        return out
+    report.reference_seconds += seconds
+    for label, (found, took) in figures.items():
+        out["variants"][label] = {"mean_kld": found["mean_kld"], "kld_p99": found["kld_p99"],
+                                  "same_top": found["same_top_percent"] / 100, "ppl_ratio": found["ppl_ratio"],
+                                  "tokens": int(found.get("tokens", 0)), "seconds": took}
+    return out
+
+
+def _trained_context(path: Path) -> int | None:
+    """The context length the GGUF says its model was trained for (`<arch>.context_length`)."""
+    from desktop.core.models.gguf_file import read_gguf_header
+
+    try:
+        metadata = read_gguf_header(path).metadata
+    except (OSError, SwitchyardError):
+        return None
+    value = metadata.get(f"{metadata.get('general.architecture')}.context_length")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+class _CorpusTooShort(SwitchyardError):
+    pass
+
+
+@dataclass
+class _Passes:
+    """llama-perplexity's two steps at one chunk size: the reference's log-probabilities written once, then each
+    variant scored against them."""
+
+    perplexity: str
+    install: EngineInstall
+    reference: Path
+    corpus: Path
+    threads: int | None
+    progress: ProgressCallback
+
+    def run(self, ctx: int, variants: Mapping[str, Path]) -> tuple[float, dict[str, tuple[dict[str, float], float]]]:
+        common = ["-f", str(self.corpus), "-c", str(ctx), "-b", str(max(ctx, 512))]
+        if self.threads:
+            common += ["-t", str(self.threads)]
+        figures: dict[str, tuple[dict[str, float], float]] = {}
+        with tempfile.TemporaryDirectory(prefix="switchyard-quality-") as scratch:
+            base = Path(scratch) / "reference.kld"
+            self.progress(ProgressEvent(f"reference: {self.reference.name} ({ctx}-token chunks)"))
+            started = time.monotonic()
+            written = _run([self.perplexity, "-m", str(self.reference), *common, "--kl-divergence-base", str(base)],
+                           self.install, "llama-perplexity (reference)")
+            short = _TOO_SHORT.search(written)  # the tool says so and exits 0, writing an empty base file
+            if short:
+                raise _CorpusTooShort(f"{self.corpus.name} is {short.group(2)} tokens long; {ctx}-token chunks need "
+                                      f"at least {short.group(1)}",
+                                      "give --prompts a longer text, or a smaller --ctx")
+            reference_seconds = round(time.monotonic() - started, 2)
+            for label, path in variants.items():
+                self.progress(ProgressEvent(f"scoring {label} against the reference ({ctx}-token chunks)"))
+                started = time.monotonic()
+                found = _scored([self.perplexity, "-m", str(path), *common, "--kl-divergence-base", str(base),
+                                 "--kl-divergence"], self.install, f"llama-perplexity ({label})")
+                figures[label] = (found, round(time.monotonic() - started, 2))
+        return reference_seconds, figures
 
 
 def _run(argv: list[str], install: EngineInstall, what: str) -> str:

@@ -140,15 +140,24 @@ def _and(names: Sequence[str]) -> str:
 
 
 def quality_lines(quality: Mapping[str, Any] | None) -> list[str]:
-    """Each measured quantization against its reference (`switchyard quality`), with where it was measured."""
+    """Each measured quantization against its reference (`switchyard quality`), with where it was measured, and
+    its figures deep in a long context where those were scored."""
     if not quality:
         return []
     reference = Path(str(quality.get("reference", ""))).name
-    return [f"quality {v['variant']} against {reference}: mean KLD {v['mean_kld']:.4f}, p99 {v['kld_p99']:.4f}, "
-            f"same top token {v['same_top']:.1%}, perplexity x{v['ppl_ratio']:.3f} (measured here on "
-            f"{quality.get('run_date')}, run #{quality.get('run_id')}, {v['tokens']} tokens)"
-            for v in quality.get("variants") or []] + ([str(quality["reference_note"])]
-                                                      if quality.get("reference_note") else [])
+    long = quality.get("long_context") or {}
+    lines = []
+    for v in quality.get("variants") or []:
+        line = (f"quality {v['variant']} against {reference}: mean KLD {v['mean_kld']:.4f}, p99 {v['kld_p99']:.4f}, "
+                f"same top token {v['same_top']:.1%}, perplexity x{v['ppl_ratio']:.3f} (measured here on "
+                f"{quality.get('run_date')}, run #{quality.get('run_id')}, {v['tokens']} tokens)")
+        deep = (long.get("variants") or {}).get(v["variant"])
+        if deep:
+            line += (f"; at positions {long.get('positions')} of {long.get('ctx')}-token chunks: mean KLD "
+                     f"{deep['mean_kld']:.4f}, same top token {deep['same_top']:.1%} ({deep['tokens']} tokens)")
+        lines.append(line)
+    notes = [quality.get("reference_note"), long.get("note")]
+    return lines + [str(note) for note in notes if note]
 
 
 __all__ = ["DEFAULT_TAG", "FIGURE_DEFAULT", "MEASURED_PREFIX", "MEASURE_IT", "NOT_MEASURED", "crossover_at",
