@@ -235,3 +235,34 @@ def test_positions_deep_in_a_long_context_are_reported_apart(llama_install: Any,
     assert brief.long_context["note"].startswith("long-context positions not scored: short.txt is "), brief.long_context
     with pytest.raises(SwitchyardError, match="short.txt is .* tokens long; 2048-token chunks need at least 4096"):
         measure(llama_install, "demo", reference, q4, short, ctx=2048, long_ctx=0)
+
+
+# --- the recommender on a checkpoint: the GGUF rung it advises, by the quality measured here ----------------------
+@pytest.mark.parametrize("machine, budget, bits_rule, measured_pick", [
+    ("cpu_laptop", 0.01, "Q4_K_M", "Q6_K"),  # a CPU's usual balance is Q4_K_M; measured over 0.01, Q6_K is within
+    ("rtx4090", 0.05, "Q8_0", "Q4_K_M"),  # the bits rule's most bits that fit; Q4_K_M measured within 0.05
+])
+def test_the_recommender_advises_the_smallest_rung_measured_within_the_budget(machine: str, budget: float,
+                                                                              bits_rule: str,
+                                                                              measured_pick: str) -> None:
+    """LLaMA 3 8B's config, with llama.cpp's own scoreboard figures (module docstring) as this machine's quality
+    run: the advice moves from the bits rule's rung to the smallest one within the budget, and says why."""
+    from test_recommend import LLAMA_8B, snap
+
+    from desktop.core.models.facts import facts_from_config
+    from desktop.core.planning.evidence import Evidence
+    from desktop.core.planning.recommend import Workload, recommend
+
+    facts = facts_from_config(LLAMA_8B)
+    work = Workload(concurrency=1, lifetime_hours=1, restarts_per_day=30)
+    unmeasured = recommend(facts, snap(machine), work, kld_budget=budget)
+    assert (unmeasured.engine, unmeasured.quant) == ("llama.cpp", bits_rule), unmeasured.reasons
+    assert not any("mean KLD" in r for r in unmeasured.reasons)
+    evidence = Evidence(facts.name, "here", quality={
+        "reference": "llama-3-8b-F16.gguf", "run_id": 4, "run_date": "2026-12-07",
+        "variants": [{"variant": q, "mean_kld": kld, "same_top": None} for q, (_, kld) in SCOREBOARD.items()]})
+    advised = recommend(facts, snap(machine), work, evidence=evidence, kld_budget=budget)
+    assert (advised.engine, advised.quant) == ("llama.cpp", measured_pick), advised.reasons
+    kld = SCOREBOARD[measured_pick][1]
+    assert any(r.startswith(f"{measured_pick}: mean KLD {kld:.4f} against llama-3-8b-F16.gguf, within the "
+                            f"{budget:g} quality budget (measured here on 2026-12-07, run #4)") for r in advised.reasons)

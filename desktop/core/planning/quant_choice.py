@@ -92,11 +92,10 @@ def choose(candidates: Sequence[T], quant_of: Callable[[T], str | None], size_of
         assert m is not None
         smaller_over = [c for c in over if size_of(c) < size_of(pick)]
         reason = (f"{_name(pick, quant_of)}: mean KLD {m.mean_kld:.4f} against {m.reference}, within the "
-                  f"{budget:g} quality budget")
+                  f"{budget:g} quality budget ({m.basis}, run #{m.run_id})")
         if smaller_over:
             reason += "; smaller ones are over it: " + ", ".join(
                 f"{_name(c, quant_of)} {_kld(figures[id(c)])}" for c in sorted(smaller_over, key=size_of))
-        reason += f" ({m.basis}, run #{m.run_id})"
         smaller_unmeasured = [c for c in unmeasured if size_of(c) < size_of(pick)]
         if smaller_unmeasured:
             names = ",".join(_name(c, quant_of) for c in sorted(smaller_unmeasured, key=size_of))
