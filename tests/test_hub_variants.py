@@ -14,12 +14,8 @@ from fakehub import FakeHub, random_bytes
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.hub.search import list_variants, search
-from desktop.core.hub.variants import (
-    RemoteFile,
-    group_variants,
-    quant_from_name,
-    tag_and_recommend,
-)
+from desktop.core.hub.variants import RemoteFile, group_variants, tag_and_recommend
+from desktop.core.models.quant_names import quant_from_name
 
 SWITCHYARD = [sys.executable, "-m", "desktop"]
 

@@ -135,7 +135,7 @@ def test_quality_of_the_demos_quantizations_against_its_float32_original(llama_i
                                                                          qtbot: Any) -> None:
     """The issue's check: KLD(Q8_0) < KLD(Q4_K_M), KLD(Q4_K_M) > 0, top-1(Q8_0) >= top-1(Q4_K_M), top-1(Q4_K_M) < 1,
     the same numbers in --json, in history, from `recommend` and on the Recommend page."""
-    measured = run_cli("quality", "demo", "--variants", "Q8_0,Q4_K_M", "--json", timeout=400)
+    measured = run_cli("quality", "demo", "--variants", "Q8_0,Q4_K_M", "--long-ctx", "0", "--json", timeout=400)
     assert measured.returncode == 0, measured.stderr
     report = json.loads(measured.stdout)
     by_name = {v["variant"]: v for v in report["variants"]}

@@ -123,7 +123,7 @@ def test_a_pulled_repo_is_recommended_by_its_measured_quality(tmp_path: Path, ll
         assert all(v["mean_kld"] is None for v in unmeasured["all"].values())
 
         report = json.loads(_cli(env, "quality", str(pulled["F32"]), "--variants",
-                                 f"{pulled['Q8_0']},{pulled['Q4_K_M']}", "--json").stdout)
+                                 f"{pulled['Q8_0']},{pulled['Q4_K_M']}", "--long-ctx", "0", "--json").stdout)
         kld = {v["variant"]: v["mean_kld"] for v in report["variants"]}
         assert kld["demo-Q8_0.gguf"] < 0.05 < kld["demo-Q4_K_M.gguf"], kld  # the tool's figures decide the rest
         today = time.strftime("%Y-%m-%d")
@@ -216,17 +216,18 @@ def test_positions_deep_in_a_long_context_are_reported_apart(llama_install: Any,
     from desktop.core.common.errors import SwitchyardError
     from desktop.core.engines import get_adapter
     from desktop.core.measure.quality import SHIPPED_CORPUS, measure, variant_files
-    from desktop.core.planning.basis import quality_lines
 
     reference = Path(demo_model.gguf_path)
     q4 = variant_files(llama_install, reference, ["Q4_K_M"], get_adapter("llama.cpp"))
-    report = measure(llama_install, "demo", reference, q4, SHIPPED_CORPUS, ctx=128, long_ctx=512)
-    deep = report.long_context
+    env = dict(os.environ, SWITCHYARD_HOME=str(tmp_path / "home"))
+    report = json.loads(_cli(env, "quality", "demo", "--variants", "Q4_K_M", "--ctx", "128", "--long-ctx", "512",
+                             "--json").stdout)
+    deep = report["long_context"]
     assert deep is not None and deep["positions"] == "256-511" and "note" not in deep, deep
     figures = deep["variants"]["Q4_K_M"]
     assert figures["tokens"] == 18 * 255 and figures["mean_kld"] > 0 and figures["same_top"] < 1, figures
-    shown = quality_lines({**report.to_json(), "run_id": 1, "run_date": "2026-12-07"})
-    assert f"at positions 256-511 of 512-token chunks: mean KLD {figures['mean_kld']:.4f}" in shown[0], shown
+    advice = _cli(env, "recommend", "demo", timeout=120).stdout  # from the run kept in history
+    assert f"at positions 256-511 of 512-token chunks: mean KLD {figures['mean_kld']:.4f}" in advice, advice
 
     short = tmp_path / "short.txt"
     short.write_text(SHIPPED_CORPUS.read_text(encoding="utf-8")[:3000], encoding="utf-8")

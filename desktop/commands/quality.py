@@ -27,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--prompts", help="a text file to score on, or `traffic`: the prompts the endpoint captured "
                                      "(serve --capture-bodies); default: the shipped corpus of code and prose")
     p.add_argument("--ctx", type=N.count, default=256, help="tokens per scored chunk (default 256)")
+    p.add_argument("--long-ctx", type=N.whole(0), default=None,
+                   help="also score positions deep in chunks of this many tokens, reported apart (default 2048 when "
+                        "the model's context and the corpus allow; 0: not)")
     p.add_argument("--engine", default="llama.cpp", choices=("llama.cpp", "vllm"),
                    help="vllm: MODEL is a Hugging Face folder (or demo), each variant (and --reference) a plan "
                         "setting such as dtype=bfloat16 or quantization=fp8, scored by prompt_logprobs")
@@ -47,7 +50,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return _vllm(args, progress)
     report, run_id = run_quality(args.model, parse_variants(args.variants), reference=args.reference,
-                                 prompts=args.prompts, ctx=args.ctx, progress=progress)
+                                 prompts=args.prompts, ctx=args.ctx, long_ctx=args.long_ctx, progress=progress)
     return _report(args, report, "llama.cpp", run_id)
 
 
@@ -90,5 +93,14 @@ def _report(args: argparse.Namespace, report: Any, engine: str, run_id: int) -> 
     for v in report.variants:
         print(f"{v.variant:<14}{v.mean_kld:>10.5f}{v.kld_p99:>10.5f}{v.same_top:>9.1%}{v.ppl_ratio:>11.4f}"
               f"{v.tokens:>8}")
+    long = getattr(report, "long_context", None) or {}
+    if long.get("variants"):
+        print(f"deep in {long['ctx']}-token chunks (positions {long['positions']}):")
+        for name, v in long["variants"].items():
+            print(f"{name:<14}{v['mean_kld']:>10.5f}{v['kld_p99']:>10.5f}{v['same_top']:>9.1%}{v['ppl_ratio']:>11.4f}"
+                  f"{v['tokens']:>8}")
+    for note in (getattr(report, "reference_note", ""), long.get("note")):
+        if note:
+            print(note)
     print(f"{report.seconds_per_1k_tokens:.2f} s per 1,000 tokens scored; kept in history as run {run_id}")
     return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from desktop.core.hub.variants import quant_from_name
+from desktop.core.models.quant_names import quant_from_name
 
 DEMO_NOTE = "random weights: its answers are noise"
 DEMO_LABEL = f"demo ({DEMO_NOTE})"

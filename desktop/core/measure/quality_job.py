@@ -44,7 +44,8 @@ def record(report: QualityReport, model: str, engine: str, ctx: int) -> int:
 
 
 def run_quality(model: str, variants: list[str], *, reference: str | None = None, prompts: str | None = None,
-                ctx: int = DEFAULT_CTX, progress: ProgressCallback = no_progress) -> tuple[QualityReport, int]:
+                ctx: int = DEFAULT_CTX, long_ctx: int | None = None, progress: ProgressCallback = no_progress
+                ) -> tuple[QualityReport, int]:
     """Measure each variant of `model` (a GGUF, a folder holding one, or `demo`) against `reference` (default:
     the model itself) with llama.cpp's tools, and record the run. Returns the report and its run id."""
     from desktop.core.engines import get_adapter, require_install
@@ -57,11 +58,18 @@ def run_quality(model: str, variants: list[str], *, reference: str | None = None
     reference_path = resolve_model(reference or model, adapter, progress)
     corpus = corpus_for(prompts)
     files = quality.variant_files(install, reference_path, variants, adapter, progress)
-    report = quality.measure(install, model, reference_path, files, corpus, ctx=ctx, progress=progress)
+    report = quality.measure(install, model, reference_path, files, corpus, ctx=ctx, long_ctx=long_ctx,
+                             progress=progress)
     return report, record(report, model, "llama.cpp", ctx)
 
 
 def result_lines(report: QualityReport) -> list[str]:
     """Each variant's figures in one line, as the app shows them after a run."""
-    return [f"{v.variant}: mean KLD {v.mean_kld:.4f}, p99 {v.kld_p99:.4f}, same top token {v.same_top:.1%}, "
-            f"{v.tokens} tokens" for v in report.variants]
+    deep = (report.long_context or {}).get("variants") or {}
+    lines = [f"{v.variant}: mean KLD {v.mean_kld:.4f}, p99 {v.kld_p99:.4f}, same top token {v.same_top:.1%}, "
+             f"{v.tokens} tokens" + (f"; at positions {report.long_context['positions']}: mean KLD "  # type: ignore[index]
+                                     f"{deep[v.variant]['mean_kld']:.4f}, same top token "
+                                     f"{deep[v.variant]['same_top']:.1%}" if v.variant in deep else "")
+             for v in report.variants]
+    notes = [report.reference_note, (report.long_context or {}).get("note")]
+    return lines + [str(note) for note in notes if note]

@@ -103,17 +103,17 @@ def choose(candidates: Sequence[T], quant_of: Callable[[T], str | None], size_of
                        "smaller one is within it")
         return QuantChoice(pick, m.basis, reason)
     over_ids = {id(c) for c in over}
-    pick = bits_rule([c for c in candidates if id(c) not in over_ids] or list(candidates))
-    if pick is None:
+    by_bits = bits_rule([c for c in candidates if id(c) not in over_ids] or list(candidates))
+    if by_bits is None:
         return QuantChoice(None, "", "")
-    reason = f"{_name(pick, quant_of)} {BITS_RULE}"
+    reason = f"{_name(by_bits, quant_of)} {BITS_RULE}"
     if over:
         reason += "; measured over the " + f"{budget:g} budget: " + ", ".join(
             f"{_name(c, quant_of)} {_kld(figures[id(c)])}" for c in sorted(over, key=size_of))
     if unmeasured:
         names = ",".join(_name(c, quant_of) for c in sorted(unmeasured, key=size_of))
         reason += f"; `switchyard quality {model} --variants {names}` measures how far each moves the answers"
-    return QuantChoice(pick, BITS_RULE, reason)
+    return QuantChoice(by_bits, BITS_RULE, reason)
 
 
 def _name(candidate: Any, quant_of: Callable[[Any], str | None]) -> str:
