@@ -1,0 +1,98 @@
+"""Embedding and rerank servers (issue 57, first part): the flags a models.yaml entry's `kind` adds to its engine,
+checked against the real llama-server.
+
+Expected values come from outside the code under test: the vector width is the GGUF's own
+`llama.embedding_length` (read with the gguf library), the token count is llama-server's own /tokenize, and the
+refusal without the raised physical batch is the server's own message (server-context.cpp)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from desktop.core.common.errors import SwitchyardError
+from desktop.core.engines.pooling import task_args
+
+
+def test_an_embedding_entry_gets_the_switch_a_pooling_and_a_batch_the_size_of_its_context() -> None:
+    assert task_args("llama.cpp", "chat", 4096, []) == []
+    assert task_args("llama.cpp", "embedding", 4096, []) == ["--embeddings", "--pooling", "mean",
+                                                             "--ubatch-size", "4096", "--batch-size", "4096"]
+    # within llama-server's defaults (-ub 512, -b 2048) nothing is raised
+    assert task_args("llama.cpp", "embedding", 512, []) == ["--embeddings", "--pooling", "mean"]
+    assert task_args("llama.cpp", "rerank", 1024, []) == ["--reranking", "--pooling", "rank", "--ubatch-size", "1024"]
+    assert task_args("vllm", "embedding", 4096, []) == ["--runner", "pooling"]
+
+
+def test_the_persons_own_flags_win_in_any_spelling() -> None:
+    given = ["--embedding", "--pooling=cls", "-ub", "1024", "--batch_size", "8192"]
+    assert task_args("llama.cpp", "embedding", 4096, given) == []
+    assert task_args("llama.cpp", "rerank", 4096, ["--rerank"]) == ["--pooling", "rank", "--ubatch-size", "4096",
+                                                                    "--batch-size", "4096"]
+    assert task_args("vllm", "rerank", 4096, ["--runner=pooling"]) == []
+    with pytest.raises(SwitchyardError, match="unknown kind 'embed'"):
+        task_args("llama.cpp", "embed", 4096, [])
+
+
+def test_a_gguf_that_names_its_pooling_keeps_it(tmp_path: Path) -> None:
+    """A GGUF with `<arch>.pooling_type` (as embedding models' GGUFs have: 1 = mean, 2 = cls) gets no --pooling."""
+    import gguf
+
+    path = tmp_path / "embedder.gguf"
+    writer = gguf.GGUFWriter(str(path), "bert")
+    writer.add_pooling_type(gguf.PoolingType.CLS)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert task_args("llama.cpp", "embedding", 1024, [], path) == ["--embeddings", "--ubatch-size", "1024"]
+
+
+def _server(install: Any, model: Path, args: list[str]) -> Iterator[Any]:
+    from conftest import _running
+
+    yield from _running("llama.cpp", model, install, ctx_per_request=1024, slots=1, extra_args=tuple(args))
+
+
+def _long_input(base_url: str) -> tuple[str, int]:
+    """A text over llama-server's default physical batch (512 tokens), measured by its own tokenizer."""
+    text = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(60))
+    tokens = httpx.post(f"{base_url}/tokenize", json={"content": text}, timeout=30).json()["tokens"]
+    return text, len(tokens)
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_the_real_llama_server_embeds_an_input_longer_than_its_default_batch(llama_install: Any,
+                                                                              demo_model: Any) -> None:
+    import gguf
+    import openai
+
+    model = Path(demo_model.gguf_path)
+    width = gguf.GGUFReader(model).fields["llama.embedding_length"].contents()
+    servers = _server(llama_install, model, task_args("llama.cpp", "embedding", 1024, [], model))
+    server = next(servers)
+    try:
+        text, count = _long_input(server.base_url)
+        assert 512 < count < 1024, count
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
+        answer = client.embeddings.create(model="demo", input=[text, "a short one"])
+        assert [len(item.embedding) for item in answer.data] == [width, width]
+        assert answer.usage.prompt_tokens >= count
+    finally:
+        servers.close()
+    # the same server without the raised batch refuses it, in its own words: the flag is what makes the difference
+    flags = task_args("llama.cpp", "embedding", 1024, [], model)
+    bare = flags[:flags.index("--ubatch-size")]
+    servers = _server(llama_install, model, bare)
+    server = next(servers)
+    try:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
+        with pytest.raises(openai.APIStatusError, match="too large to process. increase the physical batch size"):
+            client.embeddings.create(model="demo", input=text)
+    finally:
+        servers.close()
