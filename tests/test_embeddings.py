@@ -96,3 +96,57 @@ def test_the_real_llama_server_embeds_an_input_longer_than_its_default_batch(lla
             client.embeddings.create(model="demo", input=text)
     finally:
         servers.close()
+
+
+# --- models.yaml: a chat model and an embedder on one endpoint ----------------------------------------------------
+def test_kind_is_read_written_and_refused_with_the_allowed_values(tmp_path: Path) -> None:
+    from desktop.core.serving.fleet import parse_models_config
+    from desktop.core.serving.models_file import dump_models_yaml
+
+    config = parse_models_config({"models": [{"name": "chat", "engine": "llama.cpp", "model": "demo"},
+                                             {"name": "embed", "engine": "llama.cpp", "model": "demo",
+                                              "kind": "embedding"}]})
+    assert [e.kind for e in config.models] == ["chat", "embedding"]
+    text = dump_models_yaml(config)
+    assert "kind: embedding" in text and text.count("kind:") == 1  # a chat entry stays as short as before
+    with pytest.raises(SwitchyardError, match=r"\('embed'\): kind must be one of chat, embedding, rerank, not 'vector'"):
+        parse_models_config({"models": [{"name": "embed", "engine": "llama.cpp", "model": "demo", "kind": "vector"}]})
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_a_chat_model_and_an_embedder_answer_through_one_endpoint(llama_install: Any, demo_model: Any,
+                                                                 tmp_path: Path) -> None:
+    """The issue's check: models.yaml with a chat entry and an `embedding` entry on the generated GGUF; the openai
+    SDK's embeddings.create through the endpoint returns vectors of the model's embedding width from the real
+    llama-server, an input longer than its default batch included, while chat keeps answering."""
+    import gguf
+    import openai
+
+    from desktop.core.runtime.ports import find_free_port
+    from desktop.core.serving.endpoint import make_launcher
+    from desktop.core.serving.fleet import Fleet, load_models_config
+    from desktop.core.serving.proxy import ProxyServer
+
+    width = gguf.GGUFReader(Path(demo_model.gguf_path)).fields["llama.embedding_length"].contents()
+    config_file = tmp_path / "models.yaml"
+    config_file.write_text("models:\n"
+                           "  - {name: chat, engine: llama.cpp, model: demo, ctx: 1024, parallel: 1}\n"
+                           "  - {name: embed, engine: llama.cpp, model: demo, ctx: 1024, parallel: 1, kind: embedding}\n")
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=300)
+    proxy.start()
+    fleet = Fleet(proxy, load_models_config(config_file), launcher=make_launcher(), ready_timeout=300)
+    try:
+        fleet.start()
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        text = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(60))
+        vectors = client.embeddings.create(model="embed", input=[text, "short"])
+        assert [len(item.embedding) for item in vectors.data] == [width, width]
+        assert vectors.usage.prompt_tokens > 512  # longer than llama-server's default physical batch
+        answer = client.chat.completions.create(model="chat", max_tokens=8, temperature=0,
+                                                messages=[{"role": "user", "content": "Say hi"}])
+        assert answer.choices[0].message.content
+        assert proxy.counters["failed"] == 0
+    finally:
+        fleet.close()
+        proxy.stop()

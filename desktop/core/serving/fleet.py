@@ -26,6 +26,8 @@ from desktop.core.common.progress import ProgressCallback, no_progress
 from desktop.core.engines import get_adapter
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.engines.engine_args import plan_fields_from_args
+from desktop.core.engines.model_path import resolve_model
+from desktop.core.engines.pooling import KINDS, task_args
 from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.models.parsers import check_parser
 from desktop.core.planning.fit import MAX_CTX
@@ -45,7 +47,7 @@ from desktop.core.serving.proxy import ProxyServer
 log = logging.getLogger("switchyard.endpoint")
 
 MODEL_KEYS = ("name", "engine", "model", "ctx", "parallel", "ttl", "loading_status", "extra_routes", "tool_parser",
-              "reasoning_parser", "reasoning_effort", "prefix_cache", "args")
+              "reasoning_parser", "reasoning_effort", "prefix_cache", "args", "kind")
 TOP_KEYS = ("models", "loading_status")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
 CONFIG_HINT = f"fix that entry of the config (keys: {', '.join(MODEL_KEYS)})"
@@ -82,14 +84,30 @@ class ModelEntry:
     # off|low|medium|high|auto: how much the model thinks where a request does not say (normalize rule 6); apart
     # from reasoning_parser, which says where the engine puts the thinking it does
     reasoning_effort: str = "auto"
+    # chat | embedding | rerank: an embedder or reranker gets its engine's flags for it (engines.pooling)
+    kind: str = "chat"
+
+    def engine_args(self) -> tuple[str, ...]:
+        """The engine flags this entry launches with: its kind's (engines.pooling), then the person's own."""
+        if self.kind == "chat":
+            return self.args
+        return (*task_args(self.engine, self.kind, self.ctx, self.args, self._model_file()), *self.args)
+
+    def _model_file(self) -> Path | None:
+        """The entry's model on disk when it names one here (`demo`, a path): its GGUF says its own pooling."""
+        try:
+            return resolve_model(self.model, get_adapter(self.engine))
+        except SwitchyardError:
+            return None
 
     def asks(self) -> dict[str, Any]:
         """The plan fields this entry sets (the planner chooses the rest)."""
         parsers = {"tool_parser": self.tool_parser, "reasoning_parser": self.reasoning_parser}
+        args = self.engine_args()
         return {"ctx_per_request": self.ctx, "slots": self.parallel,
                 **{k: v for k, v in parsers.items() if v is not None},
                 **({} if self.prefix_cache else {"prefix_cache": False}),
-                **(plan_fields_from_args(self.engine, self.args) if self.args else {})}
+                **(plan_fields_from_args(self.engine, args) if args else {})}
 
     def plan(self, hardware: HardwareSnapshot, progress: ProgressCallback = no_progress) -> Checked:
         """This entry's checked plan on `hardware`, or PlanRefused naming the entry and the fix."""
@@ -198,9 +216,13 @@ def parse_models_config(data: Any, source: str = "<config>") -> ModelsConfig:
             plan_fields_from_args(engine, engine_args)
         except SwitchyardError as exc:
             raise SwitchyardError(f"{where}: args: {exc.message}", exc.hint or CONFIG_HINT) from None
+        kind = item.get("kind", "chat")
+        if kind not in KINDS:
+            raise SwitchyardError(f"{where}: kind must be one of {', '.join(KINDS)}, not {kind!r}", CONFIG_HINT)
         entries.append(ModelEntry(name, engine, item["model"].strip(), ctx, parallel,
                                   float(ttl) if ttl is not None else None, status, tuple(routes), **parsers,
-                                  args=tuple(engine_args), prefix_cache=prefix_cache, reasoning_effort=effort))
+                                  args=tuple(engine_args), prefix_cache=prefix_cache, reasoning_effort=effort,
+                                  kind=kind))
     return ModelsConfig(tuple(entries), source)
 
 

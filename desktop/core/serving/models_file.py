@@ -45,6 +45,8 @@ def entry_data(entry: ModelEntry) -> dict[str, Any]:
         data["reasoning_effort"] = entry.reasoning_effort
     if entry.args:
         data["args"] = list(entry.args)
+    if entry.kind != "chat":
+        data["kind"] = entry.kind
     return data
 
 
