@@ -146,7 +146,33 @@ def test_a_chat_model_and_an_embedder_answer_through_one_endpoint(llama_install:
         answer = client.chat.completions.create(model="chat", max_tokens=8, temperature=0,
                                                 messages=[{"role": "user", "content": "Say hi"}])
         assert answer.choices[0].message.content
+        with pytest.raises(openai.BadRequestError, match="'chat' is a chat model and serves no embeddings; ask "
+                                                         "embed instead"):
+            client.embeddings.create(model="chat", input="hello")
+        listed = {m["id"]: m["switchyard"]["kind"] for m in httpx.get(proxy.url + "/v1/models").json()["data"]}
+        assert listed == {"chat": "chat", "embed": "embedding"}
         assert proxy.counters["failed"] == 0
     finally:
         fleet.close()
         proxy.stop()
+
+
+def test_embeddings_asked_of_a_list_without_an_embedder_say_how_to_add_one() -> None:
+    from desktop.core.serving.dispatch import wrong_kind
+    from desktop.core.serving.fleet import parse_models_config
+    from desktop.core.serving.router import Route, Router
+
+    config = parse_models_config({"models": [
+        {"name": "chat", "engine": "llama.cpp", "model": "demo"},
+        {"name": "old-embedder", "engine": "llama.cpp", "model": "demo", "args": ["--embedding", "--pooling", "cls"]}]})
+    router = Router({})
+    router.routes = {e.name: Route(info=e.info()) for e in config.models}
+    assert router.routes["old-embedder"].info["kind"] == "embedding"  # configured the way it was before `kind`
+    assert wrong_kind(router, "old-embedder", router.routes["old-embedder"], "/v1/embeddings") is None
+    assert wrong_kind(router, "chat", router.routes["chat"], "/v1/chat/completions") is None
+    assert wrong_kind(router, "chat", router.routes["chat"], "/v1/embeddings") == \
+        "'chat' is a chat model and serves no embeddings; ask old-embedder instead"
+    router.routes.pop("old-embedder")
+    said = wrong_kind(router, "chat", router.routes["chat"], "/v1/rerank")
+    assert said is not None and said.startswith("'chat' is a chat model and serves no reranking; add a models.yaml "
+                                                "entry with `kind: rerank`"), said

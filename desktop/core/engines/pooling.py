@@ -42,7 +42,7 @@ def task_args(engine: str, kind: str, ctx: int, given: Sequence[str], model_path
         return []
     if kind not in KINDS:
         raise SwitchyardError(f"unknown kind {kind!r}", f"choose one of: {', '.join(KINDS)}")
-    named = _named(engine, given)
+    named = named_flags(engine, given)
     out: list[str] = []
     if engine == "vllm":
         return [] if "--runner" in named else ["--runner", "pooling"]
@@ -60,7 +60,7 @@ def task_args(engine: str, kind: str, ctx: int, given: Sequence[str], model_path
     return out
 
 
-def _named(engine: str, given: Sequence[str]) -> set[str]:
+def named_flags(engine: str, given: Sequence[str]) -> set[str]:
     """The flags among `given` this module adds, by their one name, whatever the person's spelling."""
     adapter = get_adapter(engine)
     aliases = _ALIASES[adapter.name]

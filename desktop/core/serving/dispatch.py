@@ -33,7 +33,7 @@ from desktop.core.serving.http1 import (
 )
 from desktop.core.serving.metering import RequestListener, RequestRecord
 from desktop.core.serving.requestinfo import LOOP_TOKENS, BadBody, RequestInfo, scan
-from desktop.core.serving.router import Router
+from desktop.core.serving.router import Route, Router
 
 log = logging.getLogger("switchyard.proxy")
 
@@ -176,6 +176,12 @@ class Dispatcher:
                          ollama_error(404, f"model '{bounded(name or '')}' not found; this endpoint serves "
                                            f"{', '.join(self.router.routes)}"))
             return
+        refusal = wrong_kind(self.router, name, route, request.path)
+        if refusal is not None:
+            self._answer(request, client, ollama_error(400, refusal) if request.ollama is not None else
+                         LocalResponse.json({"error": {"message": refusal, "type": "invalid_request_error",
+                                                       "param": "model", "code": "model_not_supported"}}, status=400))
+            return
         if request.path not in INFERENCE_ROUTES and request.path not in route.extra_routes:
             self._answer(request, client, error_answer(request.path, 404, f"no route {request.method} "
                                                       f"{bounded(request.path)} for this model"))
@@ -316,6 +322,24 @@ def unknown_model(router: Router, name: str | None, path: str = "") -> LocalResp
     return LocalResponse.json({"error": {"message": message, "type": "invalid_request_error", "param": "model",
                                          "code": "model_not_found" if name is not None else "model_required"}},
                               status=404 if name is not None else 400)
+
+
+POOLING_ROUTES = {"/v1/embeddings": "embedding", "/v1/rerank": "rerank"}
+
+
+def wrong_kind(router: Router, name: str | None, route: Route, path: str) -> str | None:
+    """With a models list, embeddings and reranking go to an entry of that kind (models.yaml `kind`): why a
+    request that names another kind of model is refused, naming the entries that do serve it or how to add one."""
+    wanted = POOLING_ROUTES.get(path)
+    kind = route.info.get("kind")
+    if wanted is None or not router.multi or kind is None or kind == wanted:
+        return None
+    serving = [other for other, r in router.routes.items() if r.info.get("kind") == wanted]
+    what = "embeddings" if wanted == "embedding" else "reranking"
+    return (f"'{bounded(name or '')}' is a {kind} model and serves no {what}; "
+            + (f"ask {', '.join(serving)} instead" if serving else
+               f"add a models.yaml entry with `kind: {wanted}` (e.g. `- {{name: embed, engine: llama.cpp, model: "
+               f"FILE.gguf, kind: {wanted}}}`) and ask it by its name"))
 
 
 def error_answer(path: str, status: int, message: str) -> LocalResponse:

@@ -27,7 +27,7 @@ from desktop.core.engines import get_adapter
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.engines.engine_args import plan_fields_from_args
 from desktop.core.engines.model_path import resolve_model
-from desktop.core.engines.pooling import KINDS, task_args
+from desktop.core.engines.pooling import KINDS, named_flags, task_args
 from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.models.parsers import check_parser
 from desktop.core.planning.fit import MAX_CTX
@@ -116,9 +116,17 @@ class ModelEntry:
         except SwitchyardError as exc:
             raise type(exc)(f"'{self.name}': {exc.message}", exc.hint) from None
 
+    def served_kind(self) -> str:
+        """What the entry's engine serves: its kind, or, for a chat entry given the engine's own embedding or
+        rerank switch in `args` (how embedders were configured before `kind`), that."""
+        if self.kind != "chat":
+            return self.kind
+        named = named_flags(self.engine, self.args)
+        return "embedding" if "--embeddings" in named else "rerank" if "--reranking" in named else "chat"
+
     def info(self) -> dict[str, Any]:
         return {"engine": self.engine, "model": self.model, "ctx": self.ctx, "parallel": self.parallel,
-                "ttl": self.ttl}
+                "ttl": self.ttl, "kind": self.served_kind()}
 
 
 @dataclass(frozen=True)
