@@ -176,3 +176,32 @@ def test_embeddings_asked_of_a_list_without_an_embedder_say_how_to_add_one() -> 
     said = wrong_kind(router, "chat", router.routes["chat"], "/v1/rerank")
     assert said is not None and said.startswith("'chat' is a chat model and serves no reranking; add a models.yaml "
                                                 "entry with `kind: rerank`"), said
+
+
+@pytest.mark.gui
+@pytest.mark.qt_log_ignore("propagateSizeHints")
+def test_the_models_editor_offers_the_kind_and_keeps_what_it_does_not_edit(qtbot: Any, tmp_path: Path) -> None:
+    """An embedder added in the editor is saved as the CLI reads it; editing an entry keeps its args (the dialog
+    used to drop every key it has no field for)."""
+    from desktop.core.serving.fleet import load_models_config
+    from desktop.ui.models_editor import ModelsEditor
+
+    path = tmp_path / "models.yaml"
+    path.write_text("models:\n  - {name: chat, engine: llama.cpp, model: demo, args: [--n-cpu-moe, '2']}\n",
+                    encoding="utf-8")
+    editor = ModelsEditor()
+    qtbot.addWidget(editor)
+    assert editor.load(str(path))
+    dialog = editor.add(modal=False)
+    dialog.name_edit.setText("embed")
+    dialog.kind_box.setCurrentIndex(dialog.kind_box.findData("embedding"))
+    assert dialog.try_accept()
+    editor.table.selectRow(0)
+    edit = editor.edit_selected(modal=False)
+    edit.ctx_spin.setValue(1024)
+    assert edit.try_accept()
+    editor.path_edit.setText(str(path))
+    assert editor.save()
+    saved = {e.name: e for e in load_models_config(path).models}
+    assert saved["embed"].kind == "embedding" and saved["chat"].kind == "chat"
+    assert saved["chat"].args == ("--n-cpu-moe", "2") and saved["chat"].ctx == 1024

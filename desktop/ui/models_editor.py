@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 from desktop.ui.widgets import Notice
 
 COLUMNS = ("Name", "Engine", "Model", "Context", "Parallel", "TTL", "State")
+FORM_KEYS = ("name", "engine", "model", "ctx", "parallel", "ttl", "kind")  # what the entry dialog edits
 
 
 class EntryDialog(QDialog):
@@ -38,6 +39,7 @@ class EntryDialog(QDialog):
         self.setWindowTitle("Model" if entry is None else f"Model {entry.get('name', '')}")
         entry = entry or {}
         self.check = check
+        self.original = entry  # its other keys (args, parsers ...) are kept: the form edits only its own
         self.name_edit = QLineEdit(str(entry.get("name", "")))
         self.name_edit.setAccessibleName("Model name clients send")
         self.engine_box = QComboBox()
@@ -47,6 +49,11 @@ class EntryDialog(QDialog):
         self.engine_box.setCurrentIndex(max(0, index))
         self.model_edit = QLineEdit(str(entry.get("model", "demo")))
         self.model_edit.setAccessibleName("Model to serve")
+        self.kind_box = QComboBox()
+        self.kind_box.setAccessibleName("What the model serves")
+        for key, label in (("chat", "chat and completions"), ("embedding", "embeddings"), ("rerank", "reranking")):
+            self.kind_box.addItem(label, key)
+        self.kind_box.setCurrentIndex(max(0, self.kind_box.findData(entry.get("kind", "chat"))))
         self.ctx_spin = QSpinBox()
         self.ctx_spin.setRange(1, 10_000_000)
         self.ctx_spin.setValue(int(entry.get("ctx", 2048)))
@@ -64,6 +71,7 @@ class EntryDialog(QDialog):
         form.addRow("&Name:", self.name_edit)
         form.addRow("&Engine:", self.engine_box)
         form.addRow("&Model:", self.model_edit)
+        form.addRow("&Serves:", self.kind_box)
         form.addRow("&Context per request:", self.ctx_spin)
         form.addRow("&Parallel requests:", self.parallel_spin)
         form.addRow("Stop after &idle:", self.ttl_spin)
@@ -76,11 +84,14 @@ class EntryDialog(QDialog):
         layout.addWidget(buttons)
 
     def data(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"name": self.name_edit.text().strip(), "engine": self.engine_box.currentData(),
-                                "model": self.model_edit.text().strip(), "ctx": self.ctx_spin.value(),
-                                "parallel": self.parallel_spin.value()}
+        data: dict[str, Any] = {key: value for key, value in self.original.items() if key not in FORM_KEYS}
+        data.update({"name": self.name_edit.text().strip(), "engine": self.engine_box.currentData(),
+                     "model": self.model_edit.text().strip(), "ctx": self.ctx_spin.value(),
+                     "parallel": self.parallel_spin.value()})
         if self.ttl_spin.value() > 0:
             data["ttl"] = int(self.ttl_spin.value())
+        if self.kind_box.currentData() != "chat":
+            data["kind"] = self.kind_box.currentData()
         return data
 
     def try_accept(self) -> bool:
