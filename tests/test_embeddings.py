@@ -151,6 +151,10 @@ def test_a_chat_model_and_an_embedder_answer_through_one_endpoint(llama_install:
             client.embeddings.create(model="chat", input="hello")
         listed = {m["id"]: m["switchyard"]["kind"] for m in httpx.get(proxy.url + "/v1/models").json()["data"]}
         assert listed == {"chat": "chat", "embed": "embedding"}
+        import ollama  # an Ollama-speaking app: /api/embed reaches the same embedder
+
+        embedded = ollama.Client(host=proxy.url, trust_env=False, timeout=120).embed(model="embed", input=[text, "short"])
+        assert [len(vector) for vector in embedded.embeddings] == [width, width]
         assert proxy.counters["failed"] == 0
     finally:
         fleet.close()
