@@ -463,8 +463,7 @@ def engine_message(body: bytes, status: int) -> str:
     return str(data.get("message") or data.get("detail") or text)[:2000] if isinstance(data, dict) else text[:2000]
 
 
-EMBED_HINT = ("; to embed, serve an embedding model: a models.yaml entry with the model and, for llama.cpp, "
-              "`args: [--embeddings]` (and `--pooling mean` for a model whose GGUF sets no pooling) "
+EMBED_HINT = ("; to embed, serve an embedding model: a models.yaml entry with the model and `kind: embedding` "
               "(`switchyard serve --config models.yaml`)")
 
 
