@@ -64,12 +64,16 @@ def run_quality(model: str, variants: list[str], *, reference: str | None = None
 
 
 def result_lines(report: QualityReport) -> list[str]:
-    """Each variant's figures in one line, as the app shows them after a run."""
-    deep = (report.long_context or {}).get("variants") or {}
-    lines = [f"{v.variant}: mean KLD {v.mean_kld:.4f}, p99 {v.kld_p99:.4f}, same top token {v.same_top:.1%}, "
-             f"{v.tokens} tokens" + (f"; at positions {report.long_context['positions']}: mean KLD "  # type: ignore[index]
-                                     f"{deep[v.variant]['mean_kld']:.4f}, same top token "
-                                     f"{deep[v.variant]['same_top']:.1%}" if v.variant in deep else "")
-             for v in report.variants]
-    notes = [report.reference_note, (report.long_context or {}).get("note")]
+    """Each variant's figures in one line (and deep in a long context, where scored), as the app shows them."""
+    long = report.long_context or {}
+    deep = long.get("variants") or {}
+    lines = []
+    for v in report.variants:
+        line = (f"{v.variant}: mean KLD {v.mean_kld:.4f}, p99 {v.kld_p99:.4f}, same top token {v.same_top:.1%}, "
+                f"{v.tokens} tokens")
+        if v.variant in deep:
+            line += (f"; at positions {long.get('positions')}: mean KLD {deep[v.variant]['mean_kld']:.4f}, "
+                     f"same top token {deep[v.variant]['same_top']:.1%}")
+        lines.append(line)
+    notes = [report.reference_note, long.get("note")]
     return lines + [str(note) for note in notes if note]
