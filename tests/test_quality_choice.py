@@ -134,6 +134,11 @@ def test_a_pulled_repo_is_recommended_by_its_measured_quality(tmp_path: Path, ll
         assert measured["all"]["F32"]["mean_kld"] == 0.0  # the reference itself
         assert f"Q4_K_M (mean KLD {kld['demo-Q4_K_M.gguf']:.4f}" in measured["reason"], measured["reason"]
 
+        over = _cli(env, "recommend", str(pulled["Q4_K_M"]), timeout=120).stdout
+        assert f"Q4_K_M: mean KLD {kld['demo-Q4_K_M.gguf']:.4f} against demo-F32.gguf, over the 0.05 quality " \
+               f"budget (measured here on {today}" in over and \
+               f"; Q8_0 (mean KLD {kld['demo-Q8_0.gguf']:.4f}) is within it: serve that file" in over, over
+
         settings_file = _settings_file(env)
         settings_file.parent.mkdir(parents=True, exist_ok=True)
         settings_file.write_text(json.dumps({"version": 5, "kld_budget": 0.5}))
