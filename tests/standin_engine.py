@@ -116,6 +116,14 @@ def main() -> int:
                     gpu_memory(args.free_awake)
                 self._json(200, {})
                 return
+            if path == "/v1/embeddings":  # an embedder's answer (issue 57): one short vector per input
+                asked = json.loads(raw or b"{}").get("input")
+                inputs = asked if isinstance(asked, list) else [asked]
+                self._json(200, {"object": "list", "model": args.name, "usage": {"prompt_tokens": len(inputs),
+                                                                                 "total_tokens": len(inputs)},
+                                 "data": [{"object": "embedding", "index": i, "embedding": [float(len(str(t))), 1.0]}
+                                          for i, t in enumerate(inputs)]})
+                return
             if path not in INFERENCE:
                 self._json(404, {"error": "not found"})
                 return

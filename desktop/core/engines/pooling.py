@@ -60,6 +60,37 @@ def task_args(engine: str, kind: str, ctx: int, given: Sequence[str], model_path
     return out
 
 
+def args_kind(engine: str, args: Sequence[str], model_path: Path | None = None) -> str:
+    """What a server launched with `args` serves: "embedding", "rerank" or "chat". llama-server says it in its
+    switches; vLLM's `--runner pooling` serves what the model's head does: a *ForSequenceClassification
+    checkpoint (a cross-encoder) reranks, anything else embeds."""
+    named = named_flags(engine, args)
+    if get_adapter(engine).name == "vllm":
+        if not _runs_pooling(args):
+            return "chat"
+        return "rerank" if _classifies(model_path) else "embedding"
+    return "embedding" if "--embeddings" in named else "rerank" if "--reranking" in named else "chat"
+
+
+def _runs_pooling(args: Sequence[str]) -> bool:
+    tokens = [str(a) for a in args]
+    return any(t == "--runner=pooling" or (t == "--runner" and tokens[i + 1:i + 2] == ["pooling"])
+               for i, t in enumerate(tokens))
+
+
+def _classifies(model_path: Path | None) -> bool:
+    """Whether the Hugging Face folder's config names a sequence-classification head."""
+    import json
+
+    config = model_path / "config.json" if model_path is not None and model_path.is_dir() else None
+    try:
+        data = json.loads(config.read_text(encoding="utf-8")) if config is not None else {}
+    except (OSError, ValueError):
+        return False
+    names = data.get("architectures") if isinstance(data, dict) else None
+    return isinstance(names, list) and any(str(n).endswith("ForSequenceClassification") for n in names)
+
+
 def named_flags(engine: str, given: Sequence[str]) -> set[str]:
     """The flags among `given` this module adds, by their one name, whatever the person's spelling."""
     adapter = get_adapter(engine)

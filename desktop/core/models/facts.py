@@ -25,10 +25,20 @@ from desktop.core.models.quants import FORMATS, weight_format
 # --cpu-moe keep in RAM, with the layer number in front.
 EXPERT_TENSOR = re.compile(r"^blk\.(\d+)\.ffn_(?:up|down|gate|gate_up)_(?:ch|)exps")
 
-# Models that are not causal LMs served by llama-server or vLLM's generate API.
+# Models that are neither causal LMs nor text encoders: nothing here serves them.
 UNSUPPORTED_MODEL_TYPES = frozenset({
-    "bert", "roberta", "distilbert", "xlm-roberta", "electra", "deberta", "deberta-v2", "t5", "mt5", "bart",
-    "clip", "siglip", "whisper", "wav2vec2", "vit", "resnet", "detr", "sam", "mpnet", "nomic_bert",
+    "t5", "mt5", "bart", "clip", "siglip", "whisper", "wav2vec2", "vit", "resnet", "detr", "sam",
+})
+# Bidirectional text encoders (BERT and its kin): served as embedders or, with a sequence-classification head, as
+# rerankers (models.yaml `kind`, engines/pooling.py); they hold no KV cache. `new` is Alibaba's GTE.
+ENCODER_MODEL_TYPES = frozenset({
+    "bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta", "deberta-v2", "mpnet", "nomic_bert",
+    "modernbert", "new", "gte", "neobert", "jina_bert",
+})
+# llama.cpp's encoder architectures (llama-arch.cpp), which it builds without a KV cache (llama-model.cpp
+# create_memory); a GGUF may also say `<arch>.attention.causal = false`.
+GGUF_ENCODER_ARCHS = frozenset({
+    "bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3", "modern-bert", "t5encoder",
 })
 
 
@@ -78,6 +88,9 @@ class ModelFacts:
     shards: int = 1  # files of a split GGUF set
     hf_dir: str | None = None  # a local HF folder vLLM can load, when there is one
     repo_id: str | None = None
+    # a bidirectional encoder (BERT-like): it embeds or scores a whole input at once and holds no KV cache
+    encoder: bool = False
+    scores: bool = False  # a sequence-classification head (*ForSequenceClassification): a reranker's, not an LM's
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -193,7 +206,9 @@ def facts_from_gguf(path: str | Path) -> ModelFacts:
         mapped_edges=tuple(edges_of([(n, tuple(int(d) for d in shape), GGMLQuantizationType(kind).name)
                                      for n, shape, kind in file]) for file in model.files()), path=os.path.abspath(model.path),
         expert_layer_bytes=tuple(experts) if any(experts) else (), tensor_sizes=tuple(sizes),
-        shards=len(model.shards), notes=[f"a split GGUF: {len(model.shards)} shards, sized together; llama-server "
+        shards=len(model.shards), encoder=arch in GGUF_ENCODER_ARCHS or get("attention.causal") is False,
+        scores=any(name.startswith("cls.") for name, _ in sizes),
+        notes=[f"a split GGUF: {len(model.shards)} shards, sized together; llama-server "
                                          f"is given the first, {model.path.name}"] if len(model.shards) > 1 else [],
     )
 
@@ -268,6 +283,26 @@ def estimate_params(facts: ModelFacts) -> int:
     return int(sum(param_parts(facts).values()))
 
 
+def encoder_params(facts: ModelFacts, config: dict[str, Any]) -> int:
+    """A BERT-like encoder's parameters, biases included (they are a visible share of a small encoder): token,
+    position and token-type embeddings with their LayerNorm; per layer Q, K, V and output projections, the two MLP
+    projections and two LayerNorms; the pooler; a classifier of one row per label (*ForSequenceClassification).
+    Rotary encoders (NomicBERT, ModernBERT, GTE) have no position table and read `max_position_embeddings` as 0."""
+    h, layers = facts.hidden_size, facts.n_layers
+    inter = facts.intermediate_size or 4 * h
+    positions = config.get("max_position_embeddings") if config.get("position_embedding_type",
+                                                                     "absolute") == "absolute" else 0
+    positions = positions if isinstance(positions, int) and "rope_theta" not in config \
+        and "rotary_emb_base" not in config else 0
+    types = config.get("type_vocab_size", 2 if config.get("model_type") == "bert" else 0)
+    types = types if isinstance(types, int) else 0
+    embedding = (facts.vocab_size + positions + types) * h + 2 * h
+    layer = 4 * (h * h + h) + (h * inter + inter) + (inter * h + h) + 2 * 2 * h
+    labels = len(config["id2label"]) if isinstance(config.get("id2label"), dict) else 2
+    head = (h * h + h) + ((h + 1) * labels if facts.scores else 0)
+    return embedding + layers * layer + head
+
+
 def kept_parts(quant: dict[str, Any]) -> tuple[str, ...]:
     """The parts a quantization config names as not converted (they stay at the checkpoint's 16 bits)."""
     names: list[str] = []
@@ -291,11 +326,11 @@ def facts_from_config(cfg: dict[str, Any], name: str | None = None, source: str 
     model_type = str(merged.get("model_type") or cfg.get("model_type") or "").lower()
     architectures = cfg.get("architectures") or []
     arch = str(architectures[0]) if architectures else (model_type or "unknown")
-    if model_type in UNSUPPORTED_MODEL_TYPES or (architectures and not any(
-            "CausalLM" in a or "ConditionalGeneration" in a or "ForCausal" in a for a in map(str, architectures))
-            and model_type in UNSUPPORTED_MODEL_TYPES):
-        raise ModelError(f"unsupported architecture '{arch}' ({model_type}): not a text-generation model",
-                         "Switchyard serves decoder-only language models")
+    if model_type in UNSUPPORTED_MODEL_TYPES:
+        raise ModelError(f"unsupported architecture '{arch}' ({model_type}): neither a language model nor a text "
+                         "encoder", "Switchyard serves decoder-only language models, embedders and rerankers")
+    encoder = model_type in ENCODER_MODEL_TYPES
+    scores = any(str(a).endswith("ForSequenceClassification") for a in architectures)
     n_layers = _first(merged, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
     hidden = _first(merged, "hidden_size", "n_embd", "d_model", "dim")
     n_heads = _first(merged, "num_attention_heads", "n_head", "n_heads")
@@ -336,7 +371,8 @@ def facts_from_config(cfg: dict[str, Any], name: str | None = None, source: str 
         n_layers=int(n_layers), hidden_size=int(hidden), n_heads=int(n_heads),
         n_kv_heads=int(n_kv) if isinstance(n_kv, int) and n_kv > 0 else int(n_heads), head_dim=int(head_dim),
         vocab_size=int(merged.get("vocab_size") or 32000), context_length=int(context),
-        intermediate_size=_first(merged, "intermediate_size", "n_inner", "ffn_hidden_size"),
+        intermediate_size=_first(merged, "intermediate_size", "n_inner", "ffn_hidden_size",
+                                 *(("hidden_dim",) if encoder else ())),
         sliding_window=window, swa_layers=swa_layers,
         n_experts=int(n_experts) if isinstance(n_experts, int) else None,
         n_experts_active=_first(merged, "num_experts_per_tok", "moe_topk", "num_experts_per_token", "experts_per_token"),
@@ -344,9 +380,9 @@ def facts_from_config(cfg: dict[str, Any], name: str | None = None, source: str 
         kv_lora_rank=merged.get("kv_lora_rank") if isinstance(merged.get("kv_lora_rank"), int) else None,
         qk_rope_head_dim=merged.get("qk_rope_head_dim") if isinstance(merged.get("qk_rope_head_dim"), int) else None,
         tie_word_embeddings=bool(merged.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
-        dtype=dtype, quantization=quantization, quant_bits=bits, quant_kept=kept,
+        dtype=dtype, quantization=quantization, quant_bits=bits, quant_kept=kept, encoder=encoder, scores=scores,
     )
-    params = estimate_params(facts)
+    params = encoder_params(facts, merged) if encoder else estimate_params(facts)
     return _with(facts, params=params, weights_bytes=hf_weight_bytes(facts, params))
 
 

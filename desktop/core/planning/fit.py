@@ -232,6 +232,8 @@ def _llama_cells(facts: ModelFacts, ctx: int, parallel: int, ubatch: int) -> tup
 
 
 def _llama_kv_bytes(facts: ModelFacts, ctx: int, parallel: int, ubatch: int, kv_type: str) -> int:
+    if facts.encoder:  # llama.cpp builds an encoder without memory (llama-model.cpp create_memory)
+        return 0
     cells, swa_cells = _llama_cells(facts, ctx, parallel, ubatch)
     per_cell_layer = _kv_width(facts) * KV_TYPE_BYTES[kv_type]
     swa = min(facts.swa_layers, facts.n_layers) if swa_cells else 0
@@ -391,7 +393,10 @@ def _estimate_llama(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> 
 def vllm_kv_bytes_per_token(facts: ModelFacts, tp: int, kv_cache_dtype: str, max_model_len: int,
                             dtype: str = "auto") -> float:
     """KV bytes per token per GPU as vLLM pages it (heads split across ranks, replicated below one head).
-    With kv_cache_dtype auto the cache has the model's dtype: 2 bytes, 4 under --dtype float32."""
+    With kv_cache_dtype auto the cache has the model's dtype: 2 bytes, 4 under --dtype float32. An encoder's
+    attention keeps no cache (vLLM's EncoderOnlyAttention has no KV cache spec): 0."""
+    if facts.encoder:
+        return 0.0
     elem = 1.0 if kv_cache_dtype.startswith("fp8") else 4.0 if DTYPE_BYTES.get(dtype) == 4 else 2.0
     if facts.kv_lora_rank:
         per_layer = (facts.kv_lora_rank + (facts.qk_rope_head_dim or 64)) * elem
@@ -476,9 +481,9 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
 
     if not gpus:
         # vLLM's CPU backend: weights in RAM plus a fixed KV space (VLLM_CPU_KVCACHE_SPACE).
-        kv_space = int(s.cpu_kv_cache_gib * GIB)
-        tokens = _vllm_cpu_kv_tokens(facts, kv_space, max_len, s.kv_cache_dtype, s.dtype,
-                                     s.max_num_batched_tokens or VLLM_CPU_BATCHED_TOKENS)
+        kv_space = 0 if facts.encoder else int(s.cpu_kv_cache_gib * GIB)
+        tokens = max_len * s.parallel if facts.encoder else _vllm_cpu_kv_tokens(
+            facts, kv_space, max_len, s.kv_cache_dtype, s.dtype, s.max_num_batched_tokens or VLLM_CPU_BATCHED_TOKENS)
         need = weights + kv_space + int(1.0 * GIB)
         ram = hw.ram_available_bytes
         verdict: Verdict = "yes" if need <= ram and tokens >= max_len else "no"
@@ -524,7 +529,8 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
     graphs = 0 if s.enforce_eager else _vllm_cuda_graph_bytes(facts)
     in_budget_graphs = graphs if s.cuda_graphs_in_budget else 0
     kv = budget - per_gpu_weights - activation - non_torch - in_budget_graphs
-    tokens = max(0, int(kv // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE) if kv > 0 else 0
+    tokens = max_len * s.parallel if facts.encoder else \
+        max(0, int(kv // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE) if kv > 0 else 0
     overhead = activation + non_torch + graphs
     used = budget + (graphs - in_budget_graphs)
     breakdown = {"budget": _gib(budget), "weights": _gib(per_gpu_weights), "activation_peak": _gib(activation),
@@ -685,6 +691,8 @@ def vllm_kv_tokens(facts: ModelFacts, kv_bytes: float, tensor_parallel: int = 1,
                    max_model_len: int | None = None) -> int:
     """Tokens a vLLM KV cache of `kv_bytes` per GPU holds (whole 16-token blocks), as its log reports them."""
     per_token = vllm_kv_bytes_per_token(facts, tensor_parallel, kv_cache_dtype, max_model_len or facts.context_length)
+    if not per_token:  # an encoder: no cache to hold tokens in
+        return 0
     return max(0, int(kv_bytes // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE)
 
 

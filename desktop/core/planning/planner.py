@@ -29,6 +29,7 @@ from desktop.core.engines.base import (
     LaunchPlan,
 )
 from desktop.core.engines.model_path import resolve_model
+from desktop.core.engines.pooling import args_kind
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts, facts_for
 from desktop.core.models.parsers import check_parser, parsers_for
@@ -123,13 +124,19 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
     path = model_path or resolve_model(model, adapter, progress)
     if facts is None:
         facts = facts_for("demo" if model == "demo" else str(path))
+    serves = args_kind(adapter.name, wanted.get("extra_args") or (), path)
+    if facts.encoder and serves == "chat":
+        raise PlanRefused(encoder_refusal(model, facts), encoder_hint(facts, adapter.name))
     base = LaunchPlan(engine=adapter.name, model_path=path, model=model, pinned=tuple(sorted(wanted)), **wanted)
+    if facts.encoder:  # no KV cache to reuse, and vLLM's scheduler fails on one turned on ("no cacheable group")
+        base = replace(base, prefix_cache=False)
     if sizing_of(adapter.name) == "vllm" and "gpu_memory_utilization" not in wanted and hardware.cuda_gpus:
         # vLLM refuses to start below total x utilization free: ask for what is free on a desktop with a browser
         base = replace(base, gpu_memory_utilization=vllm_utilization(hardware))
     result = estimate(facts, hardware, base)
     plan = require_fit(result, model)
-    plan = _with_parsers(plan, result, wanted)
+    if serves == "chat":  # an embedder or reranker calls no tools and writes no reasoning
+        plan = _with_parsers(plan, result, wanted)
     unaccounted = [str(a) for a in wanted.get("extra_args") or ()
                    if not (sizing_of(adapter.name) == "llama.cpp" and str(a) in repack.FLAGS)]
     if unaccounted:  # what the person passed through: launched as given, not in the memory check
@@ -141,6 +148,20 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
         # sleep mode lets a stop-first switch free vLLM's GPU memory and wake it again without a cold start
         plan = replace(plan, extra_args=(*plan.extra_args, flag))
     return Checked(plan, replace(result, plan=plan))
+
+
+def encoder_refusal(model: str, facts: ModelFacts) -> str:
+    """Why a text encoder is not served as a chat model."""
+    does = "scores (reranks) text" if facts.scores else "embeds text"
+    return f"{model} is a text encoder ({facts.architecture}): it {does} and cannot chat or complete"
+
+
+def encoder_hint(facts: ModelFacts, engine: str) -> str:
+    kind = "rerank" if facts.scores else "embedding"
+    flag = "--runner pooling" if get_adapter(engine).name == "vllm" else \
+        "--reranking" if facts.scores else "--embeddings"
+    return (f"serve it as `kind: {kind}` in a models.yaml entry beside a chat model (`switchyard serve --config "
+            f"models.yaml`), or give the engine's own switch after `--`: {flag}")
 
 
 def _with_parsers(plan: LaunchPlan, result: FitResult, wanted: Mapping[str, Any]) -> LaunchPlan:

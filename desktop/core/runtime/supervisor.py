@@ -32,6 +32,7 @@ from desktop.core.common import paths, unixhttp
 from desktop.core.common.errors import EngineFailed, SwitchyardError
 from desktop.core.common.sse import iter_deltas
 from desktop.core.engines.base import CrashRetry, EngineAdapter, EngineInstall, LaunchPlan
+from desktop.core.engines.pooling import args_kind
 from desktop.core.runtime import crashes, enginefix, pagecache
 from desktop.core.runtime.address import choose_address, listener_holds
 from desktop.core.runtime.enginelog import LOG_TAIL_LINES as LOG_TAIL_LINES  # re-exported (runtime.launches)
@@ -282,16 +283,15 @@ class EngineProcess:
         return {"Authorization": f"Bearer {self.plan.api_key}"} if self.plan.api_key else {}
 
     def _first_request(self, deadline: float) -> None:
-        """T2/T3: one short real completion, proving the server serves (not only that a port is open)."""
+        """T2/T3: one short real completion, proving the server serves (not only that a port is open); an
+        embedder or reranker (engines.pooling) answers one embedding or ranking instead, and its T2 is its T3."""
         first_token: float | None = None
+        kind = args_kind(self.plan.engine, self.plan.extra_args, self.plan.model_path)
         try:
-            for delta in stream_completion(self.base_url, "Hello", max_tokens=8, model=self.plan.served_model_name,
-                                           api_key=self.plan.api_key, timeout=max(5.0, deadline - time.monotonic())):
-                if delta.error:
-                    raise EngineFailed(f"{self.adapter.display_name} answered the first request with an error: "
-                                       f"{delta.error}", f"log: {self.log_path}")
-                if delta.has_token and first_token is None:
-                    first_token = self.elapsed()
+            if kind != "chat":
+                self._first_pooling(kind, deadline)
+            else:
+                first_token = self._first_completion(deadline)
         except httpx.HTTPError as exc:
             if self._exited.is_set():
                 self._join_reader()
@@ -303,6 +303,29 @@ class EngineProcess:
         self.cold_start.t3_first_request_s = round(done, 3)
         self._emit(EngineEvent("phase", phase=PHASE_NAMES["t2_first_token_s"], seconds=self.cold_start.t2_first_token_s))
         self._emit(EngineEvent("phase", phase=PHASE_NAMES["t3_first_request_s"], seconds=self.cold_start.t3_first_request_s))
+
+    def _first_completion(self, deadline: float) -> float | None:
+        """Streams the first completion; returns when its first token came (None: no token)."""
+        first_token: float | None = None
+        for delta in stream_completion(self.base_url, "Hello", max_tokens=8, model=self.plan.served_model_name,
+                                       api_key=self.plan.api_key, timeout=max(5.0, deadline - time.monotonic())):
+            if delta.error:
+                raise EngineFailed(f"{self.adapter.display_name} answered the first request with an error: "
+                                   f"{delta.error}", f"log: {self.log_path}")
+            if delta.has_token and first_token is None:
+                first_token = self.elapsed()
+        return first_token
+
+    def _first_pooling(self, kind: str, deadline: float) -> None:
+        route, body = ("/v1/embeddings", {"input": "Hello"}) if kind == "embedding" else \
+            ("/v1/rerank", {"query": "Hello", "documents": ["Hello"]})
+        with unixhttp.client(self.base_url, timeout=httpx.Timeout(max(5.0, deadline - time.monotonic()),
+                                                                  connect=5.0)) as client:
+            response = client.post(unixhttp.http_url(self.base_url) + route, headers=self._auth_headers(),
+                                   json={**body, "model": self.plan.served_model_name})
+        if response.status_code != 200:
+            raise EngineFailed(f"{self.adapter.display_name} answered the first {kind} request with HTTP "
+                               f"{response.status_code}: {response.text[:300]}", f"log: {self.log_path}")
 
     def stop(self, grace: float = 15.0) -> EngineOutcome | None:
         """Stop the engine and everything it forked; idempotent."""

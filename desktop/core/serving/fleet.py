@@ -27,7 +27,7 @@ from desktop.core.engines import get_adapter
 from desktop.core.engines.base import LaunchPlan
 from desktop.core.engines.engine_args import plan_fields_from_args
 from desktop.core.engines.model_path import resolve_model
-from desktop.core.engines.pooling import KINDS, named_flags, task_args
+from desktop.core.engines.pooling import KINDS, args_kind, task_args
 from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.models.parsers import check_parser
 from desktop.core.planning.fit import MAX_CTX
@@ -100,6 +100,19 @@ class ModelEntry:
         except SwitchyardError:
             return None
 
+    def switch_overrides(self, given: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+        """The plan fields a switch of this entry to another engine starts it with: `given` (serve's), and an
+        embedder's or reranker's kind flags in that engine's spelling, so that it serves the same routes after a
+        switch (its own `args` are its engine's: they stay behind, and come back with it)."""
+        overrides = {name: dict(fields) for name, fields in (given or {}).items()}
+        if self.kind == "chat":
+            return overrides
+        for engine in ("llama.cpp", "vllm"):
+            fields = overrides.setdefault(engine, {})
+            own = self.engine_args() if engine == self.engine else task_args(engine, self.kind, self.ctx, ())
+            fields["extra_args"] = (*fields.get("extra_args", ()), *own)
+        return overrides
+
     def asks(self) -> dict[str, Any]:
         """The plan fields this entry sets (the planner chooses the rest)."""
         parsers = {"tool_parser": self.tool_parser, "reasoning_parser": self.reasoning_parser}
@@ -121,8 +134,7 @@ class ModelEntry:
         rerank switch in `args` (how embedders were configured before `kind`), that."""
         if self.kind != "chat":
             return self.kind
-        named = named_flags(self.engine, self.args)
-        return "embedding" if "--embeddings" in named else "rerank" if "--reranking" in named else "chat"
+        return args_kind(self.engine, self.args, self._model_file())
 
     def info(self) -> dict[str, Any]:
         return {"engine": self.engine, "model": self.model, "ctx": self.ctx, "parallel": self.parallel,
@@ -287,7 +299,7 @@ class Fleet:
             lane = EndpointManager(proxy, telemetry=telemetry, launcher=launcher, ready_timeout=ready_timeout,
                                    drain_timeout=drain_timeout, budget=budget, auto_fit=auto_fit,
                                    hardware=hardware, route=entry.name, meter=False,
-                                   engine_overrides=engine_overrides, redetect=redetect)
+                                   engine_overrides=entry.switch_overrides(engine_overrides), redetect=redetect)
             lane.plan = plans[entry.name].plan
             lane.state = "unloaded"
             self.lanes[entry.name] = lane
