@@ -217,6 +217,29 @@ def test_an_embedder_switched_to_the_other_engine_keeps_serving_embeddings(tmp_p
         proxy.stop()
 
 
+def test_an_embedder_is_never_autopilot_switched(tmp_path: Path) -> None:
+    """The hybrid endpoint (the only autopilot) refuses an embedder's flags and an encoder; a models list, where
+    `kind` lives, runs no autopilot on any lane."""
+    from desktop.core.runtime.ports import find_free_port
+    from desktop.core.serving.autopilot import plan_hybrid
+    from desktop.core.serving.fleet import Fleet
+    from desktop.core.serving.proxy import ProxyServer
+    from test_fleet import standin_launcher
+
+    with pytest.raises(SwitchyardError, match="never autopilot-switched"):
+        plan_hybrid("demo", CPU, {"extra_args": ("--embeddings",)})
+    with pytest.raises(SwitchyardError, match="is a text encoder"):
+        plan_hybrid(str(write_bert(tmp_path / "embedder")), CPU, {})
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=60)
+    proxy.start()
+    fleet = Fleet(proxy, _fleet_config(), hardware=CPU, launcher=standin_launcher(tmp_path), ready_timeout=60)
+    try:
+        assert [lane.autopilot for lane in fleet.lanes.values()] == [None, None]
+    finally:
+        fleet.close()
+        proxy.stop()
+
+
 @pytest.mark.engine
 @pytest.mark.vllm
 def test_a_bert_embedder_and_a_cross_encoder_reranker_on_the_real_vllm_beside_a_chat_model(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, no_progress
 from desktop.core.engines.base import COMMON_PLAN_FIELDS, LaunchPlan
+from desktop.core.engines.pooling import args_kind
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.planning.autopilot import (
     DEFAULT_CO_RESIDENT_COST,
@@ -361,6 +362,11 @@ def plan_hybrid(model: str, hardware: HardwareSnapshot, wanted: Mapping[str, Any
                 ) -> HybridPlans:
     """Both engines' checked plans up front. vLLM is planned like a switch to it from llama.cpp's plan (only the
     asks every engine shares carry over). Neither fits: one clear SwitchyardError naming both refusals."""
+    if args_kind(BASE, wanted.get("extra_args") or ()) != "chat":  # the other engine would not embed the same way
+        raise SwitchyardError("the hybrid endpoint hands chat traffic between engines; an embedder or reranker is "
+                              "never autopilot-switched",
+                              "serve it on one engine (--engine llama.cpp or vllm), or as `kind: embedding` (or "
+                              "rerank) in a models.yaml entry")
     refused: dict[str, str] = {}
     llama: Checked | None = None
     vllm: Checked | None = None
