@@ -244,8 +244,8 @@ def test_an_embedder_is_never_autopilot_switched(tmp_path: Path) -> None:
 @pytest.mark.vllm
 def test_a_bert_embedder_and_a_cross_encoder_reranker_on_the_real_vllm_beside_a_chat_model(
         llama_install: Any, vllm_install: Any, demo_model: Any, tmp_path: Path) -> None:
-    """The Hub's layout for the two most used retrieval models (a BertModel embedder, a
-    BertForSequenceClassification cross-encoder), served by the real vLLM's pooling runner behind the endpoint
+    """The two most used retrieval models in the Hub cache's layout (a BertModel embedder, a
+    BertForSequenceClassification cross-encoder, pulled from a stand-in Hub), served by the real vLLM's pooling runner behind the endpoint
     beside the real llama-server's chat: the openai SDK's embeddings.create returns vectors of the config's
     hidden_size, /v1/rerank ranks every document, chat keeps answering, and the models list says who does what."""
     import openai
@@ -255,8 +255,16 @@ def test_a_bert_embedder_and_a_cross_encoder_reranker_on_the_real_vllm_beside_a_
     from desktop.core.serving.fleet import Fleet, load_models_config
     from desktop.core.serving.proxy import ProxyServer
 
-    embedder = write_bert(tmp_path / "all-MiniLM-tiny")
-    reranker = write_bert(tmp_path / "ms-marco-tiny", classifier=True)
+    from test_hub_pull_serve import pull
+
+    def pulled(repo: str, classifier: bool) -> Path:  # `switchyard pull` from a stand-in Hub: the cache's layout
+        folder = write_bert(tmp_path / "src" / repo, classifier=classifier)
+        snapshot, _ = pull(tmp_path, repo, {f.name: f for f in folder.iterdir()})
+        assert snapshot.parent.name == "snapshots" and (snapshot / "model.safetensors").is_symlink()
+        return snapshot
+
+    embedder = pulled("sentence-transformers/all-MiniLM-tiny", classifier=False)
+    reranker = pulled("cross-encoder/ms-marco-tiny", classifier=True)
     width = json.loads((embedder / "config.json").read_text())["hidden_size"]
     config_file = tmp_path / "models.yaml"
     config_file.write_text("models:\n"
