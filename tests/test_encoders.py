@@ -220,11 +220,12 @@ def test_an_embedder_switched_to_the_other_engine_keeps_serving_embeddings(tmp_p
 def test_an_embedder_is_never_autopilot_switched(tmp_path: Path) -> None:
     """The hybrid endpoint (the only autopilot) refuses an embedder's flags and an encoder; a models list, where
     `kind` lives, runs no autopilot on any lane."""
+    from test_fleet import standin_launcher
+
     from desktop.core.runtime.ports import find_free_port
     from desktop.core.serving.autopilot import plan_hybrid
     from desktop.core.serving.fleet import Fleet
     from desktop.core.serving.proxy import ProxyServer
-    from test_fleet import standin_launcher
 
     with pytest.raises(SwitchyardError, match="never autopilot-switched"):
         plan_hybrid("demo", CPU, {"extra_args": ("--embeddings",)})
@@ -249,13 +250,12 @@ def test_a_bert_embedder_and_a_cross_encoder_reranker_on_the_real_vllm_beside_a_
     beside the real llama-server's chat: the openai SDK's embeddings.create returns vectors of the config's
     hidden_size, /v1/rerank ranks every document, chat keeps answering, and the models list says who does what."""
     import openai
+    from test_hub_pull_serve import pull
 
     from desktop.core.runtime.ports import find_free_port
     from desktop.core.serving.endpoint import make_launcher
     from desktop.core.serving.fleet import Fleet, load_models_config
     from desktop.core.serving.proxy import ProxyServer
-
-    from test_hub_pull_serve import pull
 
     def pulled(repo: str, classifier: bool) -> Path:  # `switchyard pull` from a stand-in Hub: the cache's layout
         folder = write_bert(tmp_path / "src" / repo, classifier=classifier)
