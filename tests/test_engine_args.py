@@ -28,8 +28,12 @@ def test_counted_flags_become_plan_fields_and_the_rest_pass_through() -> None:
     assert plan_fields_from_args("llama.cpp", ["-ot", r"\.ffn_.*_exps\.=CPU", "--override-tensor", "a=CPU,b=CUDA0"]) \
         == {"override_tensors": (r"\.ffn_.*_exps\.=CPU", "a=CPU,b=CUDA0")}
     assert plan_fields_from_args("llama.cpp", ["-ctk", "q8_0", "-ctv", "q8_0"]) == {"kv_cache_type": "q8_0"}
-    assert plan_fields_from_args("llama.cpp", ["--mmproj", "m.gguf", "--no-mmap", "-ot", "blk.1=CUDA0"]) == {
-        "extra_args": ("--mmproj", "m.gguf", "--no-mmap"), "override_tensors": ("blk.1=CUDA0",)}
+    assert plan_fields_from_args("llama.cpp", ["--seed", "7", "--no-mmap", "-ot", "blk.1=CUDA0"]) == {
+        "extra_args": ("--seed", "7", "--no-mmap"), "override_tensors": ("blk.1=CUDA0",)}
+    # a vision projector is the plan's (the fit counts it, issue 58): `-mm, --mmproj FILE` and its switches
+    assert plan_fields_from_args("llama.cpp", ["-mm", "m.gguf", "--no-mmproj-offload", "--image-max-tokens",
+                                               "512"]) == {"mmproj": Path("m.gguf"), "mmproj_offload": False,
+                                                           "image_max_tokens": 512}
     assert plan_fields_from_args("llama.cpp", ["-fa", "off", "-ub", "256"]) == {"flash_attn": False, "ubatch": 256}
     assert plan_fields_from_args("vllm", ["--cpu-offload-gb", "8", "--enforce-eager", "--seed=3"]) == {
         "cpu_offload_gb": 8.0, "eager": True, "extra_args": ("--seed=3",)}

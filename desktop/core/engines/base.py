@@ -107,6 +107,11 @@ class LaunchPlan:
     backend: Backend = "cpu"  # which build the plan needs: cuda | rocm | vulkan | metal | sycl | cpu
     api_key: str | None = None
     tokenizer_path: Path | None = None
+    # a vision model's projector (llama-server --mmproj; models.projector finds it beside the GGUF), whether it
+    # runs on the GPU (--no-mmproj-offload when not) and the cap on one image's tokens (--image-max-tokens)
+    mmproj: Path | None = None
+    mmproj_offload: bool = True
+    image_max_tokens: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the engine
     extra_args: tuple[str, ...] = ()
     # How the engine reads tool calls and reasoning out of the model's text (models.parsers picks them from the
@@ -129,6 +134,7 @@ class LaunchPlan:
         data = asdict(self)
         data["model_path"] = str(self.model_path)
         data["tokenizer_path"] = str(self.tokenizer_path) if self.tokenizer_path else None
+        data["mmproj"] = str(self.mmproj) if self.mmproj else None
         data["extra_args"] = list(self.extra_args)
         data["override_tensors"] = list(self.override_tensors)
         data["pinned"] = list(self.pinned)
@@ -153,6 +159,8 @@ class LaunchPlan:
         values["model_path"] = Path(str(values["model_path"]))
         if values.get("tokenizer_path"):
             values["tokenizer_path"] = Path(str(values["tokenizer_path"]))
+        if values.get("mmproj"):
+            values["mmproj"] = Path(str(values["mmproj"]))
         values["extra_args"] = tuple(str(a) for a in values.get("extra_args") or ())
         values["override_tensors"] = tuple(str(a) for a in values.get("override_tensors") or ())
         values["pinned"] = tuple(str(a) for a in values.get("pinned") or ())

@@ -24,6 +24,7 @@ values) and tell "owned" from "unknown", which `parse_known_args` cannot.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from desktop.core.common.errors import SwitchyardError
@@ -147,4 +148,5 @@ _READ: dict[str, Callable[[str, str | None], Any]] = {
     "text": lambda flag, value: _text(flag, value),
     "gib": lambda flag, value: _gib(flag, value),
     "mib": lambda flag, value: _mib(flag, value),
+    "path": lambda flag, value: Path(_text(flag, value)).expanduser(),
 }

@@ -62,7 +62,7 @@ class LlamaCppAdapter(EngineAdapter):
     aliases = ("llamacpp", "llama-cpp", "llama", "llama-server")
     dry_run_executable = "llama-server"
     plan_fields = frozenset({"gpu_layers", "n_cpu_moe", "override_tensors", "kv_cache_type", "flash_attn", "ubatch",
-                             "cache_ram_mib", "env", "extra_args"})
+                             "cache_ram_mib", "mmproj", "mmproj_offload", "image_max_tokens", "env", "extra_args"})
     owned_flags = {
         **dict.fromkeys(("-c", "--ctx-size"), "--ctx (models.yaml `ctx:`), per request"),
         **dict.fromkeys(("-np", "--parallel"), "--parallel (models.yaml `parallel:`)"),
@@ -82,8 +82,12 @@ class LlamaCppAdapter(EngineAdapter):
         **dict.fromkeys(("-fa", "--flash-attn"), ("flash_attn", "switch")),
         **dict.fromkeys(("-ub", "--ubatch-size"), ("ubatch", "count")),
         **dict.fromkeys(("-cram", "--cache-ram"), ("cache_ram_mib", "mib")),
+        **dict.fromkeys(("-mm", "--mmproj"), ("mmproj", "path")),
+        "--no-mmproj-offload": ("mmproj_offload", "false"),
+        "--mmproj-offload": ("mmproj_offload", "true"),
+        "--image-max-tokens": ("image_max_tokens", "count"),
     }
-    valueless_flags = frozenset({"--cpu-moe", "-cmoe"})
+    valueless_flags = frozenset({"--cpu-moe", "-cmoe", "--no-mmproj-offload", "--mmproj-offload"})
     anthropic_messages = True  # llama-server's /v1/messages (this build)
     closes_after_stream = True  # seen with 11434: the connection is closed after every streamed answer
     log_markers = llamacpp_logs.LOG_MARKERS
@@ -379,6 +383,12 @@ def plan_args(plan: LaunchPlan) -> list[str]:
         args += ["--ubatch-size", str(plan.ubatch)]
     if plan.cache_ram_mib is not None:  # the prompt cache's host RAM, as the fit counted it (planning/promptcache)
         args += ["--cache-ram", str(plan.cache_ram_mib)]
+    if plan.mmproj is not None:  # a vision model's projector, counted by the fit (planning/vision)
+        args += ["--mmproj", str(plan.mmproj)]
+        if not plan.mmproj_offload:
+            args.append("--no-mmproj-offload")
+        if plan.image_max_tokens is not None:
+            args += ["--image-max-tokens", str(plan.image_max_tokens)]
     return args
 
 

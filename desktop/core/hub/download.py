@@ -230,6 +230,8 @@ def select(
     else:
         raise ModelError(f"{repo_id} has no GGUF or safetensors weights.", "pick another repo")
     files = list(chosen.files)
+    if chosen.projector and chosen.projector in by_path:  # a vision GGUF sees only with its projector beside it
+        files.append(by_path[chosen.projector])
     if chosen.format == "safetensors":
         folder = chosen.primary_file
         prefix = f"{folder}/" if folder else ""

@@ -35,11 +35,18 @@ class LocalModel:
     commit: str | None = None
     refs: list[str] = field(default_factory=list)
     shards: int = 1
+    projector: Path | None = None  # a vision GGUF's mmproj beside it: the pair is one model that takes images
+
+    @property
+    def vision(self) -> bool:
+        return self.projector is not None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["path"] = str(self.path)
         out["files"] = [str(p) for p in self.files]
+        out["projector"] = str(self.projector) if self.projector else None
+        out["vision"] = self.vision
         return out
 
 
@@ -116,6 +123,7 @@ def _entries(
                 path=primary,
                 files=files,
                 shards=v.shards,
+                projector=root / v.projector if v.projector else None,
                 **extra,
             )
         )

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from desktop.core.models.gguf_file import SHARD_NAME
+from desktop.core.models.projector import is_projector, pick_projector
 from desktop.core.models.quant_names import bits_per_weight, quant_from_name
 from desktop.core.planning.quant_choice import DEFAULT_KLD_BUDGET, MeasuredQuant, choose, quant_key
 
@@ -54,6 +55,7 @@ class Variant:
     mean_kld: float | None = None  # measured here against a higher-precision reference (`switchyard quality`)
     basis: str = ""  # the recommended one's: "measured here on DATE" | "by the bits rule, not measured here"
     reason: str = ""  # the recommended one's: why this one, in words
+    projector: str | None = None  # a vision GGUF's mmproj file (repo path), fetched with it (models.projector)
 
     @property
     def primary_file(self) -> str:
@@ -129,12 +131,14 @@ def group_variants(
     gguf_groups: dict[str, list[RemoteFile]] = {}
     st_groups: dict[str, list[RemoteFile]] = {}
     others: list[str] = []
+    projectors: list[str] = []
     for f in files:
         lower = f.path.lower()
         base = f.path.rsplit("/", 1)[-1]
         if lower.endswith(".gguf"):
-            if base.lower().startswith("mmproj"):
+            if is_projector(base):
                 others.append(f.path)
+                projectors.append(f.path)
                 continue
             m = SHARD_RE.match(f.path)
             key = m["stem"] if m else f.path[: -len(".gguf")]
@@ -166,6 +170,7 @@ def group_variants(
                 size_bytes=sum(f.size for f in group),
                 files=group,
                 shards=len(group),
+                projector=pick_projector(projectors, near=group[0].path),
             )
         )
     st_quant = _safetensors_quant(config, tags)

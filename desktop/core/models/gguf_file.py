@@ -265,7 +265,7 @@ def gguf_in_folder(folder: Path) -> Path | None:
     whose names say nothing of a split set."""
     sets: dict[tuple[Path, str], list[Path]] = {}
     for file in sorted(folder.rglob("*.gguf")):
-        if file.name.lower().startswith("mmproj") or not file.is_file():
+        if "mmproj" in file.name.lower() or not file.is_file():  # a projector (models.projector)
             continue
         sets.setdefault((file.parent, set_stem(file) if SHARD_NAME.match(file.name) else file.name), []).append(file)
     if not sets:

@@ -36,6 +36,7 @@ from desktop.core.models.facts import (
 from desktop.core.models.quants import vllm_capability_note, vllm_capability_refusal
 from desktop.core.planning import moe as experts_in_ram
 from desktop.core.planning import promptcache
+from desktop.core.planning import vision
 from desktop.core.planning import repack as repacking
 from desktop.core.planning.devices import pin_devices
 from desktop.core.planning.fit_result import FitResult as FitResult  # re-exported: the result of every fit
@@ -603,7 +604,10 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
     settings.validate()
     if llama:
         # the prompt cache's host RAM (--cache-ram) counted beside the engine's own (planning/promptcache.py)
-        result = promptcache.count(replace(_estimate_llama(facts, hardware, settings), engine=key), plan, hardware)
+        # the projector beside the layers (planning/vision.py), then the prompt cache's host RAM (--cache-ram)
+        # counted beside the engine's own (planning/promptcache.py)
+        result = vision.count(replace(_estimate_llama(facts, hardware, settings), engine=key), plan, hardware)
+        result = promptcache.count(result, plan, hardware)
         if capped:
             result.notes.insert(0, f"ctx {capped:,} per request asked, {facts.context_length:,} served: the model's "
                                 "trained window, where llama-server caps each slot; KV sized for that")
@@ -613,6 +617,8 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
         resolved = replace(plan, gpu_layers=result.gpu_layers, kv_cache_type=kv_type,
                            n_cpu_moe=int(result.settings.get("n_cpu_moe", 0)) or None,
                            cache_ram_mib=int(result.settings["cache_ram_mib"]),
+                           mmproj_offload=bool(result.settings.get("mmproj_offload", plan.mmproj_offload)),
+                           image_max_tokens=result.settings.get("image_max_tokens", plan.image_max_tokens),
                            flash_attn=plan.flash_attn if plan.flash_attn is not None else (True if quantized_v else None),
                            backend="cpu" if result.device == "CPU" else backend_for(key, hardware))  # type: ignore[arg-type]
     else:

@@ -33,6 +33,7 @@ from desktop.core.engines.pooling import args_kind
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts, facts_for
 from desktop.core.models.parsers import check_parser, parsers_for
+from desktop.core.models.projector import projector_beside
 from desktop.core.planning import repack
 from desktop.core.planning.fit import FitResult, estimate, sized_gpus, sizing_of, vllm_utilization
 from desktop.core.planning.launch import PlanRefused, describe, require_fit
@@ -128,6 +129,8 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
     if facts.encoder and serves == "chat":
         raise PlanRefused(encoder_refusal(model, facts), encoder_hint(facts, adapter.name))
     base = LaunchPlan(engine=adapter.name, model_path=path, model=model, pinned=tuple(sorted(wanted)), **wanted)
+    if adapter.name == "llama.cpp" and "mmproj" not in wanted and not _no_projector(wanted.get("extra_args") or ()):
+        base = replace(base, mmproj=projector_beside(path))  # a vision GGUF sees with the projector beside it
     if facts.encoder:  # no KV cache to reuse, and vLLM's scheduler fails on one turned on ("no cacheable group")
         base = replace(base, prefix_cache=False)
     if sizing_of(adapter.name) == "vllm" and "gpu_memory_utilization" not in wanted and hardware.cuda_gpus:
@@ -148,6 +151,11 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
         # sleep mode lets a stop-first switch free vLLM's GPU memory and wake it again without a cold start
         plan = replace(plan, extra_args=(*plan.extra_args, flag))
     return Checked(plan, replace(result, plan=plan))
+
+
+def _no_projector(args: Any) -> bool:
+    """llama-server told to load no projector (`--no-mmproj`, `--no-mmproj-auto`)."""
+    return any(str(a) in ("--no-mmproj", "--no-mmproj-auto") for a in args)
 
 
 def encoder_refusal(model: str, facts: ModelFacts) -> str:

@@ -131,7 +131,7 @@ def plan_supports(plan: LaunchPlan | None) -> dict[str, str]:
     vllm = plan.engine == "vllm"
     parser = plan.tool_parser not in (None, "none")
     reasoning = plan.reasoning_parser not in (None, "none")
-    mmproj = any(a in ("--mmproj", "-mm", "--mmproj-url", "-mmu") or a.startswith("--mmproj=") for a in plan.extra_args)
+    mmproj = plan.mmproj is not None or any(a in ("--mmproj-url", "-mmu") for a in plan.extra_args)
     return {TOOLS: "yes" if parser or not vllm else "no", JSON_SCHEMA: "yes",
             IMAGES: "model" if vllm else "yes" if mmproj else "no", REASONING: "yes" if reasoning else "no"}
 

@@ -1,0 +1,119 @@
+"""A vision model's projector (llama.cpp's `mmproj-*.gguf`, issue 58): which file of a repo or folder it is, and what
+it costs beside the text model: its weights, from its own GGUF header, and the image encoder's working memory for
+the largest image the plan lets in.
+
+Hand-written because no library names these: the keys are llama.cpp's own (tools/mtmd/clip-impl.h:
+`clip.projector_type`, `clip.vision.image_size`, `clip.vision.patch_size`, `clip.vision.embedding_length`,
+`clip.vision.attention.head_count`, `clip.vision.image_max_pixels` for the models whose image token count follows
+the image's size). A repo ships its projector beside the weights under a name holding "mmproj" (mmproj-F16.gguf,
+mmproj-model-f16.gguf, gemma-3-4b-it-mmproj-BF16.gguf), often in several precisions: F16 and BF16 are preferred (what
+the model was trained in, half of F32's size; a quantized projector costs image quality for little memory).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from desktop.core.common.errors import ModelError
+
+# preferred first: 16-bit (the model's own precision), then 8-bit, then F32 (twice the memory for nothing)
+PREFERENCE = ("f16", "bf16", "q8_0", "f32")
+DEFAULT_IMAGE_MAX_TOKENS = 1024  # the cap for a projector whose image token count grows with the image
+
+
+def is_projector(name: str) -> bool:
+    """Whether a file name is a vision projector's (a GGUF whose name holds "mmproj")."""
+    base = name.rsplit("/", 1)[-1].lower()
+    return base.endswith(".gguf") and "mmproj" in base
+
+
+def _rank(name: str) -> tuple[int, str]:
+    base = name.rsplit("/", 1)[-1].lower()
+    words = set(re.split(r"[-_.]", base))
+    return next((i for i, p in enumerate(PREFERENCE) if p in words), len(PREFERENCE)), base
+
+
+def pick_projector(names: Iterable[str], near: str = "") -> str | None:
+    """The projector to use among a repo's or a folder's file names: one in the weights' own folder (`near`) if
+    there is one there, else anywhere; F16/BF16 before Q8_0 before F32."""
+    found = [n for n in names if is_projector(n)]
+    if not found:
+        return None
+    folder = near.rpartition("/")[0]
+    beside = [n for n in found if n.rpartition("/")[0] == folder]
+    return min(beside or found, key=_rank)
+
+
+def projector_beside(model: Path) -> Path | None:
+    """The projector in a GGUF model's folder (a Hub snapshot, a plain folder), or None for a text-only model."""
+    if model.suffix.lower() != ".gguf" or is_projector(model.name):
+        return None
+    try:
+        names = [p.name for p in model.parent.iterdir() if p.is_file()]
+    except OSError:
+        return None
+    chosen = pick_projector(names)
+    return model.parent / chosen if chosen else None
+
+
+@dataclass(frozen=True)
+class Projector:
+    """What the fit needs of a projector: its bytes and its image encoder's shape."""
+
+    path: Path
+    weights_bytes: int
+    projector_type: str
+    image_size: int
+    patch_size: int
+    width: int  # the vision encoder's hidden size
+    heads: int
+    ffn: int
+    dynamic: bool  # the image token count follows the image's size (clip.vision.image_max_pixels is set)
+
+    @property
+    def patches(self) -> int:
+        """Patches of one image at the encoder's own size (a fixed-size encoder always sees this many)."""
+        return (self.image_size // max(self.patch_size, 1)) ** 2
+
+    def encoder_bytes(self, image_max_tokens: int | None) -> int:
+        """The image encoder's compute buffer for one image: f32 attention scores of every head over every patch
+        pair (one layer at a time, the scheduler reuses the buffer) plus the layer's activations. A dynamic encoder
+        sees up to `image_max_tokens` x 4 patches (2x2 patches merge into one token), a fixed one its own size."""
+        patches = self.patches
+        if self.dynamic and image_max_tokens:
+            patches = image_max_tokens * 4
+        return int(patches * patches * self.heads * 4 + patches * (6 * self.width + 2 * self.ffn) * 4)
+
+
+def read_projector(path: Path) -> Projector:
+    """A projector's facts from its header; a clear error for a file that is not one."""
+    from desktop.core.models.gguf_file import read_gguf_model, tensor_bytes
+
+    try:
+        model = read_gguf_model(path)
+    except ModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any unreadable header is the same advice
+        raise ModelError(f"{path.name} is not a readable GGUF projector ({exc})",
+                         "download the repo's mmproj file again (switchyard pull REPO)") from exc
+    meta = model.metadata
+    if meta.get("general.architecture") != "clip" or not meta.get("clip.has_vision_encoder", True):
+        raise ModelError(f"{path.name} is not a vision projector (architecture "
+                         f"{meta.get('general.architecture')!r})", "pass the repo's mmproj-*.gguf file")
+
+    def number(key: str, default: int) -> int:
+        value = meta.get(key)
+        return int(value) if isinstance(value, int | float) else default
+
+    width = number("clip.vision.embedding_length", 1024)
+    return Projector(
+        path=path, weights_bytes=sum(tensor_bytes(shape, kind) for _, shape, kind in model.tensors),
+        projector_type=str(meta.get("clip.projector_type") or meta.get("clip.vision.projector_type") or "mlp"),
+        image_size=number("clip.vision.image_size", 336), patch_size=number("clip.vision.patch_size", 14),
+        width=width, heads=number("clip.vision.attention.head_count", max(1, width // 64)),
+        ffn=number("clip.vision.feed_forward_length", 4 * width),
+        dynamic="clip.vision.image_max_pixels" in meta)
+
