@@ -35,8 +35,7 @@ from desktop.core.models.facts import (
 )
 from desktop.core.models.quants import vllm_capability_note, vllm_capability_refusal
 from desktop.core.planning import moe as experts_in_ram
-from desktop.core.planning import promptcache
-from desktop.core.planning import vision
+from desktop.core.planning import promptcache, vision
 from desktop.core.planning import repack as repacking
 from desktop.core.planning.devices import pin_devices
 from desktop.core.planning.fit_result import FitResult as FitResult  # re-exported: the result of every fit
