@@ -42,8 +42,10 @@ SEED = 58
 N_IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2  # what one image costs in the context
 
 
-def write_mmproj(path: Path, text_width: int) -> Path:
-    """Write a LLaVA-MLP projector GGUF whose output width is text_width (the text model's embedding_length)."""
+def write_mmproj(path: Path, text_width: int, dynamic: bool = False) -> Path:
+    """Write a LLaVA-MLP projector GGUF whose output width is text_width (the text model's embedding_length).
+    `dynamic` also writes `clip.vision.image_min/max_pixels`, the keys of the projectors whose image token count
+    follows the image's size (Qwen2-VL's family): for the fit's tests, not for llama-server."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)
@@ -74,6 +76,9 @@ def write_mmproj(path: Path, text_width: int) -> Path:
     writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     writer.add_bool("clip.use_gelu", True)
+    if dynamic:
+        writer.add_uint32("clip.vision.image_min_pixels", 8 * 8)
+        writer.add_uint32("clip.vision.image_max_pixels", 4096 * 4096)
 
     n_patches = (IMAGE_SIZE // PATCH_SIZE) ** 2
     tensors: list[tuple[str, np.ndarray]] = [

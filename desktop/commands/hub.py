@@ -178,7 +178,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         return 0
     for m in models:
         print(f"{cell(m.name):60} {cell(m.format):12} {cell(m.quantization or '-'):10} {_size(m.size_bytes):>10}  "
-              f"{cell(m.path)}")
+              f"{cell(m.path)}" + ("  (sees images: " + cell(m.projector.name) + ")" if m.projector else ""))
     if not models:
         print(f"no models yet (HF cache: {cache.hf_cache_dir()}); try `switchyard pull`", file=sys.stderr)
     return 0

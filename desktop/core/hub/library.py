@@ -18,6 +18,7 @@ from desktop.core.common import paths
 from desktop.core.common.errors import ModelError
 from desktop.core.hub import cache
 from desktop.core.hub.variants import RemoteFile, Variant, group_variants
+from desktop.core.models.projector import projector_beside
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,10 @@ def _scan_user_path(path: Path) -> list[LocalModel]:
     if path.is_file():
         files = [RemoteFile(path.name, path.stat().st_size, "", None)]
         variants, _ = group_variants(files)
-        return _entries(variants, path.parent, "file", str(path))
+        entries = _entries(variants, path.parent, "file", str(path))
+        for entry in entries:  # a file added by hand: its projector is the one beside it
+            entry.projector = projector_beside(path)
+        return entries
     if not path.is_dir():
         return []
     found = [p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in (".gguf", ".safetensors")]

@@ -136,6 +136,20 @@ def plan_supports(plan: LaunchPlan | None) -> dict[str, str]:
             IMAGES: "model" if vllm else "yes" if mmproj else "no", REASONING: "yes" if reasoning else "no"}
 
 
+def takes_images(plan: LaunchPlan | None) -> bool:
+    """Whether the engine launched from `plan` sees images: llama-server given a projector, vLLM serving a
+    checkpoint whose config has a vision tower (`vision_config`): what /v1/models and the GUI mark."""
+    if plan is None:
+        return False
+    if plan.engine != "vllm":
+        return plan_supports(plan)[IMAGES] == "yes"
+    try:
+        config = json.loads((plan.model_path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+
+
 def table(used: dict[str, float], **plans: LaunchPlan | None) -> list[dict[str, Any]]:
     """One row per capability: seconds since the traffic last used it (None: not used) and what each named plan
     was launched to support."""

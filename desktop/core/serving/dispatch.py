@@ -307,7 +307,7 @@ def models_answer(router: Router, model_name: str, started_at: float) -> LocalRe
     entry: dict[str, Any] = {"id": model_name, "object": "model", "created": int(started_at),
                              "owned_by": "switchyard"}
     if active is not None:
-        entry["switchyard"] = {"engine": active.engine, "model": model_label(active.model)}
+        entry["switchyard"] = {"engine": active.engine, "model": model_label(active.model), "vision": active.vision}
     return LocalResponse.json({"object": "list", "data": [entry]})
 
 def unknown_model(router: Router, name: str | None, path: str = "") -> LocalResponse:

@@ -33,6 +33,7 @@ from desktop.core.models.parsers import check_parser
 from desktop.core.planning.fit import MAX_CTX
 from desktop.core.planning.planner import Checked, plan_launch
 from desktop.core.runtime.telemetry import Telemetry
+from desktop.core.serving.capabilities import takes_images
 from desktop.core.serving.defaults import DEFAULT_DRAIN_TIMEOUT
 from desktop.core.serving.endpoint import (
     EndpointListener,
@@ -305,7 +306,8 @@ class Fleet:
             self.lanes[entry.name] = lane
         if telemetry is not None:
             proxy.subscribe(lambda record: telemetry.publish(record.to_samples()))
-        proxy.set_models({e.name: e.info() for e in config.models}, on_demand=self._on_demand,
+        proxy.set_models({e.name: {**e.info(), "vision": takes_images(plans[e.name].plan)} for e in config.models},
+                         on_demand=self._on_demand,
                          reasoning={e.name: e.reasoning_effort for e in config.models},
                          loading_status=[e.name for e in config.models if e.loading_status],
                          extra_routes={e.name: e.extra_routes for e in config.models})

@@ -26,6 +26,7 @@ from desktop.core.runtime.launches import record_launch
 from desktop.core.runtime.supervisor import EngineEvent, EngineProcess, EngineState, reap_orphans
 from desktop.core.runtime.telemetry import EngineScraper, Telemetry
 from desktop.core.serving import normalize
+from desktop.core.serving.capabilities import takes_images
 from desktop.core.serving.managed import LoadCrashed, LoadOutOfMemory, ManagedEngine
 from desktop.core.serving.router import Upstream
 from desktop.core.serving.switching import shown
@@ -168,6 +169,7 @@ def launch_once(m: LoadHost, checked: LaunchPlan) -> ManagedEngine:
     upstream = Upstream(name=f"{adapter.name}@{process.address_tag}", engine=adapter.name,
                         base_url=process.base_url, served_model_name=process.plan.served_model_name,
                         api_key=process.plan.api_key, model=str(process.plan.model_path),
+                        vision=takes_images(process.plan),
                         messages_api=adapter.anthropic_messages,
                         closes_after_stream=adapter.closes_after_stream,
                         context=plan.ctx_per_request, window=window, system_first=system_first,

@@ -27,6 +27,7 @@ class Upstream:
     served_model_name: str
     api_key: str | None = None
     model: str = ""  # what it serves, for /v1/models
+    vision: bool = False  # it sees images (capabilities.takes_images): marked in /v1/models
     messages_api: bool = False  # answers Anthropic Messages (/v1/messages): EngineAdapter.anthropic_messages
     closes_after_stream: bool = False  # EngineAdapter.closes_after_stream: don't pool after a streamed answer
     context: int = 0  # tokens one request may use (the plan's ctx_per_request; 0: unknown)

@@ -1,0 +1,223 @@
+"""Vision GGUFs (issue 58): the projector is pulled with its model from a stand-in Hub, planned as --mmproj from the
+Hub cache's snapshot, counted by the fit, marked in /v1/models, and an image request reaches the engine byte for
+byte and is answered by the real llama-server.
+
+Expected values come from outside the code under test: the projector's bytes are its tensors' as the gguf library
+reads them; which files the stand-in Hub served is its own request log; the image's cost in tokens is llama.cpp's
+one-token-per-patch rule for an "mlp" projector (tools/mtmd/clip.cpp) counted by the server's own `usage`; the
+projector's memory is llama-server's own "estimated worst-case memory usage of mmproj" line."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tiny_vision import N_IMAGE_TOKENS, tiny_png, write_mmproj
+
+from desktop.core.machine.hardware import HardwareSnapshot
+from desktop.core.models.projector import pick_projector, read_projector
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+CPU = HardwareSnapshot.load(SNAPSHOTS / "cpu_laptop.json")
+GPU = HardwareSnapshot.load(SNAPSHOTS / "rtx4090.json")
+SWITCHYARD = [sys.executable, "-m", "desktop"]
+REPO = "ggml-org/tiny-vision-GGUF"
+
+
+def test_the_projector_is_picked_in_16_bits_beside_the_weights() -> None:
+    names = ["mmproj-F32.gguf", "mmproj-BF16.gguf", "tiny-Q8_0.gguf", "README.md", "mmproj-F16.gguf"]
+    assert pick_projector(names) == "mmproj-F16.gguf"
+    assert pick_projector(["mmproj-model-f32.gguf", "gemma-3-4b-it-mmproj-BF16.gguf"]) == \
+        "gemma-3-4b-it-mmproj-BF16.gguf"
+    assert pick_projector(["Q4/mmproj-F32.gguf", "mmproj-F16.gguf"], near="Q4/model-Q4_K_M.gguf") == \
+        "Q4/mmproj-F32.gguf"  # one in the weights' own folder is theirs
+    assert pick_projector(["model-Q4_K_M.gguf", "config.json"]) is None
+
+
+def _tensor_bytes(path: Path) -> int:
+    import gguf
+
+    return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
+
+
+@pytest.fixture
+def pulled(tmp_path: Path, demo_model: Any) -> tuple[Path, dict[str, str], list[str]]:
+    """`switchyard pull` of a vision repo from a stand-in Hub (model, projectors in F16 and F32, a README): the
+    model's snapshot path, the environment, and the files the Hub was asked for."""
+    import gguf
+    from fakehub import FakeHub
+
+    model = Path(demo_model.gguf_path)
+    width = int(gguf.GGUFReader(model).fields["llama.embedding_length"].contents())
+    f16 = write_mmproj(tmp_path / "src" / "mmproj-F16.gguf", width)
+    f32 = write_mmproj(tmp_path / "src" / "mmproj-F32.gguf", width)
+    with FakeHub() as hub:
+        hub.add_repo(REPO, {"tiny-Q8_0.gguf": model, "mmproj-F16.gguf": f16, "mmproj-F32.gguf": f32,
+                            "README.md": b"# tiny vision\n"}, tags=["gguf", "image-text-to-text"])
+        env = dict(os.environ, HF_ENDPOINT=hub.endpoint, HF_HUB_CACHE=str(tmp_path / "hf-cache"),
+                   SWITCHYARD_HOME=str(tmp_path / "home"), SWITCHYARD_NO_KEYRING="1",
+                   HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
+        variants = subprocess.run([*SWITCHYARD, "variants", REPO, "--json"], env=env, capture_output=True,
+                                  text=True, timeout=120)
+        assert variants.returncode == 0, variants.stderr
+        listed = json.loads(variants.stdout)
+        assert [(v["name"], v["projector"]) for v in listed["variants"]] == [("Q8_0", "mmproj-F16.gguf")]
+        done = subprocess.run([*SWITCHYARD, "pull", REPO], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        fetched = [r.path for r in hub.requests if r.method == "GET" and "/resolve/" in r.path]
+    return Path(done.stdout.strip()), env, fetched
+
+
+def test_a_vision_repo_is_pulled_with_its_16_bit_projector_and_planned_with_it(
+        pulled: tuple[Path, dict[str, str], list[str]]) -> None:
+    from desktop.core.planning.planner import plan_launch
+
+    model, env, fetched = pulled
+    assert any(p.endswith("/mmproj-F16.gguf") for p in fetched), fetched
+    assert not any(p.endswith("/mmproj-F32.gguf") for p in fetched), fetched
+    snapshot = model.parent
+    assert snapshot.parent.name == "snapshots" and (snapshot / "mmproj-F16.gguf").is_symlink()
+    assert sorted(p.name for p in snapshot.iterdir()) == ["mmproj-F16.gguf", "tiny-Q8_0.gguf"]
+
+    models = subprocess.run([*SWITCHYARD, "models", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert models.returncode == 0, models.stderr
+    local = [m for m in json.loads(models.stdout) if m.get("repo_id") == REPO]
+    assert [(m["name"], m["vision"], Path(m["projector"]).name) for m in local] == \
+        [(f"{REPO}:Q8_0", True, "mmproj-F16.gguf")]  # one model that takes images, not two files
+
+    checked = plan_launch("llama.cpp", str(model), CPU, {"ctx_per_request": 1024, "slots": 1})
+    assert checked.plan.mmproj == snapshot / "mmproj-F16.gguf"  # the snapshot's name, never the blob's
+    projector = _tensor_bytes(snapshot / "mmproj-F16.gguf")
+    assert checked.fit.breakdown["bytes.projector"] == projector
+    without = plan_launch("llama.cpp", str(model), CPU, {"ctx_per_request": 1024, "slots": 1,
+                                                           "extra_args": ("--no-mmproj",)})
+    assert without.plan.mmproj is None
+    added = (projector + checked.fit.breakdown["bytes.image_encoder"]) / 1024**3
+    assert checked.fit.cpu_ram_gib - without.fit.cpu_ram_gib == pytest.approx(added, abs=0.002)
+
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.base import EngineInstall
+
+    argv = get_adapter("llama.cpp").build_command(checked.plan, EngineInstall(
+        "llama.cpp", "0", "cache", Path("/usr/bin/llama-server"))).argv
+    assert argv[argv.index("--mmproj") + 1] == str(snapshot / "mmproj-F16.gguf")
+    assert "--no-mmproj-offload" not in argv and "--image-max-tokens" not in argv  # CPU; a fixed-size encoder
+
+
+def test_a_tight_gpu_keeps_the_projector_in_ram_and_a_dynamic_encoder_is_capped(tmp_path: Path,
+                                                                               demo_model: Any) -> None:
+    """On a GPU with room the projector joins the layers; with the GPU full it stays in RAM
+    (--no-mmproj-offload); a projector whose tokens grow with the image gets --image-max-tokens."""
+    import gguf
+
+    from desktop.core.planning.planner import plan_launch
+
+    folder = tmp_path / "pair"
+    folder.mkdir()
+    model = folder / "tiny-Q8_0.gguf"
+    model.symlink_to(demo_model.gguf_path)
+    width = int(gguf.GGUFReader(model).fields["llama.embedding_length"].contents())
+    write_mmproj(folder / "mmproj-F16.gguf", width, dynamic=True)
+    assert read_projector(folder / "mmproj-F16.gguf").dynamic
+    roomy = plan_launch("llama.cpp", str(model), GPU, {"ctx_per_request": 1024, "slots": 1})
+    assert roomy.plan.mmproj_offload and roomy.plan.image_max_tokens == 1024
+    assert any("on the GPU: the mlp projector" in note for note in roomy.fit.notes)
+    asks = {"ctx_per_request": 1024, "slots": 1, "gpu_layers": 99}
+    text = plan_launch("llama.cpp", str(model), GPU, {**asks, "extra_args": ("--no-mmproj",)})
+    encoder = roomy.fit.breakdown["bytes.image_encoder"]
+    assert encoder > 0.2 * 1024**3  # 4,096 patches for 1,024 tokens: the attention is what runs out of memory
+    room = int((text.fit.total_gib + 0.1) * 1024**3)  # the layers fit, the projector and its encoder do not
+    full = replace(GPU, gpus=[replace(GPU.gpus[0], memory_free_bytes=room)])
+    tight = plan_launch("llama.cpp", str(model), full, asks)
+    assert not tight.plan.mmproj_offload, tight.fit.notes
+    assert any("in RAM (--no-mmproj-offload" in note for note in tight.fit.notes)
+
+
+def _image_body() -> tuple[dict[str, Any], str]:
+    url = "data:image/png;base64," + base64.b64encode(tiny_png()).decode("ascii")
+    return {"model": "see", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": url, "detail": "high"}}]}]}, url
+
+
+def test_an_image_request_reaches_the_engine_byte_for_byte_and_the_model_is_marked(
+        tmp_path: Path, pulled: tuple[Path, dict[str, str], list[str]]) -> None:
+    from test_fleet import standin_launcher
+
+    from desktop.core.runtime.ports import find_free_port
+    from desktop.core.serving.fleet import Fleet, parse_models_config
+    from desktop.core.serving.proxy import ProxyServer
+
+    model, _, _ = pulled
+    bodies = tmp_path / "bodies.jsonl"
+    config = parse_models_config({"models": [{"name": "see", "engine": "llama.cpp", "model": str(model),
+                                              "ctx": 1024, "parallel": 1}]}, "test.yaml")
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=60)
+    proxy.start()
+    launched: list[Any] = []
+    fleet = Fleet(proxy, config, hardware=CPU, ready_timeout=60,
+                  launcher=standin_launcher(tmp_path, lambda plan: ["--bodies", str(bodies)], launched))
+    try:
+        fleet.start()
+        assert launched[0].mmproj == model.parent / "mmproj-F16.gguf"
+        listed = httpx.get(proxy.url + "/v1/models", timeout=30, trust_env=False).json()["data"]
+        assert [(m["id"], m["switchyard"]["vision"]) for m in listed] == [("see", True)]
+        body, url = _image_body()
+        answer = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=60, trust_env=False)
+        assert answer.status_code == 200, answer.text
+        forwarded = [json.loads(line) for line in bodies.read_text().splitlines()]
+        parts = forwarded[-1]["body"]["messages"][0]["content"]
+        assert parts[1] == {"type": "image_url", "image_url": {"url": url, "detail": "high"}}
+    finally:
+        fleet.close()
+        proxy.stop()
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_the_real_llama_server_sees_through_the_pulled_pair_and_the_fit_matches_its_estimate(
+        tmp_path: Path, llama_install: Any, pulled: tuple[Path, dict[str, str], list[str]]) -> None:
+    """The pair as pulled (snapshot symlinks), served through the endpoint from the plan alone: the image costs
+    one prompt token per patch more than the text, and the fit's projector + encoder is what llama-server itself
+    estimates for the projector (its verbose log)."""
+    from desktop.core.runtime.ports import find_free_port
+    from desktop.core.serving.endpoint import make_launcher
+    from desktop.core.serving.fleet import Fleet, parse_models_config, plan_models
+    from desktop.core.serving.proxy import ProxyServer
+
+    model, _, _ = pulled
+    config = parse_models_config({"models": [{"name": "see", "engine": "llama.cpp", "model": str(model),
+                                              "ctx": 1024, "parallel": 1, "args": ["--verbose"]}]}, "test.yaml")
+    plans = plan_models(config, CPU)
+    proxy = ProxyServer(port=find_free_port(), wait_timeout=300)
+    proxy.start()
+    fleet = Fleet(proxy, config, launcher=make_launcher(), ready_timeout=300)
+    try:
+        fleet.start()
+        body, _ = _image_body()
+        seen = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=120, trust_env=False)
+        assert seen.status_code == 200, seen.text
+        text_only = {**body, "messages": [{"role": "user", "content": [body["messages"][0]["content"][0]]}]}
+        plain = httpx.post(proxy.url + "/v1/chat/completions", json=text_only, timeout=120, trust_env=False)
+        assert plain.status_code == 200, plain.text
+        assert seen.json()["usage"]["prompt_tokens"] - plain.json()["usage"]["prompt_tokens"] == N_IMAGE_TOKENS
+        active = fleet.lanes["see"].active
+        assert active is not None
+        log = Path(active.process.log_path).read_text(encoding="utf-8", errors="replace")
+        found = re.search(r"estimated worst-case memory usage of mmproj is ([\d.]+) MiB", log)
+        assert found, log[-3000:]
+        fit = plans["see"].fit.breakdown
+        ours = (fit["bytes.projector"] + fit["bytes.image_encoder"]) / 2**20
+        assert ours == pytest.approx(float(found[1]), rel=0.1), (ours, found[0])
+    finally:
+        fleet.close()
+        proxy.stop()
