@@ -23,6 +23,7 @@ import httpx
 import pytest
 from tiny_vision import N_IMAGE_TOKENS, tiny_png, write_mmproj
 
+from desktop.core.common.errors import SwitchyardError
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.projector import pick_projector, read_projector
 
@@ -221,3 +222,53 @@ def test_the_real_llama_server_sees_through_the_pulled_pair_and_the_fit_matches_
     finally:
         fleet.close()
         proxy.stop()
+
+
+LLAVA_15 = {  # llava-hf/llava-1.5-7b-hf's config.json, as the Hub serves it (trimmed to what sizes it)
+    "architectures": ["LlavaForConditionalGeneration"], "model_type": "llava", "image_token_index": 32000,
+    "projector_hidden_act": "gelu", "vision_feature_layer": -2, "vision_feature_select_strategy": "default",
+    "text_config": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                    "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32,
+                    "num_key_value_heads": 32, "max_position_embeddings": 4096, "vocab_size": 32064,
+                    "torch_dtype": "float16"},
+    "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "image_size": 336,
+                      "intermediate_size": 4096, "num_attention_heads": 16, "num_hidden_layers": 24,
+                      "patch_size": 14, "projection_dim": 768, "vocab_size": 32000},
+    "torch_dtype": "float16",
+}
+
+
+def test_a_vllm_vision_checkpoint_is_limited_to_a_few_images_and_their_encoder_is_counted(tmp_path: Path) -> None:
+    """vLLM would profile for 999 images a request (its default); the plan asks for 4 (--limit-mm-per-prompt) and
+    the fit counts their encoder pass, which the same checkpoint without its vision tower does not have."""
+    from desktop.core.engines import get_adapter
+    from desktop.core.engines.base import EngineInstall
+    from desktop.core.planning.planner import plan_launch
+
+    seeing, blind = tmp_path / "llava", tmp_path / "text"
+    for folder, config in ((seeing, LLAVA_15), (blind, {k: v for k, v in LLAVA_15.items() if k != "vision_config"})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+    checked = plan_launch("vllm", str(seeing), GPU, {"ctx_per_request": 4096})
+    assert checked.plan.images_per_prompt == 4
+    argv = get_adapter("vllm").build_command(checked.plan, EngineInstall("vllm", "0", "cache", Path("/usr/bin/python3"))).argv
+    assert json.loads(argv[argv.index("--limit-mm-per-prompt") + 1]) == {"image": 4}
+    text = plan_launch("vllm", str(blind), GPU, {"ctx_per_request": 4096})
+    assert text.plan.images_per_prompt is None and "--limit-mm-per-prompt" not in json.dumps(text.plan.to_json())
+    # ViT-L/14 at 336 px: 576 patches, 16 heads; four images' attention scores alone are 4 x 576^2 x 16 x 4 bytes
+    assert checked.fit.breakdown["bytes.compute"] - text.fit.breakdown["bytes.compute"] >= 4 * 576**2 * 16 * 4
+    assert checked.fit.kv_cache_tokens < text.fit.kv_cache_tokens
+    from desktop.core.engines.engine_args import plan_fields_from_args
+
+    given = plan_fields_from_args("vllm", ["--limit-mm-per-prompt", '{"image": 1}'])  # a models.yaml entry's args
+    one = plan_launch("vllm", str(seeing), GPU, {"ctx_per_request": 4096, **given})
+    assert one.plan.images_per_prompt == 1 and one.fit.kv_cache_tokens > checked.fit.kv_cache_tokens
+    with pytest.raises(SwitchyardError, match="counts images only"):
+        plan_fields_from_args("vllm", ["--limit-mm-per-prompt", '{"video": 1}'])
+    assert takes_images_of(checked.plan) and not takes_images_of(text.plan)
+
+
+def takes_images_of(plan: Any) -> bool:
+    from desktop.core.serving.capabilities import takes_images
+
+    return takes_images(plan)

@@ -112,6 +112,7 @@ class LaunchPlan:
     mmproj: Path | None = None
     mmproj_offload: bool = True
     image_max_tokens: int | None = None
+    images_per_prompt: int | None = None  # vLLM --limit-mm-per-prompt '{"image": N}' for a model that sees images
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment for the engine
     extra_args: tuple[str, ...] = ()
     # How the engine reads tool calls and reasoning out of the model's text (models.parsers picks them from the

@@ -129,6 +129,21 @@ def _mib(flag: str, value: str | None) -> int:
     return int(value)
 
 
+def _images(flag: str, value: str | None) -> int:
+    """vLLM's --limit-mm-per-prompt: the images a request may carry, from its JSON (`{"image": 2}`)."""
+    import json
+
+    try:
+        data = json.loads(_text(flag, value))
+    except ValueError:
+        data = None
+    count = data.get("image") if isinstance(data, dict) and set(data) <= {"image"} else None
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise SwitchyardError(f"{flag} {value}: the plan counts images only, as JSON like '{{\"image\": 2}}'",
+                              "give the number of images one request may carry; other modalities are not served")
+    return count
+
+
 def _gib(flag: str, value: str | None) -> float:
     try:
         gib = float(value or "")
@@ -149,4 +164,5 @@ _READ: dict[str, Callable[[str, str | None], Any]] = {
     "gib": lambda flag, value: _gib(flag, value),
     "mib": lambda flag, value: _mib(flag, value),
     "path": lambda flag, value: Path(_text(flag, value)).expanduser(),
+    "images": lambda flag, value: _images(flag, value),
 }

@@ -98,7 +98,7 @@ class VllmAdapter(EngineAdapter):
     dry_run_executable = "python"
     plan_fields = frozenset({"dtype", "quantization", "kv_cache_type", "gpu_memory_utilization", "tensor_parallel",
                              "max_num_batched_tokens", "kv_cache_gib", "eager", "tokenizer_path", "env",
-                             "extra_args", "cpu_offload_gb"})
+                             "extra_args", "cpu_offload_gb", "images_per_prompt"})
     owned_flags = {
         "--max-model-len": "--ctx (models.yaml `ctx:`)",
         "--max-num-seqs": "--parallel (models.yaml `parallel:`)",
@@ -117,7 +117,8 @@ class VllmAdapter(EngineAdapter):
                         "--no-prefix-cache (models.yaml `prefix_cache: false`)"),
     }
     counted_flags = {"--enforce-eager": ("eager", "true"), "--no-enforce-eager": ("eager", "false"),
-                     "--kv-cache-dtype": ("kv_cache_type", "text"), "--cpu-offload-gb": ("cpu_offload_gb", "gib")}
+                     "--kv-cache-dtype": ("kv_cache_type", "text"), "--cpu-offload-gb": ("cpu_offload_gb", "gib"),
+                     "--limit-mm-per-prompt": ("images_per_prompt", "images")}
     valueless_flags = frozenset({"--enable-auto-tool-choice", "--no-enable-auto-tool-choice", "--enforce-eager",
                                  "--no-enforce-eager", "--enable-prefix-caching", "--no-enable-prefix-caching"})
     flag_syntax = "argparse"  # FlexibleArgumentParser (vllm/utils/argparse_utils.py), allow_abbrev on
@@ -508,6 +509,8 @@ def plan_args(plan: LaunchPlan) -> list[str]:
         args += ["--max-num-batched-tokens", str(plan.max_num_batched_tokens)]
     if plan.cpu_offload_gb:
         args += ["--cpu-offload-gb", f"{plan.cpu_offload_gb:g}"]
+    if plan.images_per_prompt is not None:  # the images one request may carry, as the fit counted their encoder
+        args += ["--limit-mm-per-prompt", json.dumps({"image": plan.images_per_prompt})]
     return args
 
 

@@ -19,6 +19,7 @@ from desktop.core.models.gguf_file import GGUF_MAGIC, gguf_in_folder, read_gguf_
 from desktop.core.models.gguf_file import _BoundedReader as _BoundedReader  # the reader's API, here too
 from desktop.core.models.gguf_file import read_gguf_header as read_gguf_header
 from desktop.core.models.matmuls import Edges, Weight, edges_of, grouped, weights_of
+from desktop.core.models.projector import VisionTower, tower_of
 from desktop.core.models.quants import FORMATS, weight_format
 
 # llama.cpp's LLM_FFN_EXPS_REGEX (common.h: `\.ffn_(up|down|gate|gate_up)_(ch|)exps`), the tensors --n-cpu-moe and
@@ -91,6 +92,7 @@ class ModelFacts:
     # a bidirectional encoder (BERT-like): it embeds or scores a whole input at once and holds no KV cache
     encoder: bool = False
     scores: bool = False  # a sequence-classification head (*ForSequenceClassification): a reranker's, not an LM's
+    vision: VisionTower | None = None  # a Hugging Face checkpoint's image encoder (`vision_config`): vLLM sees images
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -381,6 +383,7 @@ def facts_from_config(cfg: dict[str, Any], name: str | None = None, source: str 
         qk_rope_head_dim=merged.get("qk_rope_head_dim") if isinstance(merged.get("qk_rope_head_dim"), int) else None,
         tie_word_embeddings=bool(merged.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
         dtype=dtype, quantization=quantization, quant_bits=bits, quant_kept=kept, encoder=encoder, scores=scores,
+        vision=tower_of(cfg),
     )
     params = encoder_params(facts, merged) if encoder else estimate_params(facts)
     return _with(facts, params=params, weights_bytes=hf_weight_bytes(facts, params))

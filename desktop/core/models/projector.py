@@ -22,6 +22,9 @@ from desktop.core.common.errors import ModelError
 # preferred first: 16-bit (the model's own precision), then 8-bit, then F32 (twice the memory for nothing)
 PREFERENCE = ("f16", "bf16", "q8_0", "f32")
 DEFAULT_IMAGE_MAX_TOKENS = 1024  # the cap for a projector whose image token count grows with the image
+# vLLM's --limit-mm-per-prompt for a model that sees images: a few screenshots or photos in one request, and its
+# start-up profile sized for that many, not for its own default of 999 (vllm/config/multimodal.py)
+DEFAULT_IMAGES_PER_PROMPT = 4
 
 
 def is_projector(name: str) -> bool:
@@ -60,32 +63,58 @@ def projector_beside(model: Path) -> Path | None:
 
 
 @dataclass(frozen=True)
-class Projector:
-    """What the fit needs of a projector: its bytes and its image encoder's shape."""
+class VisionTower:
+    """An image encoder's shape: what its working memory for one image follows."""
 
-    path: Path
-    weights_bytes: int
-    projector_type: str
     image_size: int
     patch_size: int
-    width: int  # the vision encoder's hidden size
+    width: int  # hidden size
     heads: int
     ffn: int
-    dynamic: bool  # the image token count follows the image's size (clip.vision.image_max_pixels is set)
 
     @property
     def patches(self) -> int:
         """Patches of one image at the encoder's own size (a fixed-size encoder always sees this many)."""
         return (self.image_size // max(self.patch_size, 1)) ** 2
 
+    def encoder_bytes(self, patches: int | None = None) -> int:
+        """The encoder's compute buffer for one image of `patches` patches (its own size by default): f32
+        attention scores of every head over every patch pair (one layer at a time: the scheduler reuses the
+        buffer) plus the layer's activations. Checked against llama-server's own estimate (tests/test_vision.py)."""
+        n = patches or self.patches
+        return int(n * n * self.heads * 4 + n * (6 * self.width + 2 * self.ffn) * 4)
+
+
+def tower_of(config: dict[str, object]) -> VisionTower | None:
+    """A Hugging Face config's vision tower (`vision_config`), or None for a text-only model."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict):
+        return None
+
+    def number(*keys: str, default: int) -> int:
+        value = next((vision[k] for k in keys if isinstance(vision.get(k), int)), default)
+        return int(value)
+
+    width = number("hidden_size", "embed_dim", default=1024)
+    return VisionTower(image_size=number("image_size", default=336), patch_size=number("patch_size", default=14),
+                       width=width, heads=number("num_attention_heads", "num_heads", default=max(1, width // 64)),
+                       ffn=number("intermediate_size", default=4 * width))
+
+
+@dataclass(frozen=True)
+class Projector:
+    """What the fit needs of a projector file: its bytes and its image encoder."""
+
+    path: Path
+    weights_bytes: int
+    projector_type: str
+    tower: VisionTower
+    dynamic: bool  # the image token count follows the image's size (clip.vision.image_max_pixels is set)
+
     def encoder_bytes(self, image_max_tokens: int | None) -> int:
-        """The image encoder's compute buffer for one image: f32 attention scores of every head over every patch
-        pair (one layer at a time, the scheduler reuses the buffer) plus the layer's activations. A dynamic encoder
-        sees up to `image_max_tokens` x 4 patches (2x2 patches merge into one token), a fixed one its own size."""
-        patches = self.patches
-        if self.dynamic and image_max_tokens:
-            patches = image_max_tokens * 4
-        return int(patches * patches * self.heads * 4 + patches * (6 * self.width + 2 * self.ffn) * 4)
+        """A dynamic encoder sees up to `image_max_tokens` x 4 patches (2x2 patches merge into one token), a fixed
+        one its own size."""
+        return self.tower.encoder_bytes(image_max_tokens * 4 if self.dynamic and image_max_tokens else None)
 
 
 def read_projector(path: Path) -> Projector:
@@ -109,11 +138,11 @@ def read_projector(path: Path) -> Projector:
         return int(value) if isinstance(value, int | float) else default
 
     width = number("clip.vision.embedding_length", 1024)
+    tower = VisionTower(image_size=number("clip.vision.image_size", 336), patch_size=number("clip.vision.patch_size", 14),
+                        width=width, heads=number("clip.vision.attention.head_count", max(1, width // 64)),
+                        ffn=number("clip.vision.feed_forward_length", 4 * width))
     return Projector(
         path=path, weights_bytes=sum(tensor_bytes(shape, kind) for _, shape, kind in model.tensors),
         projector_type=str(meta.get("clip.projector_type") or meta.get("clip.vision.projector_type") or "mlp"),
-        image_size=number("clip.vision.image_size", 336), patch_size=number("clip.vision.patch_size", 14),
-        width=width, heads=number("clip.vision.attention.head_count", max(1, width // 64)),
-        ffn=number("clip.vision.feed_forward_length", 4 * width),
-        dynamic="clip.vision.image_max_pixels" in meta)
+        tower=tower, dynamic="clip.vision.image_max_pixels" in meta)
 

@@ -108,6 +108,7 @@ class FitSettings:
     cpu_kv_cache_gib: float = VLLM_CPU_DEFAULT_KV_GIB  # vLLM CPU backend's VLLM_CPU_KVCACHE_SPACE
     repack: bool = True  # llama.cpp: CPU weight repacking on (its default; --no-repack turns it off)
     no_host: bool = False  # llama.cpp --no-host: CPU-side weights skip the GPU's host buffer (and so repack)
+    images_per_prompt: int = 0  # vLLM --limit-mm-per-prompt: images whose encoder pass the fit counts
 
     @classmethod
     def of(cls, plan: LaunchPlan, quant: str | None = None, cuda_graphs_in_budget: bool = True) -> FitSettings:
@@ -127,7 +128,8 @@ class FitSettings:
             cuda_graphs_in_budget=cuda_graphs_in_budget,
             # whole GiB, as the engine's VLLM_CPU_KVCACHE_SPACE takes it
             cpu_kv_cache_gib=max(1, round(plan.kv_cache_gib)) if plan.kv_cache_gib is not None
-            else VLLM_CPU_DEFAULT_KV_GIB, repack=repacks, no_host=no_host)
+            else VLLM_CPU_DEFAULT_KV_GIB, repack=repacks, no_host=no_host,
+            images_per_prompt=(plan.images_per_prompt or 0) if not llama else 0)
 
     def validate(self) -> None:
         if not (0 < self.ctx <= MAX_CTX):
@@ -478,13 +480,19 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
                                 "tensor_parallel": tp, "max_num_seqs": s.parallel,
                                 "kv_cache_dtype": s.kv_cache_dtype, "enforce_eager": s.enforce_eager}
     per_token = vllm_kv_bytes_per_token(facts, tp, s.kv_cache_dtype, max_len, s.dtype)
+    # the image encoder's pass over one request's images (models.projector.VisionTower; vLLM profiles it at start)
+    images = facts.vision.encoder_bytes() * s.images_per_prompt if facts.vision else 0
+    if images:
+        settings["images_per_prompt"] = s.images_per_prompt
+        notes.append(f"up to {s.images_per_prompt} image(s) per request: their encoder pass, {_gib(images):.2f} GiB, "
+                     "is counted with the activations")
 
     if not gpus:
         # vLLM's CPU backend: weights in RAM plus a fixed KV space (VLLM_CPU_KVCACHE_SPACE).
         kv_space = 0 if facts.encoder else int(s.cpu_kv_cache_gib * GIB)
         tokens = max_len * s.parallel if facts.encoder else _vllm_cpu_kv_tokens(
             facts, kv_space, max_len, s.kv_cache_dtype, s.dtype, s.max_num_batched_tokens or VLLM_CPU_BATCHED_TOKENS)
-        need = weights + kv_space + int(1.0 * GIB)
+        need = weights + kv_space + int(1.0 * GIB) + images
         ram = hw.ram_available_bytes
         verdict: Verdict = "yes" if need <= ram and tokens >= max_len else "no"
         notes.append("no CUDA/ROCm GPU: vLLM would use its CPU build (whether it beats llama.cpp here is for an "
@@ -524,7 +532,7 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
         settings["cpu_offload_gb"] = s.cpu_offload_gb
         notes.append(f"--cpu-offload-gb {s.cpu_offload_gb:g}: {_gib(offloaded):.2f} GiB of weights per GPU stay in "
                      "RAM and cross PCIe at every step (throughput drops many times over)")
-    activation = _vllm_activation_bytes(facts, batched, s.parallel, tp)
+    activation = _vllm_activation_bytes(facts, batched, s.parallel, tp) + images
     non_torch = VLLM_NON_TORCH_BYTES + (VLLM_NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
     graphs = 0 if s.enforce_eager else _vllm_cuda_graph_bytes(facts)
     in_budget_graphs = graphs if s.cuda_graphs_in_budget else 0
