@@ -272,3 +272,18 @@ def takes_images_of(plan: Any) -> bool:
     from desktop.core.serving.capabilities import takes_images
 
     return takes_images(plan)
+
+
+def test_the_library_row_says_the_model_sees_images_and_delete_takes_its_projector(
+        pulled: tuple[Path, dict[str, str], list[str]]) -> None:
+    from desktop.core.hub import library
+    from desktop.core.hub.library_view import library_rows
+
+    model, env, _ = pulled
+    cache_dir = Path(env["HF_HUB_CACHE"])
+    row = next(r for r in library_rows(cache_dir) if r["name"] == f"{REPO}:Q8_0")
+    assert row["notes"] == "sees images (mmproj-F16.gguf)"
+    blobs = model.parent.parent.parent / "blobs"
+    assert len(list(blobs.iterdir())) == 2
+    library.delete(f"{REPO}:Q8_0", cache_dir=cache_dir)
+    assert not blobs.exists() or list(blobs.iterdir()) == []  # nothing of the pair left behind

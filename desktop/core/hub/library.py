@@ -232,7 +232,10 @@ def delete(name: str, *, cache_dir: Path | None = None) -> DeleteResult:
         assert m.repo_id is not None
         storage = cache.storage_folder(m.repo_id, cache_dir)
         snapshots, blobs = storage / "snapshots", (storage / "blobs").resolve()
-        for pointer in m.files:
+        # the projector goes with the last model that uses it (another quant of the repo may share it)
+        shared = {o.projector for o in models if o not in match and o.projector is not None}
+        own_projector = [m.projector] if m.projector is not None and m.projector not in shared else []
+        for pointer in [*m.files, *own_projector]:
             if not pointer.absolute().parent.resolve().is_relative_to(snapshots.resolve()):
                 raise ModelError(f"refusing to delete {pointer}: it is not inside {snapshots}",
                                  "the model cache was changed by hand; remove that file yourself")

@@ -80,6 +80,8 @@ def _demo_rows() -> list[LibraryRow]:
 def _row(model: LocalModel, cache_dir: Path | None) -> LibraryRow:
     in_cache = model.source == "hf-cache"
     notes = USER_PATH_NOTE if not in_cache else ("an older revision" if "@" in model.name else "")
+    if model.projector is not None:  # the pair is one model that takes images
+        notes = "; ".join(filter(None, [f"sees images ({model.projector.name})", notes]))
     return LibraryRow(
         name=model.name if in_cache else display_name(model.path),
         format=model.format, quantization=model.quantization or "", size_bytes=model.size_bytes,
