@@ -107,8 +107,9 @@ def cmd_variants(args: argparse.Namespace) -> int:
         shards = f" ({v.shards} shards)" if v.shards > 1 else ""
         label = v.quantization or v.dtype or "-"
         kld = f"  KLD {v.mean_kld:.4f}" if v.mean_kld is not None else ""
+        sees = f"  sees images (+ {cell(v.projector)})" if v.projector else ""
         print(f"{mark} {cell(v.name):28} {cell(v.format):12} {cell(label):10} {_size(v.size_bytes):>10}  "
-              f"fit={cell(v.fit):8} {cell(v.engine)}{shards}{kld}")
+              f"fit={cell(v.fit):8} {cell(v.engine)}{shards}{kld}{sees}")
     for v in result.variants:
         if v.recommended:
             print(f"* recommended for this machine: {cell(v.reason)}" if v.reason else "* recommended for this machine",
