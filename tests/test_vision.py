@@ -287,3 +287,13 @@ def test_the_library_row_says_the_model_sees_images_and_delete_takes_its_project
     assert len(list(blobs.iterdir())) == 2
     library.delete(f"{REPO}:Q8_0", cache_dir=cache_dir)
     assert not blobs.exists() or list(blobs.iterdir()) == []  # nothing of the pair left behind
+
+
+def test_the_capability_check_reads_the_plans_projector() -> None:
+    from desktop.core.engines.base import LaunchPlan
+    from desktop.core.serving.capabilities import IMAGES, plan_supports
+
+    seeing = LaunchPlan(engine="llama.cpp", model_path=Path("m.gguf"), mmproj=Path("mmproj-F16.gguf"))
+    blind = LaunchPlan(engine="llama.cpp", model_path=Path("m.gguf"))
+    assert plan_supports(seeing)[IMAGES] == "yes" and plan_supports(blind)[IMAGES] == "no"
+    assert LaunchPlan.from_json(json.loads(json.dumps(seeing.to_json()))) == seeing  # a stored plan keeps it
