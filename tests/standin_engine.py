@@ -42,6 +42,7 @@ def main() -> int:
     parser.add_argument("--free-asleep", default="")
     parser.add_argument("--refuse", action="append", default=[], choices=["tools", "json_schema", "images", "reasoning"],
                         help="answer 400 to requests using this capability, as vLLM does without the flag for it")
+    parser.add_argument("--embeds", action="store_true", help="answer /v1/embeddings as an embedder does")
     parser.add_argument("--requests", help="append one JSON line per inference request: its path, `user` and "
                                            "capabilities")
     parser.add_argument("--bodies", help="append one JSON line per POST: its path (with the query), headers (keys "
@@ -116,7 +117,7 @@ def main() -> int:
                     gpu_memory(args.free_awake)
                 self._json(200, {})
                 return
-            if path == "/v1/embeddings":  # an embedder's answer (issue 57): one short vector per input
+            if path == "/v1/embeddings" and args.embeds:  # an embedder's answer (issue 57): a vector per input
                 asked = json.loads(raw or b"{}").get("input")
                 inputs = asked if isinstance(asked, list) else [asked]
                 self._json(200, {"object": "list", "model": args.name, "usage": {"prompt_tokens": len(inputs),

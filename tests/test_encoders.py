@@ -167,7 +167,7 @@ def test_the_fleet_budget_counts_an_embedder_beside_the_chat_model(tmp_path: Pat
     proxy = ProxyServer(port=find_free_port(), wait_timeout=60)
     proxy.start()
     budget = MemoryBudget(free_bytes=1.5, need=lambda plan: 1.0)  # one engine fits, two do not
-    fleet = Fleet(proxy, _fleet_config(), hardware=CPU, launcher=standin_launcher(tmp_path), ready_timeout=60,
+    fleet = Fleet(proxy, _fleet_config(), hardware=CPU, launcher=standin_launcher(tmp_path, lambda plan: ["--embeds"]), ready_timeout=60,
                   budget=budget)
     try:
         fleet.start()
@@ -199,7 +199,7 @@ def test_an_embedder_switched_to_the_other_engine_keeps_serving_embeddings(tmp_p
     proxy = ProxyServer(port=find_free_port(), wait_timeout=60)
     proxy.start()
     fleet = Fleet(proxy, _fleet_config(args=["--pooling", "last"]), hardware=CPU,
-                  launcher=standin_launcher(tmp_path), ready_timeout=60)
+                  launcher=standin_launcher(tmp_path, lambda plan: ["--embeds"]), ready_timeout=60)
     try:
         start = fleet.lanes["embed"].plan
         assert start is not None and "--embeddings" in start.extra_args and "last" in start.extra_args
@@ -233,7 +233,7 @@ def test_an_embedder_is_never_autopilot_switched(tmp_path: Path) -> None:
         plan_hybrid(str(write_bert(tmp_path / "embedder")), CPU, {})
     proxy = ProxyServer(port=find_free_port(), wait_timeout=60)
     proxy.start()
-    fleet = Fleet(proxy, _fleet_config(), hardware=CPU, launcher=standin_launcher(tmp_path), ready_timeout=60)
+    fleet = Fleet(proxy, _fleet_config(), hardware=CPU, launcher=standin_launcher(tmp_path, lambda plan: ["--embeds"]), ready_timeout=60)
     try:
         assert [lane.autopilot for lane in fleet.lanes.values()] == [None, None]
     finally:

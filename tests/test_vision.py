@@ -172,6 +172,10 @@ def test_an_image_request_reaches_the_engine_byte_for_byte_and_the_model_is_mark
         assert launched[0].mmproj == model.parent / "mmproj-F16.gguf"
         listed = httpx.get(proxy.url + "/v1/models", timeout=30, trust_env=False).json()["data"]
         assert [(m["id"], m["switchyard"]["vision"]) for m in listed] == [("see", True)]
+        import ollama  # an Ollama-speaking app offers an image upload on a model whose capabilities say "vision"
+
+        shown = ollama.Client(host=proxy.url, trust_env=False, timeout=30).show("see")
+        assert shown.capabilities == ["completion", "tools", "vision"]
         body, url = _image_body()
         answer = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=60, trust_env=False)
         assert answer.status_code == 200, answer.text

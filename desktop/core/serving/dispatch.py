@@ -158,11 +158,14 @@ class Dispatcher:
         if not self.router.multi:
             active = self.router.active
             return [ollama.Served(self.model_name, active.model if active else "", active.engine if active else None,
-                                  active.context if active else 0, self.started_at)]
+                                  active.context if active else 0, self.started_at,
+                                  vision=bool(active and active.vision))]
         return [ollama.Served(name, str((route.active.model if route.active else route.info.get("model")) or ""),
                               route.active.engine if route.active else None,
                               route.active.context if route.active else int(route.info.get("ctx") or 0),
-                              self.started_at) for name, route in self.router.routes.items()]
+                              self.started_at, vision=bool(route.info.get("vision")),
+                              kind=str(route.info.get("kind") or "chat"))
+                for name, route in self.router.routes.items()]
 
     def _route(self, request: Incoming, client: ClientConnection, info: RequestInfo) -> None:
         """The body is read: pick the route by its model and forward."""

@@ -495,6 +495,8 @@ class Served:
     engine: str | None  # None while nothing serves it (a models.yaml model not loaded)
     context: int  # tokens per request, 0 when unknown
     started_at: float  # wall clock: when the endpoint began serving it
+    vision: bool = False  # it sees images: Ollama's "vision" capability (apps offer an image upload on it)
+    kind: str = "chat"  # models.yaml `kind`: an embedder's capability is Ollama's "embedding"
 
 
 @functools.lru_cache(maxsize=32)
@@ -577,7 +579,14 @@ def _show(entry: Served) -> dict[str, Any]:
     listed = _listed(entry)
     parameters = f"num_ctx {entry.context}" if entry.context else ""
     return {"modelfile": "", "parameters": parameters, "template": "", "details": listed["details"],
-            "model_info": info, "capabilities": ["completion", "tools"], "modified_at": listed["modified_at"]}
+            "model_info": info, "capabilities": capabilities(entry), "modified_at": listed["modified_at"]}
+
+
+def capabilities(entry: Served) -> list[str]:
+    """Ollama's capability names for a served model (`/api/show`), as its own server reports them."""
+    if entry.kind != "chat":
+        return ["embedding"]
+    return ["completion", "tools", *(["vision"] if entry.vision else [])]
 
 
 def management(path: str) -> str | None:
