@@ -301,3 +301,14 @@ def test_the_capability_check_reads_the_plans_projector() -> None:
     blind = LaunchPlan(engine="llama.cpp", model_path=Path("m.gguf"))
     assert plan_supports(seeing)[IMAGES] == "yes" and plan_supports(blind)[IMAGES] == "no"
     assert LaunchPlan.from_json(json.loads(json.dumps(seeing.to_json()))) == seeing  # a stored plan keeps it
+
+
+def test_another_models_projector_in_the_same_folder_is_not_taken(tmp_path: Path, demo_model: Any) -> None:
+    """A folder of several models may hold a projector made for another text width: llama-server would refuse
+    the pair ("mismatch between text model and mmproj"), so the plan serves the model text-only."""
+    from desktop.core.planning.planner import plan_launch
+
+    model = tmp_path / "tiny-Q8_0.gguf"
+    model.symlink_to(demo_model.gguf_path)
+    write_mmproj(tmp_path / "mmproj-other-F16.gguf", 4096)
+    assert plan_launch("llama.cpp", str(model), CPU, {"ctx_per_request": 1024}).plan.mmproj is None

@@ -110,6 +110,7 @@ class Projector:
     projector_type: str
     tower: VisionTower
     dynamic: bool  # the image token count follows the image's size (clip.vision.image_max_pixels is set)
+    output_width: int | None = None  # clip.vision.projection_dim: the text model's width it feeds (llama.cpp checks)
 
     def encoder_bytes(self, image_max_tokens: int | None) -> int:
         """A dynamic encoder sees up to `image_max_tokens` x 4 patches (2x2 patches merge into one token), a fixed
@@ -144,5 +145,19 @@ def read_projector(path: Path) -> Projector:
     return Projector(
         path=path, weights_bytes=sum(tensor_bytes(shape, kind) for _, shape, kind in model.tensors),
         projector_type=str(meta.get("clip.projector_type") or meta.get("clip.vision.projector_type") or "mlp"),
-        tower=tower, dynamic="clip.vision.image_max_pixels" in meta)
+        tower=tower, dynamic="clip.vision.image_max_pixels" in meta,
+        output_width=number("clip.vision.projection_dim", 0) or None)
+
+
+def projector_for(model: Path, text_width: int) -> Path | None:
+    """The projector beside a GGUF that feeds a text model `text_width` wide: a folder of several models may hold
+    another model's projector, which llama-server refuses ("mismatch between text model and mmproj")."""
+    found = projector_beside(model)
+    if found is None:
+        return None
+    try:
+        width = read_projector(found).output_width
+    except ModelError:
+        return found  # the fit reads it again and says what is wrong with it
+    return found if width in (None, text_width) else None
 

@@ -33,7 +33,7 @@ from desktop.core.engines.pooling import args_kind
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import ModelFacts, facts_for
 from desktop.core.models.parsers import check_parser, parsers_for
-from desktop.core.models.projector import DEFAULT_IMAGES_PER_PROMPT, projector_beside
+from desktop.core.models.projector import DEFAULT_IMAGES_PER_PROMPT, projector_for
 from desktop.core.planning import repack
 from desktop.core.planning.fit import FitResult, estimate, sized_gpus, sizing_of, vllm_utilization
 from desktop.core.planning.launch import PlanRefused, describe, require_fit
@@ -130,7 +130,7 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
         raise PlanRefused(encoder_refusal(model, facts), encoder_hint(facts, adapter.name))
     base = LaunchPlan(engine=adapter.name, model_path=path, model=model, pinned=tuple(sorted(wanted)), **wanted)
     if adapter.name == "llama.cpp" and "mmproj" not in wanted and not _no_projector(wanted.get("extra_args") or ()):
-        base = replace(base, mmproj=projector_beside(path))  # a vision GGUF sees with the projector beside it
+        base = replace(base, mmproj=projector_for(path, facts.hidden_size))  # a vision GGUF sees through it
     if adapter.name == "vllm" and facts.vision is not None and "images_per_prompt" not in wanted:
         base = replace(base, images_per_prompt=DEFAULT_IMAGES_PER_PROMPT)  # vLLM's own default is far more
     if facts.encoder:  # no KV cache to reuse, and vLLM's scheduler fails on one turned on ("no cacheable group")
