@@ -160,8 +160,14 @@ def test_an_image_request_reaches_the_engine_byte_for_byte_and_the_model_is_mark
 
     model, _, _ = pulled
     bodies = tmp_path / "bodies.jsonl"
-    config = parse_models_config({"models": [{"name": "see", "engine": "llama.cpp", "model": str(model),
-                                              "ctx": 1024, "parallel": 1}]}, "test.yaml")
+    checkpoint = tmp_path / "tiny-llava"  # a vLLM vision checkpoint's config (the stand-in serves it)
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({**LLAVA_15, "text_config": {
+        **LLAVA_15["text_config"], "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4}}))
+    config = parse_models_config({"models": [
+        {"name": "see", "engine": "llama.cpp", "model": str(model), "ctx": 1024, "parallel": 1},
+        {"name": "see-vllm", "engine": "vllm", "model": str(checkpoint), "ctx": 1024, "parallel": 1}]}, "test.yaml")
     proxy = ProxyServer(port=find_free_port(), wait_timeout=60)
     proxy.start()
     launched: list[Any] = []
@@ -169,19 +175,22 @@ def test_an_image_request_reaches_the_engine_byte_for_byte_and_the_model_is_mark
                   launcher=standin_launcher(tmp_path, lambda plan: ["--bodies", str(bodies)], launched))
     try:
         fleet.start()
-        assert launched[0].mmproj == model.parent / "mmproj-F16.gguf"
+        assert launched[0].mmproj == model.parent / "mmproj-F16.gguf" and launched[1].images_per_prompt == 4
         listed = httpx.get(proxy.url + "/v1/models", timeout=30, trust_env=False).json()["data"]
-        assert [(m["id"], m["switchyard"]["vision"]) for m in listed] == [("see", True)]
+        assert [(m["id"], m["switchyard"]["vision"]) for m in listed] == [("see", True), ("see-vllm", True)]
         import ollama  # an Ollama-speaking app offers an image upload on a model whose capabilities say "vision"
 
         shown = ollama.Client(host=proxy.url, trust_env=False, timeout=30).show("see")
         assert shown.capabilities == ["completion", "tools", "vision"]
         body, url = _image_body()
-        answer = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=60, trust_env=False)
-        assert answer.status_code == 200, answer.text
-        forwarded = [json.loads(line) for line in bodies.read_text().splitlines()]
-        parts = forwarded[-1]["body"]["messages"][0]["content"]
-        assert parts[1] == {"type": "image_url", "image_url": {"url": url, "detail": "high"}}
+        for name in ("see", "see-vllm"):  # through both engines' lanes (vLLM's a stand-in: no vision model
+            # vLLM can run on this CPU is generated here)
+            answer = httpx.post(proxy.url + "/v1/chat/completions", json={**body, "model": name}, timeout=60,
+                                trust_env=False)
+            assert answer.status_code == 200, answer.text
+            forwarded = [json.loads(line) for line in bodies.read_text().splitlines()]
+            parts = forwarded[-1]["body"]["messages"][0]["content"]
+            assert parts[1] == {"type": "image_url", "image_url": {"url": url, "detail": "high"}}, name
     finally:
         fleet.close()
         proxy.stop()
