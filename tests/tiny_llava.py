@@ -1,11 +1,17 @@
-"""A tiny random-weight LLaVA checkpoint, generated (never downloaded) for tests that need a real vLLM to see images.
+"""A tiny random-weight vision-language checkpoint, generated (never downloaded), that the real vLLM CPU build serves.
 
-`write_tiny_llava(folder)` writes a Hugging Face folder that vLLM's `LlavaForConditionalGeneration` loads: a
-2-layer CLIP vision tower (32x32 pixels, 8x8 patches), the LLaVA two-layer MLP projector and a 2-layer Llama, in
-float32 with the transformers>=4.52 tensor layout (`model.language_model.*`, `model.vision_tower.vision_model.*`,
-`model.multi_modal_projector.*`, `lm_head.*`), which vLLM's llava loader maps onto its own modules. The tokenizer
-is the demo model's byte-level BPE plus an added `<image>` token; the chat template writes `<image>\\n` where a
-message has an image part, and the processor expands it to one placeholder per patch.
+`write_tiny_vlm(folder)` writes a Hugging Face folder for vLLM's `Idefics3ForConditionalGeneration` (the
+SmolVLM / Idefics3 architecture): a 2-layer SigLIP-style vision tower on 32x32 pixels in 8x8 patches (a 4x4 grid),
+a pixel-shuffle connector (scale factor 2: the 16 patch features become 4 image embeddings) and a 2-layer Llama,
+all float32 under vLLM's own tensor names (`model.vision_model.*`, `model.connector.*`, `model.text_model.*`,
+`lm_head.*`). Image splitting is off, so every image is resized to 32x32 and costs exactly IMAGE_PROMPT_TOKENS
+prompt tokens: `<fake_token_around_image><global-img>` + IMAGE_SEQ_LEN `<image>` + `<fake_token_around_image>`.
+
+Why not LLaVA (or PaliGemma, Qwen2-VL, Gemma 3, Mistral 3, ...): vLLM's llava, paligemma and most other vision
+modules import transformers' Pixtral image processor, which imports torchvision, and Switchyard's vLLM CPU install
+has no torchvision (pip's PyPI wheel is built for another torch and is removed at install); vLLM then fails with
+"Model architectures ['LlavaForConditionalGeneration'] failed to be inspected" (ModuleNotFoundError: torchvision).
+The idefics3 module needs no torchvision: transformers falls back to its PIL image processor.
 
 Only numpy, safetensors and tokenizers are used, so the project's venv (which has no torch) can write it. Head
 sizes are 64 (text) and 32 (vision): vLLM's CPU attention rejects smaller ones. Output text is meaningless.
@@ -26,21 +32,26 @@ from tokenizers import AddedToken, Tokenizer
 from desktop.core.models.demo import BOS_TOKEN, EOS_TOKEN, build_tokenizer
 
 SEED = 20250158
-IMAGE_TOKEN = "<image>"
 
-# Vision tower (CLIP): 32x32 pixels in 8x8 patches -> a 4x4 grid = 16 patches (+1 CLS position).
+IMAGE_TOKEN = "<image>"
+FAKE_IMAGE_TOKEN = "<fake_token_around_image>"
+GLOBAL_IMAGE_TOKEN = "<global-img>"
+END_OF_UTTERANCE = "<end_of_utterance>"
+# The tile tags Idefics3's processor looks up (used only when image splitting is on, but looked up always).
+ROW_COL_TOKENS = [f"<row_{row}_col_{col}>" for row in range(1, 7) for col in range(1, 7)]
+
+# Vision tower: 32x32 pixels in 8x8 patches -> 16 patch features, pixel-shuffled 2x2 -> 4 image embeddings.
 IMAGE_SIZE = 32
 PATCH_SIZE = 8
+SCALE_FACTOR = 2
 VISION_HIDDEN = 64
 VISION_HEADS = 2  # head size 32
 VISION_LAYERS = 2
 VISION_INTERMEDIATE = 128
-VISION_FEATURE_LAYER = -2  # the LLaVA-1.5 choice: vLLM builds only the first of the two layers
-VISION_FEATURE_SELECT_STRATEGY = "default"  # drop the CLS position
 PATCHES = (IMAGE_SIZE // PATCH_SIZE) ** 2
-# The placeholders one image costs in the prompt: every patch ("default" drops the CLS token, which the processor's
-# num_additional_image_tokens=1 adds back before subtracting it).
-IMAGE_TOKENS = PATCHES
+IMAGE_SEQ_LEN = PATCHES // SCALE_FACTOR**2  # <image> embeddings per image: 4
+# What one image adds to the prompt in place of the template's single <image>: the embeddings and their 3 tags.
+IMAGE_PROMPT_TOKENS = IMAGE_SEQ_LEN + 3
 
 # Language model (Llama).
 TEXT_HIDDEN = 128
@@ -51,38 +62,38 @@ TEXT_LAYERS = 2
 TEXT_INTERMEDIATE = 256
 MAX_POSITIONS = 2048
 
-# OpenAI's CLIP normalisation, as LLaVA-1.5's preprocessor_config.json has it.
-IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
-IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
-
-# A LLaVA-style template: "USER: <image>\n<text></s>\nASSISTANT:". Image parts (vLLM passes `{"type": "image"}`
-# for an `image_url` part) become the `<image>` token the processor expands to IMAGE_TOKENS placeholders.
+# "USER:\n<image>What is this?</s>\nASSISTANT:\n". An `image_url` part reaches the template as {"type": "image"}
+# (vLLM's "openai" content format, detected because the template loops over the parts); it becomes the one
+# <image> token the processor expands. The newline before the content keeps the text's tokens the same with or
+# without an image in front (the byte-level BPE would otherwise merge the space into " What"), so an image part
+# costs exactly IMAGE_PROMPT_TOKENS more prompt tokens than the same text alone (its one <image> becomes them).
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
-    "{{ message['role'].upper() + ': ' }}"
+    "{{ message['role'].upper() + ':\n' }}"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% elif message['content'] %}{% for part in message['content'] %}"
-    "{% if part['type'] in ('image', 'image_url') %}{{ '<image>\n' }}"
+    "{% if part['type'] in ('image', 'image_url') %}{{ '<image>' }}"
     "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
     "{% endfor %}{% endif %}"
     "{{ eos_token + '\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:\n' }}{% endif %}"
 )
 
 FloatArray = npt.NDArray[np.float32]
 
 
-def build_llava_tokenizer() -> Tokenizer:
-    """The demo model's byte-level BPE with `<image>` added as a special token (one id, never split)."""
+def build_vlm_tokenizer() -> Tokenizer:
+    """The demo model's byte-level BPE plus Idefics3's image tokens, each one special id that never splits."""
     tokenizer = build_tokenizer()
-    tokenizer.add_special_tokens([AddedToken(IMAGE_TOKEN, special=True, normalized=False)])
+    specials = [IMAGE_TOKEN, FAKE_IMAGE_TOKEN, GLOBAL_IMAGE_TOKEN, END_OF_UTTERANCE, *ROW_COL_TOKENS]
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in specials])
     return tokenizer
 
 
 def generate_weights(vocab_size: int) -> Iterator[tuple[str, FloatArray]]:
-    """Every tensor of the checkpoint under its transformers>=4.52 name, deterministic."""
+    """Every tensor of the checkpoint under the names vLLM's idefics3 loader expects, deterministic."""
     rng = np.random.default_rng(SEED)
 
     def normal(std: float, *shape: int) -> FloatArray:
@@ -94,13 +105,11 @@ def generate_weights(vocab_size: int) -> Iterator[tuple[str, FloatArray]]:
     def zeros(*shape: int) -> FloatArray:
         return np.zeros(shape, dtype=np.float32)
 
-    # CLIP vision tower.
-    vision = "model.vision_tower.vision_model"
-    yield f"{vision}.embeddings.class_embedding", normal(0.02, VISION_HIDDEN)
+    # SigLIP-style vision tower: a biased patch convolution, one position per patch (no CLS), a post-layernorm.
+    vision = "model.vision_model"
     yield f"{vision}.embeddings.patch_embedding.weight", normal(0.02, VISION_HIDDEN, 3, PATCH_SIZE, PATCH_SIZE)
-    yield f"{vision}.embeddings.position_embedding.weight", normal(0.02, PATCHES + 1, VISION_HIDDEN)
-    yield f"{vision}.pre_layrnorm.weight", ones(VISION_HIDDEN)
-    yield f"{vision}.pre_layrnorm.bias", zeros(VISION_HIDDEN)
+    yield f"{vision}.embeddings.patch_embedding.bias", zeros(VISION_HIDDEN)
+    yield f"{vision}.embeddings.position_embedding.weight", normal(0.02, PATCHES, VISION_HIDDEN)
     for layer in range(VISION_LAYERS):
         prefix = f"{vision}.encoder.layers.{layer}"
         for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
@@ -117,15 +126,13 @@ def generate_weights(vocab_size: int) -> Iterator[tuple[str, FloatArray]]:
     yield f"{vision}.post_layernorm.weight", ones(VISION_HIDDEN)
     yield f"{vision}.post_layernorm.bias", zeros(VISION_HIDDEN)
 
-    # Projector: vision hidden -> text hidden, GELU, text hidden -> text hidden.
-    projector = "model.multi_modal_projector"
-    yield f"{projector}.linear_1.weight", normal(0.02, TEXT_HIDDEN, VISION_HIDDEN)
-    yield f"{projector}.linear_1.bias", zeros(TEXT_HIDDEN)
-    yield f"{projector}.linear_2.weight", normal(0.02, TEXT_HIDDEN, TEXT_HIDDEN)
-    yield f"{projector}.linear_2.bias", zeros(TEXT_HIDDEN)
+    # Connector: pixel shuffle (in the model), then one bias-free linear layer to the text width.
+    yield "model.connector.modality_projection.proj.weight", normal(
+        0.02, TEXT_HIDDEN, VISION_HIDDEN * SCALE_FACTOR**2
+    )
 
-    # Llama language model.
-    text = "model.language_model"
+    # Llama language model with an untied lm_head.
+    text = "model.text_model"
     kv_dim = TEXT_KV_HEADS * TEXT_HEAD_DIM
     yield f"{text}.embed_tokens.weight", normal(1.0, vocab_size, TEXT_HIDDEN)
     for layer in range(TEXT_LAYERS):
@@ -143,18 +150,16 @@ def generate_weights(vocab_size: int) -> Iterator[tuple[str, FloatArray]]:
     yield "lm_head.weight", normal(0.35, vocab_size, TEXT_HIDDEN)
 
 
-def write_tiny_llava(folder: Path) -> Path:
-    """Write the checkpoint into folder (created; must not exist or be empty) and return it."""
+def write_tiny_vlm(folder: Path) -> Path:
+    """Write the checkpoint into folder (created if missing) and return it."""
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_llava_tokenizer()
+    tokenizer = build_vlm_tokenizer()
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     bos_id = _token_id(tokenizer, BOS_TOKEN)
     eos_id = _token_id(tokenizer, EOS_TOKEN)
-    image_id = _token_id(tokenizer, IMAGE_TOKEN)
 
     text_config = {
         "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
         "hidden_size": TEXT_HIDDEN,
         "intermediate_size": TEXT_INTERMEDIATE,
         "num_hidden_layers": TEXT_LAYERS,
@@ -168,13 +173,12 @@ def write_tiny_llava(folder: Path) -> Path:
         "vocab_size": vocab_size,
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
+        "pad_token_id": eos_id,
         "tie_word_embeddings": False,
-        "attention_bias": False,
-        "mlp_bias": False,
         "torch_dtype": "float32",
     }
     vision_config = {
-        "model_type": "clip_vision_model",
+        "model_type": "idefics3_vision",
         "hidden_size": VISION_HIDDEN,
         "intermediate_size": VISION_INTERMEDIATE,
         "num_hidden_layers": VISION_LAYERS,
@@ -182,22 +186,18 @@ def write_tiny_llava(folder: Path) -> Path:
         "num_channels": 3,
         "image_size": IMAGE_SIZE,
         "patch_size": PATCH_SIZE,
-        "hidden_act": "quick_gelu",
-        "layer_norm_eps": 1e-5,
-        "projection_dim": VISION_HIDDEN,
+        "hidden_act": "gelu_pytorch_tanh",
+        "layer_norm_eps": 1e-6,
         "torch_dtype": "float32",
     }
     config = {
-        "architectures": ["LlavaForConditionalGeneration"],
-        "model_type": "llava",
+        "architectures": ["Idefics3ForConditionalGeneration"],
+        "model_type": "idefics3",
         "text_config": text_config,
         "vision_config": vision_config,
-        "image_token_index": image_id,
-        "image_seq_length": IMAGE_TOKENS,
-        "projector_hidden_act": "gelu",
-        "multimodal_projector_bias": True,
-        "vision_feature_layer": VISION_FEATURE_LAYER,
-        "vision_feature_select_strategy": VISION_FEATURE_SELECT_STRATEGY,
+        "image_token_id": _token_id(tokenizer, IMAGE_TOKEN),
+        "scale_factor": SCALE_FACTOR,
+        "pad_token_id": eos_id,
         "tie_word_embeddings": False,
         "torch_dtype": "float32",
     }
@@ -211,45 +211,46 @@ def write_tiny_llava(folder: Path) -> Path:
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": BOS_TOKEN,
             "eos_token": EOS_TOKEN,
+            "pad_token": EOS_TOKEN,
             "add_bos_token": True,
             "add_eos_token": False,
             "clean_up_tokenization_spaces": False,
             "model_max_length": MAX_POSITIONS,
-            "processor_class": "LlavaProcessor",
+            "processor_class": "Idefics3Processor",
             "chat_template": CHAT_TEMPLATE,
         },
     )
     _write_json(
         folder / "special_tokens_map.json",
-        {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "additional_special_tokens": [IMAGE_TOKEN]},
+        {
+            "bos_token": BOS_TOKEN,
+            "eos_token": EOS_TOKEN,
+            "pad_token": EOS_TOKEN,
+            "additional_special_tokens": [FAKE_IMAGE_TOKEN, IMAGE_TOKEN, END_OF_UTTERANCE],
+        },
     )
     _write_json(
         folder / "preprocessor_config.json",
         {
-            "image_processor_type": "CLIPImageProcessor",
-            "processor_class": "LlavaProcessor",
+            "image_processor_type": "Idefics3ImageProcessor",
+            "processor_class": "Idefics3Processor",
             "do_convert_rgb": True,
             "do_resize": True,
-            "size": {"shortest_edge": IMAGE_SIZE},
-            "resample": 3,
-            "do_center_crop": True,
-            "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+            "size": {"longest_edge": IMAGE_SIZE},
+            "resample": 1,
+            "do_image_splitting": False,
+            "max_image_size": {"longest_edge": IMAGE_SIZE},
             "do_rescale": True,
             "rescale_factor": 1 / 255,
             "do_normalize": True,
-            "image_mean": IMAGE_MEAN,
-            "image_std": IMAGE_STD,
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+            "do_pad": True,
         },
     )
     _write_json(
         folder / "processor_config.json",
-        {
-            "processor_class": "LlavaProcessor",
-            "image_token": IMAGE_TOKEN,
-            "patch_size": PATCH_SIZE,
-            "vision_feature_select_strategy": VISION_FEATURE_SELECT_STRATEGY,
-            "num_additional_image_tokens": 1,
-        },
+        {"processor_class": "Idefics3Processor", "image_seq_len": IMAGE_SEQ_LEN},
     )
     save_file(
         {name: np.ascontiguousarray(tensor) for name, tensor in generate_weights(vocab_size)},
@@ -262,7 +263,7 @@ def write_tiny_llava(folder: Path) -> Path:
 def _token_id(tokenizer: Tokenizer, token: str) -> int:
     index = tokenizer.token_to_id(token)
     if index is None:
-        raise RuntimeError(f"the tiny LLaVA tokenizer lacks {token!r}")
+        raise RuntimeError(f"the tiny vision tokenizer lacks {token!r}")
     return index
 
 
@@ -273,4 +274,4 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 if __name__ == "__main__":
     import sys
 
-    print(write_tiny_llava(Path(sys.argv[1])))
+    print(write_tiny_vlm(Path(sys.argv[1])))
