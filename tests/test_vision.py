@@ -183,8 +183,8 @@ def test_an_image_request_reaches_the_engine_byte_for_byte_and_the_model_is_mark
         shown = ollama.Client(host=proxy.url, trust_env=False, timeout=30).show("see")
         assert shown.capabilities == ["completion", "tools", "vision"]
         body, url = _image_body()
-        for name in ("see", "see-vllm"):  # through both engines' lanes (vLLM's a stand-in: no vision model
-            # vLLM can run on this CPU is generated here)
+        for name in ("see", "see-vllm"):  # both engines' lanes, stand-ins here (the real ones: test_vision_llama,
+            # test_vision_vllm)
             answer = httpx.post(proxy.url + "/v1/chat/completions", json={**body, "model": name}, timeout=60,
                                 trust_env=False)
             assert answer.status_code == 200, answer.text
