@@ -84,7 +84,12 @@ def test_an_encoder_holds_no_kv_cache_on_either_engine(tmp_path: Path) -> None:
     decoder = plan_launch("llama.cpp", "demo", CPU, {"extra_args": ("--embeddings",), "ctx_per_request": 512})
     assert decoder.fit.breakdown["bytes.kv_cache"] > 0  # a decoder embedder still has its cache
     on_gpu = plan_launch("vllm", str(folder), GPU, {"extra_args": ("--runner", "pooling"), "ctx_per_request": 512})
-    assert on_gpu.fit.fits == "yes" and on_gpu.fit.kv_cache_tokens >= 512
+    assert on_gpu.fit.fits == "yes" and on_gpu.fit.breakdown["bytes.kv_cache"] == 0
+    # vLLM takes gpu_memory_utilization x total and would fill it with KV: an encoder asks for what it uses, so a
+    # chat model fits beside it (the budget reads the same number)
+    chat = plan_launch("vllm", "demo", GPU, {"ctx_per_request": 512})
+    assert on_gpu.plan.gpu_memory_utilization is not None and chat.plan.gpu_memory_utilization is not None
+    assert on_gpu.plan.gpu_memory_utilization < 0.2 < chat.plan.gpu_memory_utilization
 
 
 def test_a_bert_gguf_is_an_encoder_the_way_llama_cpp_builds_it(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def test_counted_flags_become_plan_fields_and_the_rest_pass_through() -> None:
         "extra_args": ("--seed", "7", "--no-mmap"), "override_tensors": ("blk.1=CUDA0",)}
     # a vision projector is the plan's (the fit counts it, issue 58): `-mm, --mmproj FILE` and its switches
     assert plan_fields_from_args("llama.cpp", ["-mm", "m.gguf", "--no-mmproj-offload", "--image-max-tokens",
-                                               "512"]) == {"mmproj": Path("m.gguf"), "mmproj_offload": False,
+                                               "512"]) == {"mmproj": Path("m.gguf").absolute(), "mmproj_offload": False,
                                                            "image_max_tokens": 512}
     assert plan_fields_from_args("llama.cpp", ["-fa", "off", "-ub", "256"]) == {"flash_attn": False, "ubatch": 256}
     assert plan_fields_from_args("vllm", ["--cpu-offload-gb", "8", "--enforce-eager", "--seed=3"]) == {

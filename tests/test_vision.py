@@ -321,3 +321,81 @@ def test_another_models_projector_in_the_same_folder_is_not_taken(tmp_path: Path
     model.symlink_to(demo_model.gguf_path)
     write_mmproj(tmp_path / "mmproj-other-F16.gguf", 4096)
     assert plan_launch("llama.cpp", str(model), CPU, {"ctx_per_request": 1024}).plan.mmproj is None
+
+
+def _audio_projector(path: Path) -> Path:
+    """An audio model's projector header (Ultravox, Voxtral): architecture clip, no vision encoder."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_bool("clip.has_vision_encoder", False)
+    writer.add_bool("clip.has_audio_encoder", True)
+    writer.add_string("clip.projector_type", "ultravox")
+    writer.add_tensor("a.conv1d.0.weight", np.zeros((8, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_projector_at_the_top_of_a_snapshot_serves_a_quant_in_a_subfolder_and_an_audio_one_gives_no_sight(
+        tmp_path: Path, demo_model: Any) -> None:
+    """Repos keep split quants in `Q8_0/` and the projector at the top: pulled as users pull them, the plan finds
+    it across the snapshot; an audio projector (no vision encoder) is no vision model's, in the plan or the list."""
+    import gguf
+    from fakehub import FakeHub
+
+    from desktop.core.hub import library
+    from desktop.core.planning.planner import plan_launch
+
+    model = Path(demo_model.gguf_path)
+    width = int(gguf.GGUFReader(model).fields["llama.embedding_length"].contents())
+    f16 = write_mmproj(tmp_path / "src" / "mmproj-F16.gguf", width)
+    audio = _audio_projector(tmp_path / "src" / "mmproj-audio-F16.gguf")
+    pulled: dict[str, Path] = {}
+    with FakeHub() as hub:
+        hub.add_repo("org/nested-GGUF", {"Q8_0/tiny-Q8_0.gguf": model, "mmproj-F16.gguf": f16}, tags=["gguf"])
+        hub.add_repo("org/audio-GGUF", {"tiny-Q8_0.gguf": model, "mmproj-F16.gguf": audio}, tags=["gguf"])
+        env = dict(os.environ, HF_ENDPOINT=hub.endpoint, HF_HUB_CACHE=str(tmp_path / "hf-cache"),
+                   SWITCHYARD_HOME=str(tmp_path / "home"), SWITCHYARD_NO_KEYRING="1",
+                   HF_HUB_DISABLE_IMPLICIT_TOKEN="1")
+        for repo in ("org/nested-GGUF", "org/audio-GGUF"):
+            done = subprocess.run([*SWITCHYARD, "pull", repo], env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            pulled[repo] = Path(done.stdout.strip())
+    nested = pulled["org/nested-GGUF"]
+    assert nested.parent.name == "Q8_0"
+    plan = plan_launch("llama.cpp", str(nested), CPU, {"ctx_per_request": 1024}).plan
+    assert plan.mmproj == nested.parent.parent / "mmproj-F16.gguf"
+    heard = pulled["org/audio-GGUF"]
+    assert (heard.parent / "mmproj-F16.gguf").exists()  # fetched with the model, as the repo ships it
+    assert plan_launch("llama.cpp", str(heard), CPU, {"ctx_per_request": 1024}).plan.mmproj is None
+    listed = {m.repo_id: m.vision for m in library.list_local(tmp_path / "hf-cache")}
+    assert listed == {"org/nested-GGUF": True, "org/audio-GGUF": False}
+
+
+def test_a_named_projector_stays_with_its_model_and_the_gpu_budget_counts_it(tmp_path: Path,
+                                                                            demo_model: Any) -> None:
+    """`-- --mmproj F` belongs to the model it was given for: a switch to another model plans that model's own
+    (none here); on a GPU the projector and its encoder are in what the endpoint's memory budget holds."""
+    import gguf
+
+    from desktop.core.planning.planner import plan_launch, replan
+    from desktop.core.planning.swap import engine_need
+
+    folder = tmp_path / "pair"
+    folder.mkdir()
+    model = folder / "tiny-Q8_0.gguf"
+    model.symlink_to(demo_model.gguf_path)
+    width = int(gguf.GGUFReader(model).fields["llama.embedding_length"].contents())
+    mmproj = write_mmproj(tmp_path / "elsewhere" / "mmproj-F16.gguf", width, dynamic=True)
+    seeing = plan_launch("llama.cpp", str(model), GPU, {"ctx_per_request": 1024, "mmproj": mmproj})
+    assert seeing.plan.mmproj == mmproj
+    other = replan(seeing.plan, GPU, model="demo")
+    assert other.plan.mmproj is None  # the demo has no projector of its own
+    blind = plan_launch("llama.cpp", str(model), GPU, {"ctx_per_request": 1024, "extra_args": ("--no-mmproj",)})
+    cost = (seeing.fit.breakdown["bytes.projector"] + seeing.fit.breakdown["bytes.image_encoder"]) / 1024**3
+    added = engine_need(seeing.plan, GPU).gpu_total - engine_need(blind.plan, GPU).gpu_total
+    assert added / 1024**3 == pytest.approx(cost, abs=0.002)

@@ -129,6 +129,13 @@ def _mib(flag: str, value: str | None) -> int:
     return int(value)
 
 
+def _tokens(flag: str, value: str | None) -> int:
+    if value is None or not value.isdigit() or int(value) < 1:
+        raise SwitchyardError(f"{flag} takes a whole number of tokens, not {value!r}",
+                              "e.g. --image-max-tokens 1024: how many tokens one image may become")
+    return int(value)
+
+
 def _images(flag: str, value: str | None) -> int:
     """vLLM's --limit-mm-per-prompt: the images a request may carry, from its JSON (`{"image": 2}`)."""
     import json
@@ -163,6 +170,7 @@ _READ: dict[str, Callable[[str, str | None], Any]] = {
     "text": lambda flag, value: _text(flag, value),
     "gib": lambda flag, value: _gib(flag, value),
     "mib": lambda flag, value: _mib(flag, value),
-    "path": lambda flag, value: Path(_text(flag, value)).expanduser(),
+    "path": lambda flag, value: Path(_text(flag, value)).expanduser().absolute(),  # a stored plan: no cwd
+    "tokens": lambda flag, value: _tokens(flag, value),
     "images": lambda flag, value: _images(flag, value),
 }

@@ -85,7 +85,7 @@ class LlamaCppAdapter(EngineAdapter):
         **dict.fromkeys(("-mm", "--mmproj"), ("mmproj", "path")),
         "--no-mmproj-offload": ("mmproj_offload", "false"),
         "--mmproj-offload": ("mmproj_offload", "true"),
-        "--image-max-tokens": ("image_max_tokens", "count"),
+        "--image-max-tokens": ("image_max_tokens", "tokens"),
     }
     valueless_flags = frozenset({"--cpu-moe", "-cmoe", "--no-mmproj-offload", "--mmproj-offload"})
     anthropic_messages = True  # llama-server's /v1/messages (this build)

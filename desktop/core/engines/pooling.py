@@ -44,7 +44,7 @@ def task_args(engine: str, kind: str, ctx: int, given: Sequence[str], model_path
         raise SwitchyardError(f"unknown kind {kind!r}", f"choose one of: {', '.join(KINDS)}")
     named = named_flags(engine, given)
     out: list[str] = []
-    if engine == "vllm":
+    if _family(engine) == "vllm":
         return [] if "--runner" in named else ["--runner", "pooling"]
     switch = "--embeddings" if kind == "embedding" else "--reranking"
     if switch not in named:
@@ -65,7 +65,7 @@ def args_kind(engine: str, args: Sequence[str], model_path: Path | None = None) 
     switches; vLLM's `--runner pooling` serves what the model's head does: a *ForSequenceClassification
     checkpoint (a cross-encoder) reranks, anything else embeds."""
     named = named_flags(engine, args)
-    if get_adapter(engine).name == "vllm":
+    if _family(engine) == "vllm":
         if not _runs_pooling(args):
             return "chat"
         return "rerank" if _classifies(model_path) else "embedding"
@@ -94,9 +94,15 @@ def _classifies(model_path: Path | None) -> bool:
 def named_flags(engine: str, given: Sequence[str]) -> set[str]:
     """The flags among `given` this module adds, by their one name, whatever the person's spelling."""
     adapter = get_adapter(engine)
-    aliases = _ALIASES[adapter.name]
+    aliases = _ALIASES.get(_family(engine), {})  # an engine of neither family has none of these flags
     return {aliases[name] for arg in given if arg.startswith("-")
             if (name := flag_name(adapter, arg)[0]) in aliases}
+
+
+def _family(engine: str) -> str:
+    """Whose flags an engine takes: its adapter's sizing family (llama.cpp or vllm), else its own name."""
+    adapter = get_adapter(engine)
+    return adapter.sizing or adapter.name
 
 
 def model_pooling(model_path: Path | None) -> int | None:

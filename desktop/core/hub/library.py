@@ -18,7 +18,7 @@ from desktop.core.common import paths
 from desktop.core.common.errors import ModelError
 from desktop.core.hub import cache
 from desktop.core.hub.variants import RemoteFile, Variant, group_variants
-from desktop.core.models.projector import projector_beside
+from desktop.core.models.projector import NotVision, projector_beside, read_projector
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +124,23 @@ def _entries(
                 path=primary,
                 files=files,
                 shards=v.shards,
-                projector=root / v.projector if v.projector else None,
+                projector=_seeing(root / v.projector) if v.projector else None,
                 **extra,
             )
         )
     return out
+
+
+def _seeing(projector: Path) -> Path | None:
+    """The projector on disk if it gives sight (an audio encoder's does not); an unreadable one still shows, the
+    plan says what is wrong with it."""
+    try:
+        read_projector(projector)
+    except NotVision:
+        return None
+    except ModelError:
+        return projector
+    return projector
 
 
 def _config_of(folder: Path) -> dict[str, Any] | None:
@@ -236,6 +248,8 @@ def delete(name: str, *, cache_dir: Path | None = None) -> DeleteResult:
         shared = {o.projector for o in models if o not in match and o.projector is not None}
         own_projector = [m.projector] if m.projector is not None and m.projector not in shared else []
         for pointer in [*m.files, *own_projector]:
+            if not pointer.is_symlink() and not pointer.exists():  # a shared projector another match took
+                continue
             if not pointer.absolute().parent.resolve().is_relative_to(snapshots.resolve()):
                 raise ModelError(f"refusing to delete {pointer}: it is not inside {snapshots}",
                                  "the model cache was changed by hand; remove that file yourself")

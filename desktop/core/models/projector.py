@@ -51,15 +51,23 @@ def pick_projector(names: Iterable[str], near: str = "") -> str | None:
 
 
 def projector_beside(model: Path) -> Path | None:
-    """The projector in a GGUF model's folder (a Hub snapshot, a plain folder), or None for a text-only model."""
+    """The projector of a GGUF model: in its folder, or, in a Hub snapshot, anywhere in the snapshot (repos keep
+    split quants in `Q4_K_M/` and the projector at the top), by `pick_projector`'s rule; None for a text-only
+    model. A plain folder is searched only beside the model: its subfolders may be other models'."""
     if model.suffix.lower() != ".gguf" or is_projector(model.name):
         return None
+    root = next((p for p in model.parents if p.parent.name == "snapshots"), model.parent)
     try:
-        names = [p.name for p in model.parent.iterdir() if p.is_file()]
-    except OSError:
+        files = root.rglob("*.gguf") if root != model.parent else model.parent.iterdir()
+        names = [p.relative_to(root).as_posix() for p in files if is_projector(p.name) and p.is_file()]
+    except (OSError, ValueError):
         return None
-    chosen = pick_projector(names)
-    return model.parent / chosen if chosen else None
+    chosen = pick_projector(names, near=model.relative_to(root).as_posix())
+    return root / chosen if chosen else None
+
+
+class NotVision(ModelError):
+    """A GGUF that is not a vision projector (an audio encoder's, another model's file)."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +139,7 @@ def read_projector(path: Path) -> Projector:
                          "download the repo's mmproj file again (switchyard pull REPO)") from exc
     meta = model.metadata
     if meta.get("general.architecture") != "clip" or not meta.get("clip.has_vision_encoder", True):
-        raise ModelError(f"{path.name} is not a vision projector (architecture "
+        raise NotVision(f"{path.name} is not a vision projector (architecture "
                          f"{meta.get('general.architecture')!r})", "pass the repo's mmproj-*.gguf file")
 
     def number(key: str, default: int) -> int:
@@ -151,13 +159,17 @@ def read_projector(path: Path) -> Projector:
 
 def projector_for(model: Path, text_width: int) -> Path | None:
     """The projector beside a GGUF that feeds a text model `text_width` wide: a folder of several models may hold
-    another model's projector, which llama-server refuses ("mismatch between text model and mmproj")."""
+    another model's projector, which llama-server refuses ("mismatch between text model and mmproj"); an audio
+    projector (Ultravox, Voxtral) gives no sight. One that cannot be read is an error saying how to go on."""
     found = projector_beside(model)
     if found is None:
         return None
     try:
-        width = read_projector(found).output_width
-    except ModelError:
-        return found  # the fit reads it again and says what is wrong with it
-    return found if width in (None, text_width) else None
-
+        projector = read_projector(found)
+    except NotVision:
+        return None
+    except ModelError as exc:
+        raise ModelError(f"{found.name} beside {model.name}: {exc.message}",
+                         "download the repo again (switchyard pull REPO), or serve the model without images: "
+                         "-- --no-mmproj") from exc
+    return found if projector.output_width in (None, text_width) else None

@@ -536,7 +536,12 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
     non_torch = VLLM_NON_TORCH_BYTES + (VLLM_NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
     graphs = 0 if s.enforce_eager else _vllm_cuda_graph_bytes(facts)
     in_budget_graphs = graphs if s.cuda_graphs_in_budget else 0
-    kv = budget - per_gpu_weights - activation - non_torch - in_budget_graphs
+    if facts.encoder:  # no KV cache: a share of the GPU would hold nothing; ask for what it uses, with a margin
+        utilization = min(s.gpu_memory_utilization, math.ceil(
+            (per_gpu_weights + activation + non_torch + in_budget_graphs + GIB // 4) * 1.1 / total * 100) / 100)
+        settings["gpu_memory_utilization"] = utilization
+        budget = int(total * utilization)
+    kv = 0 if facts.encoder else budget - per_gpu_weights - activation - non_torch - in_budget_graphs
     tokens = max_len * s.parallel if facts.encoder else \
         max(0, int(kv // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE) if kv > 0 else 0
     overhead = activation + non_torch + graphs
@@ -649,7 +654,7 @@ def estimate(facts: ModelFacts, hardware: HardwareSnapshot, plan: LaunchPlan, *,
                                backend="cpu")
         else:
             resolved = replace(plan, quantization=flag or plan.quantization,
-                               gpu_memory_utilization=settings.gpu_memory_utilization,
+                               gpu_memory_utilization=float(result.settings["gpu_memory_utilization"]),
                                max_num_batched_tokens=int(result.settings["max_num_batched_tokens"]),
                                backend=backend_for(key, hardware))  # type: ignore[arg-type]
     return replace(result, plan=pin_devices(resolved, sized_gpus(key, hardware, resolved), hardware))

@@ -42,7 +42,8 @@ _DEFAULTS = LaunchPlan(engine="", model_path=Path("model"))
 ASKABLE = frozenset(f.name for f in fields(LaunchPlan)) - PLANNER_FIELDS
 # Asks that belong to one model file: planning for another model drops them (its layers, its quantization).
 MODEL_FIELDS = frozenset({"gpu_layers", "n_cpu_moe", "override_tensors", "cpu_offload_gb", "extra_args",
-                          "quantization", "tokenizer_path", "tool_parser", "reasoning_parser"})
+                          "quantization", "tokenizer_path", "tool_parser", "reasoning_parser", "mmproj",
+                          "image_max_tokens", "images_per_prompt"})
 PARSER_FIELDS = {"tool_parser": "tool", "reasoning_parser": "reasoning"}
 # Asks that name one process: another engine or model gets its own port and key.
 PROCESS_FIELDS = frozenset({"port", "api_key"})
@@ -129,9 +130,10 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
     if facts.encoder and serves == "chat":
         raise PlanRefused(encoder_refusal(model, facts), encoder_hint(facts, adapter.name))
     base = LaunchPlan(engine=adapter.name, model_path=path, model=model, pinned=tuple(sorted(wanted)), **wanted)
-    if adapter.name == "llama.cpp" and "mmproj" not in wanted and not _no_projector(wanted.get("extra_args") or ()):
+    family = sizing_of(adapter.name)
+    if family == "llama.cpp" and "mmproj" not in wanted and not _no_projector(wanted.get("extra_args") or ()):
         base = replace(base, mmproj=projector_for(path, facts.hidden_size))  # a vision GGUF sees through it
-    if adapter.name == "vllm" and facts.vision is not None and "images_per_prompt" not in wanted:
+    if family == "vllm" and facts.vision is not None and "images_per_prompt" not in wanted:
         base = replace(base, images_per_prompt=DEFAULT_IMAGES_PER_PROMPT)  # vLLM's own default is far more
     if facts.encoder:  # no KV cache to reuse, and vLLM's scheduler fails on one turned on ("no cacheable group")
         base = replace(base, prefix_cache=False)
@@ -156,8 +158,9 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
 
 
 def _no_projector(args: Any) -> bool:
-    """llama-server told to load no projector (`--no-mmproj`, `--no-mmproj-auto`)."""
-    return any(str(a) in ("--no-mmproj", "--no-mmproj-auto") for a in args)
+    """llama-server told to load no projector found here (`--no-mmproj`, `--no-mmproj-auto`), or one by URL."""
+    return any(str(a) in ("--no-mmproj", "--no-mmproj-auto", "--mmproj-url", "-mmu") or
+               str(a).startswith("--mmproj-url=") for a in args)
 
 
 def encoder_refusal(model: str, facts: ModelFacts) -> str:

@@ -39,6 +39,8 @@ def count(result: FitResult, plan: LaunchPlan, hardware: HardwareSnapshot) -> Fi
         notes.append(f"images are capped at {cap:,} tokens each (--image-max-tokens): a larger one is scaled down")
     if result.device != "CPU" and plan.mmproj_offload and result.headroom_gib >= cost:
         settings["mmproj_offload"] = True
+        if "gpu_used" in breakdown:  # what the endpoint's memory budget reads (planning/swap.engine_need)
+            breakdown["gpu_used"] = round(float(breakdown["gpu_used"]) + cost, 3)
         return replace(result, total_gib=round(result.total_gib + cost, 3),
                        headroom_gib=round(result.headroom_gib - cost, 3), breakdown=breakdown, settings=settings,
                        notes=[*notes, f"on the GPU: {what}"])

@@ -137,17 +137,13 @@ def plan_supports(plan: LaunchPlan | None) -> dict[str, str]:
 
 
 def takes_images(plan: LaunchPlan | None) -> bool:
-    """Whether the engine launched from `plan` sees images: llama-server given a projector, vLLM serving a
-    checkpoint whose config has a vision tower (`vision_config`): what /v1/models and the GUI mark."""
+    """Whether the engine launched from `plan` sees images: llama-server given a projector, vLLM allowed images
+    (the planner's --limit-mm-per-prompt for a checkpoint with a vision tower): what /v1/models and Ollama mark."""
     if plan is None:
         return False
     if plan.engine != "vllm":
         return plan_supports(plan)[IMAGES] == "yes"
-    try:
-        config = json.loads((plan.model_path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+    return bool(plan.images_per_prompt)
 
 
 def table(used: dict[str, float], **plans: LaunchPlan | None) -> list[dict[str, Any]]:

@@ -163,7 +163,8 @@ class Dispatcher:
         return [ollama.Served(name, str((route.active.model if route.active else route.info.get("model")) or ""),
                               route.active.engine if route.active else None,
                               route.active.context if route.active else int(route.info.get("ctx") or 0),
-                              self.started_at, vision=bool(route.info.get("vision")),
+                              self.started_at,
+                              vision=route.active.vision if route.active else bool(route.info.get("vision")),
                               kind=str(route.info.get("kind") or "chat"))
                 for name, route in self.router.routes.items()]
 

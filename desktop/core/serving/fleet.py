@@ -111,7 +111,9 @@ class ModelEntry:
         for engine in ("llama.cpp", "vllm"):
             fields = overrides.setdefault(engine, {})
             own = self.engine_args() if engine == self.engine else task_args(engine, self.kind, self.ctx, ())
-            fields["extra_args"] = (*fields.get("extra_args", ()), *own)
+            # as plan fields, so the fit counts what it counts (the embedder's raised -ub) and the argv has it once
+            for name, value in plan_fields_from_args(engine, own).items():
+                fields[name] = (*fields.get(name, ()), *value) if name == "extra_args" else value
         return overrides
 
     def asks(self) -> dict[str, Any]:

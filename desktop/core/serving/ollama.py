@@ -584,8 +584,8 @@ def _show(entry: Served) -> dict[str, Any]:
 
 def capabilities(entry: Served) -> list[str]:
     """Ollama's capability names for a served model (`/api/show`), as its own server reports them."""
-    if entry.kind != "chat":
-        return ["embedding"]
+    if entry.kind != "chat":  # a reranker has no Ollama capability: /api/embed is an embedder's
+        return ["embedding"] if entry.kind == "embedding" else []
     return ["completion", "tools", *(["vision"] if entry.vision else [])]
 
 
