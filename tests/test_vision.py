@@ -399,3 +399,25 @@ def test_a_named_projector_stays_with_its_model_and_the_gpu_budget_counts_it(tmp
     cost = (seeing.fit.breakdown["bytes.projector"] + seeing.fit.breakdown["bytes.image_encoder"]) / 1024**3
     added = engine_need(seeing.plan, GPU).gpu_total - engine_need(blind.plan, GPU).gpu_total
     assert added / 1024**3 == pytest.approx(cost, abs=0.002)
+
+
+def test_an_export_of_a_vision_plan_carries_and_mounts_its_projector() -> None:
+    """From a local path the target's llama-server is given the projector and the container mounts it; from a
+    repo id llama-server's `-hf` fetches it itself ("mmproj is also downloaded automatically if available", its
+    --help); vLLM's image limit and an embedder's batch go along."""
+    from desktop.core.engines.base import LaunchPlan
+    from desktop.core.planning.export import ExportPlan, docker_run_argv, k8s_documents
+
+    local = LaunchPlan(engine="llama.cpp", model_path=Path("/models/tiny-Q8_0.gguf"),
+                       mmproj=Path("/models/mmproj-F16.gguf"), image_max_tokens=1024, ubatch=4096)
+    argv = docker_run_argv(ExportPlan.from_launch_plan(local))
+    assert argv[argv.index("--mmproj") + 1] == "/models/mmproj-F16.gguf"
+    assert "/models/mmproj-F16.gguf:/models/mmproj-F16.gguf:ro" in argv and "--image-max-tokens" in argv
+    assert argv[argv.index("--ubatch-size") + 1] == "4096"
+    pod = json.dumps(k8s_documents(ExportPlan.from_launch_plan(local)))
+    assert '"hostPath": {"path": "/models/mmproj-F16.gguf"}' in pod
+    from_repo = docker_run_argv(ExportPlan.from_launch_plan(local, model="ggml-org/tiny-vision-GGUF"))
+    assert "--mmproj" not in from_repo and "--hf-repo" in from_repo
+    seeing = LaunchPlan(engine="vllm", model_path=Path("/models/llava"), images_per_prompt=4)
+    vllm_argv = docker_run_argv(ExportPlan.from_launch_plan(seeing, model="llava-hf/llava-1.5-7b-hf"))
+    assert json.loads(vllm_argv[vllm_argv.index("--limit-mm-per-prompt") + 1]) == {"image": 4}

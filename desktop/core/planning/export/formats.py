@@ -127,9 +127,16 @@ def _cache_mount(plan: ExportPlan) -> tuple[str, str]:
     return f"{HOST_HOME}/.cache/llama.cpp", LLAMA_CACHE
 
 
-def _model_mount(plan: ExportPlan) -> str | None:
-    """A model already on the target is mounted read-only at the same path, so the argument is unchanged."""
-    return f"{plan.model}:{plan.model}:ro" if plan.is_local_path else None
+def local_files(plan: ExportPlan) -> list[str]:
+    """What the server reads from the target's disk: a model given by path, and a vision model's projector."""
+    args = list(plan.extra_args)
+    projector = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--mmproj", "-mm") and args[i + 1][:1] == "/"]
+    return ([plan.model] if plan.is_local_path else []) + projector
+
+
+def _model_mounts(plan: ExportPlan) -> list[str]:
+    """Files already on the target are mounted read-only at the same path, so the arguments are unchanged."""
+    return [f"{path}:{path}:ro" for path in local_files(plan)]
 
 
 def _env_names(plan: ExportPlan) -> list[str]:
@@ -148,7 +155,7 @@ def docker_run_argv(plan: ExportPlan) -> list[str]:
     argv += ["-p", f"{plan.publish_host}:{plan.port}:{plan.port}"]
     host_cache, container_cache = _cache_mount(plan)
     argv += ["-v", f"{host_cache}:{container_cache}"]
-    if mount := _model_mount(plan):
+    for mount in _model_mounts(plan):
         argv += ["-v", mount]
     for name in _env_names(plan):
         argv += ["-e", name]  # passed through from the caller's environment, never written here
@@ -165,8 +172,7 @@ def render_docker(plan: ExportPlan) -> str:
 def compose_document(plan: ExportPlan) -> dict[str, Any]:
     host_cache, container_cache = _cache_mount(plan)
     volumes = [f"${{HOME}}{host_cache[len(HOST_HOME):]}:{container_cache}"]
-    if mount := _model_mount(plan):
-        volumes.append(mount)
+    volumes += _model_mounts(plan)
     health = (["CMD", "python3", "-c",
                f"import urllib.request; urllib.request.urlopen('http://localhost:{plan.port}/health')"]
               if plan.engine == "vllm" else ["CMD", "curl", "-f", f"http://localhost:{plan.port}/health"])
@@ -211,9 +217,10 @@ def k8s_documents(plan: ExportPlan) -> list[dict[str, Any]]:
     shm_size = "16Gi" if plan.tensor_parallel_size > 1 else "2Gi"
     volumes: list[dict[str, Any]] = [cache_volume, {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}]
     mounts: list[dict[str, Any]] = [{"name": "model-cache", "mountPath": cache_path}, {"name": "shm", "mountPath": "/dev/shm"}]
-    if plan.is_local_path:
-        volumes.append({"name": "model", "hostPath": {"path": plan.model}})
-        mounts.append({"name": "model", "mountPath": plan.model, "readOnly": True})
+    for index, path in enumerate(local_files(plan)):  # the model (by path) and a projector, each from the node
+        name = "model" if index == 0 and plan.is_local_path else f"model-file-{index}"
+        volumes.append({"name": name, "hostPath": {"path": path}})
+        mounts.append({"name": name, "mountPath": path, "readOnly": True})
     env: list[dict[str, Any]] = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
         "name": "hf-token", "key": "token", "optional": True}}}]
     if plan.api_key_required:

@@ -164,6 +164,14 @@ class ExportPlan:
             extra += ["-ot", ",".join(plan.override_tensors)]  # as typed, as launched here (engines.llamacpp)
         if vllm and plan.max_num_batched_tokens is not None:
             extra += ["--max-num-batched-tokens", str(plan.max_num_batched_tokens)]
+        if not vllm and plan.ubatch is not None:  # an embedder's batch holds its longest input (engines.pooling)
+            extra += ["--ubatch-size", str(plan.ubatch)]
+        if not vllm and plan.mmproj is not None and model is None:  # from a repo, -hf fetches the projector itself
+            extra += ["--mmproj", str(plan.mmproj)]
+        if not vllm and plan.mmproj is not None and plan.image_max_tokens is not None:
+            extra += ["--image-max-tokens", str(plan.image_max_tokens)]
+        if vllm and plan.images_per_prompt is not None:
+            extra += ["--limit-mm-per-prompt", json.dumps({"image": plan.images_per_prompt})]
         extra += get_adapter(plan.engine).chat_args(plan)  # tools and reasoning work there as they do here
         fields: dict[str, Any] = {"tensor_parallel_size": plan.tensor_parallel} if vllm else {}
         fields.update(target)
