@@ -283,6 +283,13 @@ def test_a_bert_embedder_and_a_cross_encoder_reranker_on_the_real_vllm_beside_a_
     fleet = Fleet(proxy, load_models_config(config_file), launcher=make_launcher(), ready_timeout=600)
     try:
         fleet.start()
+        for name, route in (("embed", "/v1/embeddings"), ("rerank", "/v1/rerank")):
+            # the cold start's first request was the lane's own kind (a pooling server answers no completion),
+            # as the engine's own access log says before any request of this test
+            active = fleet.lanes[name].active
+            assert active is not None
+            log = Path(active.process.log_path).read_text(encoding="utf-8", errors="replace")
+            assert f'"POST {route} HTTP/1.1" 200' in log and "/v1/completions" not in log, log[-2000:]
         client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         vectors = client.embeddings.create(model="embed", input=["the quick brown fox", "paris is the capital"])
         assert [len(item.embedding) for item in vectors.data] == [width, width]
@@ -300,9 +307,6 @@ def test_a_bert_embedder_and_a_cross_encoder_reranker_on_the_real_vllm_beside_a_
         assert answer.choices[0].message.content
         listed = {m["id"]: m["switchyard"]["kind"] for m in httpx.get(proxy.url + "/v1/models").json()["data"]}
         assert listed == {"chat": "chat", "embed": "embedding", "rerank": "rerank"}
-        for name in ("embed", "rerank"):  # the cold start's first request was the lane's own kind of request
-            cold = fleet.lanes[name].status()
-            assert fleet.lanes[name].loaded, cold
         assert proxy.counters["failed"] == 0
     finally:
         fleet.close()
