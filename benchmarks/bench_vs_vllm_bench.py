@@ -21,6 +21,13 @@ Two differences between the tools were found and are reported, not hidden (see b
   failed ("Server disconnected"), ours resends it once on a fresh connection (`retried`).
 
     .venv/bin/python benchmarks/bench_vs_vllm_bench.py [--concurrency 1,8] [--rounds 5] [--requests N]
+
+`--versus endpoint` (issue 59) asks what the endpoint costs, with vLLM's client as the independent judge: the
+same workload against the Switchyard endpoint (`switchyard serve`, its engine on a private socket) and against a
+plain llama-server started by hand with the argv the endpoint's plan gives it (on TCP), one server alive at a time,
+the order alternating round by round; it prints endpoint / plain per round, their median and the load average.
+
+    .venv/bin/python benchmarks/bench_vs_vllm_bench.py --versus endpoint --concurrency 1,32 --rounds 6
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import httpx  # noqa: E402
 import psutil  # noqa: E402
 
 from desktop.core.engines import get_adapter  # noqa: E402
@@ -131,7 +139,7 @@ class VllmBench:
 
     def __init__(self, python: str, base_url: str, dataset: Path, tokenizer: Path, args: argparse.Namespace,
                  out_dir: Path, server_pid: int) -> None:
-        self.args, self.out_dir, self.server_pid = args, out_dir, server_pid
+        self.args, self.out_dir, self.server_pid = args, out_dir, server_pid  # the pid may change between runs
         argv = [python, "-c", VLLM_BENCH_DRIVER,
                 "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
                 "--model", "switchyard", "--tokenizer", str(tokenizer),
@@ -246,6 +254,11 @@ def summarize_level(level: int, rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> int:
+    args = parse_args()
+    return versus_endpoint(args) if args.versus == "endpoint" else versus_loadgen(args)
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--requests", type=int, default=0,
@@ -257,8 +270,18 @@ def main() -> int:
                         help="llama-server threads (1 keeps it steady on a shared machine; 0 = its default)")
     parser.add_argument("--max-load", type=float, default=2.0, help="wait for a 1-min load average below this")
     parser.add_argument("--patience", type=float, default=300.0, help="seconds to wait for a quiet machine")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "vs_vllm_bench.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results JSON (default results/vs_vllm_bench.json, or results/endpoint-cost.json)")
+    parser.add_argument("--versus", choices=("loadgen", "endpoint"), default="loadgen",
+                        help="loadgen: our load generator vs vllm bench on one server; endpoint: vllm bench against "
+                             "the endpoint vs a plain llama-server")
     args = parser.parse_args()
+    args.out = args.out or Path(__file__).parent / "results" / (
+        "endpoint-cost.json" if args.versus == "endpoint" else "vs_vllm_bench.json")
+    return args
+
+
+def versus_loadgen(args: argparse.Namespace) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     python = vllm_python()
     demo = ensure_demo_model()
@@ -341,6 +364,133 @@ def main() -> int:
         "levels": rows, "tolerance": TOLERANCE, "within_tolerance": verdict}, indent=2) + "\n")
     print(f"\nwithin +-5% (median of per-round ratios) on exact output throughput and median TTFT: {verdict} "
           f"(saved {args.out})")
+    return 0 if verdict else 1
+
+
+# --- --versus endpoint (issue 59) -----------------------------------------------------------------------------
+SWITCHYARD = [sys.executable, "-m", "desktop"]
+
+
+def serve_args(levels: list[int], args: argparse.Namespace, *more: str) -> list[str]:
+    """`switchyard serve` for the demo on llama.cpp at the largest level's slots (the endpoint's own plan), with
+    `more` of serve's options; the engine's thread count goes after `--`."""
+    threads = ["--", "--threads", str(args.server_threads)] if args.server_threads else []
+    return [*SWITCHYARD, "serve", "--engine", "llama.cpp", "--model", "demo", "--ctx", "512", "--parallel",
+            str(max(levels)), "--no-install", *more, *threads]
+
+
+def plain_argv(levels: list[int], args: argparse.Namespace, port: int) -> tuple[list[str], dict[str, str]]:
+    """The argv the endpoint's plan starts llama-server with (its dry run), on a TCP port instead."""
+    dry = subprocess.run(serve_args(levels, args, "--dry-run", "--json"), capture_output=True, text=True,
+                         check=True, timeout=300)
+    planned = json.loads(dry.stdout)
+    argv = list(planned["argv"])
+    argv[argv.index("--port") + 1] = str(port)
+    return argv, {**os.environ, **planned["env"]}
+
+
+class Server:
+    """One server for one run: started, waited for, stopped with everything it started."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], url: str, log: Path) -> None:
+        self.url = url
+        self.log = open(log, "a")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)  # noqa: S603
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                sys.exit(f"{argv[0]} exited ({self.proc.returncode}); see {log}")
+            try:
+                if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)  # a benchmark's start-up poll, not a test's synchronisation
+        sys.exit(f"{argv[0]} not healthy after 300 s; see {log}")
+
+    def stop(self) -> None:
+        children = psutil.Process(self.proc.pid).children(recursive=True)
+        self.proc.terminate()  # the endpoint stops its engine on SIGTERM
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        for child in children:  # nothing outlives its run (one server alive at a time)
+            if child.is_running():
+                child.kill()
+        self.log.close()
+
+
+def versus_endpoint(args: argparse.Namespace) -> int:
+    """vllm bench against the endpoint and against a plain llama-server with the same argv, one at a time."""
+    from desktop.core.runtime.ports import find_free_port
+
+    levels = [int(c) for c in args.concurrency.split(",")]
+    python = vllm_python()
+    demo = ensure_demo_model()
+    work = Path(tempfile.mkdtemp(prefix="switchyard-endpoint-cost-"))
+    dataset = work / "workload.jsonl"
+    write_jsonl(generate(RandomWorkload(args.input_len, args.output_len, seed=7),
+                         max(requests_for(args, c) for c in levels), tokenizer_counter(demo.hf_dir / "tokenizer.json")),
+                dataset)
+    ports = {"plain": find_free_port(), "endpoint": find_free_port()}
+    argv, env = plain_argv(levels, args, ports["plain"])
+    starts = {"plain": (argv, env),
+              "endpoint": (serve_args(levels, args, "--port", str(ports["endpoint"])), dict(os.environ))}
+    benches: dict[str, VllmBench] = {}
+    for name, port in ports.items():
+        (work / name).mkdir()
+        benches[name] = VllmBench(python, f"http://127.0.0.1:{port}", dataset, demo.hf_dir, args, work / name, 0)
+    load_at_start = wait_for_quiet(args.max_load, args.patience)
+    print(f"plain: {' '.join(argv)}\nendpoint: {' '.join(starts['endpoint'][0])}\nload {load_at_start:.2f}",
+          file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+    for level in levels:
+        rounds: list[dict[str, Any]] = []
+        for number in range(args.rounds):
+            order = ["plain", "endpoint"] if number % 2 == 0 else ["endpoint", "plain"]
+            record: dict[str, Any] = {"round": number + 1, "first": order[0]}
+            for name in order:
+                server = Server(*starts[name], f"http://127.0.0.1:{ports[name]}", work / f"{name}.log")
+                try:
+                    benches[name].server_pid = server.proc.pid
+                    load = os.getloadavg()[0]
+                    result = benches[name].run(level, f"c{level}-r{number}")
+                finally:
+                    server.stop()
+                record[name] = {**{k: result.get(k) for k in KEYS + ("client_cpu", "server_cpu", "error_kinds")},
+                                "load_avg_1m": round(load, 2)}
+            ratio = record["endpoint"]["output_throughput_exact"] / record["plain"]["output_throughput_exact"]
+            record["throughput_ratio"] = round(ratio, 4)
+            record["ttft_p50_added_ms"] = round(record["endpoint"]["median_ttft_ms"] - record["plain"]["median_ttft_ms"], 2)
+            print(f"  c={level} round {number + 1}: endpoint / plain {ratio:.3f}  TTFT p50 "
+                  f"{record['ttft_p50_added_ms']:+.1f} ms  failed plain {record['plain']['failed']} endpoint "
+                  f"{record['endpoint']['failed']}  load {record['plain']['load_avg_1m']:.2f}/"
+                  f"{record['endpoint']['load_avg_1m']:.2f}", file=sys.stderr)
+            rounds.append(record)
+        ratios = [r["throughput_ratio"] for r in rounds]
+        rows.append({"concurrency": level, "median_throughput_ratio": round(statistics.median(ratios), 4),
+                     "round_ratios": ratios, "min": min(ratios), "max": max(ratios),
+                     "median_ttft_p50_added_ms": statistics.median(r["ttft_p50_added_ms"] for r in rounds),
+                     "rounds": rounds})
+    for bench in benches.values():
+        bench.close()
+    loads = [r[n]["load_avg_1m"] for row in rows for r in row["rounds"] for n in ("plain", "endpoint")]
+    print(f"\n{'concurrency':<12}{'median ratio':>14}{'min':>8}{'max':>8}{'TTFT p50 added':>16}  per round")
+    for row in rows:
+        print(f"{row['concurrency']:<12}{row['median_throughput_ratio']:>14.3f}{row['min']:>8.3f}{row['max']:>8.3f}"
+              f"{row['median_ttft_p50_added_ms']:>13.1f} ms  {row['round_ratios']}")
+    verdict = all(row["median_throughput_ratio"] >= 0.97 for row in rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "goal": "endpoint >= 0.97 x a plain llama-server's output throughput (median of per-round ratios)",
+        "judge": "vllm bench serve (vLLM's own client), exact output throughput (completed x output_len / duration)",
+        "plain_argv": argv, "endpoint_argv": starts["endpoint"][0], "rounds": args.rounds,
+        "requests_per_run": {str(c): requests_for(args, c) for c in levels}, "input_len": args.input_len,
+        "output_len": args.output_len, "machine_cores": os.cpu_count(),
+        "load_avg_1m": {"min": min(loads), "median": statistics.median(loads), "max": max(loads)},
+        "levels": rows, "meets_goal": verdict}, indent=2) + "\n")
+    print(f"\nendpoint >= 0.97x plain at every level: {verdict} (saved {args.out})")
     return 0 if verdict else 1
 
 
