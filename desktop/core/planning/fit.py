@@ -467,6 +467,17 @@ def vllm_group(hw: HardwareSnapshot, tp: int) -> list[GpuInfo]:
     return sorted(gpus, key=lambda g: g.memory_free_bytes)[:tp] if tp < len(gpus) else list(gpus)
 
 
+def _vllm_images(facts: ModelFacts, s: FitSettings, settings: dict[str, Any], notes: list[str]) -> int:
+    """The image encoder's pass over one request's images (models.projector.VisionTower; vLLM profiles it at
+    start): counted with the activations."""
+    images = facts.vision.encoder_bytes() * s.images_per_prompt if facts.vision else 0
+    if images:
+        settings["images_per_prompt"] = s.images_per_prompt
+        notes.append(f"up to {s.images_per_prompt} image(s) per request: their encoder pass, {_gib(images):.2f} GiB, "
+                     "is counted with the activations")
+    return images
+
+
 def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> FitResult:
     notes: list[str] = []
     max_len = s.ctx
@@ -480,12 +491,7 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
                                 "tensor_parallel": tp, "max_num_seqs": s.parallel,
                                 "kv_cache_dtype": s.kv_cache_dtype, "enforce_eager": s.enforce_eager}
     per_token = vllm_kv_bytes_per_token(facts, tp, s.kv_cache_dtype, max_len, s.dtype)
-    # the image encoder's pass over one request's images (models.projector.VisionTower; vLLM profiles it at start)
-    images = facts.vision.encoder_bytes() * s.images_per_prompt if facts.vision else 0
-    if images:
-        settings["images_per_prompt"] = s.images_per_prompt
-        notes.append(f"up to {s.images_per_prompt} image(s) per request: their encoder pass, {_gib(images):.2f} GiB, "
-                     "is counted with the activations")
+    images = _vllm_images(facts, s, settings, notes)
 
     if not gpus:
         # vLLM's CPU backend: weights in RAM plus a fixed KV space (VLLM_CPU_KVCACHE_SPACE).
@@ -537,10 +543,9 @@ def _estimate_vllm(facts: ModelFacts, hw: HardwareSnapshot, s: FitSettings) -> F
     graphs = 0 if s.enforce_eager else _vllm_cuda_graph_bytes(facts)
     in_budget_graphs = graphs if s.cuda_graphs_in_budget else 0
     if facts.encoder:  # no KV cache: a share of the GPU would hold nothing; ask for what it uses, with a margin
-        utilization = min(s.gpu_memory_utilization, math.ceil(
+        settings["gpu_memory_utilization"] = min(s.gpu_memory_utilization, math.ceil(
             (per_gpu_weights + activation + non_torch + in_budget_graphs + GIB // 4) * 1.1 / total * 100) / 100)
-        settings["gpu_memory_utilization"] = utilization
-        budget = int(total * utilization)
+        budget = int(total * settings["gpu_memory_utilization"])
     kv = 0 if facts.encoder else budget - per_gpu_weights - activation - non_torch - in_budget_graphs
     tokens = max_len * s.parallel if facts.encoder else \
         max(0, int(kv // (per_token * VLLM_BLOCK_SIZE)) * VLLM_BLOCK_SIZE) if kv > 0 else 0
