@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -138,7 +139,7 @@ class VllmBench:
     its own and the server's CPU use over the measured window."""
 
     def __init__(self, python: str, base_url: str, dataset: Path, tokenizer: Path, args: argparse.Namespace,
-                 out_dir: Path, server_pid: int) -> None:
+                 out_dir: Path, server_pid: int, api_key: str | None = None) -> None:
         self.args, self.out_dir, self.server_pid = args, out_dir, server_pid  # the pid may change between runs
         argv = [python, "-c", VLLM_BENCH_DRIVER,
                 "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
@@ -149,6 +150,8 @@ class VllmBench:
                 "50,95,99", "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(out_dir)]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"}
+        if api_key:  # vllm bench's openai backend sends OPENAI_API_KEY as its bearer token
+            env["OPENAI_API_KEY"] = api_key
         self.log = open(out_dir / "vllm_bench.log", "w")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # noqa: S603
                                      stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -369,6 +372,7 @@ def versus_loadgen(args: argparse.Namespace) -> int:
 
 # --- --versus endpoint (issue 59) -----------------------------------------------------------------------------
 SWITCHYARD = [sys.executable, "-m", "desktop"]
+KEY_VAR = "SWITCHYARD_BENCH_KEY"
 
 
 def serve_args(levels: list[int], args: argparse.Namespace, *more: str) -> list[str]:
@@ -435,12 +439,17 @@ def versus_endpoint(args: argparse.Namespace) -> int:
                 dataset)
     ports = {"plain": find_free_port(), "endpoint": find_free_port()}
     argv, env = plain_argv(levels, args, ports["plain"])
+    # the endpoint keeps its key check on (what users run); one fixed key, so vllm bench can send it
+    key = secrets.token_urlsafe(24)
     starts = {"plain": (argv, env),
-              "endpoint": (serve_args(levels, args, "--port", str(ports["endpoint"])), dict(os.environ))}
+              "endpoint": (serve_args(levels, args, "--proxy-port", str(ports["endpoint"]),
+                                                 "--api-key-env", KEY_VAR),
+                           {**os.environ, KEY_VAR: key})}
     benches: dict[str, VllmBench] = {}
     for name, port in ports.items():
         (work / name).mkdir()
-        benches[name] = VllmBench(python, f"http://127.0.0.1:{port}", dataset, demo.hf_dir, args, work / name, 0)
+        benches[name] = VllmBench(python, f"http://127.0.0.1:{port}", dataset, demo.hf_dir, args, work / name, 0,
+                                  api_key=key if name == "endpoint" else None)
     load_at_start = wait_for_quiet(args.max_load, args.patience)
     print(f"plain: {' '.join(argv)}\nendpoint: {' '.join(starts['endpoint'][0])}\nload {load_at_start:.2f}",
           file=sys.stderr)
@@ -458,6 +467,8 @@ def versus_endpoint(args: argparse.Namespace) -> int:
                     result = benches[name].run(level, f"c{level}-r{number}")
                 finally:
                     server.stop()
+                if not result.get("completed"):
+                    sys.exit(f"{name}: every request failed ({result.get('error_kinds')}); see {work / name}")
                 record[name] = {**{k: result.get(k) for k in KEYS + ("client_cpu", "server_cpu", "error_kinds")},
                                 "load_avg_1m": round(load, 2)}
             ratio = record["endpoint"]["output_throughput_exact"] / record["plain"]["output_throughput_exact"]

@@ -159,6 +159,39 @@ def test_plain_serve_gets_a_per_launch_key_printed_once_and_kept_in_the_discover
 
 
 @pytest.mark.engine
+@pytest.mark.llamacpp
+def test_plain_serve_takes_the_key_from_api_key_env_and_never_prints_it(llama_install: Any, demo_model: Any) -> None:
+    """`serve --api-key-env VAR` of llama.cpp (its plain serve: the engine on TCP) guarded the engine with a fresh
+    key instead of the person's: clients holding the key they chose got 401 (found by the issue-59 benchmark)."""
+    import subprocess
+    import sys
+
+    key = "chosen-by-the-person-" + "k" * 16
+    proc = subprocess.Popen([sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp",  # noqa: S603
+                             "--model", "demo", "--parallel", "1", "--api-key-env", "PLAIN_SERVE_TEST_KEY"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PLAIN_SERVE_TEST_KEY": key})
+    assert proc.stderr is not None
+    before: list[str] = []
+    for line in proc.stderr:
+        before.append(line)
+        if line.startswith("ready:"):
+            break
+    try:
+        assert before and before[-1].startswith("ready: http://127.0.0.1:"), before
+        base_url = before[-1].split()[1].removesuffix("/v1")
+        body = {"prompt": "hi", "max_tokens": 2}
+        assert httpx.post(base_url + "/v1/completions", json=body, trust_env=False, timeout=60).status_code == 401
+        served = httpx.post(base_url + "/v1/completions", json=body, trust_env=False, timeout=120,
+                            headers={"Authorization": f"Bearer {key}"})
+        assert served.status_code == 200 and served.json()["choices"]
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=60)
+    assert not any("API key of this launch" in line for line in before), "the person's own key is not echoed"
+
+
+@pytest.mark.engine
 @pytest.mark.vllm
 def test_plain_serve_of_vllm_puts_the_keyed_endpoint_on_the_port_and_vllm_on_its_socket(vllm_install: Any,
                                                                                         demo_model: Any) -> None:

@@ -266,7 +266,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import secrets
         from dataclasses import replace
 
-        plan = replace(plan, api_key=secrets.token_urlsafe(32))
+        plan = replace(plan, api_key=_endpoint_api_key(args) or secrets.token_urlsafe(32))
     engine = EngineProcess(adapter, plan, install, tcp=args.prompt is None)
     discovery = None
     try:
@@ -283,7 +283,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             emit_json({**_engine_status(engine), "cold_start": cold.to_json()})
         discovery = control.write_discovery(engine.plan.port, engine.base_url, "", kind="engine",
                                             info=_engine_status(engine), api_key=engine.plan.api_key)
-        if engine.plan.api_key:
+        if engine.plan.api_key and not args.api_key_env:
             print(f"API key of this launch (clients send `Authorization: Bearer <key>`; also in {discovery}): "
                   f"{engine.plan.api_key}", file=sys.stderr)
         print(f"ready: {engine.base_url}/v1 serving {plan.model_path.name} as '{plan.served_model_name}' "
