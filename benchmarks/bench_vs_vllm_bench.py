@@ -169,12 +169,12 @@ class VllmBench:
     def run(self, concurrency: int, tag: str) -> dict[str, Any]:
         assert self.proc.stdin is not None
         client, server = psutil.Process(self.proc.pid), psutil.Process(self.server_pid)
-        trace: list[tuple[float, float, float]] = []
+        trace: list[tuple[float, float, float, float]] = []
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.is_set():
-                trace.append((time.time(), _tree_cpu(client), _tree_cpu(server)))
+                trace.append((time.time(), _tree_cpu(client), _tree_cpu(server), _own_cpu(server)))
                 stop.wait(0.2)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -191,6 +191,11 @@ class VllmBench:
         for key, column in (("client_cpu", 1), ("server_cpu", 2)):
             result[key] = round((window[-1][column] - window[0][column]) / max(1e-6, window[-1][0] - window[0][0]),
                                 3) if len(window) >= 2 else None
+        # the server's root process alone: for `switchyard serve` that is the endpoint (its engine is a child),
+        # so its CPU per output token is the endpoint's own cost, steadier than a throughput ratio
+        tokens = int(result.get("total_output_tokens") or 0)
+        result["root_cpu_ms_per_token"] = round(1000 * (window[-1][3] - window[0][3]) / tokens, 4) \
+            if len(window) >= 2 and tokens else None
         errors = [e for e in result.get("errors") or [] if e]
         result["error_kinds"] = sorted({e.strip().splitlines()[-1][:120] for e in errors})
         result["output_throughput_exact"] = result["completed"] * self.args.output_len / float(result["duration"])
@@ -220,6 +225,14 @@ def _tree_cpu(root: psutil.Process) -> float:
     except psutil.Error:
         pass
     return total
+
+
+def _own_cpu(proc: psutil.Process) -> float:
+    try:
+        times = proc.cpu_times()
+    except psutil.Error:
+        return 0.0
+    return times.user + times.system
 
 
 def stalled_fraction(itls: list[float]) -> float | None:
@@ -425,6 +438,36 @@ class Server:
         self.log.close()
 
 
+RUN_KEYS = KEYS + ("client_cpu", "server_cpu", "root_cpu_ms_per_token", "error_kinds")
+MEANS = ("output_throughput_exact", "median_ttft_ms", "load_avg_1m", "root_cpu_ms_per_token")
+
+
+def run_round(level: int, number: int, starts: dict[str, tuple[list[str], dict[str, str]]], ports: dict[str, int],
+              benches: dict[str, VllmBench], work: Path) -> dict[str, Any]:
+    """One round: A B B A (B A A B in odd rounds), so a machine that speeds up or slows down steadily over the
+    round weighs on both servers alike; each server's figure is the mean of its two runs."""
+    order = ["plain", "endpoint", "endpoint", "plain"] if number % 2 == 0 else ["endpoint", "plain", "plain", "endpoint"]
+    runs: list[dict[str, Any]] = []
+    for turn, name in enumerate(order):
+        server = Server(*starts[name], f"http://127.0.0.1:{ports[name]}", work / f"{name}.log")
+        try:
+            benches[name].server_pid = server.proc.pid
+            load = os.getloadavg()[0]
+            result = benches[name].run(level, f"c{level}-r{number}-{turn}")
+        finally:
+            server.stop()
+        if not result.get("completed"):
+            sys.exit(f"{name}: every request failed ({result.get('error_kinds')}); see {work / name}")
+        runs.append({"server": name, **{k: result.get(k) for k in RUN_KEYS}, "load_avg_1m": round(load, 2)})
+    record: dict[str, Any] = {"round": number + 1, "order": order, "runs": runs}
+    for name in ("plain", "endpoint"):
+        mine = [run for run in runs if run["server"] == name]
+        record[name] = {key: round(statistics.mean(run[key] for run in mine), 4)
+                        for key in MEANS if all(run[key] is not None for run in mine)}
+        record[name]["failed"] = sum(run["failed"] or 0 for run in mine)
+    return record
+
+
 def versus_endpoint(args: argparse.Namespace) -> int:
     """vllm bench against the endpoint and against a plain llama-server with the same argv, one at a time."""
     from desktop.core.runtime.ports import find_free_port
@@ -457,45 +500,39 @@ def versus_endpoint(args: argparse.Namespace) -> int:
     for level in levels:
         rounds: list[dict[str, Any]] = []
         for number in range(args.rounds):
-            order = ["plain", "endpoint"] if number % 2 == 0 else ["endpoint", "plain"]
-            record: dict[str, Any] = {"round": number + 1, "first": order[0]}
-            for name in order:
-                server = Server(*starts[name], f"http://127.0.0.1:{ports[name]}", work / f"{name}.log")
-                try:
-                    benches[name].server_pid = server.proc.pid
-                    load = os.getloadavg()[0]
-                    result = benches[name].run(level, f"c{level}-r{number}")
-                finally:
-                    server.stop()
-                if not result.get("completed"):
-                    sys.exit(f"{name}: every request failed ({result.get('error_kinds')}); see {work / name}")
-                record[name] = {**{k: result.get(k) for k in KEYS + ("client_cpu", "server_cpu", "error_kinds")},
-                                "load_avg_1m": round(load, 2)}
+            record = run_round(level, number, starts, ports, benches, work)
             ratio = record["endpoint"]["output_throughput_exact"] / record["plain"]["output_throughput_exact"]
             record["throughput_ratio"] = round(ratio, 4)
             record["ttft_p50_added_ms"] = round(record["endpoint"]["median_ttft_ms"] - record["plain"]["median_ttft_ms"], 2)
             print(f"  c={level} round {number + 1}: endpoint / plain {ratio:.3f}  TTFT p50 "
                   f"{record['ttft_p50_added_ms']:+.1f} ms  failed plain {record['plain']['failed']} endpoint "
-                  f"{record['endpoint']['failed']}  load {record['plain']['load_avg_1m']:.2f}/"
-                  f"{record['endpoint']['load_avg_1m']:.2f}", file=sys.stderr)
+                  f"{record['endpoint']['failed']}  endpoint CPU "
+                  f"{record['endpoint'].get('root_cpu_ms_per_token', float('nan')):.3f} ms/token  load "
+                  f"{record['plain']['load_avg_1m']:.2f}/{record['endpoint']['load_avg_1m']:.2f}", file=sys.stderr)
             rounds.append(record)
         ratios = [r["throughput_ratio"] for r in rounds]
         rows.append({"concurrency": level, "median_throughput_ratio": round(statistics.median(ratios), 4),
                      "round_ratios": ratios, "min": min(ratios), "max": max(ratios),
                      "median_ttft_p50_added_ms": statistics.median(r["ttft_p50_added_ms"] for r in rounds),
+                     "endpoint_cpu_ms_per_token": statistics.median(r["endpoint"].get("root_cpu_ms_per_token", 0)
+                                                                    for r in rounds),
                      "rounds": rounds})
     for bench in benches.values():
         bench.close()
     loads = [r[n]["load_avg_1m"] for row in rows for r in row["rounds"] for n in ("plain", "endpoint")]
-    print(f"\n{'concurrency':<12}{'median ratio':>14}{'min':>8}{'max':>8}{'TTFT p50 added':>16}  per round")
+    print(f"\n{'concurrency':<12}{'median ratio':>14}{'min':>8}{'max':>8}{'TTFT p50 added':>16}"
+          f"{'endpoint CPU':>18}  per round")
     for row in rows:
         print(f"{row['concurrency']:<12}{row['median_throughput_ratio']:>14.3f}{row['min']:>8.3f}{row['max']:>8.3f}"
-              f"{row['median_ttft_p50_added_ms']:>13.1f} ms  {row['round_ratios']}")
+              f"{row['median_ttft_p50_added_ms']:>13.1f} ms{row['endpoint_cpu_ms_per_token']:>9.3f} ms/token  "
+              f"{row['round_ratios']}")
     verdict = all(row["median_throughput_ratio"] >= 0.97 for row in rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "goal": "endpoint >= 0.97 x a plain llama-server's output throughput (median of per-round ratios)",
         "judge": "vllm bench serve (vLLM's own client), exact output throughput (completed x output_len / duration)",
+        "design": "one server alive at a time; each round A B B A (B A A B next), a server's figure the mean of its "
+                  "two runs; endpoint_cpu_ms_per_token: the `switchyard serve` process's own CPU per output token",
         "plain_argv": argv, "endpoint_argv": starts["endpoint"][0], "rounds": args.rounds,
         "requests_per_run": {str(c): requests_for(args, c) for c in levels}, "input_len": args.input_len,
         "output_len": args.output_len, "machine_cores": os.cpu_count(),
