@@ -147,6 +147,48 @@ def test_process_tree_counts_children() -> None:
     assert ProcessTree(child.pid).sample() == {}
 
 
+def test_process_tree_walks_the_machine_once_in_ten_samples_and_still_finds_a_new_child(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Walking every process each second was most of the endpoint's own CPU at c=1 (issue 59): the members are
+    read every sample, the tree walked again every ten, or at once when a member has gone."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    walks = []
+    real_children = psutil.Process.children
+
+    def counted(self: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
+        walks.append(self.pid)
+        return real_children(self, recursive=recursive)
+
+    monkeypatch.setattr(psutil.Process, "children", counted)
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; sys.stdin.readline(); "  # noqa: S603
+                               "c = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.read()'], "
+                               "stdin=subprocess.PIPE); print(c.pid, flush=True); sys.stdin.readline(); "
+                               "c.communicate(b'')"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert parent.stdin is not None and parent.stdout is not None
+    try:
+        tree = ProcessTree(parent.pid)
+        alone = tree.sample()["rss_bytes"]
+        parent.stdin.write("\n")
+        parent.stdin.flush()
+        child = psutil.Process(int(parent.stdout.readline()))
+        samples = [tree.sample()["rss_bytes"] for _ in range(ProcessTree.RESCAN_EVERY)]
+        assert len(walks) == 2, "one walk to start, one after ten samples"
+        assert samples[-1] >= alone + child.memory_info().rss * 0.5, "the new child is counted after the walk"
+        parent.stdin.write("\n")
+        parent.stdin.flush()
+        child.wait(timeout=30)
+        tree.sample()  # reads a member that has gone: the next sample walks again
+        walks.clear()
+        tree.sample()
+        assert walks == [parent.pid]
+    finally:
+        parent.communicate("")
+
+
 def test_hub_fans_out_and_keeps_history_in_wal_sqlite(tmp_path: Path) -> None:
     sink = SqliteSamples(tmp_path / "history.sqlite")
     hub = Telemetry(sink=sink, gpu=False)
