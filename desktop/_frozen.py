@@ -14,12 +14,15 @@ Two things differ when Switchyard runs from a bundle instead of a virtual enviro
   engines of this installation (their whole process group and tree, desktop.core.runtime.proctree):
   orphans, and those owned by a running app of this bundle (which is stopped first). Engines that another live
   Switchyard supervises (a source checkout, a pip install) are left alone. With `--all-users` (the .deb's prerm
-  runs as root) it walks every local user's default data dir too. User data (settings, history, models, engines)
-  is kept.
+  runs as root) it walks every local user's default data dir too, following no link a user owns
+  (desktop.core.common.nofollow) and removing only the pidfile it read, relative to the open folder. User data
+  (settings, history, models, engines) is kept.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import logging
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -28,8 +31,10 @@ from pathlib import Path
 
 import psutil
 
-from desktop.core.common import private
+from desktop.core.common import nofollow, private
 from desktop.core.runtime import proctree
+
+log = logging.getLogger("switchyard.uninstall")
 
 STOP_ENGINES_FLAG = "--uninstall-stop-engines"
 ALL_USERS_FLAG = "--all-users"
@@ -85,15 +90,19 @@ def default_run_dirs(all_users: bool) -> list[Path]:
 
 def _engine_roots(run_dir: Path, uid: int) -> list[Path]:
     """Where the engines of the user owning `run_dir` live: beside it (<data dir>/engines) and, for the user
-    running this, the engines folder the app itself uses (SWITCHYARD_ENGINES_DIR or the default)."""
+    running this, the engines folder the app itself uses (SWITCHYARD_ENGINES_DIR or the default).
+
+    `run_dir` is the path really reached (nofollow.open_folder), and the folder beside it is not resolved: a
+    process's program (the kernel's own path of it) must lie under it as written, so an engines folder the user
+    made a link (to `/`) vouches for nothing."""
     roots = [run_dir.parent / "engines"]
     if os.name != "posix" or uid == os.getuid():
         import platformdirs
 
         override = os.environ.get("SWITCHYARD_ENGINES_DIR")
-        roots.append(Path(override).expanduser() if override else
-                     Path(platformdirs.user_data_dir("switchyard")) / "engines")
-    return [root.resolve() for root in roots]
+        roots.append((Path(override).expanduser() if override else
+                      Path(platformdirs.user_data_dir("switchyard")) / "engines").resolve())
+    return roots
 
 
 _runs_from = proctree.runs_from  # whether a process's program lives under one of the engines roots
@@ -117,25 +126,29 @@ def _is_this_bundle(proc: psutil.Process) -> bool:
         return False
 
 
-def _file_owner(path: Path) -> int | None:
-    """The uid owning `path` (None where there are no uids)."""
-    return path.stat().st_uid if os.name == "posix" else None
+@dataclass
+class _RunFolder:
+    """A run folder being swept: its descriptor (POSIX; None on Windows), the path reached and its owner."""
+
+    fd: int | None
+    path: Path
+    uid: int | None
+
+    def names(self) -> list[str]:
+        listed = os.listdir(self.fd) if self.fd is not None else os.listdir(self.path)
+        return sorted(name for name in listed if fnmatch.fnmatchcase(name, "engine-*.json"))
+
+    def where(self, name: str) -> str | Path:
+        """What the record functions open: a name inside the open folder, or a path (Windows)."""
+        return name if self.fd is not None else self.path / name
 
 
-def _read_pidfile(pidfile: Path, uid: int | None) -> tuple[dict[str, object], proctree.Recorded] | None:
-    """A pidfile of the user `uid`, or None. Opened without following links and without blocking (a FIFO), it
-    must be a regular file of that user under 64 KiB holding a JSON object (desktop.core.common.private)."""
-    record = private.read_record(pidfile, uid if uid is not None else None)
-    if record is None:
-        return None
-    try:
-        pid = int(record["pid"])
-        pgid = record.get("pgid")
-        created = record.get("created")
-        return record, proctree.Recorded(pid, float(created) if isinstance(created, int | float) else None,
-                                         pgid if isinstance(pgid, int) else None)
-    except (KeyError, ValueError, TypeError, OverflowError):
-        return None
+def _open_run_folder(run_dir: Path) -> tuple[_RunFolder, nofollow.OpenedFolder | None]:
+    """The run folder, opened without following a link its user could have planted (POSIX)."""
+    if os.name != "posix":
+        return _RunFolder(None, run_dir, None), None
+    opened = nofollow.open_folder(Path(os.path.abspath(run_dir)))
+    return _RunFolder(opened.fd, opened.path, opened.st.st_uid), opened
 
 
 def stop_recorded_engines(run_dirs: Iterable[Path], grace: float = GRACE_SECONDS) -> list[StoppedEngine]:
@@ -144,50 +157,80 @@ def stop_recorded_engines(run_dirs: Iterable[Path], grace: float = GRACE_SECONDS
     so it cannot restart them. Engines supervised by another live Switchyard (a source checkout, a pip install)
     are left alone: that app is not being uninstalled.
 
-    Pidfiles are written by their user and read here as root, so nothing in them is trusted: a pidfile counts only
-    if the user owning the run folder owns it, and only processes of that user are touched: the recorded engine
-    must still be the recorded process (same start time) and run a program from that user's engines folder."""
+    Pidfiles are written by their user and read here as root, so nothing in them is trusted, nor any path the
+    user controls: the run folder is opened without following the user's links (a folder reached through one is
+    skipped, with a log line), its pidfiles are read and removed relative to it (the very file read, by device
+    and inode), a pidfile counts only if the folder's owner owns it and its numbers are what Switchyard writes,
+    and only processes of that user are touched: the recorded engine must still be the recorded process (same
+    start time and command line) and run a program from that user's engines folder."""
     stopped: list[StoppedEngine] = []
     for run_dir in run_dirs:
         try:
-            uid = _file_owner(Path(run_dir))
-        except OSError:
+            folder, opened = _open_run_folder(Path(run_dir))
+        except (OSError, ValueError) as exc:
+            if not isinstance(exc, FileNotFoundError):
+                log.warning("skipped %s: %s", run_dir, exc)
             continue
-        roots = _engine_roots(Path(run_dir), uid if uid is not None else -1)
-        for pidfile in sorted(Path(run_dir).glob("engine-*.json")):
-            try:  # one bad file (a FIFO, a folder, hostile JSON, a vanished process) never ends the sweep
-                stopped += _stop_one(pidfile, uid, roots, grace)
-            except Exception:  # noqa: BLE001 - the uninstaller must go on with the next file
-                continue
+        try:
+            roots = _engine_roots(folder.path, folder.uid if folder.uid is not None else -1)
+            for name in folder.names():
+                try:  # one bad file (a FIFO, a folder, hostile JSON, a vanished process) never ends the sweep
+                    stopped += _stop_one(folder, name, roots, grace)
+                except Exception:  # noqa: BLE001 - the uninstaller must go on with the next file
+                    continue
+        except OSError as exc:
+            log.warning("skipped %s: %s", run_dir, exc)
+        finally:
+            if opened is not None:
+                opened.close()
     return stopped
 
 
-def _stop_one(pidfile: Path, uid: int | None, roots: Sequence[Path], grace: float) -> list[StoppedEngine]:
-    read = _read_pidfile(pidfile, uid)
+def _owner_of(record: dict[str, object]) -> psutil.Process | None | bool:
+    """The live app that wrote the record, None when it is gone, False when its fields are not valid."""
+    owner_pid, owner_created = record.get("owner_pid"), record.get("owner_created")
+    if owner_pid is None or (type(owner_pid) is int and owner_pid == 0):
+        return None
+    if proctree.valid_pid(owner_pid) is None or (owner_created is not None
+                                                 and proctree.valid_time(owner_created) is None):
+        return False
+    return proctree.same_process(owner_pid, owner_created)  # type: ignore[arg-type]
+
+
+def _stop_one(folder: _RunFolder, name: str, roots: Sequence[Path], grace: float) -> list[StoppedEngine]:
+    uid, where = folder.uid, folder.where(name)
+    read = private.read_record_at(where, uid, folder.fd)
     if read is None:  # not a trustworthy record: never trusted; removed only if it is the user's own regular file
-        private.remove_record(pidfile, uid)
+        private.remove_record(where, uid, folder.fd)
         return []
-    record, engine_record = read
-    pid = engine_record.pid
-    if engine_record.created is None or engine_record.created < psutil.boot_time():
-        private.remove_record(pidfile, uid)  # from before this boot: its pid and group id are someone else's now
+    record, identity = read
+    engine_record = proctree.recorded_from(record)
+    owner = _owner_of(record)
+
+    def remove() -> None:
+        private.remove_record(where, uid, folder.fd, identity)
+
+    if engine_record is None or owner is False or engine_record.created is None:
+        log.warning("dropped %s: a field is missing or out of range", folder.path / name)
+        remove()
         return []
-    owner_pid = record.get("owner_pid")
-    owner = proctree.same_process(owner_pid if isinstance(owner_pid, int) else 0,
-                                  record.get("owner_created"))  # type: ignore[arg-type]
-    if owner is not None and owner.pid != os.getpid():
+    if engine_record.created < psutil.boot_time():
+        remove()  # from before this boot: its pid and group id are someone else's now
+        return []
+    if isinstance(owner, psutil.Process) and owner.pid != os.getpid():
         if not (_is_this_bundle(owner) and _owned_by(owner, uid)):
             return []  # a live Switchyard from elsewhere (a checkout, a pip install) still runs it
         proctree.stop_pid(owner.pid, grace, uid=uid)
     stopped: list[StoppedEngine] = []
-    engine = proctree.same_process(pid, engine_record.created)
+    pid = engine_record.pid
+    engine = proctree.same_process(pid, engine_record.created, engine_record.cmdline)
     if engine is not None and _owned_by(engine, uid) and _runs_from(engine, roots):
         proctree.stop(engine_record, grace, uid=uid, programs=roots)
-        stopped.append(StoppedEngine(pid, str(record.get("engine", "?")), str(pidfile)))
+        stopped.append(StoppedEngine(pid, str(record.get("engine", "?")), str(folder.path / name)))
     elif engine is None and engine_record.pgid == pid:
         # the leader died; its group's leftovers go, if they run an engine (a reused group id is someone else's)
         proctree.stop(engine_record, grace, uid=uid, programs=roots)
-    private.remove_record(pidfile, uid)
+    remove()
     return stopped
 
 

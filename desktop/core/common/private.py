@@ -101,12 +101,20 @@ def private_database(path: Path) -> Path:
     return path
 
 
-def read_record(path: Path, uid: int | None = None) -> dict[str, Any] | None:
+def read_record(path: Path | str, uid: int | None = None, dir_fd: int | None = None) -> dict[str, Any] | None:
     """The JSON object in `path`, or None when it is not a trustworthy record: not a regular file (a FIFO, a
     directory, a link), not owned by `uid` (default: this user), RECORD_MAX_BYTES or more, or not a JSON object
-    (including JSON nested deep enough to exhaust the parser). Never blocks and never raises for a bad file."""
+    (including JSON nested deep enough to exhaust the parser). Never blocks and never raises for a bad file.
+    With `dir_fd`, `path` is a name inside that open folder (desktop.core.common.nofollow)."""
+    read = read_record_at(path, uid, dir_fd)
+    return read[0] if read is not None else None
+
+
+def read_record_at(path: Path | str, uid: int | None = None, dir_fd: int | None = None
+                   ) -> tuple[dict[str, Any], tuple[int, int]] | None:
+    """`read_record`, with the (device, inode) of the file it read: `remove_record` removes that file only."""
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -122,17 +130,27 @@ def read_record(path: Path, uid: int | None = None) -> dict[str, Any] | None:
     finally:
         os.close(fd)
     try:
-        record = json.loads(data)
+        record = json.loads(data, parse_constant=_not_json)
     except (ValueError, RecursionError):
         return None
-    return record if isinstance(record, dict) else None
+    return (record, (st.st_dev, st.st_ino)) if isinstance(record, dict) else None
 
 
-def remove_record(path: Path, uid: int | None = None) -> None:
-    """Unlink `path` only when it is a regular file owned by `uid` (default: this user): never a folder or a
-    link someone planted, never another user's file."""
+def _not_json(name: str) -> Any:
+    """NaN and Infinity are Python's extensions, not JSON: no record Switchyard writes holds one (a NaN start time
+    once passed every pid-reuse check)."""
+    raise ValueError(f"{name} is not JSON")
+
+
+def remove_record(path: Path | str, uid: int | None = None, dir_fd: int | None = None,
+                  identity: tuple[int, int] | None = None) -> None:
+    """Unlink `path` only when it is a regular file owned by `uid` (default: this user) and, given `identity`,
+    the very file that was read (its device and inode): never a folder or a link someone planted, never another
+    user's file. With `dir_fd`, `path` is a name inside that open folder, so no link above it is followed."""
     with contextlib.suppress(OSError):
-        st = os.lstat(path)
+        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
         wanted = uid if uid is not None else (os.getuid() if hasattr(os, "getuid") else None)
+        if identity is not None and (st.st_dev, st.st_ino) != identity:
+            return
         if stat.S_ISREG(st.st_mode) and (wanted is None or st.st_uid == wanted):
-            path.unlink()
+            os.unlink(path, dir_fd=dir_fd)

@@ -15,12 +15,15 @@ engine's console group, then the tree is terminated.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -30,11 +33,60 @@ _SAME_START = 1.0  # seconds of slack when comparing recorded start times
 
 @dataclass(frozen=True)
 class Recorded:
-    """What a pidfile says about an engine: its pid, start time and process group."""
+    """What a pidfile says about an engine: its pid, start time, process group and (since issue 60) the command
+    line it ran, which its leader must still show to be stopped."""
 
     pid: int
     created: float | None
     pgid: int | None = None
+    cmdline: tuple[str, ...] | None = None
+
+
+PID_LIMIT = 1 << 22  # the largest pid Linux hands out (PID_MAX_LIMIT); macOS stops at 99,999
+
+
+def valid_pid(value: object) -> int | None:
+    """`value` if a pid file may name it as a pid or process group: an int, not a bool, in 2..PID_LIMIT (0, 1 and
+    negative numbers mean init, "my group" or "every process" to kill())."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= PID_LIMIT:
+        return None
+    return value
+
+
+def valid_time(value: object) -> float | None:
+    """`value` if it can be a recorded start time: a finite number of seconds after the epoch, not more than a day
+    ahead. A NaN made every comparison with it false, so any live pid passed for the recorded process."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    if not math.isfinite(seconds) or not 0 < seconds <= time.time() + 86400:
+        return None
+    return seconds
+
+
+def recorded_from(record: Mapping[str, Any]) -> Recorded | None:
+    """The engine a pid file records, or None when a field is not what Switchyard writes (the file is then
+    dropped, never acted on): the one check of a pid file's numbers, for the reaper and the uninstaller."""
+    pid, created = valid_pid(record.get("pid")), valid_time(record.get("created"))
+    raw_pgid, cmdline = record.get("pgid"), record.get("cmdline")
+    pgid = valid_pid(raw_pgid)
+    if pid is None or created is None or (raw_pgid is not None and pgid is None):
+        return None
+    if cmdline is not None and not (isinstance(cmdline, list) and cmdline
+                                    and all(isinstance(arg, str) for arg in cmdline)):
+        return None
+    return Recorded(pid, created, pgid, tuple(cmdline) if cmdline else None)
+
+
+def command_line(pid: int) -> list[str] | None:
+    """What `pid` shows as its command line now (what a pid file records right after the spawn), or None."""
+    try:
+        return list(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return None
 
 
 def process_group(pid: int) -> int | None:
@@ -64,17 +116,26 @@ def group_members(pgid: int, since: float | None = None) -> list[psutil.Process]
     return found
 
 
-def same_process(pid: int, created: float | None) -> psutil.Process | None:
-    """The live process `pid` if it is the one that started at `created` (pids are reused), else None."""
-    if created is None:
+def same_process(pid: int, created: float | None, cmdline: Sequence[str] | None = None) -> psutil.Process | None:
+    """The live process `pid` if it is the one that started at `created` (pids are reused) and, when given, still
+    runs `cmdline`, else None."""
+    started = valid_time(created)
+    if started is None or valid_pid(pid) is None:
         return None
     try:
         proc = psutil.Process(pid)
-        if abs(proc.create_time() - float(created)) >= _SAME_START or proc.status() == psutil.STATUS_ZOMBIE:
+        if proc.status() == psutil.STATUS_ZOMBIE or not _is_recorded(proc, started, cmdline):
             return None
     except (psutil.Error, ValueError, TypeError):
         return None
     return proc
+
+
+def _is_recorded(proc: psutil.Process, created: float, cmdline: Sequence[str] | None) -> bool:
+    """Whether `proc` is the recorded process: the same start time and, where recorded, the same command line."""
+    if abs(proc.create_time() - created) >= _SAME_START:
+        return False
+    return cmdline is None or proc.cmdline() == list(cmdline)
 
 
 def tree_rss(pid: int | None) -> int | None:
@@ -98,10 +159,13 @@ def members_of(record: Recorded) -> list[psutil.Process]:
     """Every live process of the recorded engine's tree: the leader (if it still is the recorded process), its
     descendants and its process group. An empty list when the pid now belongs to someone else."""
     found: dict[int, psutil.Process] = {}
+    created = valid_time(record.created)
+    if created is None or valid_pid(record.pid) is None:
+        return []  # nothing a pid file may name: never "any live pid"
     try:
         proc = psutil.Process(record.pid)
-        recycled = record.created is None or abs(proc.create_time() - float(record.created)) >= _SAME_START
-        dead = proc.status() == psutil.STATUS_ZOMBIE
+        dead = proc.status() == psutil.STATUS_ZOMBIE  # a zombie shows no command line; its group may live on
+        recycled = not _is_recorded(proc, created, None if dead else record.cmdline)
     except psutil.NoSuchProcess:
         recycled, dead = False, True
     except (psutil.Error, ValueError, TypeError):
@@ -116,7 +180,7 @@ def members_of(record: Recorded) -> list[psutil.Process]:
     pgid = record.pgid if record.pgid is not None else (record.pid if process_group(record.pid) == record.pid
                                                         else None)
     if pgid == record.pid:  # only the engine's own group: never a group it merely belonged to
-        for member in group_members(pgid, since=record.created):
+        for member in group_members(pgid, since=created):
             found.setdefault(member.pid, member)
     return list(found.values())
 

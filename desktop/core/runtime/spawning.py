@@ -111,12 +111,6 @@ def create_time(pid: int) -> float | None:
         return None
 
 
-def _recorded(record: dict[str, Any]) -> proctree.Recorded:
-    pgid = record.get("pgid")
-    return proctree.Recorded(int(record.get("pid", 0)), record.get("created"),
-                             int(pgid) if isinstance(pgid, int) else None)
-
-
 def _engine_programs(record: dict[str, Any]) -> list[Path]:
     """What an orphan's processes may run to be killed: something under the engines folder, or the very program
     the pidfile says the engine was started as (a configured llama-server elsewhere)."""
@@ -125,6 +119,14 @@ def _engine_programs(record: dict[str, Any]) -> list[Path]:
     if isinstance(program, str) and os.path.isabs(program):
         programs.append(Path(program))
     return programs
+
+
+def _owner_fields_valid(record: dict[str, Any]) -> bool:
+    """The owner's pid and start time are absent (0, null) or what Switchyard writes (proctree's checks)."""
+    owner_pid, owner_created = record.get("owner_pid"), record.get("owner_created")
+    no_owner = owner_pid is None or (type(owner_pid) is int and owner_pid == 0)
+    return (no_owner or proctree.valid_pid(owner_pid) is not None) and \
+        (owner_created is None or proctree.valid_time(owner_created) is not None)
 
 
 def reap_orphans() -> list[int]:
@@ -138,16 +140,14 @@ def reap_orphans() -> list[int]:
     boot = psutil.boot_time()
     for file in paths.run_dir().glob("engine-*.json"):
         record = private.read_record(file)
-        try:
-            if record is None:
-                raise ValueError("not a pidfile")
-            engine = _recorded(record)
-            created = float(record.get("created") or 0)
-            owner = proctree.same_process(int(record.get("owner_pid", 0)), record.get("owner_created"))
-        except (ValueError, TypeError, OverflowError):
+        engine = proctree.recorded_from(record) if record is not None else None
+        owner_known = record is not None and _owner_fields_valid(record)
+        if record is None or engine is None or not owner_known or engine.created is None:
+            log.warning("dropped %s: not a pid file Switchyard wrote (a field is missing or out of range)", file.name)
             private.remove_record(file)
             continue
-        if created < boot:
+        owner = proctree.same_process(record.get("owner_pid") or 0, record.get("owner_created"))
+        if engine.created < boot:
             private.remove_record(file)  # recorded before this boot: its pids and group ids mean nothing now
             continue
         if owner is not None:
@@ -200,6 +200,7 @@ class SpawnedEngine:
             "pgid": self.pgid,  # vLLM's EngineCore and workers live in it: the next start reaps them by group
             "owner_pid": os.getpid(),
             "owner_created": create_time(os.getpid()),
+            "cmdline": proctree.command_line(self.proc.pid),  # what its leader must still run to be stopped
             **facts,
         }
         private.write_private_text(pidfile(self.proc.pid), json.dumps(record))

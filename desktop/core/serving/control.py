@@ -28,7 +28,7 @@ from urllib.parse import parse_qs
 
 import psutil
 
-from desktop.core.common import paths
+from desktop.core.common import paths, private
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.runtime import proctree
 
@@ -60,11 +60,13 @@ class Discovery:
     kind: str = "endpoint"
     info: dict[str, Any] = field(default_factory=dict)  # kind `engine`: what `status` shows (no channel to ask)
     api_key: str | None = None  # the key clients send, where the instance asks for one (`launch` passes it on)
+    cmdline: tuple[str, ...] | None = None  # what the instance ran: `stop` signals nothing else
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("token")  # never printed
         data.pop("api_key")
+        data.pop("cmdline")
         return data
 
 
@@ -84,7 +86,8 @@ def write_discovery(port: int, url: str, token: str, kind: str = "endpoint", inf
     if kind not in KINDS:
         raise ValueError(f"unknown discovery kind {kind!r}")
     path = discovery_path(port)
-    record = {"pid": os.getpid(), "created": psutil.Process().create_time(), "port": port, "url": url,
+    me = psutil.Process()
+    record = {"pid": me.pid, "created": me.create_time(), "cmdline": me.cmdline(), "port": port, "url": url,
               "token": token, "started_at": time.time(), "kind": kind, "info": info or {}}
     if api_key:
         record["api_key"] = api_key
@@ -99,14 +102,11 @@ def remove_discovery(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-def _alive(pid: int, created: float | None = None) -> bool:
-    """Whether the instance still runs: its pid is live, not a zombie, and (when recorded) started when it did,
-    so a pid the system handed to another process after a crash is not taken for the instance."""
-    if created is not None:
-        return proctree.same_process(pid, created) is not None
-    with contextlib.suppress(psutil.Error):
-        return psutil.Process(pid).is_running() and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    return False
+def _alive(pid: int, created: float | None, cmdline: tuple[str, ...] | None = None) -> bool:
+    """Whether the instance still runs: its pid is live, not a zombie, started when it did and (where recorded)
+    runs what it ran, so a pid the system handed to another process after a crash is not taken for the instance,
+    nor is any live pid a file without a valid start time names (NaN once passed every comparison)."""
+    return proctree.same_process(pid, created, cmdline) is not None
 
 
 def find_instances() -> list[Discovery]:
@@ -114,16 +114,18 @@ def find_instances() -> list[Discovery]:
     found: list[Discovery] = []
     for file in sorted(paths.run_dir().glob("endpoint-*.json")):
         try:
-            record = json.loads(file.read_text())
-            created = record.get("created")
+            record = private.read_record(file)
+            if record is None:
+                raise ValueError("not a discovery record")
+            cmdline = record.get("cmdline")
             discovery = Discovery(int(record["pid"]), int(record["port"]), str(record["url"]), str(record["token"]),
-                                  float(record.get("started_at", 0)),
-                                  float(created) if isinstance(created, int | float) else None,
+                                  float(record.get("started_at", 0)), proctree.valid_time(record.get("created")),
                                   str(record.get("kind", "endpoint")), dict(record.get("info") or {}),
-                                  str(record["api_key"]) if record.get("api_key") else None)
-        except (OSError, ValueError, KeyError, TypeError):
+                                  str(record["api_key"]) if record.get("api_key") else None,
+                                  tuple(str(arg) for arg in cmdline) if isinstance(cmdline, list) else None)
+        except (OSError, ValueError, KeyError, TypeError, OverflowError):
             continue
-        if not _alive(discovery.pid, discovery.created):
+        if not _alive(discovery.pid, discovery.created, discovery.cmdline):
             file.unlink(missing_ok=True)
             continue
         found.append(discovery)
@@ -380,16 +382,19 @@ class ControlClient:
         """Ask the instance to stop and wait until its process is gone (the app: until its engines are stopped).
         True when that happened in time."""
         if self.discovery.kind == "engine":  # a plain serve stops cleanly on SIGTERM
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.discovery.pid, signal.SIGTERM)
+            serve = proctree.same_process(self.discovery.pid, self.discovery.created, self.discovery.cmdline)
+            if serve is None:
+                return True  # gone, or the pid is someone else's now: nothing of ours to signal
+            with contextlib.suppress(psutil.Error):
+                serve.send_signal(signal.SIGTERM)
         elif self._request("POST", "stop", wait).get("exits") is False:
             return True
         deadline = time.monotonic() + wait
-        pid, created = self.discovery.pid, self.discovery.created
+        pid, created, cmdline = self.discovery.pid, self.discovery.created, self.discovery.cmdline
         with contextlib.suppress(psutil.Error):
             process = psutil.Process(pid)
-            while _alive(pid, created) and time.monotonic() < deadline:
+            while _alive(pid, created, cmdline) and time.monotonic() < deadline:
                 # psutil's wait on another's process counts a zombie as running: look at the state each step
                 with contextlib.suppress(psutil.TimeoutExpired):
                     process.wait(0.1)
-        return not _alive(pid, created)
+        return not _alive(pid, created, cmdline)
