@@ -114,7 +114,8 @@ def test_stop_signals_nothing_a_discovery_file_names_without_a_matching_start_an
 
     discovery = paths.run_dir() / "endpoint-6060.json"
     real = psutil.Process(live_program.pid)
-    for fields in ({"created": NAN}, {"created": real.create_time(), "cmdline": ["switchyard", "serve"]}):
+    for fields in ({"created": NAN}, {"created": INF}, {"created": real.create_time(), "pid": 2 ** 40},
+                   {"created": real.create_time(), "cmdline": ["switchyard", "serve"]}):
         discovery.write_text(json.dumps({"pid": live_program.pid, "port": 6060, "url": "http://127.0.0.1:6060",
                                          "token": "t", "started_at": 1.0, "kind": "engine", **fields}))
         main(["stop", "--port", "6060"])
