@@ -188,13 +188,10 @@ def stop_recorded_engines(run_dirs: Iterable[Path], grace: float = GRACE_SECONDS
 
 def _owner_of(record: dict[str, object]) -> psutil.Process | None | bool:
     """The live app that wrote the record, None when it is gone, False when its fields are not valid."""
-    owner_pid, owner_created = record.get("owner_pid"), record.get("owner_created")
-    if owner_pid is None or (type(owner_pid) is int and owner_pid == 0):
-        return None
-    if proctree.valid_pid(owner_pid) is None or (owner_created is not None
-                                                 and proctree.valid_time(owner_created) is None):
+    if not proctree.valid_owner(record):
         return False
-    return proctree.same_process(owner_pid, owner_created)  # type: ignore[arg-type]
+    owner_pid, owner_created = record.get("owner_pid"), proctree.valid_time(record.get("owner_created"))
+    return proctree.same_process(owner_pid, owner_created) if isinstance(owner_pid, int) else None
 
 
 def _stop_one(folder: _RunFolder, name: str, roots: Sequence[Path], grace: float) -> list[StoppedEngine]:

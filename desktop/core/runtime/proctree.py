@@ -81,6 +81,14 @@ def recorded_from(record: Mapping[str, Any]) -> Recorded | None:
     return Recorded(pid, created, pgid, tuple(cmdline) if cmdline else None)
 
 
+def valid_owner(record: Mapping[str, Any]) -> bool:
+    """Whether a pid file's owner fields are absent (`owner_pid` 0 or null) or what Switchyard writes."""
+    owner_pid, owner_created = record.get("owner_pid"), record.get("owner_created")
+    no_owner = owner_pid is None or (type(owner_pid) is int and owner_pid == 0)
+    return (no_owner or valid_pid(owner_pid) is not None) and \
+        (owner_created is None or valid_time(owner_created) is not None)
+
+
 def command_line(pid: int) -> list[str] | None:
     """What `pid` shows as its command line now (what a pid file records right after the spawn), or None."""
     try:

@@ -121,14 +121,6 @@ def _engine_programs(record: dict[str, Any]) -> list[Path]:
     return programs
 
 
-def _owner_fields_valid(record: dict[str, Any]) -> bool:
-    """The owner's pid and start time are absent (0, null) or what Switchyard writes (proctree's checks)."""
-    owner_pid, owner_created = record.get("owner_pid"), record.get("owner_created")
-    no_owner = owner_pid is None or (type(owner_pid) is int and owner_pid == 0)
-    return (no_owner or proctree.valid_pid(owner_pid) is not None) and \
-        (owner_created is None or proctree.valid_time(owner_created) is not None)
-
-
 def reap_orphans() -> list[int]:
     """Kill engines (their whole process group and tree) recorded by a Switchyard process that no longer runs.
     Returns the recorded engine pids whose leftovers were stopped.
@@ -141,7 +133,7 @@ def reap_orphans() -> list[int]:
     for file in paths.run_dir().glob("engine-*.json"):
         record = private.read_record(file)
         engine = proctree.recorded_from(record) if record is not None else None
-        owner_known = record is not None and _owner_fields_valid(record)
+        owner_known = record is not None and proctree.valid_owner(record)
         if record is None or engine is None or not owner_known or engine.created is None:
             log.warning("dropped %s: not a pid file Switchyard wrote (a field is missing or out of range)", file.name)
             private.remove_record(file)
