@@ -198,6 +198,8 @@ def _stop_one(folder: _RunFolder, name: str, roots: Sequence[Path], grace: float
     uid, where = folder.uid, folder.where(name)
     read = private.read_record_at(where, uid, folder.fd)
     if read is None:  # not a trustworthy record: never trusted; removed only if it is the user's own regular file
+        log.warning("skipped %s: not a regular file of uid %s under 64 KiB holding a JSON object", folder.path / name,
+                    uid)
         private.remove_record(where, uid, folder.fd)
         return []
     record, identity = read
