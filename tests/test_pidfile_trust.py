@@ -260,3 +260,42 @@ def test_root_unlinks_the_file_it_read_even_when_the_folder_is_swapped_for_a_lin
     assert swapped, "the swap happened between the check and the unlink"
     assert (elsewhere / "engine-7.json").exists(), "a file in another folder was unlinked"
     assert not (data / "run-moved" / "engine-7.json").exists(), "the file that was read is the one removed"
+
+
+def test_root_still_follows_an_administrators_link_and_stops_that_users_orphan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other side of the no-follow rule: a link root owns on the way (`/home -> /var/home` style) is followed,
+    and an orphaned engine of the user (running as them, from their real engines folder) is still stopped."""
+    import pwd
+    import tempfile
+
+    _as_root()
+    base = Path(tempfile.mkdtemp(prefix="switchyard-homes-"))  # traversable by uid 4242, unlike tmp_path
+    try:
+        base.chmod(0o755)
+        (base / "var-home").mkdir()
+        (base / "home").symlink_to(base / "var-home")  # root's link: followed
+        data, alice = _home(base / "var-home", "alice")
+        alice.pw_dir = str(base / "home" / "alice")
+        monkeypatch.setattr(pwd, "getpwall", lambda: [alice])
+        monkeypatch.setenv("SWITCHYARD_HOME", str(base / "root-home"))
+        for folder in ("run", "engines"):
+            (data / folder).mkdir()
+            _give(data / folder)
+        program = _program_in(data / "engines" / "llama.cpp")
+        for path in (program.parent.parent, program.parent, program):
+            _give(path)
+        engine = subprocess.Popen([str(program), "600"], user=FAKE_UID, group=FAKE_UID,  # noqa: S603
+                                  extra_groups=[], start_new_session=True)
+        try:
+            pidfile = data / "run" / f"engine-{engine.pid}.json"
+            pidfile.write_text(json.dumps(_record(engine, cmdline=psutil.Process(engine.pid).cmdline())))
+            _give(pidfile)
+            stopped = _frozen.stop_recorded_engines(_frozen.default_run_dirs(all_users=True), grace=5.0)
+            assert [item.pid for item in stopped] == [engine.pid]
+            assert engine.wait(timeout=10) is not None and not pidfile.exists()
+        finally:
+            engine.kill()
+            engine.wait()
+    finally:
+        shutil.rmtree(base)
