@@ -61,7 +61,7 @@ def _record(proc: subprocess.Popen[bytes], **fields: Any) -> dict[str, Any]:
 
 
 NAN, INF = float("nan"), float("inf")
-BAD_FIELDS = [
+BAD_FIELDS: list[dict[str, Any]] = [
     {"created": NAN}, {"created": INF}, {"created": -INF}, {"created": -5.0}, {"created": 1e300},
     {"pid": -1}, {"pid": 0}, {"pid": 1}, {"pid": 2 ** 40}, {"pid": True}, {"pgid": -1}, {"pgid": 2 ** 40},
     {"owner_pid": -1}, {"owner_created": NAN}, {"cmdline": "not a list"},
@@ -86,7 +86,7 @@ def test_the_reaper_drops_pid_files_with_nan_negative_or_huge_numbers_and_kills_
 def test_the_reaper_stops_the_recorded_command_line_only(live_program: subprocess.Popen[bytes]) -> None:
     """Start time right, program right, but the file says the engine ran another command line: not stopped."""
     pidfile = paths.run_dir() / "engine-61.json"
-    pidfile.write_text(json.dumps(_record(live_program, cmdline=[str(live_program.args[0]), "--model", "x.gguf"])))
+    pidfile.write_text(json.dumps(_record(live_program, cmdline=[psutil.Process(live_program.pid).cmdline()[0], "--model", "x.gguf"])))
     assert reap_orphans() == []
     assert live_program.poll() is None and not pidfile.exists()
     # the same record with the command line the process really runs: reaped (the check can pass)
@@ -253,8 +253,9 @@ def test_root_unlinks_the_file_it_read_even_when_the_folder_is_swapped_for_a_lin
             swap_once(path)
         return result
 
-    monkeypatch.setattr(private.os, "lstat", lstat)
-    monkeypatch.setattr(private.os, "stat", stat_)
+    assert getattr(private, "os") is os  # noqa: B009 - the module both the old and the new code call
+    monkeypatch.setattr(os, "lstat", lstat)
+    monkeypatch.setattr(os, "stat", stat_)
     _frozen.stop_recorded_engines(_frozen.default_run_dirs(all_users=True), grace=1.0)
     monkeypatch.undo()
     assert swapped, "the swap happened between the check and the unlink"
