@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +117,21 @@ def test_vllm_behind_the_endpoint_has_no_tcp_port(vllm_install: Any, demo_model:
         proxy.stop()
 
 
+def _plain_serve(engine: str, *more: str, env: dict[str, str] | None = None
+                 ) -> tuple[subprocess.Popen[str], list[str]]:
+    """A plain `serve` of the demo on `engine` with `more` options, and its stderr lines up to "ready:"."""
+    proc = subprocess.Popen([sys.executable, "-m", "desktop", "serve", "--engine", engine,  # noqa: S603
+                             "--model", "demo", "--parallel", "1", *more], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    before: list[str] = []
+    for line in proc.stderr:
+        before.append(line)
+        if line.startswith("ready:"):
+            break
+    return proc, before
+
+
 @pytest.mark.engine
 @pytest.mark.llamacpp
 def test_plain_serve_gets_a_per_launch_key_printed_once_and_kept_in_the_discovery_file(llama_install: Any,
@@ -122,20 +139,10 @@ def test_plain_serve_gets_a_per_launch_key_printed_once_and_kept_in_the_discover
     """Plain `serve` keeps TCP (its clients talk to the engine) but no longer serves anyone who finds the port:
     without the key, even a request from a web page's origin gets 401."""
     import json
-    import subprocess
-    import sys
 
     from desktop.core.common import paths
 
-    proc = subprocess.Popen([sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp",  # noqa: S603
-                             "--model", "demo", "--parallel", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    assert proc.stderr is not None
-    before: list[str] = []
-    for line in proc.stderr:
-        before.append(line)
-        if line.startswith("ready:"):
-            break
+    proc, before = _plain_serve("llama.cpp")
     ready = before[-1] if before else ""
     try:
         assert ready.startswith("ready: http://127.0.0.1:"), ready
@@ -163,20 +170,9 @@ def test_plain_serve_gets_a_per_launch_key_printed_once_and_kept_in_the_discover
 def test_plain_serve_takes_the_key_from_api_key_env_and_never_prints_it(llama_install: Any, demo_model: Any) -> None:
     """`serve --api-key-env VAR` of llama.cpp (its plain serve: the engine on TCP) guarded the engine with a fresh
     key instead of the person's: clients holding the key they chose got 401 (found by the issue-59 benchmark)."""
-    import subprocess
-    import sys
 
     key = "chosen-by-the-person-" + "k" * 16
-    proc = subprocess.Popen([sys.executable, "-m", "desktop", "serve", "--engine", "llama.cpp",  # noqa: S603
-                             "--model", "demo", "--parallel", "1", "--api-key-env", "PLAIN_SERVE_TEST_KEY"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PLAIN_SERVE_TEST_KEY": key})
-    assert proc.stderr is not None
-    before: list[str] = []
-    for line in proc.stderr:
-        before.append(line)
-        if line.startswith("ready:"):
-            break
+    proc, before = _plain_serve("llama.cpp", "--api-key-env", "PLAIN_SERVE_TEST_KEY", env={**os.environ, "PLAIN_SERVE_TEST_KEY": key})
     try:
         assert before and before[-1].startswith("ready: http://127.0.0.1:"), before
         base_url = before[-1].split()[1].removesuffix("/v1")
@@ -199,23 +195,13 @@ def test_plain_serve_of_vllm_puts_the_keyed_endpoint_on_the_port_and_vllm_on_its
     plain serve's port): a plain `serve --engine vllm` now gives the port to the endpoint, with a per-launch key,
     and vLLM listens on its private socket only."""
     import json
-    import subprocess
-    import sys
 
     from conftest import run_cli
 
     from desktop.core.common import paths
 
     port = find_free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "desktop", "serve", "--engine", "vllm",  # noqa: S603
-                             "--model", "demo", "--parallel", "1", "--ctx", "2048", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    before: list[str] = []
-    for line in proc.stderr:
-        before.append(line)
-        if line.startswith("ready:"):
-            break
+    proc, before = _plain_serve("vllm", "--ctx", "2048", "--port", str(port))
     base_url = f"http://127.0.0.1:{port}"
     try:
         assert before and before[-1].startswith(f"ready: {base_url}/v1"), "".join(before[-5:])

@@ -133,12 +133,13 @@ def _give(path: Path, uid: int = FAKE_UID) -> None:
     os.lchown(path, uid, uid)
 
 
-def _home(base: Path, name: str) -> tuple[Path, types.SimpleNamespace]:
-    """A fake user's home with its data folder, all theirs, and the pwd entry that lists it."""
+def _home(base: Path, name: str, *folders: str) -> tuple[Path, types.SimpleNamespace]:
+    """A fake user's home with its data folder (and `folders` in it), all theirs, and the pwd entry listing it."""
     home = base / name
     data = home / ".local" / "share" / "switchyard"
     data.mkdir(parents=True)
-    for folder in (home, home / ".local", home / ".local" / "share", data):
+    for folder in (home, home / ".local", home / ".local" / "share", data, *(data / f for f in folders)):
+        folder.mkdir(exist_ok=True)
         _give(folder)
     return data, types.SimpleNamespace(pw_name=name, pw_uid=FAKE_UID, pw_gid=FAKE_UID, pw_dir=str(home))
 
@@ -192,11 +193,9 @@ def test_root_does_not_take_a_users_engines_link_for_their_engines_folder(
     """The user's own run folder is real, their engines folder a link to `/`: a pid file of theirs naming a
     process of theirs that runs no engine (/bin/sleep) got it killed on 7638391 (everything is under `/`)."""
     base, entries = users
-    data, alice = _home(base, "alice")
+    data, alice = _home(base, "alice", "run")
     entries.append(alice)
     run = data / "run"
-    run.mkdir()
-    _give(run)
     (data / "engines").symlink_to("/")
     _give(data / "engines")
     theirs = subprocess.Popen([SLEEP, "600"], user=FAKE_UID, group=FAKE_UID, extra_groups=[],  # noqa: S603
@@ -221,11 +220,9 @@ def test_root_unlinks_the_file_it_read_even_when_the_folder_is_swapped_for_a_lin
     import desktop.core.common.private as private
 
     base, entries = users
-    data, alice = _home(base, "alice")
+    data, alice = _home(base, "alice", "run")
     entries.append(alice)
     run = data / "run"
-    run.mkdir()
-    _give(run)
     (run / "engine-7.json").write_text("{not json")
     _give(run / "engine-7.json")
     elsewhere = base / "elsewhere"
@@ -276,13 +273,10 @@ def test_root_still_follows_an_administrators_link_and_stops_that_users_orphan(
         base.chmod(0o755)
         (base / "var-home").mkdir()
         (base / "home").symlink_to(base / "var-home")  # root's link: followed
-        data, alice = _home(base / "var-home", "alice")
+        data, alice = _home(base / "var-home", "alice", "run", "engines")
         alice.pw_dir = str(base / "home" / "alice")
         monkeypatch.setattr(pwd, "getpwall", lambda: [alice])
         monkeypatch.setenv("SWITCHYARD_HOME", str(base / "root-home"))
-        for folder in ("run", "engines"):
-            (data / folder).mkdir()
-            _give(data / folder)
         program = _program_in(data / "engines" / "llama.cpp")
         for path in (program.parent.parent, program.parent, program):
             _give(path)
