@@ -238,7 +238,7 @@ def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[Loa
                   meta: dict[str, Any]) -> SweepResult:
     from desktop.core.engines import get_adapter, require_install
     from desktop.core.measure.loadgen import Target
-    from desktop.core.runtime.supervisor import EngineProcess, reap_orphans
+    from desktop.core.runtime.supervisor import EngineProcess, reap_orphans, start_ready
 
     plan = _bench_plan(args, levels).plan  # refused before anything starts
     adapter = get_adapter(plan.engine)
@@ -246,10 +246,12 @@ def _bench_engine(args: argparse.Namespace, workload: Workload, levels: list[Loa
     reap_orphans()
     meta.update(engine=adapter.name, engine_version=install.version, model=str(plan.model_path))
     meta["settings"]["plan"] = plan.to_json()
-    with EngineProcess(adapter, plan, install) as engine:
-        engine.start()
-        print(f"starting {adapter.display_name} (log: {engine.log_path})", file=sys.stderr)
-        cold = engine.wait_ready(timeout=DEFAULT_READY_TIMEOUT)
+    engine = start_ready(lambda p: EngineProcess(adapter, p, install), plan, timeout=DEFAULT_READY_TIMEOUT,
+                         on_start=lambda e: print(f"starting {adapter.display_name} (log: {e.log_path})",
+                                                  file=sys.stderr),
+                         say=lambda text: print(f"note: {text}", file=sys.stderr))
+    with engine:
+        cold = engine.cold_start
         meta["cold_start"] = cold.to_json()
         meta["endpoint"] = engine.base_url
 

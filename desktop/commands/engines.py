@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Any
 
 from desktop.commands._common import LazyChoices, cell, emit_json, stderr_progress
 from desktop.core.common.errors import SwitchyardError
 
 if TYPE_CHECKING:  # the engines and hardware probing load when a command runs, not for `--help`
+    from desktop.core.engines.base import DoctorFinding, EngineInstall
+    from desktop.core.engines.kernels import ProbeRecord as KernelRecord
     from desktop.core.machine.hardware import HardwareSnapshot
 
 
@@ -38,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p_doctor = sub.add_parser("doctor", help="what is missing or wrong for this machine, and how to fix it")
     _hardware_option(p_doctor)
     p_doctor.add_argument("--json", action="store_true")
+    p_doctor.add_argument("--probe", action="store_true",
+                          help="run the CPU kernel probe again (it runs once per engine build on this machine)")
     p_doctor.set_defaults(func=cmd_doctor)
 
     from desktop.commands.prepare import register_prepare
@@ -105,13 +110,49 @@ def cmd_install(args: argparse.Namespace) -> int:
     for adapter in adapters:
         install = adapter.install(stderr_progress, force=args.force, hardware=hardware, variant=args.variant,
                                   source=args.source, allow_cpu=args.allow_cpu)
-        results.append(install.to_json())
+        record = _probe_kernels(install)
+        results.append({**install.to_json(), "kernels": _kernels_json(record, install)})
         if not args.json:
             print(f"{adapter.name}: {install.version} ({install.details.get('backend', '?')} build) "
                   f"at {install.executable}")
     if args.json:
         emit_json(results)
     return 0
+
+
+def _probe_kernels(install: EngineInstall, force: bool = False) -> KernelRecord | None:
+    """Run the build's CPU kernels here once (runtime.kernelprobe); a probe that cannot run is a note, never a
+    failed install (the first start still retries a faulting kernel at once)."""
+    from desktop.core.runtime import kernelprobe
+
+    try:
+        return kernelprobe.probe(install, stderr_progress, force=force)
+    except (SwitchyardError, OSError) as exc:
+        print(f"note: the CPU kernel probe of {install.executable} did not run: {exc}", file=sys.stderr)
+        return None
+
+
+def _kernels_json(record: KernelRecord | None, install: EngineInstall) -> dict[str, Any] | None:
+    from desktop.core.engines import kernels
+
+    if record is None:
+        return None
+    found = kernels.avoidance(install)
+    return {"probed_at": record.at, "families": {f.family: f.to_json() for f in record.families},
+            "avoidance_works": record.avoidance_works, "avoid": list(found.args) if found else [],
+            "why": found.why if found else "", "record": str(kernels.record_path(install))}
+
+
+def _kernel_finding(engine: str, install: EngineInstall, force: bool) -> DoctorFinding:
+    """What the build's CPU kernels did here: probed now the first time (or with --probe)."""
+    from desktop.core.engines.base import DoctorFinding
+    from desktop.core.runtime import kernelprobe
+
+    record = _probe_kernels(install, force)
+    ok = record is None or not record.faulted or bool(record.avoidance_works)
+    fix = None if ok else ("this build's repacked CPU kernels fault here even with --no-repack: rebuild it "
+                         "(switchyard engines install llama.cpp --force)")
+    return DoctorFinding(engine, "CPU kernels", ok, kernelprobe.describe(record, install), fix)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -121,6 +162,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     hardware = _hardware(args)
     findings = [finding for adapter in ADAPTERS.values() for finding in adapter.doctor(hardware)]
+    if not args.hardware:  # the kernels of this machine's builds, probed once here (another machine's: no)
+        findings += [_kernel_finding(adapter.name, install, args.probe) for adapter in ADAPTERS.values()
+                     if adapter.name == "llama.cpp" and (install := adapter.find_install()) is not None]
     listens = unixhttp.listener_summary(paths.run_dir())
     findings += [DoctorFinding(name, "listener", True, listens) for name in ADAPTERS]
     if args.json:

@@ -267,15 +267,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         plan = replace(plan, api_key=_endpoint_api_key(args) or secrets.token_urlsafe(32))
-    engine = EngineProcess(adapter, plan, install, tcp=args.prompt is None)
-    discovery = None
-    try:
-        engine.start()
-        from desktop.core.common import unixhttp
+    from desktop.core.common import unixhttp
+    from desktop.core.runtime.supervisor import start_ready
 
-        print(f"starting {adapter.display_name} on {unixhttp.describe(engine.base_url)} (log: {engine.log_path})",
+    engine: EngineProcess | None = None
+    discovery = None
+
+    def started(process: EngineProcess) -> None:
+        nonlocal engine
+        engine = process
+        print(f"starting {adapter.display_name} on {unixhttp.describe(process.base_url)} (log: {process.log_path})",
               file=sys.stderr)
-        cold = engine.wait_ready(timeout=args.ready_timeout, first_request=args.prompt is None)
+
+    try:
+        # a crash the adapter knows arguments avoid (a CPU kernel that faults here) is started again at once
+        engine = start_ready(lambda p: EngineProcess(adapter, p, install, tcp=args.prompt is None), plan,
+                             timeout=args.ready_timeout, first_request=args.prompt is None, on_start=started,
+                             say=lambda text: print(f"note: {text}", file=sys.stderr))
+        cold = engine.cold_start
         if args.prompt is not None:
             return _prompt_once(args, engine)
         record_launch(engine, args.model, source="serve")
@@ -300,7 +309,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if discovery is not None:
             control.remove_discovery(discovery)
-        engine.stop()
+        if engine is not None:
+            engine.stop()
         signal.signal(signal.SIGTERM, previous)
 
 

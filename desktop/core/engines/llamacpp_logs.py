@@ -14,14 +14,19 @@ from collections.abc import Sequence
 from desktop.core.engines.base import CrashRetry, FailureReason, LaunchPlan, failure_rule, log_marker
 
 # llama-server's CPU backend repacks quantized weights at load into interleaved layouts for its AVX-512/AMX
-# kernels. On a CPU (or VM) that advertises instructions it cannot run, b11434 dies with SIGILL while loading
-# Q8_0/Q4_K_M files; `--no-repack` keeps the file's own layout and every type loads.
+# kernels. On a CPU (or VM) that advertises instructions it cannot run, b11434 dies with SIGILL (or SIGSEGV) at
+# the first multiply of a repacked Q4_0/Q4_1/Q8_0/Q4_K/MXFP4 weight, the load's warm-up run
+# (shared/reference/review/amx-host.md); `--no-repack` keeps the file's own layout and every type loads.
 NO_REPACK = "--no-repack"
 # How an illegal instruction ends a process: killed by SIGILL (POSIX; Popen says -4), STATUS_ILLEGAL_INSTRUCTION
 # (Windows), or a shell wrapper's 128 + 4 with the shell's "Illegal instruction" line.
 _SIGILL_EXITS = frozenset({-int(signal.SIGILL), 0xC000001D})
 _SIGILL_LINE = re.compile(r"illegal instruction|\bSIGILL\b", re.I)
 _REPACK_LINE = re.compile(r"repack|CPU_REPACK|\bAMX\b", re.I)
+# The first matrix multiplies of a start: the load's warm-up run, or the first request's prompt (--no-warmup).
+_FIRST_MULTIPLY_LINE = re.compile(r"warming up the model|launch_slot_|update_slots|prompt (?:processing|eval)", re.I)
+# A fault at a repacked kernel's first multiply shows as either (SIGSEGV seen on an AMX guest).
+_FAULT_SIGNALS = frozenset(-int(s) for s in (signal.SIGSEGV, getattr(signal, "SIGBUS", signal.SIGSEGV)))
 # Signals a fault in the engine's own code ends it with (not a person's or the OOM killer's SIGKILL/SIGTERM).
 _CRASH_SIGNALS = frozenset(-int(s) for s in (signal.SIGSEGV, signal.SIGABRT, signal.SIGFPE, signal.SIGILL,
                                              getattr(signal, "SIGBUS", signal.SIGSEGV)))
@@ -71,17 +76,24 @@ def explain_crash(exit_code: int | None, log_tail: Sequence[str]) -> FailureReas
     repack; None for any other end (the failure rules then explain it)."""
     if died_of_illegal_instruction(exit_code, log_tail):
         return FailureReason(
-            "llama-server died with an illegal instruction (SIGILL) while loading the model: its CPU weight "
-            "repacking (AVX-512/AMX kernels) uses an instruction this CPU does not run",
-            f"Switchyard adds {NO_REPACK} after such a crash; if it dies with {NO_REPACK} too, this build does "
-            "not suit this CPU: reinstall it (switchyard engines install llama.cpp --force)",
+            "llama-server died with an illegal instruction (SIGILL) while loading the model: its repacked CPU "
+            "kernels (AVX-512/AMX) use an instruction this CPU does not run",
+            f"Switchyard starts it again with {NO_REPACK} and adds it to every later start of this build here; if "
+            f"it dies with {NO_REPACK} too, this build does not suit this CPU: reinstall it "
+            "(switchyard engines install llama.cpp --force)",
             "SIGILL")
     if exit_code in _CRASH_SIGNALS and crashed_in_repack(log_tail):
         assert exit_code is not None
         return FailureReason(
             f"llama-server was killed by signal {-exit_code} while repacking the model's weights for its CPU "
             "kernels",
-            f"Switchyard adds {NO_REPACK} after such a crash", "repack")
+            f"Switchyard starts it again with {NO_REPACK} (and every later start of this build here)", "repack")
+    if exit_code in _FAULT_SIGNALS and crashed_at_first_multiply(log_tail):
+        assert exit_code is not None
+        return FailureReason(
+            f"llama-server was killed by signal {-exit_code} at its first matrix multiply (the load's warm-up): "
+            "its repacked CPU kernels fault on this CPU",
+            f"Switchyard starts it again with {NO_REPACK} (and every later start of this build here)", "repack")
     return None
 
 
@@ -97,6 +109,10 @@ def crash_retry(exit_code: int | None, log_tail: Sequence[str], plan: LaunchPlan
         assert exit_code is not None
         return CrashRetry((NO_REPACK,), f"llama-server was killed by signal {-exit_code} in its CPU weight "
                                         f"repack: started with {NO_REPACK}")
+    if exit_code in _FAULT_SIGNALS and crashed_at_first_multiply(log_tail):
+        assert exit_code is not None
+        return CrashRetry((NO_REPACK,), f"llama-server was killed by signal {-exit_code} at its first multiply "
+                                        f"(repacked CPU kernels): started with {NO_REPACK}")
     return None
 
 
@@ -111,6 +127,13 @@ def died_of_illegal_instruction(exit_code: int | None, log_tail: Sequence[str]) 
     if exit_code in _SIGILL_EXITS:
         return True
     return exit_code is not None and exit_code != 0 and any(_SIGILL_LINE.search(line) for line in log_tail[-5:])
+
+
+def crashed_at_first_multiply(log_tail: Sequence[str]) -> bool:
+    """Whether the last lines before a crash are the first multiplies of a start: the load's warm-up run, or the
+    first prompt (a segfault in a repacked kernel ends it there; a bad file fails earlier, while reading)."""
+    last = [line for line in log_tail if line.strip()][-3:]
+    return any(_FIRST_MULTIPLY_LINE.search(line) for line in last)
 
 
 def crashed_in_repack(log_tail: Sequence[str]) -> bool:

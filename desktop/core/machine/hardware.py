@@ -7,6 +7,7 @@ exception. Snapshots serialize to JSON so tests (and bug reports) can replay any
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -498,6 +499,13 @@ def _probe_intel(notes: list[str]) -> list[GpuInfo]:
             gpus.append(GpuInfo(index=index, name=str(dev.get("device_name", "Intel GPU")), vendor="intel",
                                 backend="sycl", memory_total_bytes=total, memory_free_bytes=total))
     return gpus
+
+
+@functools.cache
+def this_cpu() -> CpuInfo:
+    """This machine's CPU, read once a process (it does not change while it runs): what the engines' CPU kernels
+    are keyed by (engines.kernels)."""
+    return _cpu_info()
 
 
 def _cpu_info() -> CpuInfo:

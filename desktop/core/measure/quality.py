@@ -16,8 +16,10 @@ resources/quality/corpus.txt).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
+import signal
 import subprocess
 import tempfile
 import time
@@ -29,13 +31,18 @@ from typing import Any
 from desktop.core.common import paths
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
+from desktop.core.engines import kernels
 from desktop.core.engines.base import EngineAdapter, EngineInstall
+from desktop.core.engines.llamacpp_logs import NO_REPACK
 from desktop.core.engines.llamacpp_tools import ensure_tools
 
 SHIPPED_CORPUS = Path(__file__).resolve().parents[3] / "resources" / "quality" / "corpus.txt"
 DEFAULT_CTX = 256
 DEFAULT_LONG_CTX = 2048
 TOOL_TIMEOUT_S = 3600
+# How a faulting CPU kernel ends a tool run (subprocess's negative signal numbers).
+_KERNEL_FAULTS = frozenset(-int(s) for s in (signal.SIGILL, signal.SIGSEGV, getattr(signal, "SIGBUS", signal.SIGSEGV)))
+log = logging.getLogger("switchyard.quality")
 _FLOAT = r"([-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
 _FIGURES = {
     "mean_kld": re.compile(r"^Mean\s+KLD:\s*" + _FLOAT, re.M),
@@ -298,7 +305,7 @@ class _Passes:
             self.progress(ProgressEvent(f"reference: {self.reference.name} ({ctx}-token chunks)"))
             started = time.monotonic()
             written = _run([self.perplexity, "-m", str(self.reference), *common, "--kl-divergence-base", str(base)],
-                           self.install, "llama-perplexity (reference)")
+                           self.install, "llama-perplexity (reference)", multiplies=True)
             short = _TOO_SHORT.search(written)  # the tool says so and exits 0, writing an empty base file
             if short:
                 raise _CorpusTooShort(f"{self.corpus.name} is {short.group(2)} tokens long; {ctx}-token chunks need "
@@ -314,9 +321,29 @@ class _Passes:
         return reference_seconds, figures
 
 
-def _run(argv: list[str], install: EngineInstall, what: str) -> str:
+def _run(argv: list[str], install: EngineInstall, what: str, *, multiplies: bool = False) -> str:
     """Run one of the tools; its whole output (written to a file: with pipes it lost more), or an error that
-    quotes its last lines."""
+    quotes its last lines. `multiplies`: the tool runs the model (llama-perplexity), so it starts with what this
+    build avoids on this CPU (engines.kernels), and a run killed by a faulting CPU kernel (SIGILL, SIGSEGV, SIGBUS
+    without --no-repack) is run again at once with --no-repack, which the build then keeps here when it works."""
+    if multiplies:
+        argv = list(kernels.with_avoidance(argv, kernels.avoidance(install)))
+    code, text = _exec(argv, install, what)
+    if multiplies and code in _KERNEL_FAULTS and NO_REPACK not in argv:
+        killed = -code
+        log.warning("%s was killed by signal %d: running it again with %s", what, killed, NO_REPACK)
+        code, text = _exec([*argv, NO_REPACK], install, what)
+        if code == 0:
+            kernels.remember(install, (NO_REPACK,), f"{Path(argv[0]).name} was killed by signal {killed} with "
+                             f"its repacked CPU kernels and ran with {NO_REPACK}", source="crash")
+    if code != 0:
+        tail = " | ".join(line for line in text.strip().splitlines()[-4:])
+        raise SwitchyardError(f"{what} failed (exit {code}): {tail}")
+    return text
+
+
+def _exec(argv: list[str], install: EngineInstall, what: str) -> tuple[int, str]:
+    """The tool's exit code and whole output."""
     libraries = os.pathsep.join(filter(None, (str(install.executable.parent), os.environ.get("LD_LIBRARY_PATH"))))
     env = {**os.environ, "LD_LIBRARY_PATH": libraries}
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as out:
@@ -326,11 +353,7 @@ def _run(argv: list[str], install: EngineInstall, what: str) -> str:
         except subprocess.TimeoutExpired as exc:
             raise SwitchyardError(f"{what} did not finish within {TOOL_TIMEOUT_S} s") from exc
         out.seek(0)
-        text = out.read()
-    if done.returncode != 0:
-        tail = " | ".join(line for line in text.strip().splitlines()[-4:])
-        raise SwitchyardError(f"{what} failed (exit {done.returncode}): {tail}")
-    return text
+        return done.returncode, out.read()
 
 
 def _scored(argv: list[str], install: EngineInstall, what: str, attempts: int = 3) -> dict[str, float]:
@@ -338,7 +361,7 @@ def _scored(argv: list[str], install: EngineInstall, what: str, attempts: int = 
     leaks its logging thread on purpose, ggml-org/llama.cpp#22142): seen here in 1 run of 6 with the output in a
     file, so a report without its figures is run again, at most `attempts` times in all."""
     for attempt in range(attempts):
-        text = _run(argv, install, what)
+        text = _run(argv, install, what, multiplies=True)
         try:
             return parse_kld_report(text)
         except SwitchyardError:

@@ -5,7 +5,7 @@ The demo model (desktop.core.models.demo) is one Llama. Memory accounting differ
 embeddings), so `benchmarks/fit_vs_engine.py` and the real-engine fit tests need one small checkpoint of each,
 with the real model's *shape ratios and features* but a few layers and a small hidden size. Each is written as
 a Hugging Face folder (config.json + float16 safetensors, for vLLM) and as GGUF files at F16, Q8_0, a Q4_K_M
-mix and, on request, MXFP4 (for llama-server), with the tensor names and metadata keys llama.cpp's converter writes for that
+mix and, on request, MXFP4, Q4_0 or Q4_1 (for llama-server), with the tensor names and metadata keys llama.cpp's converter writes for that
 architecture (gguf's TensorNameMap does the naming).
 
 The weights are random and meaningless: only shapes and types matter here. Q8_0 is quantized by the gguf
@@ -308,7 +308,10 @@ def write_gguf(spec: ArchSpec, path: Path, tensors: dict[str, Array], vocab: lis
     writer = gguf.GGUFWriter(str(path), arch=spec.gguf_arch_name)
     a = spec.gguf_arch_name
     ftypes = {"F16": gguf.LlamaFileType.MOSTLY_F16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+              "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
               "Q4_K_M": gguf.LlamaFileType.MOSTLY_Q4_K_M, "MXFP4": gguf.LlamaFileType.MOSTLY_MXFP4_MOE}
+    simple = {"Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationType.Q4_0,
+              "Q4_1": gguf.GGMLQuantizationType.Q4_1, "MXFP4": gguf.GGMLQuantizationType.Q8_0}
     writer.add_name(f"switchyard-{spec.key}")
     writer.add_file_type(ftypes[file_type])
     writer.add_context_length(spec.context)
@@ -349,9 +352,9 @@ def write_gguf(spec: ArchSpec, path: Path, tensors: dict[str, Array], vocab: lis
         elif file_type == "MXFP4" and "_exps." in name:  # llama-quantize's MXFP4_MOE: experts in MXFP4 ...
             mx = gguf.quants.quantize(array.astype(np.float32), gguf.GGMLQuantizationType.MXFP4)
             writer.add_tensor(name, mx, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
-        elif file_type in ("Q8_0", "MXFP4"):  # ... and everything else at Q8_0
-            q8 = gguf.quants.quantize(array.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(name, q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif file_type in simple:  # ... and everything else at Q8_0 (Q4_0/Q4_1: every matrix at that type)
+            qtype = simple[file_type]
+            writer.add_tensor(name, gguf.quants.quantize(array.astype(np.float32), qtype), raw_dtype=qtype)
         else:
             qtype = q4_k_m_type(name, spec.layers)
             writer.add_tensor(name, _random_k_quant(rng, array.shape, qtype), raw_dtype=qtype)

@@ -20,7 +20,7 @@ from typing import Any
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, no_progress
-from desktop.core.engines import ADAPTERS, get_adapter
+from desktop.core.engines import ADAPTERS, get_adapter, kernels
 from desktop.core.engines.base import (
     COMMON_PLAN_FIELDS,
     PLANNER_FIELDS,
@@ -140,7 +140,13 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
     if sizing_of(adapter.name) == "vllm" and "gpu_memory_utilization" not in wanted and hardware.cuda_gpus:
         # vLLM refuses to start below total x utilization free: ask for what is free on a desktop with a browser
         base = replace(base, gpu_memory_utilization=vllm_utilization(hardware))
+    avoided = kernel_avoidance(adapter, hardware) if family == "llama.cpp" else None
+    if avoided is not None:  # before the fit: it counts what is really loaded (no repacked copy)
+        base = replace(base, extra_args=kernels.with_avoidance(base.extra_args, avoided))
     result = estimate(facts, hardware, base)
+    if avoided is not None:
+        result = replace(result, notes=[*result.notes, f"{adapter.display_name} starts with "
+                                        f"{' '.join(avoided.args)} on this CPU: {avoided.why}"])
     plan = require_fit(result, model)
     if serves == "chat":  # an embedder or reranker calls no tools and writes no reasoning
         plan = _with_parsers(plan, result, wanted)
@@ -155,6 +161,14 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
         # sleep mode lets a stop-first switch free vLLM's GPU memory and wake it again without a cold start
         plan = replace(plan, extra_args=(*plan.extra_args, flag))
     return Checked(plan, replace(result, plan=plan))
+
+
+def kernel_avoidance(adapter: EngineAdapter, hardware: HardwareSnapshot) -> kernels.Avoidance | None:
+    """The arguments the build that would start needs on `hardware`'s CPU (engines.kernels: a kernel that faults
+    there, found by the probe or by a crash), or None. A snapshot of another CPU gets none: the lesson is this
+    machine's."""
+    install = adapter.find_install()
+    return kernels.avoidance(install, hardware.cpu) if install is not None else None
 
 
 def _no_projector(args: Any) -> bool:

@@ -1,8 +1,8 @@
 """Why an engine process died, in words a user can act on, and what its crashes taught.
 
 The adapter reads the log tail into a `FailureReason`; a crash while loading that the adapter knows arguments
-avoid (`crash_retry`) is remembered for this engine build and model (`runtime.enginefix`), so the next start here
-begins with them (`with_learned_fix`) and the endpoint can retry at once. `failure` turns how the engine ended
+avoid (`crash_retry`) is remembered for this engine build on this CPU (`runtime.enginefix`, engines.kernels), so
+every later start here begins with them (`with_learned_fix`) and the caller retries at once. `failure` turns how the engine ended
 into the `EngineFailed` that readiness raises. `supervisor.EngineProcess` calls these; nothing here holds state."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ log = logging.getLogger("switchyard.supervisor")
 
 def with_learned_fix(adapter: EngineAdapter, install: EngineInstall, plan: LaunchPlan
                      ) -> tuple[LaunchPlan, enginefix.LearnedFix | None]:
-    """`plan` with the arguments an earlier crash of this build on this model taught (runtime.enginefix), and
-    that lesson (None when there is none to add): a llama-server that died of SIGILL in its weight repack here
-    starts with --no-repack from then on."""
-    fix = enginefix.learned(adapter.name, install, plan.model_path)
+    """`plan` with the arguments this build needs on this CPU (the kernel probe's or an earlier crash's lesson,
+    runtime.enginefix), and that lesson (None when there is none to add): a llama-server whose repacked kernels
+    fault here starts with --no-repack, whatever the model."""
+    fix = enginefix.learned(install)
     missing = tuple(a for a in fix.args if a not in plan.extra_args) if fix else ()
     if fix is None or not missing:
         return plan, None
@@ -37,7 +37,7 @@ def explain_crash(adapter: EngineAdapter, install: EngineInstall, plan: LaunchPl
                   tail: Callable[[int], list[str]], *, loading: bool) -> tuple[FailureReason, CrashRetry | None]:
     """Why the engine exited on its own (the adapter reads `tail`, the log's last lines), and the arguments that
     avoid a crash while `loading` where the adapter knows them (`crash_retry`): remembered for this build and
-    model (the next start here begins with them; the endpoint retries at once), and the reason says so."""
+    CPU (every later start here begins with them; the caller retries at once), and the reason says so."""
     reason = adapter.explain_failure(code, tail(adapter.failure_tail_lines))
     if not loading:
         return reason, None
@@ -45,8 +45,8 @@ def explain_crash(adapter: EngineAdapter, install: EngineInstall, plan: LaunchPl
     if fix is None:
         return reason, None
     enginefix.remember(adapter.name, install, plan.model_path, fix, code)
-    return replace(reason, suggestion=f"the next start of this model adds {' '.join(fix.args)} (remembered "
-                                      "for this engine build here): start it again"), fix
+    return replace(reason, suggestion=f"every start of this engine build here adds {' '.join(fix.args)} from "
+                                      "now on (remembered for this CPU)"), fix
 
 
 def failure(adapter: EngineAdapter, outcome: EngineOutcome | None, log_path: Path) -> EngineFailed:

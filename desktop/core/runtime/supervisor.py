@@ -22,7 +22,8 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +72,15 @@ class EngineProcess:
         *,
         log_dir: Path | None = None,
         tcp: bool = False,
+        lessons: bool = True,
     ) -> None:
         """`tcp`: the user asked for the engine on a TCP port (plain `serve`, whose clients talk to the engine
         itself); otherwise a plan without an explicit port gets a private Unix socket where the platform has
-        them (desktop.core.common.unixhttp)."""
+        them (desktop.core.common.unixhttp). `lessons=False` starts the plan exactly as given and learns nothing
+        from a crash: the kernel probe (runtime.kernelprobe) tests what the build does without them."""
         self.adapter = adapter
         self._tcp = tcp
+        self._lessons = lessons
         self.install = install
         self.plan = plan
         self.cold_start = ColdStart()
@@ -155,7 +159,8 @@ class EngineProcess:
         if self._spawned is not None:
             raise SwitchyardError("this engine process was already started")
         self._choose_address()
-        self.plan, self.learned_fix = crashes.with_learned_fix(self.adapter, self.install, self.plan)
+        if self._lessons:
+            self.plan, self.learned_fix = crashes.with_learned_fix(self.adapter, self.install, self.plan)
         command = self.adapter.build_command(self.plan, self.install)
         program = command.argv[0] if command.argv and os.path.isabs(command.argv[0]) else None
         env = {**os.environ, **command.env}
@@ -223,7 +228,7 @@ class EngineProcess:
         else:
             reason, self.crash_fix = crashes.explain_crash(
                 self.adapter, self.install, self.plan, code, self.log_tail,
-                loading=self.state in (EngineState.STARTING, EngineState.LOADING))
+                loading=self._lessons and self.state in (EngineState.STARTING, EngineState.LOADING))
             self.outcome = EngineOutcome(EngineState.CRASHED, code, reason, str(self.log_path))
             # a crash with a known fix is the caller's one line to tell (the endpoint retries with it)
             log.log(logging.INFO if self.crash_fix else logging.ERROR, "%s exited (code %s): %s", self.adapter.name,
@@ -351,6 +356,42 @@ class EngineProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def start_ready(make: Callable[[LaunchPlan], EngineProcess], plan: LaunchPlan, *, timeout: float = 600.0,
+                first_request: bool = True, on_start: Callable[[EngineProcess], None] | None = None,
+                say: Callable[[str], None] | None = None) -> EngineProcess:
+    """Start `make(plan)` and wait until it serves; a start that crashed while loading in a way the adapter knows
+    arguments avoid (llama-server's SIGILL in its repacked kernels) is started again at once with them, once, and
+    `say` tells it in one line. The lesson is already stored (every later start begins with it). The process is
+    stopped when it does not serve; the caller owns (and stops) the one returned."""
+    process = make(plan)
+    try:
+        process.start()
+        if on_start is not None:
+            on_start(process)
+        process.wait_ready(timeout=timeout, first_request=first_request)
+        return process
+    except EngineFailed as failed:
+        process.stop()
+        fix = process.crash_fix
+        if fix is None:
+            raise
+        (say or log.warning)(f"{process.adapter.display_name} crashed while loading ({failed.message}); "
+                             f"starting it again at once with {' '.join(fix.args)}: {fix.why}")
+    except BaseException:
+        process.stop()
+        raise
+    retry = make(replace(plan, extra_args=(*plan.extra_args, *(a for a in fix.args if a not in plan.extra_args))))
+    try:
+        retry.start()
+        if on_start is not None:
+            on_start(retry)
+        retry.wait_ready(timeout=timeout, first_request=first_request)
+    except BaseException:
+        retry.stop()
+        raise
+    return retry
 
 
 def stream_completion(

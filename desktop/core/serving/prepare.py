@@ -14,7 +14,7 @@ from desktop.core.engines.base import LaunchPlan
 from desktop.core.machine.hardware import HardwareSnapshot, detect
 from desktop.core.planning.planner import replan
 from desktop.core.runtime.launches import record_launch
-from desktop.core.runtime.supervisor import EngineProcess
+from desktop.core.runtime.supervisor import EngineProcess, start_ready
 from desktop.core.serving.endpoint import make_launcher
 
 
@@ -56,9 +56,9 @@ def prepare(asked: LaunchPlan, *, eager: bool = False, progress: ProgressCallbac
     was_warm = _prepared(adapter.name, plan)
     progress(ProgressEvent(f"Preparing {adapter.display_name} on {plan.model_path.name}: one start to fill its "
                            f"compile cache ({'already warm' if was_warm else 'empty'})"))
-    with EngineProcess(adapter, plan, install) as process:
-        process.start()
-        cold = process.wait_ready(timeout=ready_timeout, first_request=True)
+    with start_ready(lambda p: EngineProcess(adapter, p, install), plan, timeout=ready_timeout,
+                     say=lambda text: progress(ProgressEvent(text))) as process:
+        cold = process.cold_start
         record_launch(process, model, source="prepare")
     progress(ProgressEvent(f"{adapter.display_name} prepared: cold start {cold.t3_first_request_s or 0:.1f} s, "
                            f"compile cache {cold.compile_cache or 'not reported'}", 1.0))
