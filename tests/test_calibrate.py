@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -42,19 +43,23 @@ def test_calibrate_stores_measured_components_and_the_next_fit_uses_them(tmp_pat
     found = json.loads(done.stdout)["results"][0]
     assert found["started"] and "-v" in found["argv"]
     parts = found["components"]
-    assert set(parts) == {"weights", "kv_cache", "compute", "total"}
+    # what the engine itself reported: a repacked copy of the F16 weights where this CPU's AMX kernels take them
+    # (an AMX host, unless its kernels fault there and the build runs with --no-repack), none elsewhere
+    repacked = any(re.search(r"\b(AMX|CPU_REPACK) model buffer size", line) for line in found["lines"])
+    expected = {"weights", "kv_cache", "compute", "total"} | ({"repacked"} if repacked else set())
+    assert set(parts) == expected, found["lines"]
     assert all(row["measured_bytes"] > 0 and row["predicted_bytes"] > 0 for row in parts.values())
     with Store(home / "history.sqlite3") as store:
         points = store.memory_points(found["accelerators"], "llama.cpp")
-    assert {p.component for p in points} == {"weights", "kv_cache", "compute", "total"}
+    assert {p.component for p in points} == expected
     assert all(p.source == "calibrate" for p in points)
 
     plain = _cli("fit", str(model), "--ctx", "1024", "--no-history", "--json", home=home)
     fixed = _cli("fit", str(model), "--ctx", "1024", "--json", home=home)
     assert plain.returncode == 0 and fixed.returncode == 0, (plain.stderr, fixed.stderr)
     before, after = json.loads(plain.stdout), json.loads(fixed.stdout)
-    measured_total = sum(parts[k]["measured_bytes"] for k in ("weights", "kv_cache", "compute"))
-    predicted_total = sum(parts[k]["predicted_bytes"] for k in ("weights", "kv_cache", "compute"))
+    measured_total = sum(row["measured_bytes"] for k, row in parts.items() if k != "total")
+    predicted_total = sum(row["predicted_bytes"] for k, row in parts.items() if k != "total")
     # the fit adds llama-server's host-RAM prompt cache (--cache-ram, MiB) to what calibrate measures at load
     for shown in (before, after):
         assert shown["breakdown"]["prompt_cache"] == pytest.approx(shown["settings"]["cache_ram_mib"] / 1024, abs=1e-3)

@@ -7,6 +7,7 @@ point (benchmarks/bench_hostile.py, which also holds the attackers of the 60 s s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import sys
@@ -87,8 +88,28 @@ def post_bytes(body: bytes, *, key: bool = True, length: int | None = None, clos
 
 def server_sockets(port: int) -> int:
     """This process's established sockets on the endpoint's side of `port` (the endpoint runs in-process)."""
-    return sum(1 for c in psutil.Process().net_connections("tcp")
-               if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+    return len(_established(port))
+
+
+def _established(port: int) -> set[tuple[str, int]]:
+    return {tuple(c.raddr) for c in psutil.Process().net_connections("tcp")  # type: ignore[misc]
+            if c.laddr and c.laddr.port == port and c.raddr and c.status == psutil.CONN_ESTABLISHED}
+
+
+def held_sockets(proxy: ProxyServer) -> int:
+    """Sockets the endpoint *holds*: established before and still after a few turns of its event loop. asyncio
+    accepts a connection before the guard sees it (connection_made, one loop turn later) and an evicted or refused
+    one is aborted within the next turn: such a socket exists for two turns whatever the cap, and a sample taken
+    from this thread in between counts it on a slow host (seen: 10 with a cap of 8 on a 2-core guest). The cap is
+    about what is held, so a socket counts only when it outlives those turns."""
+    before = _established(proxy.port)
+
+    async def turns() -> None:
+        for _ in range(4):
+            await asyncio.sleep(0)
+
+    proxy.call(turns(), timeout=10)
+    return len(before & _established(proxy.port))
 
 
 # --- H1: answers nobody reads --------------------------------------------------------------------------------------
@@ -156,9 +177,9 @@ def test_sockets_of_evicted_and_refused_non_readers_never_exceed_the_connection_
             except OSError:
                 pass  # refused (503) at the cap, and dropped
             clients.append(sock)
-            most = max(most, server_sockets(proxy.port), len(proxy.connections))
+            most = max(most, held_sockets(proxy), len(proxy.connections))
         eventually(lambda: len(proxy.guard.open) <= 8, "the guard to settle")
-        most = max(most, server_sockets(proxy.port))
+        most = max(most, held_sockets(proxy))
         assert most <= 8, f"{most} client sockets held with a cap of 8"
         assert len(proxy.guard.open) == len(proxy.connections) <= 8
     finally:

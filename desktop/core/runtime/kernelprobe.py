@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import tempfile
 import time
 from collections.abc import Iterable
@@ -83,11 +84,21 @@ def _serves(install: EngineInstall, model: Path, extra_args: tuple[str, ...]) ->
             process.stop()
             outcome = process.outcome
             code = outcome.exit_code if outcome else None
-            signal = f"signal {-code}" if code is not None and code < 0 else f"exit {code}"
-            reason = f"{outcome.reason.pattern or signal}" if outcome and outcome.reason else exc.message
+            reason = _signal_name(code) or (outcome.reason.pattern if outcome and outcome.reason else "") \
+                or exc.message
             log.info("kernel probe: %s %s failed (exit %s): %s", family, " ".join(extra_args), code, exc.message)
             return kernels.FamilyOutcome(family, False, code, reason[:200], round(time.monotonic() - started, 2))
     return kernels.FamilyOutcome(family, True, None, "", round(time.monotonic() - started, 2))
+
+
+def _signal_name(code: int | None) -> str | None:
+    """SIGILL for -4 (how subprocess reports a process a signal ended), None for an exit code."""
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
 
 
 def probe(install: EngineInstall, progress: ProgressCallback = no_progress, *, force: bool = False

@@ -377,8 +377,10 @@ def start_ready(make: Callable[[LaunchPlan], EngineProcess], plan: LaunchPlan, *
         fix = process.crash_fix
         if fix is None:
             raise
-        (say or log.warning)(f"{process.adapter.display_name} crashed while loading ({failed.message}); "
-                             f"starting it again at once with {' '.join(fix.args)}: {fix.why}")
+        reason = process.outcome.reason if process.outcome else None
+        why = reason.reason if reason else failed.message
+        (say or log.warning)(f"{process.adapter.display_name} crashed while loading: {why}; starting it again at "
+                             f"once with {' '.join(fix.args)} (kept for every later start of this build here)")
     except BaseException:
         process.stop()
         raise
