@@ -153,16 +153,15 @@ def demo_model():  # type: ignore[no-untyped-def]
 
 
 def _running(engine: str, model_path: Path, install: EngineInstall, **plan_args: object) -> Iterator[object]:
-    from desktop.core.runtime.supervisor import EngineProcess
+    from desktop.core.runtime.supervisor import EngineProcess, start_ready
 
     adapter = get_adapter(engine)
     plan = LaunchPlan(engine=adapter.name, model_path=model_path, **plan_args)  # type: ignore[arg-type]
     # TCP (with no key): the shared servers stand in for attached endpoints and plain `serve` in many tests;
-    # engines behind the endpoint run on their private sockets (tests/test_engine_sockets.py).
-    process = EngineProcess(adapter, plan, install, tcp=True)
+    # engines behind the endpoint run on their private sockets (tests/test_engine_sockets.py). Started as the app
+    # starts one: a CPU kernel that faults on this host is started again at once without it (issue 71).
+    process = start_ready(lambda p: EngineProcess(adapter, p, install, tcp=True), plan, timeout=900)
     try:
-        process.start()
-        process.wait_ready(timeout=900)
         yield process
     finally:
         process.stop()

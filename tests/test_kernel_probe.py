@@ -35,12 +35,32 @@ WARM_UP = "common_init_from_params: warming up the model with an empty run - ple
 
 # The stand-in: a quantized file without --no-repack dies at the warm-up, the rest is the real tool.
 FAULT_SCRIPT = '''
-import os, resource, signal, sys
+import os, resource, signal, struct, sys
 argv = sys.argv[1:]
+def file_type(path):
+    # general.file_type from the GGUF header's key-value pairs, read until it comes (before the vocabulary)
+    sizes = {{0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}}
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            return None
+        _version, _tensors, pairs = struct.unpack("<IQQ", f.read(20))
+        for _ in range(pairs):
+            key = f.read(struct.unpack("<Q", f.read(8))[0]).decode()
+            kind = struct.unpack("<I", f.read(4))[0]
+            if key == "general.file_type":
+                return struct.unpack("<I", f.read(4))[0]
+            if kind == 8:
+                f.seek(struct.unpack("<Q", f.read(8))[0], 1)
+            elif kind == 9:
+                item, count = struct.unpack("<IQ", f.read(12))
+                for _ in range(count if item == 8 else 0):
+                    f.seek(struct.unpack("<Q", f.read(8))[0], 1)
+                f.seek(0 if item == 8 else sizes[item] * count, 1)
+            else:
+                f.seek(sizes[kind], 1)
+    return None
 def quantized(path):
-    import gguf
-    field = gguf.GGUFReader(path).fields.get("general.file_type")
-    return field is not None and int(field.parts[field.data[0]][0]) not in (0, 1)  # F32, F16 serve
+    return file_type(path) not in (None, 0, 1)  # F32, F16 serve
 flag = "--model" if "--model" in argv else "-m" if "-m" in argv else None
 model = argv[argv.index(flag) + 1] if flag else None
 if model and "--no-repack" not in argv and quantized(model):

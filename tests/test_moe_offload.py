@@ -19,11 +19,12 @@ import psutil
 import pytest
 from conftest import _running
 
-from desktop.core.engines import get_adapter
+from desktop.core.engines import get_adapter, kernels
 from desktop.core.machine.hardware import HardwareSnapshot
 from desktop.core.models.facts import facts_from_config, facts_from_gguf, read_gguf_header, tensor_bytes
 from desktop.core.planning.fit import estimate, sizing_plan
 from desktop.core.planning.recommend import Workload, recommend
+from desktop.core.runtime import kernelprobe
 
 HERE = Path(__file__).parent
 SNAPDIR = HERE / "snapshots"
@@ -301,6 +302,10 @@ def test_the_real_llama_server_overrides_the_tensors_the_fit_counts(moe_gguf: Pa
     command = get_adapter("llama.cpp").build_command(replace(plan, port=port), llama_install)
     argv = command.argv
     assert argv[argv.index("-ot") + 1] == ",".join(rules) and argv.count("-ot") == 1
+    # as the app starts this build here: with what its CPU kernels need on this machine (the probe, run once as
+    # `engines install` does, finds a repacked kernel that faults: an AMX guest)
+    kernelprobe.probe(llama_install)
+    argv = list(kernels.with_avoidance(argv, kernels.avoidance(llama_install)))
     server = subprocess.Popen([*argv, "-v"], env={**os.environ, **command.env}, stdout=subprocess.PIPE,  # noqa: S603
                               stderr=subprocess.STDOUT, text=True)
     overridden: set[str] = set()
