@@ -324,7 +324,7 @@ def endpoint(llama_install: Any, vllm_install: Any, demo_model: Any) -> Iterator
     """One endpoint for the whole suite: llama.cpp first, vLLM after the switch test (or the first vLLM row)."""
     port = find_free_port()
     proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--proxy-port", str(port),
-                                    "--parallel", "4")
+                                    "--parallel", "4", "--vllm-eager")  # the switch's vLLM: no torch.compile
     served = Endpoint(f"http://127.0.0.1:{port}", port, proc)
     try:
         assert ready.startswith(f"ready: {served.base}/v1"), ready

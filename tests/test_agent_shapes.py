@@ -186,7 +186,7 @@ def llama_endpoint(llama_install: Any, demo_model: Any) -> Iterator[str]:
     """`switchyard serve` of the demo on llama-server, one slot, as a user serves it (prefix cache on)."""
     port = find_free_port()
     proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", "demo", "--ctx", "4096", "--parallel", "1",
-                                    "--proxy-port", str(port))
+                                    "--proxy-port", str(port), "--vllm-eager")  # a switch's vLLM: no torch.compile
     try:
         assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
         yield f"http://127.0.0.1:{port}"

@@ -313,7 +313,8 @@ def test_real_engines_hybrid_hands_over_under_load_and_retires(llama_install: An
     port = find_free_port()
     proc, ready = serve_until_ready("--engine", "auto", "--model", "demo", "--proxy-port", str(port),
                                     "--parallel", "8", "--ctx", "256", "--auto-crossover", "2",
-                                    "--auto-window", "2", "--auto-idle", "4", "--auto-tick", "0.2")
+                                    "--auto-window", "2", "--auto-idle", "4", "--auto-tick", "0.2",
+                                    "--vllm-eager")  # the standby vLLM: no torch.compile (a minute sooner)
     try:
         ready_at = time.monotonic()
         assert ready.startswith("ready:") and "through llama.cpp" in ready, ready

@@ -275,9 +275,9 @@ def test_a_bert_embedder_and_a_cross_encoder_reranker_on_the_real_vllm_beside_a_
     config_file.write_text("models:\n"
                            "  - {name: chat, engine: llama.cpp, model: demo, ctx: 1024, parallel: 1}\n"
                            f"  - {{name: embed, engine: vllm, model: '{embedder}', ctx: 512, parallel: 2, "
-                           "kind: embedding}\n"
+                           "kind: embedding, args: ['--enforce-eager']}\n"  # no torch.compile: sooner
                            f"  - {{name: rerank, engine: vllm, model: '{reranker}', ctx: 512, parallel: 2, "
-                           "kind: rerank}\n")
+                           "kind: rerank, args: ['--enforce-eager']}\n")
     proxy = ProxyServer(port=find_free_port(), wait_timeout=600)
     proxy.start()
     fleet = Fleet(proxy, load_models_config(config_file), launcher=make_launcher(), ready_timeout=600)

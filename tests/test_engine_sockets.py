@@ -201,7 +201,7 @@ def test_plain_serve_of_vllm_puts_the_keyed_endpoint_on_the_port_and_vllm_on_its
     from desktop.core.common import paths
 
     port = find_free_port()
-    proc, before = _plain_serve("vllm", "--ctx", "2048", "--port", str(port))
+    proc, before = _plain_serve("vllm", "--ctx", "2048", "--port", str(port), "--vllm-eager")
     base_url = f"http://127.0.0.1:{port}"
     try:
         assert before and before[-1].startswith(f"ready: {base_url}/v1"), "".join(before[-5:])

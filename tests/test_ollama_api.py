@@ -179,7 +179,7 @@ def test_the_ollama_client_and_reasoning_off_on_llama_server_then_after_a_switch
     gguf, hf = qwen_templated
     port = find_free_port()
     proc, ready = serve_until_ready("--engine", "llama.cpp", "--model", str(gguf), "--ctx", "1024", "--parallel",
-                                    "2", "--proxy-port", str(port), "--reasoning-effort", "off")
+                                    "2", "--proxy-port", str(port), "--reasoning-effort", "off", "--vllm-eager")
     try:
         assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
         for engine in ("llama.cpp", "vllm"):

@@ -35,7 +35,7 @@ def test_serve_prompt_json(engine: str, request: pytest.FixtureRequest) -> None:
     request.getfixturevalue("demo_model")
     result = subprocess.run(  # noqa: S603 - our own CLI
         [sys.executable, "-m", "desktop", "serve", "--engine", engine, "--model", "demo", "--prompt", "Hello",
-         "--max-tokens", "16", "--json", "--no-install"],
+         "--max-tokens", "16", "--json", "--no-install", *(["--vllm-eager"] if engine == "vllm" else [])],
         capture_output=True, text=True, timeout=900, env={**os.environ},
     )
     assert result.returncode == 0, result.stderr[-3000:]

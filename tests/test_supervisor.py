@@ -449,7 +449,7 @@ def test_sigkill_of_switchyard_leaves_no_vllm_process(moment: str, vllm_install:
     before = set(_engine_pids())
     proc = subprocess.Popen(  # noqa: S603 - our own CLI
         [sys.executable, "-m", "desktop", "serve", "--engine", "vllm", "--model", "demo", "--no-install",
-         "--ctx", "2048"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+         "--ctx", "2048", "--vllm-eager"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         def engine_pid() -> int | None:
             for pid in set(_engine_pids()) - before:

@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--top", type=int, default=20,
                    help="vllm: log-probabilities per position (default 20, an estimate; -1: the whole vocabulary, "
                         "exact, for small vocabularies)")
+    p.add_argument("--eager", action="store_true",
+                   help="vllm: each load with --enforce-eager (no torch.compile: starts sooner on a CPU; the same "
+                        "outputs, scored alike for reference and variants)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_quality)
 
@@ -78,7 +81,7 @@ def _vllm(args: argparse.Namespace, progress: Any) -> int:
     reference = _setting(args.reference or "dtype=float32")
     variants = {v: _setting(v) for v in parse_variants(args.variants)}
     report = measure_vllm(args.model, reference, variants, corpus_for(args.prompts), ctx=args.ctx, top=args.top,
-                          progress=progress)
+                          eager=args.eager, progress=progress)
     return _report(args, report, "vllm", record(report, args.model, "vllm", args.ctx))
 
 

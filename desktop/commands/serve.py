@@ -113,6 +113,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     endpoint.add_argument("--idle-timeout", type=N.seconds, default=DEFAULT_IDLE_TIMEOUT,
                           help="seconds an engine may stay silent mid-answer (then the request is cut)")
     endpoint.add_argument("--standby", metavar="ENGINE", help="also start ENGINE and keep it warm")
+    endpoint.add_argument("--vllm-eager", action="store_true",
+                          help="vLLM with --enforce-eager whenever it starts here (the first engine, a switch to "
+                               "it, the standby, the hybrid's second engine): no torch.compile, so it starts about "
+                               "a minute sooner on a CPU, and may serve slower")
     endpoint.add_argument("--keep-standby", action="store_true",
                           help="after a switch keep the old engine warm when memory allows")
     endpoint.add_argument("--failover", action="store_true",
@@ -179,7 +183,8 @@ def plan_asks(args: argparse.Namespace) -> dict[str, Any]:
                   kv_cache_type=args.kv_type, gpu_memory_utilization=args.util, tensor_parallel=args.tp,
                   dtype=args.dtype, port=args.port or None, tool_parser=args.tool_parser,
                   reasoning_parser=args.reasoning_parser,
-                  prefix_cache=False if getattr(args, "no_prefix_cache", False) else None)
+                  prefix_cache=False if getattr(args, "no_prefix_cache", False) else None,
+                  eager=True if getattr(args, "vllm_eager", False) and args.engine == "vllm" else None)
     engine_args = getattr(args, "engine_args", None) or []
     if engine_args:
         from desktop.core.engines import get_adapter
@@ -193,6 +198,11 @@ def plan_asks(args: argparse.Namespace) -> dict[str, Any]:
             raise SwitchyardError(f"{both[0]} is set twice: by an option and by an engine flag", "keep one")
         wanted.update(fields)
     return wanted
+
+
+def _vllm_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """What every start of vLLM by this endpoint asks besides the plan (`--vllm-eager`)."""
+    return {"vllm": {"eager": True}} if getattr(args, "vllm_eager", False) else {}
 
 
 def checked_plan(args: argparse.Namespace, hardware: HardwareSnapshot) -> Checked:
@@ -519,7 +529,8 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any, keyed_port: bool = F
     _ensure_engine(adapter, args)
     standby_plan = None
     if args.standby:  # planned like a switch to it: only the asks every engine shares carry over
-        standby_plan = replan(plan, hardware, engine=args.standby, progress=stderr_progress).plan
+        standby_plan = replan(plan, hardware, engine=args.standby, progress=stderr_progress,
+                              changes=_vllm_overrides(args).get(args.standby)).plan
         from desktop.core.engines import get_adapter
 
         _ensure_engine(get_adapter(args.standby), args, " (the standby engine)")
@@ -528,7 +539,8 @@ def _serve_endpoint(args: argparse.Namespace, adapter: Any, keyed_port: bool = F
     manager = EndpointManager(proxy, telemetry=endpoint.telemetry, ready_timeout=args.ready_timeout,
                               keep_standby=args.keep_standby or bool(args.standby), failover=args.failover,
                               budget=machine_budget(hardware), hardware=hardware, auto_fit=args.auto_fit,
-                              drain_timeout=args.drain_timeout, redetect=None if args.hardware else detect)
+                              drain_timeout=args.drain_timeout, redetect=None if args.hardware else detect,
+                              engine_overrides=_vllm_overrides(args))
     manager.subscribe(lambda event: _print_event(event, args.json))
     target = EndpointControl(manager)
     failures: list[BaseException] = []
@@ -587,7 +599,8 @@ def _serve_auto(args: argparse.Namespace) -> int:
     plan_asks(args)  # an unknown setting fails before the model resolves
     hardware = _hardware(args)
     plans = plan_hybrid(args.model, hardware, plan_asks(args), progress=stderr_progress,
-                        hint="serve a smaller model or context (--ctx, --parallel)")
+                        hint="serve a smaller model or context (--ctx, --parallel)",
+                        other_asks=_vllm_overrides(args).get("vllm"))
     llama, vllm, refused = plans.llama, plans.vllm, plans.refused
     if args.dry_run:
         described = {name: checked.describe() for name, checked in (("llama.cpp", llama), ("vllm", vllm))
@@ -613,7 +626,8 @@ def _serve_auto(args: argparse.Namespace) -> int:
     budget = machine_budget(hardware) or ram_budget(hardware)
     manager = EndpointManager(proxy, telemetry=endpoint.telemetry, ready_timeout=args.ready_timeout,
                               keep_standby=args.keep_standby, failover=args.failover, budget=budget,
-                              hardware=hardware, auto_fit=args.auto_fit, drain_timeout=args.drain_timeout)
+                              hardware=hardware, auto_fit=args.auto_fit, drain_timeout=args.drain_timeout,
+                              engine_overrides=_vllm_overrides(args))
     manager.subscribe(lambda event: _print_event(event, args.json))
     store = endpoint.host.store
     settings = AutopilotSettings(**{name: value for name, value in (

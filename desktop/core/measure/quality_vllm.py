@@ -104,12 +104,13 @@ def _kld(ref: Mapping[int, float], var: Mapping[int, float]) -> float:
 
 
 def measure_vllm(model: str, reference: Mapping[str, Any], variants: Mapping[str, Mapping[str, Any]],
-                 corpus: Path, *, ctx: int = 256, top: int = 20, timeout: float = 900.0,
+                 corpus: Path, *, ctx: int = 256, top: int = 20, timeout: float = 900.0, eager: bool = False,
                  progress: ProgressCallback = no_progress) -> QualityReport:
     """Every variant (plan settings: `{"dtype": "bfloat16"}`, `{"quantization": "fp8"}` ...) against the
     `reference` settings of the same Hugging Face model on vLLM, each launched by a plan the fit checked, one at a
     time. `top`: log-probabilities per position (-1: the whole vocabulary, exact; a model with a vocabulary of
-    150k tokens answers 150k numbers per position then, so the default is vLLM's own limit, 20)."""
+    150k tokens answers 150k numbers per position then, so the default is vLLM's own limit, 20). `eager`: every
+    load without torch.compile (the same outputs; it starts sooner), the reference's and the variants' alike."""
     from desktop.core.engines import get_adapter, require_install
     from desktop.core.machine.hardware import detect
     from desktop.core.planning.planner import plan_launch
@@ -124,7 +125,7 @@ def measure_vllm(model: str, reference: Mapping[str, Any], variants: Mapping[str
     scored: dict[str, list[Position]] = {}
     for label, settings in [("reference", reference), *variants.items()]:
         asked = {**settings, "ctx_per_request": max(ctx, 512), "slots": 1,
-                 "extra_args": ("--max-logprobs", str(top))}
+                 "extra_args": ("--max-logprobs", str(top)), **({"eager": True} if eager else {})}
         checked = plan_launch("vllm", model, hardware, asked, progress=progress)
         progress(ProgressEvent(f"vLLM with {_settings(settings)}: starting"))
         started = time.monotonic()

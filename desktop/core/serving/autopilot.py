@@ -358,10 +358,11 @@ class HybridPlans:
 
 
 def plan_hybrid(model: str, hardware: HardwareSnapshot, wanted: Mapping[str, Any], *,
-                progress: ProgressCallback = no_progress, hint: str = "serve a smaller model or context"
-                ) -> HybridPlans:
+                progress: ProgressCallback = no_progress, hint: str = "serve a smaller model or context",
+                other_asks: Mapping[str, Any] | None = None) -> HybridPlans:
     """Both engines' checked plans up front. vLLM is planned like a switch to it from llama.cpp's plan (only the
-    asks every engine shares carry over). Neither fits: one clear SwitchyardError naming both refusals."""
+    asks every engine shares carry over, and `other_asks`: vLLM's own, e.g. eager). Neither fits: one clear
+    SwitchyardError naming both refusals."""
     if args_kind(BASE, wanted.get("extra_args") or ()) != "chat":  # the other engine would not embed the same way
         raise SwitchyardError("the hybrid endpoint hands chat traffic between engines; an embedder or reranker is "
                               "never autopilot-switched",
@@ -375,9 +376,10 @@ def plan_hybrid(model: str, hardware: HardwareSnapshot, wanted: Mapping[str, Any
     except SwitchyardError as exc:
         refused[BASE] = str(exc)
     try:
-        vllm = replan(llama.plan, hardware, engine=OTHER, progress=progress) if llama is not None else \
-            plan_launch(OTHER, model, hardware, {k: v for k, v in wanted.items() if k in COMMON_PLAN_FIELDS},
-                        progress=progress)
+        vllm = replan(llama.plan, hardware, engine=OTHER, progress=progress, changes=other_asks) \
+            if llama is not None else \
+            plan_launch(OTHER, model, hardware, {**{k: v for k, v in wanted.items() if k in COMMON_PLAN_FIELDS},
+                                                 **(other_asks or {})}, progress=progress)
     except SwitchyardError as exc:
         refused[OTHER] = str(exc)
     if llama is None and vllm is None:
