@@ -82,18 +82,21 @@ def explain_crash(exit_code: int | None, log_tail: Sequence[str]) -> FailureReas
             f"it dies with {NO_REPACK} too, this build does not suit this CPU: reinstall it "
             "(switchyard engines install llama.cpp --force)",
             "SIGILL")
+    site = _fault_site(exit_code, log_tail)
+    if site is not None:
+        return FailureReason(f"llama-server was killed by signal {-(exit_code or 0)} {site}",
+                             f"Switchyard starts it again with {NO_REPACK} (and every later start of this build "
+                             "here)", "repack")
+    return None
+
+
+def _fault_site(exit_code: int | None, log_tail: Sequence[str]) -> str | None:
+    """Where a crash signal other than SIGILL hit the repacked CPU kernels, in words, or None: any crash signal
+    while it repacks the weights, or a segfault (bus error) at the first multiply, which a bad file never reaches."""
     if exit_code in _CRASH_SIGNALS and crashed_in_repack(log_tail):
-        assert exit_code is not None
-        return FailureReason(
-            f"llama-server was killed by signal {-exit_code} while repacking the model's weights for its CPU "
-            "kernels",
-            f"Switchyard starts it again with {NO_REPACK} (and every later start of this build here)", "repack")
+        return "while repacking the model's weights for its CPU kernels"
     if exit_code in _FAULT_SIGNALS and crashed_at_first_multiply(log_tail):
-        assert exit_code is not None
-        return FailureReason(
-            f"llama-server was killed by signal {-exit_code} at its first matrix multiply (the load's warm-up): "
-            "its repacked CPU kernels fault on this CPU",
-            f"Switchyard starts it again with {NO_REPACK} (and every later start of this build here)", "repack")
+        return "at its first matrix multiply (the load's warm-up): its repacked CPU kernels fault on this CPU"
     return None
 
 
@@ -105,14 +108,10 @@ def crash_retry(exit_code: int | None, log_tail: Sequence[str], plan: LaunchPlan
     if died_of_illegal_instruction(exit_code, log_tail):
         return CrashRetry((NO_REPACK,), f"llama-server died with SIGILL in its CPU weight repack: started with "
                                         f"{NO_REPACK}")
-    if exit_code in _CRASH_SIGNALS and crashed_in_repack(log_tail):
-        assert exit_code is not None
-        return CrashRetry((NO_REPACK,), f"llama-server was killed by signal {-exit_code} in its CPU weight "
-                                        f"repack: started with {NO_REPACK}")
-    if exit_code in _FAULT_SIGNALS and crashed_at_first_multiply(log_tail):
-        assert exit_code is not None
-        return CrashRetry((NO_REPACK,), f"llama-server was killed by signal {-exit_code} at its first multiply "
-                                        f"(repacked CPU kernels): started with {NO_REPACK}")
+    site = _fault_site(exit_code, log_tail)
+    if site is not None:
+        return CrashRetry((NO_REPACK,), f"llama-server was killed by signal {-(exit_code or 0)} {site}: started "
+                                        f"with {NO_REPACK}")
     return None
 
 
