@@ -222,10 +222,11 @@ def _print_described(described: dict[str, Any], as_json: bool, name: str | None 
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from desktop.core.common import unixhttp
     from desktop.core.engines import get_adapter, require_install
     from desktop.core.runtime.launches import record_launch
     from desktop.core.runtime.ports import ensure_port_free
-    from desktop.core.runtime.supervisor import EngineProcess, reap_orphans
+    from desktop.core.runtime.supervisor import EngineProcess, reap_orphans, start_ready
     from desktop.core.serving import control
 
     # Validate everything cheap before anything slow starts.
@@ -277,9 +278,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from dataclasses import replace
 
         plan = replace(plan, api_key=_endpoint_api_key(args) or secrets.token_urlsafe(32))
-    from desktop.core.common import unixhttp
-    from desktop.core.runtime.supervisor import start_ready
-
     engine: EngineProcess | None = None
     discovery = None
 
@@ -289,8 +287,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"starting {adapter.display_name} on {unixhttp.describe(process.base_url)} (log: {process.log_path})",
               file=sys.stderr)
 
-    try:
-        # a crash the adapter knows arguments avoid (a CPU kernel that faults here) is started again at once
+    try:  # a crash the adapter knows arguments avoid (a CPU kernel that faults here) is started again at once
         engine = start_ready(lambda p: EngineProcess(adapter, p, install, tcp=args.prompt is None), plan,
                              timeout=args.ready_timeout, first_request=args.prompt is None, on_start=started,
                              say=lambda text: print(f"note: {text}", file=sys.stderr))
