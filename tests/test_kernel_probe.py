@@ -298,3 +298,19 @@ def test_an_unreadable_or_foreign_record_is_no_lesson(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     assert kernels.avoidance(install) is None
     assert kernels.avoidance(install, CPU_LAPTOP.cpu) is None
+
+
+@pytest.mark.engine
+@pytest.mark.llamacpp
+def test_a_probe_start_that_fails_without_a_fault_teaches_nothing_and_says_so(
+        tmp_path: Path, llama_install: EngineInstall) -> None:
+    """A quantized start that exits with an error (no signal: not a kernel's fault) is no lesson: doctor says the
+    probe did not run, and nothing is recorded."""
+    server, count = faulting_tools(tmp_path / "bin", llama_install, signal.SIGILL)
+    server.write_text(server.read_text().replace("    os.kill(os.getpid(), ", "    sys.exit(1)  # ("))
+    home = tmp_path / "home"
+    done = cli(home, server, "engines", "doctor", "--json")
+    finding = next(f for f in json.loads(done.stdout) if f["check"] == "CPU kernels")
+    assert "not probed" in finding["detail"] and "kernel probe" in done.stderr, done.stderr
+    # each family started once, none again with --no-repack, and nothing kept
+    assert len(faults(count)) == len(kernelprobe.FAMILIES) and not list((home / "kernels").glob("*.json"))

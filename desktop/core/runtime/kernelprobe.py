@@ -27,7 +27,7 @@ import filelock
 import gguf
 
 from desktop.core.common import paths
-from desktop.core.common.errors import EngineFailed
+from desktop.core.common.errors import EngineFailed, SwitchyardError
 from desktop.core.common.progress import ProgressCallback, ProgressEvent, no_progress
 from desktop.core.engines import get_adapter, kernels
 from desktop.core.engines.base import EngineInstall, LaunchPlan
@@ -91,6 +91,11 @@ def _serves(install: EngineInstall, model: Path, extra_args: tuple[str, ...]) ->
     return kernels.FamilyOutcome(family, True, None, "", round(time.monotonic() - started, 2))
 
 
+def _killed(code: int | None) -> bool:
+    """Whether a start ended by a fault: a signal (POSIX), or Windows' illegal-instruction / access-violation."""
+    return code is not None and (code < 0 or code in (0xC000001D, 0xC0000005))
+
+
 def _signal_name(code: int | None) -> str | None:
     """SIGILL for -4 (how subprocess reports a process a signal ended), None for an exit code."""
     if code is None or code >= 0:
@@ -118,6 +123,10 @@ def probe(install: EngineInstall, progress: ProgressCallback = no_progress, *, f
     for family, path in files.items():
         progress(ProgressEvent(f"kernel probe: {family}"))
         outcomes.append(_serves(install, path, ()))
+    failed = [o for o in outcomes if not o.ok and not _killed(o.exit_code)]
+    if failed:  # not a kernel's fault (no signal): nothing is learned from it, and it is said
+        raise SwitchyardError(f"the kernel probe could not run {failed[0].family}: {failed[0].reason}",
+                              "switchyard engines doctor --probe tries again")
     faulted = [o for o in outcomes if not o.ok]
     avoid: kernels.Avoidance | None = None
     works: bool | None = None
