@@ -37,12 +37,14 @@ import filelock
 
 from desktop.core.common import paths
 from desktop.core.engines.base import EngineInstall
+from desktop.core.engines.llamacpp_logs import NO_REPACK
 from desktop.core.machine.hardware import CpuInfo, this_cpu
 
 log = logging.getLogger("switchyard.engines.kernels")
 
 RECORD_NAME = "kernels.json"
 VERSION = 1
+AVOIDING = frozenset({NO_REPACK})  # the arguments a record may hold (what the adapters' crash_retry can name)
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,8 @@ def avoidance(install: EngineInstall, cpu: CpuInfo | None = None) -> Avoidance |
     if not isinstance(found, dict):
         return None
     args = found.get("args")
-    if not isinstance(args, list) or not args or not all(isinstance(a, str) and a.startswith("-") for a in args):
-        return None
+    if not isinstance(args, list) or not args or not all(isinstance(a, str) and a in AVOIDING for a in args):
+        return None  # only arguments that avoid a kernel: a record never adds anything else to a command line
     return Avoidance(tuple(args), str(found.get("why") or ""), str(found.get("source") or "crash"))
 
 
