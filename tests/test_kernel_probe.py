@@ -294,7 +294,7 @@ def test_an_unreadable_or_foreign_record_is_no_lesson(tmp_path: Path) -> None:
     kernels.remember(install, (NO_REPACK,), "why")  # an unreadable record is replaced
     assert kernels.avoidance(install) == kernels.Avoidance((NO_REPACK,), "why", "crash")
     data = json.loads(path.read_text())
-    for planted in (["rm -rf /"], ["--model", "/etc/shadow"], ["--no-repack", "--host", "0.0.0.0"]):
+    for planted in (["rm -rf /"], ["--model", "/etc/shadow"], ["--no-repack", "--no-mmap"], ["--verbose"]):
         data["cpus"][kernels.cpu_key(this_cpu())]["avoid"]["args"] = planted  # no avoiding argument: ignored
         path.write_text(json.dumps(data))
         assert kernels.avoidance(install) is None, planted
