@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from desktop.core.engines import get_adapter
@@ -157,6 +158,10 @@ def _running(engine: str, model_path: Path, install: EngineInstall, **plan_args:
 
     adapter = get_adapter(engine)
     plan = LaunchPlan(engine=adapter.name, model_path=model_path, **plan_args)  # type: ignore[arg-type]
+    if engine == "vllm":  # as the planner lays it out on this machine (on 2 cores: no worker process of its own)
+        from desktop.core.engines.vllm import worker_in_engine_core
+
+        plan = worker_in_engine_core(plan, adapter, psutil.cpu_count(logical=True) or 1)
     # TCP (with no key): the shared servers stand in for attached endpoints and plain `serve` in many tests;
     # engines behind the endpoint run on their private sockets (tests/test_engine_sockets.py). Started as the app
     # starts one: a CPU kernel that faults on this host is started again at once without it (issue 71).

@@ -190,3 +190,39 @@ def test_pip_output_reports_its_phases_once() -> None:
     phases = [provision.phase_of(line.strip()) for line in lines]
     assert phases == ["resolving packages", "downloading packages", "resolving packages", "downloading packages",
                       "installing packages", "installed"]
+
+
+def test_vllm_runs_the_model_in_engine_core_only_where_it_computes_on_one_core() -> None:
+    """vLLM's CPU build reserves one core for its engine loop and binds its worker's OpenMP threads to the rest
+    (vllm/v1/executor ompmultiprocessing `reserve_cpu_num`), and EngineCore itself serves with one torch thread
+    (vllm/utils/torch_utils.py): on two cores, or with `threads: 1`, the worker process adds an import and no
+    compute, so the planner runs the model in EngineCore (`uni`, which vLLM's CpuPlatform allows only with
+    VLLM_ENABLE_V1_MULTIPROCESSING=0). Anything else keeps vLLM's own layout; a person's own choice wins."""
+    from dataclasses import replace
+
+    from desktop.core.machine.hardware import HardwareSnapshot
+    from desktop.core.planning.planner import plan_launch
+
+    laptop = HardwareSnapshot.load(Path(__file__).parent / "snapshots" / "cpu_laptop.json")
+    assert laptop.cpu.logical_cores > 2 and not laptop.cuda_gpus
+    two_cores = replace(laptop, cpu=replace(laptop.cpu, physical_cores=2, logical_cores=2))
+
+    def launched(hardware: HardwareSnapshot, **asks: object) -> tuple[list[str], dict[str, str]]:
+        plan = plan_launch("vllm", "demo", hardware, asks).plan
+        command = get_adapter("vllm").build_command(plan, EngineInstall("vllm", "0.32.0", "cache", Path("/py")))
+        return command.argv, command.env
+
+    argv, env = launched(two_cores)
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    argv, env = launched(laptop)
+    assert "--distributed-executor-backend" not in argv and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    argv, env = launched(laptop, threads=1)
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
+    argv, env = launched(two_cores, extra_args=("--distributed-executor-backend=mp",))
+    assert [a for a in argv if "distributed-executor" in a] == ["--distributed-executor-backend=mp"]
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    argv, env = launched(two_cores, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    assert "--distributed-executor-backend" not in argv and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    llama = plan_launch("llama.cpp", "demo", two_cores).plan
+    assert "--distributed-executor-backend" not in llama.extra_args and not llama.env

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -588,6 +589,35 @@ def _engine_env(extra: Mapping[str, str], cpu: bool = True) -> dict[str, str]:
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     env.update(extra)
     return env
+
+
+EXECUTOR_FLAG = "--distributed-executor-backend"
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def compute_cores(plan: LaunchPlan, logical_cores: int) -> int:
+    """The cores vLLM's CPU build computes on: the plan's threads, else every core but the one vLLM reserves for
+    its engine loop (vllm/v1/executor ompmultiprocessing: `reserve_cpu_num` 1)."""
+    return plan.threads or max(1, logical_cores - 1)
+
+
+def worker_in_engine_core(plan: LaunchPlan, adapter: EngineAdapter, logical_cores: int) -> LaunchPlan:
+    """`plan`, with the model run inside vLLM's EngineCore process where that costs nothing. vLLM's CPU build
+    starts three Python processes by default (API server, EngineCore, a worker), each importing vLLM and torch
+    (~17 s each on a 2-core guest). Where it computes on one core anyway (2 cores, or `threads: 1`), the worker
+    adds nothing: in the EngineCore (`--distributed-executor-backend uni` with VLLM_ENABLE_V1_MULTIPROCESSING=0,
+    which vLLM's CpuPlatform requires for it) the model computes on the same one thread, since EngineCore sets
+    torch to one thread for serving (vllm/utils/torch_utils.py), and the start is one import shorter (the demo:
+    55 s -> 38 s on this 2-core guest, benchmarks/vllm_worker_layout.py). More cores keep vLLM's own layout (its
+    worker binds one OpenMP thread per core). A person's own executor flag or setting wins."""
+    if plan.backend != "cpu" or plan.tensor_parallel > 1 or MULTIPROCESSING_ENV in plan.env:
+        return plan
+    if any(flag_name(adapter, arg)[0] == EXECUTOR_FLAG for arg in plan.extra_args):
+        return plan
+    if compute_cores(plan, logical_cores) != 1:
+        return plan
+    return replace(plan, extra_args=(*plan.extra_args, EXECUTOR_FLAG, "uni"),
+                   env={**plan.env, MULTIPROCESSING_ENV: "0"})
 
 
 def cpu_launch(plan: LaunchPlan, install: EngineInstall | None) -> bool:

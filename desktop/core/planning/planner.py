@@ -20,7 +20,7 @@ from typing import Any
 
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.common.progress import ProgressCallback, no_progress
-from desktop.core.engines import ADAPTERS, get_adapter, kernels
+from desktop.core.engines import ADAPTERS, get_adapter, kernels, vllm
 from desktop.core.engines.base import (
     COMMON_PLAN_FIELDS,
     PLANNER_FIELDS,
@@ -160,6 +160,8 @@ def plan_launch(engine: str, model: str, hardware: HardwareSnapshot, overrides: 
     if flag and plan.backend == "cuda" and flag not in plan.extra_args:
         # sleep mode lets a stop-first switch free vLLM's GPU memory and wake it again without a cold start
         plan = replace(plan, extra_args=(*plan.extra_args, flag))
+    if family == "vllm":  # on one compute core the model runs in vLLM's EngineCore: one process, one import less
+        plan = vllm.worker_in_engine_core(plan, adapter, hardware.cpu.logical_cores)
     return Checked(plan, replace(result, plan=plan))
 
 
