@@ -431,28 +431,15 @@ def test_engine_port_refuses_requests_without_the_endpoints_key(llama_install: A
         proxy.stop()
 
 
-@pytest.mark.engine
-@pytest.mark.vllm
-def test_vllm_behind_the_endpoint_refuses_v1_without_the_key(vllm_install: Any, demo_model: Any) -> None:
-    """vLLM's key guards /v1 only (its /health, /metrics stay open): the completions it serves need the key."""
-    from desktop.core.planning.planner import ask
-    from desktop.core.serving.endpoint import EndpointManager
-
-    proxy = ProxyServer(port=find_free_port(), wait_timeout=900)
-    proxy.start()
-    manager = EndpointManager(proxy, ready_timeout=900, engine_overrides={"vllm": {"eager": True}})
-    try:
-        manager.start(ask("vllm", "demo", {"slots": 1}))
-        active = manager.active
-        assert active is not None and active.upstream.api_key
-        body = {"model": "x", "prompt": "Hi", "max_tokens": 2}
-        side_door = _engine_post(active.process.base_url, "/v1/completions", body, timeout=60)
-        assert side_door.status_code == 401
-        through = httpx.post(proxy.url + "/v1/completions", json=body, trust_env=False, timeout=120)
-        assert through.status_code == 200 and through.json()["choices"]
-    finally:
-        manager.close()
-        proxy.stop()
+def vllm_refuses_v1_without_the_key(active: Any, proxy: ProxyServer) -> None:
+    """vLLM's key guards /v1 only (its /health, /metrics stay open): the completions it serves need the key.
+    Run on the real vLLM behind the endpoint by tests/test_engine_sockets.py (one vLLM start for its checks)."""
+    assert active.upstream.api_key
+    body = {"model": "x", "prompt": "Hi", "max_tokens": 2}
+    side_door = _engine_post(active.process.base_url, "/v1/completions", body, timeout=60)
+    assert side_door.status_code == 401
+    through = httpx.post(proxy.url + "/v1/completions", json=body, trust_env=False, timeout=120)
+    assert through.status_code == 200 and through.json()["choices"]
 
 
 # --- timeouts toward the engine ---------------------------------------------------------------------------------

@@ -10,12 +10,15 @@ import socket
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 import pytest
+from test_endpoint_guard import vllm_refuses_v1_without_the_key
+from test_prefix_cache import vllm_reuses_the_repeated_prompt
 
 from desktop.core.common import unixhttp
 from desktop.core.runtime import proctree
@@ -48,7 +51,8 @@ def _http_answer(host: str, port: int, route: str) -> bytes:
         return b""
 
 
-def _check_private_engine(manager: Any, proxy: ProxyServer, tcp_allowed: bool = False) -> None:
+def _check_private_engine(manager: Any, proxy: ProxyServer, tcp_allowed: bool = False,
+                          also: Callable[[Any], None] | None = None) -> None:
     active = manager.active
     assert active is not None
     process = active.process
@@ -74,6 +78,8 @@ def _check_private_engine(manager: Any, proxy: ProxyServer, tcp_allowed: bool = 
     finally:
         scraper.close()
     assert "requests_running" in series, scraper.last_error  # /metrics came over the socket
+    if also is not None:  # more checks on the same engine while it serves (one vLLM start for several checks)
+        also(active)
     manager.close()
     assert not os.path.exists(path), "the socket file outlives its engine"
 
@@ -100,7 +106,9 @@ def test_llama_server_behind_the_endpoint_has_no_tcp_port(llama_install: Any, de
 @pytest.mark.vllm
 def test_vllm_behind_the_endpoint_has_no_tcp_port(vllm_install: Any, demo_model: Any) -> None:
     """vLLM's /invocations, /tokenize, /pause need no key: on a TCP port they answered anyone (and web pages).
-    On its socket, no TCP port of vLLM's tree answers an inference request."""
+    On its socket, no TCP port of vLLM's tree answers an inference request. The same start (one vLLM load for all,
+    issue 71) also shows vLLM's own key guarding /v1 on its socket (was test_endpoint_guard's) and its prefix cache
+    reusing a repeated prompt behind the endpoint (was test_prefix_cache's)."""
     from desktop.core.planning.planner import ask
     from desktop.core.serving.endpoint import EndpointManager
 
@@ -111,7 +119,8 @@ def test_vllm_behind_the_endpoint_has_no_tcp_port(vllm_install: Any, demo_model:
         manager.start(ask("vllm", "demo", {"slots": 1, "eager": True}))
         # vLLM's CPU workers rendezvous over torch.distributed (a TCPStore and gloo pairs on 127.0.0.1): those
         # loopback listeners exist, but none of them speaks HTTP, so none answers inference
-        _check_private_engine(manager, proxy, tcp_allowed=True)
+        _check_private_engine(manager, proxy, tcp_allowed=True, also=lambda active: (
+            vllm_refuses_v1_without_the_key(active, proxy), vllm_reuses_the_repeated_prompt(active, proxy)))
     finally:
         manager.close()
         proxy.stop()

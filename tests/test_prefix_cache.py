@@ -242,24 +242,14 @@ def _vllm_prefix_counters(base_url: str) -> dict[str, float]:
     return found
 
 
-@pytest.mark.engine
-@pytest.mark.vllm
-def test_vllm_behind_the_endpoint_reuses_the_repeated_prompt(vllm_install: Any, demo_model: Any) -> None:
-    port = find_free_port()
-    # eager: no torch.compile, the same outputs, a start ~40 s shorter on 2 cores (as the shared vllm_server)
-    proc, ready = serve_until_ready("--engine", "vllm", "--model", "demo", "--proxy-port", str(port),
-                                    "--", "--enforce-eager")
-    try:
-        assert ready.startswith(f"ready: http://127.0.0.1:{port}/v1"), ready
-        status = json.loads(run_cli("status", "--json", "--port", str(port)).stdout)
-        active = status["active"]
-        url = f"http://127.0.0.1:{port}/v1"
-        first = _chat(url)
-        before = _vllm_prefix_counters(active["base_url"])
-        second = _chat(url)
-        after = _vllm_prefix_counters(active["base_url"])
-    finally:
-        _stop(proc, port)
+def vllm_reuses_the_repeated_prompt(active: Any, proxy: Any) -> None:
+    """The same ~1,500-token chat twice through the endpoint: vLLM's own counters say the second was read from its
+    prefix cache. Run on the real vLLM behind the endpoint by tests/test_engine_sockets.py (one vLLM start)."""
+    url = proxy.url + "/v1"
+    first = _chat(url)
+    before = _vllm_prefix_counters(active.process.base_url)
+    second = _chat(url)
+    after = _vllm_prefix_counters(active.process.base_url)
     prompt = second["usage"]["prompt_tokens"]
     assert first["usage"]["prompt_tokens"] == prompt and 1200 <= prompt <= 1900, prompt
     queries = after["vllm:prefix_cache_queries"] - before["vllm:prefix_cache_queries"]
@@ -268,4 +258,4 @@ def test_vllm_behind_the_endpoint_reuses_the_repeated_prompt(vllm_install: Any, 
     assert queries == prompt, (queries, prompt)
     assert hits >= 0.9 * prompt, (hits, prompt)
     assert "--enable-prefix-caching" in get_adapter("vllm").build_command(
-        LaunchPlan.from_json(active["plan"]), EngineInstall("vllm", "x", "cache", Path("python"))).argv
+        active.process.plan, EngineInstall("vllm", "x", "cache", Path("python"))).argv
