@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,20 @@ def _http_answer(host: str, port: int, route: str) -> bytes:
         return b""
 
 
+def _assert_no_listener_serves(listeners: list[Any], routes: tuple[str, ...]) -> None:
+    """No listener answers an inference request on any of `routes` with a 2xx. Asked all at once: a listener that
+    does not speak HTTP stays silent for `_http_answer`'s whole 3 s, and vLLM's CPU tree holds a dozen of them
+    (one at a time that was ~36 s of a test's waiting per route)."""
+    asks = [(listener, route) for listener in listeners for route in routes]
+    if not asks:
+        return
+    with ThreadPoolExecutor(len(asks)) as pool:
+        answers = list(pool.map(lambda ask: _http_answer(ask[0].laddr.ip, ask[0].laddr.port, ask[1]), asks))
+    for (listener, route), answer in zip(asks, answers, strict=True):
+        assert not answer.startswith((b"HTTP/1.1 2", b"HTTP/1.0 2")), \
+            f"{listener.laddr} answered {route}: {answer[:80]!r}"
+
+
 def _check_private_engine(manager: Any, proxy: ProxyServer, tcp_allowed: bool = False,
                           also: Callable[[Any], None] | None = None) -> None:
     active = manager.active
@@ -64,11 +79,8 @@ def _check_private_engine(manager: Any, proxy: ProxyServer, tcp_allowed: bool = 
     assert "--port" not in psutil.Process(process.pid).cmdline()
     if not tcp_allowed:
         assert _tcp_listeners(process.pid) == [], "a process of the engine listens on TCP"
-    for listener in _tcp_listeners(process.pid):  # vLLM CPU: torch.distributed's rendezvous, never HTTP
-        for route in ("/invocations", "/v1/completions"):
-            answer = _http_answer(listener.laddr.ip, listener.laddr.port, route)
-            assert not answer.startswith(b"HTTP/1.1 2") and not answer.startswith(b"HTTP/1.0 2"), \
-                f"{listener.laddr} answered {route}: {answer[:80]!r}"
+    # vLLM CPU: torch.distributed's rendezvous, never HTTP
+    _assert_no_listener_serves(_tcp_listeners(process.pid), ("/invocations", "/v1/completions"))
     body = {"model": "x", "prompt": "Hi", "max_tokens": 2}
     through = httpx.post(proxy.url + "/v1/completions", json=body, trust_env=False, timeout=300)
     assert through.status_code == 200 and through.json()["choices"]
@@ -220,9 +232,8 @@ def test_plain_serve_of_vllm_puts_the_keyed_endpoint_on_the_port_and_vllm_on_its
         status = json.loads(run_cli("status", "--json", "--port", str(port)).stdout)
         engine_pid = status["active"]["pid"]
         assert status["active"]["engine"] == "vllm" and unixhttp.socket_of(status["active"]["base_url"])
-        for listener in _tcp_listeners(engine_pid):  # torch.distributed's CPU rendezvous only: never HTTP
-            answer = _http_answer(listener.laddr.ip, listener.laddr.port, "/invocations")
-            assert not answer.startswith((b"HTTP/1.1 2", b"HTTP/1.0 2")), f"{listener.laddr}: {answer[:80]!r}"
+        # torch.distributed's CPU rendezvous only: never HTTP
+        _assert_no_listener_serves(_tcp_listeners(engine_pid), ("/invocations",))
         for route in ("/invocations", "/v1/completions", "/tokenize", "/metrics"):
             assert _http_answer("127.0.0.1", port, route).startswith(b"HTTP/1.1 403")  # a web page's origin
             bare = httpx.post(base_url + route, json={"prompt": "Hi"}, trust_env=False, timeout=60)
