@@ -608,7 +608,7 @@ def worker_in_engine_core(plan: LaunchPlan, adapter: EngineAdapter, logical_core
     adds nothing: in the EngineCore (`--distributed-executor-backend uni` with VLLM_ENABLE_V1_MULTIPROCESSING=0,
     which vLLM's CpuPlatform requires for it) the model computes on the same one thread, since EngineCore sets
     torch to one thread for serving (vllm/utils/torch_utils.py), and the start is one import shorter (the demo on a
-    2-core guest: ready 0.70x, decode 1.20x, benchmarks/bench_vllm_layout.py). More cores keep vLLM's own layout
+    2-core guest: ready 0.65x, serving no slower, benchmarks/bench_vllm_layout.py). More cores keep vLLM's own layout
     (its worker binds one OpenMP thread per core). A person's own executor flag or setting wins."""
     if plan.backend != "cpu" or plan.tensor_parallel > 1 or MULTIPROCESSING_ENV in plan.env:
         return plan
