@@ -12,5 +12,7 @@ echo "== mypy";          .venv/bin/mypy
 echo "== import-linter"; .venv/bin/lint-imports
 echo "== pytest"
 export QT_QPA_PLATFORM=offscreen
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+# Two workers, a test file each at a time: the suite is CPU-bound only part of the time (a vLLM start imports
+# on one core for ~30 s), so the other core runs another file meanwhile (SWITCHYARD_TEST_WORKERS=0: one process).
+.venv/bin/python -m pytest -p no:cacheprovider -n "${SWITCHYARD_TEST_WORKERS:-2}" --dist loadfile "$@"
 echo "== all checks passed in $(( $(date +%s) - start )) s"

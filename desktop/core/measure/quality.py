@@ -128,7 +128,9 @@ def traffic_corpus(out: Path, limit: int = 5000) -> Path:
     if not texts:
         raise SwitchyardError("no request bodies were captured, so there are no prompts of yours to score on",
                               "serve with --capture-bodies for a while, or give --prompts FILE")
-    out.write_text("\n\n".join(texts))
+    staging = out.with_name(f"{out.name}.{os.getpid()}.part")  # another run may be reading or writing it
+    staging.write_text("\n\n".join(texts))
+    staging.replace(out)
     return out
 
 
@@ -162,7 +164,9 @@ def variant_files(install: EngineInstall, reference: Path, variants: list[str], 
         target = folder / f"{variant.upper()}.gguf"
         if not target.is_file():
             folder.mkdir(parents=True, exist_ok=True)
-            partial = target.with_suffix(".part")
+            # a name of this process's own: two runs (the app's and a shell's) quantizing the same variant at once
+            # each write whole, and the last rename wins with a complete file
+            partial = target.with_name(f"{target.stem}.{os.getpid()}.part")
             try:
                 quantize(install, reference, variant.upper(), partial, progress)
             except SwitchyardError:
