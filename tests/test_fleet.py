@@ -518,15 +518,16 @@ def test_two_models_on_llamacpp_and_vllm_through_one_endpoint_with_the_openai_cl
         fleet.start()
         client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0, timeout=300)
         assert [m.id for m in client.models.list().data] == ["chat", "big"]
-        for name in ("chat", "big"):
+        for name, engine in (("chat", "llama.cpp"), ("big", "vllm")):
             answer = client.chat.completions.create(model=name, max_tokens=8, temperature=0,
                                                     messages=[{"role": "user", "content": "Say hi"}])
             assert answer.choices[0].message.content, name
             streamed = client.completions.create(model=name, prompt="Once upon a time", max_tokens=8,
                                                  stream=True)
             assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices), name
-        assert fleet.lanes["chat"].active is not None and fleet.lanes["chat"].active.upstream.engine == "llama.cpp"
-        assert fleet.lanes["big"].active is not None and fleet.lanes["big"].active.upstream.engine == "vllm"
+            # right after its own requests: chat's ttl of 5 s may run out while vLLM answers on a busy machine
+            active = fleet.lanes[name].active
+            assert active is not None and active.upstream.engine == engine, name
         with pytest.raises(openai.NotFoundError) as caught:
             client.completions.create(model="nope", prompt="hi", max_tokens=2)
         assert "chat, big" in str(caught.value)
