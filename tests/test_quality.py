@@ -19,7 +19,13 @@ from conftest import run_cli
 from desktop.core.common.errors import SwitchyardError
 from desktop.core.engines.base import EngineInstall
 from desktop.core.engines.llamacpp_tools import TOOLS, copy_new, ensure_tools, missing_tools
-from desktop.core.measure.quality import SHIPPED_CORPUS, _scored, parse_kld_report, traffic_corpus
+from desktop.core.measure.quality import (
+    SHIPPED_CORPUS,
+    _scored,
+    drop_stale_parts,
+    parse_kld_report,
+    traffic_corpus,
+)
 from desktop.core.measure.quality_vllm import chunks, compare
 from desktop.core.storage.history import Store
 
@@ -118,6 +124,24 @@ def test_engines_install_adds_the_tools_to_an_older_source_install(tmp_path: Pat
     adapter.install(allow_cpu=True)
     assert len(built) == 1  # built once
 
+
+
+def test_a_half_written_copy_whose_writer_died_is_deleted_and_a_live_writers_kept(tmp_path: Path) -> None:
+    """Each run quantizes under a name of its own (two at once never share a file); a run killed meanwhile must not
+    leave a model-sized file behind for ever."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)  # a writer that has exited
+    target = tmp_path / "Q8_0.gguf"
+    dead = tmp_path / f"Q8_0.{gone.stdout.strip()}.part"
+    live = tmp_path / f"Q8_0.{os.getpid()}.part"
+    other = tmp_path / f"Q4_K_M.{gone.stdout.strip()}.part"  # another variant's: not this target's to judge
+    for part in (dead, live, other):
+        part.write_bytes(b"GGUF")
+    assert drop_stale_parts(target) == [dead]
+    assert not dead.exists() and live.exists() and other.exists()
 
 
 def test_tools_missing_beside_a_server_from_path_is_a_clear_error(tmp_path: Path) -> None:

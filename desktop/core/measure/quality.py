@@ -129,8 +129,12 @@ def traffic_corpus(out: Path, limit: int = 5000) -> Path:
         raise SwitchyardError("no request bodies were captured, so there are no prompts of yours to score on",
                               "serve with --capture-bodies for a while, or give --prompts FILE")
     staging = out.with_name(f"{out.name}.{os.getpid()}.part")  # another run may be reading or writing it
-    staging.write_text("\n\n".join(texts))
-    staging.replace(out)
+    try:
+        staging.write_text("\n\n".join(texts))
+        staging.replace(out)
+    except OSError:
+        staging.unlink(missing_ok=True)  # a full disk leaves no half-written copy
+        raise
     return out
 
 
@@ -166,6 +170,7 @@ def variant_files(install: EngineInstall, reference: Path, variants: list[str], 
             folder.mkdir(parents=True, exist_ok=True)
             # a name of this process's own: two runs (the app's and a shell's) quantizing the same variant at once
             # each write whole, and the last rename wins with a complete file
+            drop_stale_parts(target)
             partial = target.with_name(f"{target.stem}.{os.getpid()}.part")
             try:
                 quantize(install, reference, variant.upper(), partial, progress)
@@ -175,6 +180,20 @@ def variant_files(install: EngineInstall, reference: Path, variants: list[str], 
             partial.replace(target)
         files[variant.upper()] = target
     return files
+
+
+def drop_stale_parts(target: Path) -> list[Path]:
+    """Delete the half-written copies of `target` (`<stem>.<pid>.part`) whose writer is gone (a run killed while
+    quantizing): each may be as large as the model. A live writer's copy stays. Returns what was deleted."""
+    import psutil
+
+    dropped = []
+    for part in target.parent.glob(f"{target.stem}.*.part"):
+        pid = part.name[len(target.stem) + 1:-len(".part")]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            part.unlink(missing_ok=True)
+            dropped.append(part)
+    return dropped
 
 
 def weights_bytes(path: Path) -> int:
